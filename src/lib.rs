@@ -1,1 +1,8 @@
+//! zklock: lease-style locks as Kubernetes custom resources, backed by ZooKeeper.
+//!
+//! - [`recipe`]: the pure lock recipe (which node holds, which node to watch).
+//! - [`zk`]: the lock engine on one ZooKeeper session.
+#![forbid(unsafe_code)]
 
+pub mod recipe;
+pub mod zk;
