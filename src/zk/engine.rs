@@ -303,26 +303,36 @@ impl LockEngine {
         };
         tracker.publish_current();
         let handle = Contender { id: tracker.spec.id.clone(), node: tracker.path.clone(), states: tracker.states.subscribe() };
+        let node = tracker.path.clone();
+        let client = tracker.client.clone();
         // Spawned under the lock, so that a contender that ends at once cannot try to forget its
         // entry before the entry is there.
-        let mut contenders = lock(&self.inner.shared.contenders);
-        if let Some(first) = contenders.get(&handle.id) {
-            // A concurrent enqueue of the same id won the race: keep its node, drop ours.
-            let existing = Contender { id: handle.id.clone(), node: first.node.clone(), states: first.states.subscribe() };
-            drop(contenders);
-            delete_until_confirmed(&tracker.client, shared, &tracker.path)
-                .await
-                .map_err(|e| Error::zk("delete", &tracker.path, e))?;
-            return Ok(existing);
-        }
-        let entry = Entry {
-            node: tracker.path.clone(),
-            session_id: tracker.client.session_id().0,
-            states: tracker.states.clone(),
-            task: tokio::spawn(tracker.run(own)).abort_handle(),
+        let existing = {
+            let mut contenders = lock(&self.inner.shared.contenders);
+            match contenders.get(&handle.id) {
+                Some(first) => {
+                    Some(Contender { id: handle.id.clone(), node: first.node.clone(), states: first.states.subscribe() })
+                }
+                None => {
+                    let entry = Entry {
+                        node: node.clone(),
+                        session_id: client.session_id().0,
+                        states: tracker.states.clone(),
+                        task: tokio::spawn(tracker.run(own)).abort_handle(),
+                    };
+                    contenders.insert(handle.id.clone(), entry);
+                    None
+                }
+            }
         };
-        contenders.insert(handle.id.clone(), entry);
-        Ok(handle)
+        match existing {
+            None => Ok(handle),
+            // A concurrent enqueue of the same id won the race: keep its node, drop ours.
+            Some(existing) => {
+                delete_until_confirmed(&client, shared, &node).await.map_err(|e| Error::zk("delete", &node, e))?;
+                Ok(existing)
+            }
+        }
     }
 
     /// A handle on a contender the engine tracks.
