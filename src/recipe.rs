@@ -136,20 +136,12 @@ pub fn decide<S: AsRef<str>>(children: &[S], me: &str) -> Decision {
 /// was retried after a connection loss could in theory leave a second node; the lowest one keeps
 /// the queue position and the rest must be deleted.
 pub fn duplicates_of<'a, S: AsRef<str>>(children: &'a [S], id: &str) -> Vec<&'a str> {
-    queue(children)
-        .into_iter()
-        .filter(|c| c.ours.is_some_and(|(uid, _)| uid == id))
-        .skip(1)
-        .map(|c| c.name)
-        .collect()
+    queue(children).into_iter().filter(|c| c.ours.is_some_and(|(uid, _)| uid == id)).skip(1).map(|c| c.name).collect()
 }
 
 /// The node of contender `id`, if it is among `children` (the lowest one if several).
 pub fn find_node<'a, S: AsRef<str>>(children: &'a [S], id: &str) -> Option<&'a str> {
-    queue(children)
-        .into_iter()
-        .find(|c| c.ours.is_some_and(|(uid, _)| uid == id))
-        .map(|c| c.name)
+    queue(children).into_iter().find(|c| c.ours.is_some_and(|(uid, _)| uid == id)).map(|c| c.name)
 }
 
 #[cfg(test)]
@@ -202,11 +194,7 @@ mod tests {
 
     #[test]
     fn foreign_nodes_are_exclusive_and_unsequenced_ones_ignored() {
-        let c = vec![
-            "_c_1234-lock-0000000002".to_string(),
-            "leftover".to_string(),
-            name("a", Mode::Shared, 3),
-        ];
+        let c = vec!["_c_1234-lock-0000000002".to_string(), "leftover".to_string(), name("a", Mode::Shared, 3)];
         assert_eq!(decide(&c, &c[2]), Decision::Waiting { watch: c[0].clone(), ahead: 1 });
         assert_eq!(decide(&c, "read-zz-lock-0000000009"), Decision::Missing);
     }

@@ -68,6 +68,9 @@ async fn engine_and_curator_never_hold_at_the_same_time() {
     let java_out = tokio::time::timeout(Duration::from_secs(120), java).await.expect("Curator peer timed out").unwrap();
     eprintln!("zklock rounds={ROUNDS} violations={violations} waited-for-curator={waited_for_curator}; {java_out}");
     assert_eq!(violations, 0, "zklock saw Curator inside the lock");
-    assert!(java_out.contains(&format!("rounds={ROUNDS} violations=0")), "Curator saw zklock inside the lock: {java_out}");
+    assert!(
+        java_out.contains(&format!("rounds={ROUNDS} violations=0")),
+        "Curator saw zklock inside the lock: {java_out}"
+    );
     assert!(waited_for_curator > 0, "the two sides never actually contended");
 }

@@ -172,8 +172,10 @@ async fn revocation_requests_reach_the_holder_whoever_writes_them() {
 
     // A waiter asked to leave learns it too; raw `unlock` and Curator's marker both count.
     raw.set_data(&b.node, b"unlock", None).await.unwrap();
-    wait_state(&mut b, "b revoke request", |s| matches!(s, ContenderState::RevokeRequested { fencing_token: None, .. }))
-        .await;
+    wait_state(&mut b, "b revoke request", |s| {
+        matches!(s, ContenderState::RevokeRequested { fencing_token: None, .. })
+    })
+    .await;
     engine.release(&a.id).await.unwrap();
     let s = wait_state(&mut b, "b held, still revoked", |s| s.is_held()).await;
     assert!(matches!(s, ContenderState::RevokeRequested { .. }), "the request is sticky: {s:?}");

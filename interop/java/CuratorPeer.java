@@ -76,7 +76,8 @@ public class CuratorPeer {
         ExecutorService[] threads = { Executors.newSingleThreadExecutor(), Executors.newSingleThreadExecutor() };
         threads[0].submit(() -> { mutexes[0].acquire(); return null; }).get();
         List<Long> micros = new ArrayList<>();
-        for (int i = 0; i < iterations; i++) {
+        int warmup = 100;
+        for (int i = 0; i < iterations + warmup; i++) {
             int holder = i % 2, waiter = 1 - holder;
             Future<Long> acquired = threads[waiter].submit(() -> { mutexes[waiter].acquire(); return System.nanoTime(); });
             // The waiter is queued once its node is there.
@@ -86,9 +87,9 @@ public class CuratorPeer {
             long start = System.nanoTime();
             threads[holder].submit(() -> { mutexes[holder].release(); return null; }).get();
             long end = acquired.get();
-            micros.add((end - start) / 1000);
+            if (i >= warmup) micros.add((end - start) / 1000);
         }
-        int last = iterations % 2;
+        int last = (iterations + warmup) % 2;
         threads[last].submit(() -> { mutexes[last].release(); return null; }).get();
         for (ExecutorService t : threads) t.shutdown();
         Collections.sort(micros);

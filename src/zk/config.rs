@@ -43,7 +43,10 @@ impl ZkConfig {
         if let Some(auth) = &self.digest_auth {
             connector = connector.with_auth("digest", auth.as_bytes());
         }
-        connector.connect(&self.connect).await.map_err(|source| Error::Connect { connect: self.connect.clone(), source })
+        connector
+            .connect(&self.connect)
+            .await
+            .map_err(|source| Error::Connect { connect: self.connect.clone(), source })
     }
 
     /// The ACL of contender nodes: with credentials, only our identity may change or delete

@@ -89,12 +89,16 @@ impl fmt::Display for LostReason {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SessionEvent {
     /// A new session is up (the first one, or one made by `reconnect`).
-    Connected { session_id: i64 },
+    Connected {
+        session_id: i64,
+    },
     /// The connection dropped; the session (and every node) lives on if it comes back in time.
     Disconnected,
     Reconnected,
     /// The session ended: every contender of it is `Lost`.
-    Lost { session_id: i64 },
+    Lost {
+        session_id: i64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -302,7 +306,8 @@ impl LockEngine {
             }
         };
         tracker.publish_current();
-        let handle = Contender { id: tracker.spec.id.clone(), node: tracker.path.clone(), states: tracker.states.subscribe() };
+        let handle =
+            Contender { id: tracker.spec.id.clone(), node: tracker.path.clone(), states: tracker.states.subscribe() };
         let node = tracker.path.clone();
         let client = tracker.client.clone();
         // Spawned under the lock, so that a contender that ends at once cannot try to forget its
@@ -310,9 +315,11 @@ impl LockEngine {
         let existing = {
             let mut contenders = lock(&self.inner.shared.contenders);
             match contenders.get(&handle.id) {
-                Some(first) => {
-                    Some(Contender { id: handle.id.clone(), node: first.node.clone(), states: first.states.subscribe() })
-                }
+                Some(first) => Some(Contender {
+                    id: handle.id.clone(),
+                    node: first.node.clone(),
+                    states: first.states.subscribe(),
+                }),
                 None => {
                     let entry = Entry {
                         node: node.clone(),
@@ -337,9 +344,11 @@ impl LockEngine {
 
     /// A handle on a contender the engine tracks.
     pub fn handle(&self, id: &str) -> Option<Contender> {
-        lock(&self.inner.shared.contenders)
-            .get(id)
-            .map(|e| Contender { id: id.to_string(), node: e.node.clone(), states: e.states.subscribe() })
+        lock(&self.inner.shared.contenders).get(id).map(|e| Contender {
+            id: id.to_string(),
+            node: e.node.clone(),
+            states: e.states.subscribe(),
+        })
     }
 
     /// Leaves the queue (or gives up the lock): deletes the node, retrying through connection

@@ -7,7 +7,9 @@ mod retry;
 mod stats;
 
 pub use config::ZkConfig;
-pub use engine::{Contender, ContenderSpec, ContenderState, EngineEvent, LockEngine, LostReason, QueueEntry, SessionEvent};
+pub use engine::{
+    Contender, ContenderSpec, ContenderState, EngineEvent, LockEngine, LostReason, QueueEntry, SessionEvent,
+};
 pub use stats::StatsSnapshot;
 
 use zookeeper_client as zk;

@@ -65,6 +65,10 @@ pub fn run(args: &[&str]) -> String {
     let Output { status, stdout, stderr } =
         command(args).output().unwrap_or_else(|e| panic!("cannot run the Curator peer: {e}"));
     let stdout = String::from_utf8_lossy(&stdout).into_owned();
-    assert!(status.success(), "Curator peer {args:?} failed ({status}):\n{stdout}\n{}", String::from_utf8_lossy(&stderr));
+    assert!(
+        status.success(),
+        "Curator peer {args:?} failed ({status}):\n{stdout}\n{}",
+        String::from_utf8_lossy(&stderr)
+    );
     stdout
 }

@@ -41,9 +41,9 @@ impl ZkServer {
         SHARED.get_or_init(|| match std::env::var("ZK_CONNECT") {
             Ok(connect) if !connect.is_empty() => {
                 let first = connect.split(['/', ',']).next().unwrap_or_default().to_string();
-                let version = four_letter(&first, "srvr").map(|s| version_of(&s)).unwrap_or_else(|e| {
-                    panic!("ZK_CONNECT={connect} but {first} does not answer `srvr`: {e}")
-                });
+                let version = four_letter(&first, "srvr")
+                    .map(|s| version_of(&s))
+                    .unwrap_or_else(|e| panic!("ZK_CONNECT={connect} but {first} does not answer `srvr`: {e}"));
                 eprintln!("zookeeper {version} (ZK_CONNECT) at {connect}");
                 ZkServer { connect, client_port: 0, dir: PathBuf::new(), process: None, _tmp: None }
             }
@@ -60,13 +60,8 @@ impl ZkServer {
         let dir = tmp.path().to_path_buf();
         let cfg = format!("{COMMON_CFG}dataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n", dir.display());
         std::fs::write(dir.join("zoo.cfg"), cfg).unwrap_or_else(|e| panic!("cannot write zoo.cfg: {e}"));
-        let mut server = ZkServer {
-            connect: format!("127.0.0.1:{port}"),
-            client_port: port,
-            dir,
-            process: None,
-            _tmp: Some(tmp),
-        };
+        let mut server =
+            ZkServer { connect: format!("127.0.0.1:{port}"), client_port: port, dir, process: None, _tmp: Some(tmp) };
         server.resume();
         let version = four_letter(&server.connect, "srvr").map(|s| version_of(&s)).unwrap_or_default();
         eprintln!("zookeeper {version} standalone at {}", server.connect);

@@ -13,7 +13,9 @@ use zklock_testkit::ZkServer;
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
 pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(PATIENCE, f).await.unwrap_or_else(|_| panic!("timed out after {PATIENCE:?} waiting for {what}"))
+    tokio::time::timeout(PATIENCE, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {PATIENCE:?} waiting for {what}"))
 }
 
 /// A connect string with a chroot of the test's own on the shared server.

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need, then format, lint and every test of the
+# workspace against real components (ZooKeeper, Curator).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/zookeeper.sh install
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace
