@@ -16,9 +16,18 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
-/// Errors after which the request may or may not have been applied.
+/// Errors after which the request may or may not have been applied: the connection failed
+/// under it. Besides `ConnectionLoss`, the client reports a reset connection as a `Custom` I/O
+/// error for requests in flight (seen when an ensemble member is killed).
 pub fn is_unknown_outcome(err: &zk::Error) -> bool {
-    matches!(err, zk::Error::ConnectionLoss | zk::Error::Timeout)
+    matches!(
+        err,
+        zk::Error::ConnectionLoss
+            | zk::Error::Timeout
+            | zk::Error::Custom(_)
+            | zk::Error::UnexpectedError(_)
+            | zk::Error::SessionMoved
+    )
 }
 
 /// Errors that end the session: no retry can succeed.
