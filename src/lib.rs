@@ -4,5 +4,6 @@
 //! - [`zk`]: the lock engine on one ZooKeeper session.
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod recipe;
 pub mod zk;

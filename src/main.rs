@@ -16,6 +16,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Print the LockClaim CustomResourceDefinition as YAML (what crds/ and the chart hold).
+    Crd,
     /// Print the queue of one lock, holders first, as ZooKeeper has it.
     Queue {
         /// ZooKeeper connect string: HOST:PORT[,HOST:PORT...][/chroot]
@@ -50,6 +52,10 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<(), zklock::zk::Error> {
     let config = |connect: String| ZkConfig::new(connect).with_session_timeout(Duration::from_secs(10));
     match cli.command {
+        Command::Crd => {
+            print!("{}", zklock::api::crd_yaml());
+            Ok(())
+        }
         Command::Queue { zk_connect, lock } => {
             let engine = LockEngine::connect(config(zk_connect)).await?;
             let queue = engine.queue(&lock).await?;

@@ -12,7 +12,7 @@
 use std::fmt;
 
 /// How a contender wants the lock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub enum Mode {
     /// Write lock: alone, after everyone ahead is gone.
     Exclusive,
