@@ -50,14 +50,20 @@ pub fn validate(claim: &LockClaim) -> Result<ValidSpec, String> {
         holder_pod,
         acquire_timeout: seconds("spec.acquireTimeoutSeconds", spec.acquire_timeout_seconds, 0, MAX_SECONDS)?,
         lease: seconds("spec.leaseDurationSeconds", spec.lease_duration_seconds, 1, MAX_SECONDS)?,
-        grace: seconds("spec.revocationGracePeriodSeconds", spec.revocation_grace_period_seconds, 0, MAX_GRACE_SECONDS)?
-            .unwrap_or(DEFAULT_GRACE),
+        grace: seconds(
+            "spec.revocationGracePeriodSeconds",
+            spec.revocation_grace_period_seconds,
+            0,
+            MAX_GRACE_SECONDS,
+        )?
+        .unwrap_or(DEFAULT_GRACE),
     })
 }
 
 fn check_lock_name(name: &str) -> Result<(), String> {
     let ok_chars = name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
-    let ok_ends = name.starts_with(|c: char| c.is_ascii_alphanumeric()) && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    let ok_ends =
+        name.starts_with(|c: char| c.is_ascii_alphanumeric()) && name.ends_with(|c: char| c.is_ascii_alphanumeric());
     if name.is_empty() || name.len() > 253 || !ok_chars || !ok_ends {
         return Err(format!(
             "spec.lockName {name:?} is not a valid lock name: use 1-253 characters of lower-case letters, digits, \

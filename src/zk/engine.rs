@@ -6,7 +6,7 @@
 //! directory, so a release wakes one waiter. A second one-shot watch on the contender's own node
 //! catches revocation requests and deletion by someone else.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 use zookeeper_client as zk;
 
+use super::anchor;
 use super::data::{self, NodeData};
 use super::retry::{self, Backoff};
 use super::stats::{Stats, StatsSnapshot};
@@ -148,10 +149,12 @@ struct Inner {
 
 /// What contender tasks need from the engine, without keeping the engine (and so its session)
 /// alive.
-struct Shared {
-    stats: Stats,
+pub(super) struct Shared {
+    pub(super) stats: Stats,
     events: Option<mpsc::UnboundedSender<EngineEvent>>,
     contenders: Mutex<HashMap<String, Entry>>,
+    /// Lock directories this engine has already marked as used by foreign clients.
+    foreign_marked: Mutex<HashSet<String>>,
 }
 
 impl Shared {
@@ -223,7 +226,12 @@ impl LockEngine {
         let engine = LockEngine {
             inner: Arc::new(Inner {
                 config,
-                shared: Arc::new(Shared { stats: Stats::default(), events, contenders: Mutex::new(HashMap::new()) }),
+                shared: Arc::new(Shared {
+                    stats: Stats::default(),
+                    events,
+                    contenders: Mutex::new(HashMap::new()),
+                    foreign_marked: Mutex::new(HashSet::new()),
+                }),
                 session: Mutex::new(None),
             }),
         };
@@ -283,8 +291,20 @@ impl LockEngine {
             return Ok(existing);
         }
         let client = self.client()?;
+        let (name, stat) = create_node(&client, &self.inner.shared, &self.inner.config, &spec).await?;
+        self.track(client, spec, name, stat).await
+    }
+
+    /// Starts following the recipe for a node that exists: arms its watches, decides once,
+    /// and registers the contender.
+    async fn track(
+        &self,
+        client: zk::Client,
+        spec: ContenderSpec,
+        name: String,
+        stat: zk::Stat,
+    ) -> Result<Contender, Error> {
         let shared = &self.inner.shared;
-        let (name, stat) = create_node(&client, shared, &self.inner.config, &spec).await?;
         let mut tracker = Tracker {
             shared: shared.clone(),
             path: format!("{}/{name}", spec.lock),
@@ -313,7 +333,7 @@ impl LockEngine {
         // Spawned under the lock, so that a contender that ends at once cannot try to forget its
         // entry before the entry is there.
         let existing = {
-            let mut contenders = lock(&self.inner.shared.contenders);
+            let mut contenders = lock(&shared.contenders);
             match contenders.get(&handle.id) {
                 Some(first) => Some(Contender {
                     id: handle.id.clone(),
@@ -340,6 +360,34 @@ impl LockEngine {
                 Ok(existing)
             }
         }
+    }
+
+    /// Re-anchors a lock after a new session (DESIGN.md §3): in one multi-op guarded by the
+    /// directory's version, deletes every zklock node left in it by earlier sessions and
+    /// recreates the nodes of `contenders` in the given order (the caller puts holders first).
+    /// A concurrent change to the directory makes it start over rather than misorder.
+    ///
+    /// Also reports whether a node not made by zklock was ever seen in the directory: the
+    /// caller's continuity rule depends on it.
+    pub async fn reanchor(&self, lock_path: &str, contenders: Vec<ContenderSpec>) -> Result<Reanchored, Error> {
+        if !is_lock_path(lock_path) {
+            return Err(Error::BadLockPath(lock_path.to_string()));
+        }
+        for c in &contenders {
+            if !recipe::is_contender_id(&c.id) {
+                return Err(Error::BadContenderId(c.id.clone()));
+            }
+            if c.lock != lock_path {
+                return Err(Error::BadLockPath(c.lock.clone()));
+            }
+        }
+        let client = self.client()?;
+        let created = anchor::recreate(&client, &self.inner.shared, &self.inner.config, lock_path, &contenders).await?;
+        let mut handles = Vec::with_capacity(created.nodes.len());
+        for (spec, (name, stat)) in contenders.into_iter().zip(created.nodes) {
+            handles.push(self.track(client.clone(), spec, name, stat).await?);
+        }
+        Ok(Reanchored { contenders: handles, foreign_seen: created.foreign_seen })
     }
 
     /// A handle on a contender the engine tracks.
@@ -423,6 +471,15 @@ impl LockEngine {
             })
             .collect())
     }
+}
+
+/// What [`LockEngine::reanchor`] did.
+#[derive(Debug)]
+pub struct Reanchored {
+    /// The recreated contenders, in the order given.
+    pub contenders: Vec<Contender>,
+    /// A node not made by zklock was seen in the directory, now or ever before.
+    pub foreign_seen: bool,
 }
 
 /// One contender in a lock's queue, as [`LockEngine::queue`] reports it.
@@ -607,27 +664,60 @@ impl Tracker {
         loop {
             Stats::bump(&self.shared.stats.children_reads);
             let children = retry::idempotent(|| self.client.list_children(&self.spec.lock)).await?;
-            let duplicates: Vec<String> = recipe::queue(&children)
-                .into_iter()
-                .filter(|c| c.name != self.name && c.ours.is_some_and(|(id, _)| id == self.spec.id))
-                .map(|c| c.name.to_string())
-                .collect();
-            if duplicates.is_empty() {
-                self.decision = recipe::decide(&children, &self.name);
+            self.decision = recipe::decide(&children, &self.name);
+            if self.decision == Decision::Missing {
+                // Our node is gone: whatever else carries our id is somebody else's business.
                 return Ok(());
             }
-            // A second node with our id: a create retried after a lost answer, or a node left
-            // by an earlier session. Ours is the one we track; others must not hold a place.
-            for name in duplicates {
-                let path = format!("{}/{name}", self.spec.lock);
+            let my_sequence = recipe::parse_child(&self.name).map_or(0, |c| c.sequence);
+            let duplicates: Vec<(String, u64)> = recipe::queue(&children)
+                .into_iter()
+                .filter(|c| c.name != self.name && c.ours.is_some_and(|(id, _)| id == self.spec.id))
+                .map(|c| (format!("{}/{}", self.spec.lock, c.name), c.sequence))
+                .collect();
+            if duplicates.is_empty() {
+                return self.mark_foreign_use(&children).await;
+            }
+            // A second node with our id. Ours wins over one of our own session (a create retried
+            // after a lost answer) and over an older one (left by an earlier session). A newer
+            // node of another session is a newer incarnation of this contender (re-anchored by
+            // a new leader): that one wins, and ours will be deleted by it.
+            let mut deleted = false;
+            for (path, sequence) in duplicates {
+                let owner = match retry::idempotent(|| self.client.check_stat(&path)).await? {
+                    Some(stat) => stat.ephemeral_owner,
+                    None => continue,
+                };
+                if owner != self.client.session_id().0 && sequence > my_sequence {
+                    continue;
+                }
                 tracing::warn!(node = %path, contender = %self.spec.id, "deleting a second node of one contender");
                 match retry::idempotent(|| self.client.delete(&path, None)).await {
                     Ok(()) => Stats::bump(&self.shared.stats.duplicates_deleted),
                     Err(zk::Error::NoNode) => {}
                     Err(e) => return Err(e),
                 }
+                deleted = true;
+            }
+            if !deleted {
+                return self.mark_foreign_use(&children).await;
             }
         }
+    }
+
+    /// Records in the directory that a client other than zklock uses this lock (once per
+    /// directory and engine): after a session gap, holders there cannot be assumed to have kept
+    /// the lock.
+    async fn mark_foreign_use(&self, children: &[String]) -> Result<(), zk::Error> {
+        let lock_path = &self.spec.lock;
+        if lock(&self.shared.foreign_marked).contains(lock_path) {
+            return Ok(());
+        }
+        if recipe::queue(children).iter().any(|c| c.ours.is_none()) {
+            anchor::mark_foreign(&self.client, lock_path).await?;
+            lock(&self.shared.foreign_marked).insert(lock_path.clone());
+        }
+        Ok(())
     }
 
     /// The state the last decision and any revocation request add up to.

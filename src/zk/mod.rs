@@ -1,5 +1,6 @@
 //! The lock engine: ZooKeeper's lock recipe on one session, for many contenders.
 
+mod anchor;
 mod config;
 pub mod data;
 mod engine;
