@@ -1,3 +1,7 @@
+// kube-derive takes one `printcolumn(...)` per column; clippy reads the repeated `type_ = "string"`
+// inside them as duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
