@@ -5,5 +5,6 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod controller;
 pub mod recipe;
 pub mod zk;
