@@ -6,5 +6,9 @@
 
 pub mod api;
 pub mod controller;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod operator;
 pub mod recipe;
 pub mod zk;

@@ -77,7 +77,7 @@ pub struct Holder {
 }
 
 /// Where a claim stands.
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, schemars::JsonSchema)]
 pub enum Phase {
     /// Accepted; node not created yet.
     Pending,

@@ -16,11 +16,31 @@ pub struct ZkConfig {
     /// Digest credentials `user:password`. With them, contender nodes get the ACL
     /// "creator all, world read" so that other clients can see the queue but not tamper with it.
     pub digest_auth: Option<String>,
+    /// TLS to the ensemble: CA bundle, and optionally a client certificate and key (PEM).
+    pub tls: Option<TlsPem>,
+    /// Keep the session when the client goes away (process exit, lost leadership) instead of
+    /// closing it: its nodes then live until the session times out, and a new leader's
+    /// re-anchoring replaces them in one step, so that no foreign waiter sees the lock free
+    /// in between.
+    pub detached: bool,
+}
+
+/// PEM text of the TLS material (read from files by the caller).
+#[derive(Clone, Debug)]
+pub struct TlsPem {
+    pub ca: String,
+    pub identity: Option<(String, String)>,
 }
 
 impl ZkConfig {
     pub fn new(connect: impl Into<String>) -> Self {
-        ZkConfig { connect: connect.into(), session_timeout: Duration::from_secs(10), digest_auth: None }
+        ZkConfig {
+            connect: connect.into(),
+            session_timeout: Duration::from_secs(10),
+            digest_auth: None,
+            tls: None,
+            detached: false,
+        }
     }
 
     pub fn with_session_timeout(mut self, timeout: Duration) -> Self {

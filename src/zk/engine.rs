@@ -452,6 +452,47 @@ impl LockEngine {
         }
     }
 
+    /// The children of any node (empty when it does not exist): for walking the lock tree.
+    pub async fn children(&self, path: &str) -> Result<Vec<String>, Error> {
+        let client = self.client()?;
+        match retry::idempotent(|| client.list_children(path)).await {
+            Ok(children) => Ok(children),
+            Err(zk::Error::NoNode) => Ok(vec![]),
+            Err(e) => Err(Error::zk("list", path, e)),
+        }
+    }
+
+    /// Brings the `ahead` count of the first `limit` waiters of a lock up to date, with one read
+    /// of the directory. Waiters are not woken when somebody far ahead of them leaves (that is
+    /// the point of the recipe), so their count goes stale; this refreshes it in a bounded
+    /// batch. Returns how many changed.
+    pub async fn refresh_positions(&self, lock_path: &str, limit: usize) -> Result<usize, Error> {
+        let client = self.client()?;
+        let children = match retry::idempotent(|| client.list_children(lock_path)).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Ok(0),
+            Err(e) => return Err(Error::zk("list", lock_path, e)),
+        };
+        let queue = recipe::queue(&children);
+        let mut changed = 0;
+        let contenders = lock(&self.inner.shared.contenders);
+        for child in queue.iter().filter(|c| c.ours.is_some()).take(limit.saturating_add(1)) {
+            let Some((id, _)) = child.ours else { continue };
+            let Some(entry) = contenders.get(id) else { continue };
+            let current = entry.states.borrow().clone();
+            if let ContenderState::Waiting { .. } = current {
+                if let Decision::Waiting { watch, ahead } = recipe::decide(&children, child.name) {
+                    let fresh = ContenderState::Waiting { ahead, watching: watch };
+                    if fresh != current {
+                        self.inner.shared.publish(id, &entry.states, fresh);
+                        changed += 1;
+                    }
+                }
+            }
+        }
+        Ok(changed)
+    }
+
     /// The contenders of a lock in queue order: `(node name, sequence, contender id if ours,
     /// mode)`. One getChildren; for tools and position reports, not for deciding.
     pub async fn queue(&self, lock_path: &str) -> Result<Vec<QueueEntry>, Error> {

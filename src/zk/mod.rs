@@ -7,7 +7,7 @@ mod engine;
 mod retry;
 mod stats;
 
-pub use config::ZkConfig;
+pub use config::{TlsPem, ZkConfig};
 pub use engine::{
     Contender, ContenderSpec, ContenderState, EngineEvent, LockEngine, LostReason, QueueEntry, SessionEvent,
 };
