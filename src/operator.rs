@@ -86,17 +86,15 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
         };
         *current_engine.lock().unwrap_or_else(|p| p.into_inner()) = Some(engine.clone());
         let stop = shutdown.child_token();
-        let controller = crate::controller::run(
-            client.clone(),
-            engine,
-            events,
-            options.zk_root.clone(),
-            options.namespaces.clone(),
-            metrics.clone(),
-            Recorder::new(client.clone(), reporter.clone()),
-            health.ready.clone(),
-            stop.clone().cancelled_owned(),
-        );
+        let setup = crate::controller::Setup {
+            client: client.clone(),
+            zk_root: options.zk_root.clone(),
+            namespaces: options.namespaces.clone(),
+            metrics: metrics.clone(),
+            recorder: Recorder::new(client.clone(), reporter.clone()),
+            ready: health.ready.clone(),
+        };
+        let controller = crate::controller::run(setup, engine, events, stop.clone().cancelled_owned());
         tokio::pin!(controller);
         let result = if options.leader_election {
             tokio::select! {

@@ -107,19 +107,26 @@ impl Context {
     }
 }
 
+/// What the controller is run with, besides the engine.
+pub struct Setup {
+    pub client: kube::Client,
+    pub zk_root: String,
+    pub namespaces: Vec<String>,
+    pub metrics: Arc<Metrics>,
+    pub recorder: Recorder,
+    /// Set once re-anchoring is done (the readiness probe).
+    pub ready: Arc<AtomicBool>,
+}
+
 /// Runs the controller until `shutdown` completes. The engine must hold a fresh session;
 /// re-anchoring runs first, and again after every session loss.
 pub async fn run(
-    client: kube::Client,
+    setup: Setup,
     engine: LockEngine,
     engine_events: mpsc::UnboundedReceiver<crate::zk::EngineEvent>,
-    zk_root: String,
-    namespaces: Vec<String>,
-    metrics: Arc<Metrics>,
-    recorder: Recorder,
-    ready: Arc<AtomicBool>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), Error> {
+    let Setup { client, zk_root, namespaces, metrics, recorder, ready } = setup;
     // One controller per watched namespace (each with its own cache), or one for all.
     let scopes: Vec<Option<String>> =
         if namespaces.is_empty() { vec![None] } else { namespaces.iter().cloned().map(Some).collect() };
