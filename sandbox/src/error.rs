@@ -138,7 +138,12 @@ impl ApiError {
         };
         let causes: Vec<Value> = errors
             .iter()
-            .map(|e| json!({"reason": e.cause, "message": e.message, "field": e.field}))
+            .map(|e| {
+                // Causes carry the field separately; their message is the part after "field: ".
+                let prefix = format!("{}: ", e.field);
+                let msg = e.message.strip_prefix(&prefix).unwrap_or(&e.message);
+                json!({"reason": e.cause, "message": msg, "field": e.field})
+            })
             .collect();
         Self::new(422, "Invalid", format!("{} \"{name}\" is invalid: {joined}", qualified(group, kind)))
             .with_details(json!({"name": name, "group": group, "kind": kind, "causes": causes}))
