@@ -155,7 +155,7 @@ pub fn resource_defs(crd: &Value) -> Vec<(ResourceDef, bool)> {
 /// The status kube-apiserver's naming and establishing controllers write.
 pub fn established_status(crd: &Value) -> Value {
     let now = crate::meta::now_rfc3339();
-    let mut names = crd.pointer("/spec/names").cloned().unwrap_or_else(|| json!({}));
+    let mut names = crd.pointer("/spec/names").filter(|n| n.is_object()).cloned().unwrap_or_else(|| json!({}));
     let kind = s(crd, "/spec/names/kind").unwrap_or_default().to_string();
     if names.get("singular").is_none() {
         names["singular"] = json!(kind.to_lowercase());
