@@ -15,11 +15,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+
+use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::Api;
 use tokio::sync::mpsc;
 
@@ -154,7 +155,17 @@ pub async fn run(
     let background = background::spawn(ctx.clone(), engine_events);
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
     let controllers = ctx.claim_apis().into_iter().zip(receivers).map(|(api, rx)| {
-        Controller::new(api, watcher::Config::default())
+        let (reader, writer) = reflector::store();
+        let seen = ctx.clone();
+        // The claim watch delivers new claims in creation order: note it before reconciling.
+        let claims = reflector(writer, watcher::watcher(api, watcher::Config::default()))
+            .applied_objects()
+            .inspect_ok(move |claim: &LockClaim| {
+                if let Some(uid) = claim.metadata.uid.as_deref() {
+                    seen.registry.first_seen(uid);
+                }
+            });
+        Controller::for_stream(claims, reader)
             .reconcile_on(stream_of(rx))
             .graceful_shutdown_on(shutdown.clone())
             .run(reconcile::reconcile, error_policy, ctx.clone())

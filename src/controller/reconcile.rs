@@ -64,8 +64,18 @@ async fn apply(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> {
     };
     let mut plan = plan::plan(inputs(contender_view(ctx, &uid)));
     if plan.enqueue {
+        let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
+        if !ctx.registry.may_enqueue(&lock, &uid, created) {
+            // A claim created earlier enters the queue first; it triggers us when it has.
+            return Ok(Action::requeue(std::time::Duration::from_millis(200)));
+        }
         let description = format!("{namespace}/{}", claim.name_any());
-        ctx.engine.enqueue(ContenderSpec { id: uid.clone(), lock: lock.clone(), mode: spec.mode, description }).await?;
+        let enqueued =
+            ctx.engine.enqueue(ContenderSpec { id: uid.clone(), lock: lock.clone(), mode: spec.mode, description }).await;
+        if let Some(next) = ctx.registry.enqueued(&lock, &uid) {
+            ctx.trigger(next);
+        }
+        enqueued?;
         plan = plan::plan(inputs(contender_view(ctx, &uid)));
     }
     execute(&claim, ctx, &uid, &lock, plan).await

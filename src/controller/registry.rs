@@ -3,13 +3,16 @@
 //! phase and position, and the verdicts of re-anchoring. Everything here can be rebuilt from
 //! the API and ZooKeeper; it is never the source of truth for who holds a lock.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::{LockClaim, Phase};
+
+/// How long a claim that asked to be enqueued holds back the claims created after it.
+pub const GATE_PATIENCE: Duration = Duration::from_secs(2);
 
 #[derive(Default)]
 pub struct Registry {
@@ -25,6 +28,14 @@ struct Inner {
     verdicts: HashMap<String, String>,
     /// Lock path → when its last holder let go (for the handoff histogram).
     released_at: HashMap<String, Instant>,
+    /// Claim UID → the order in which the claim watch first delivered it (creation order for
+    /// claims created while the operator runs).
+    first_seen: HashMap<String, u64>,
+    next_seen: u64,
+    /// Lock path → claims ready to be enqueued, by (creation second, first seen): the gate that
+    /// makes claims created in quick succession enter the queue in creation order even though
+    /// they are reconciled concurrently.
+    gate: HashMap<String, BTreeMap<(i64, u64), (String, Instant)>>,
 }
 
 struct Claim {
@@ -59,8 +70,46 @@ impl Registry {
         }
     }
 
+    /// Notes the order in which the claim watch delivers claims.
+    pub fn first_seen(&self, uid: &str) {
+        let mut inner = self.lock();
+        if !inner.first_seen.contains_key(uid) {
+            inner.next_seen += 1;
+            let n = inner.next_seen;
+            inner.first_seen.insert(uid.to_string(), n);
+        }
+    }
+
+    /// Asks to enqueue claim `uid` on `lock`; true when no claim created before it is waiting
+    /// to be enqueued there too. A claim that asked but did not come back within
+    /// [`GATE_PATIENCE`] (deleted, or blocked on its holder pod) no longer holds others up.
+    pub fn may_enqueue(&self, lock: &str, uid: &str, created: i64) -> bool {
+        let mut inner = self.lock();
+        let seen = inner.first_seen.get(uid).copied().unwrap_or(u64::MAX);
+        let gate = inner.gate.entry(lock.to_string()).or_default();
+        gate.retain(|_, (other, asked)| other == uid || asked.elapsed() < GATE_PATIENCE);
+        gate.insert((created, seen), (uid.to_string(), Instant::now()));
+        gate.first_key_value().is_some_and(|(_, (first, _))| first == uid)
+    }
+
+    /// The claim is enqueued (or gave up): it leaves the gate; returns the next one waiting.
+    pub fn enqueued(&self, lock: &str, uid: &str) -> Option<ObjectRef<LockClaim>> {
+        let mut inner = self.lock();
+        let gate = inner.gate.get_mut(lock)?;
+        gate.retain(|_, (other, _)| other != uid);
+        let next = gate.first_key_value().map(|(_, (next, _))| next.clone());
+        if gate.is_empty() {
+            inner.gate.remove(lock);
+        }
+        next.and_then(|n| inner.claims.get(&n).map(|c| c.object.clone()))
+    }
+
     pub fn forget(&self, uid: &str) {
         let mut inner = self.lock();
+        inner.first_seen.remove(uid);
+        for gate in inner.gate.values_mut() {
+            gate.retain(|_, (other, _)| other != uid);
+        }
         if let Some(claim) = inner.claims.remove(uid) {
             if let Some(pod) = claim.pod {
                 let key = (claim.object.namespace.unwrap_or_default(), pod);

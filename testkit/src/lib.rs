@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod curator;
+pub mod kube;
 pub mod proxy;
 pub mod zookeeper;
 

@@ -35,16 +35,18 @@ pub struct ZkServer {
 }
 
 impl ZkServer {
-    /// The process-wide server: `ZK_CONNECT` if set, else a standalone server started once.
+    /// The process-wide server: `ZKLOCK_TEST_ZK` (or `ZK_CONNECT`) if set, else a standalone
+    /// server started once.
     pub fn shared() -> &'static ZkServer {
         static SHARED: OnceLock<ZkServer> = OnceLock::new();
-        SHARED.get_or_init(|| match std::env::var("ZK_CONNECT") {
+        let given = std::env::var("ZKLOCK_TEST_ZK").or_else(|_| std::env::var("ZK_CONNECT"));
+        SHARED.get_or_init(|| match given {
             Ok(connect) if !connect.is_empty() => {
                 let first = connect.split(['/', ',']).next().unwrap_or_default().to_string();
                 let version = four_letter(&first, "srvr")
                     .map(|s| version_of(&s))
-                    .unwrap_or_else(|e| panic!("ZK_CONNECT={connect} but {first} does not answer `srvr`: {e}"));
-                eprintln!("zookeeper {version} (ZK_CONNECT) at {connect}");
+                    .unwrap_or_else(|e| panic!("ZKLOCK_TEST_ZK/ZK_CONNECT={connect} but {first} does not answer `srvr`: {e}"));
+                eprintln!("zookeeper {version} (given) at {connect}");
                 ZkServer { connect, client_port: 0, dir: PathBuf::new(), process: None, _tmp: None }
             }
             // The shared server outlives every test of the process; its watchdog (see `spawn`)
