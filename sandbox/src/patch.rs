@@ -157,7 +157,13 @@ pub fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
             }
             "test" => {
                 let want = value()?;
-                let got = get(doc, path)?;
+                // As evanphx/json-patch (kube-apiserver's) does: a missing member of an
+                // existing object tests equal to null; kube-rs's finalizer helper relies on it.
+                let parent_exists = path.rfind('/').is_some_and(|i| doc.pointer(&path[..i]).is_some_and(Value::is_object));
+                let got = match get(doc, path) {
+                    Err(_) if parent_exists => Value::Null,
+                    other => other?,
+                };
                 if got != want {
                     return Err(PatchError(format!("testing value {path} failed: test failed")));
                 }
@@ -325,6 +331,10 @@ mod tests {
         assert_eq!(d, json!({"a": [2, 3], "b": {}, "d": 1}));
         let bad = json!([{"op": "test", "path": "/d", "value": 2}]);
         assert!(json_patch(&mut d, bad.as_array().map(Vec::as_slice).unwrap_or(&[])).is_err());
+        let absent_is_null = json!([{"op": "test", "path": "/b/missing", "value": null}]);
+        assert!(json_patch(&mut d, absent_is_null.as_array().map(Vec::as_slice).unwrap_or(&[])).is_ok());
+        let no_parent = json!([{"op": "test", "path": "/nope/missing", "value": null}]);
+        assert!(json_patch(&mut d, no_parent.as_array().map(Vec::as_slice).unwrap_or(&[])).is_err());
     }
 
     #[test]
