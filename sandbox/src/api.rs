@@ -93,7 +93,8 @@ fn unhex(s: &str) -> Option<String> {
     if s.len() % 2 != 0 {
         return None;
     }
-    let bytes: Option<Vec<u8>> = (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect();
+    let bytes: Option<Vec<u8>> =
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect();
     String::from_utf8(bytes?).ok()
 }
 
@@ -122,7 +123,11 @@ pub fn list(st: &State, def: &ResourceDef, ns: Option<&str>, q: &Query) -> ApiRe
     let ns = if def.namespaced { ns } else { None };
     let (rv, start): (u64, Option<ObjKey>) = match q.get("continue") {
         Some(tok) => {
-            let (rv, last) = decode_continue(tok).ok_or_else(|| ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)"))?;
+            let (rv, last) = decode_continue(tok).ok_or_else(|| {
+                ApiError::bad_request(
+                    "continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)",
+                )
+            })?;
             (rv, Some(last))
         }
         None => match (q.get("resourceVersion"), q.get("resourceVersionMatch")) {
@@ -249,11 +254,17 @@ fn validate_meta(def: &ResourceDef, obj: &Value, creating: bool) -> Vec<FieldErr
                         !n.is_empty() && n.len() <= 63 && (p.is_empty() || meta::is_dns1123_subdomain(p))
                     });
                     if !ok {
-                        errs.push(FieldError::invalid(format!("metadata.finalizers[{i}]"), x, "name part must consist of alphanumeric characters, '-', '_' or '.'"));
+                        errs.push(FieldError::invalid(
+                            format!("metadata.finalizers[{i}]"),
+                            x,
+                            "name part must consist of alphanumeric characters, '-', '_' or '.'",
+                        ));
                     }
                 }
             }
-            None if !f.is_null() => errs.push(FieldError::invalid("metadata.finalizers", f, "must be a list of strings")),
+            None if !f.is_null() => {
+                errs.push(FieldError::invalid("metadata.finalizers", f, "must be a list of strings"))
+            }
             None => {}
         }
     }
@@ -262,7 +273,11 @@ fn validate_meta(def: &ResourceDef, obj: &Value, creating: bool) -> Vec<FieldErr
         for (i, r) in refs.iter().enumerate() {
             for f in ["apiVersion", "kind", "name", "uid"] {
                 if r.get(f).and_then(Value::as_str).is_none_or(str::is_empty) {
-                    errs.push(FieldError::invalid(format!("metadata.ownerReferences[{i}].{f}"), r.get(f).unwrap_or(&Value::Null), &format!("{f} must not be empty")));
+                    errs.push(FieldError::invalid(
+                        format!("metadata.ownerReferences[{i}].{f}"),
+                        r.get(f).unwrap_or(&Value::Null),
+                        &format!("{f} must not be empty"),
+                    ));
                 }
             }
             if r.get("controller").and_then(Value::as_bool) == Some(true) {
@@ -270,7 +285,11 @@ fn validate_meta(def: &ResourceDef, obj: &Value, creating: bool) -> Vec<FieldErr
             }
         }
         if controllers > 1 {
-            errs.push(FieldError::invalid("metadata.ownerReferences", &json!(refs), "Only one reference can have Controller set to true"));
+            errs.push(FieldError::invalid(
+                "metadata.ownerReferences",
+                &json!(refs),
+                "Only one reference can have Controller set to true",
+            ));
         }
     }
     errs
@@ -337,7 +356,9 @@ pub fn create(st: &mut State, def: &Arc<ResourceDef>, ns: Option<&str>, body: Va
     let req_ns = if def.namespaced { ns.unwrap_or_default().to_string() } else { String::new() };
     match meta.get("namespace").and_then(Value::as_str).filter(|s| !s.is_empty()) {
         Some(n) if def.namespaced && n != req_ns => {
-            return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"))
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ))
         }
         _ => {}
     }
@@ -354,7 +375,12 @@ pub fn create(st: &mut State, def: &Arc<ResourceDef>, ns: Option<&str>, body: Va
                 format!("{prefix}{}", meta::generated_suffix())
             }
             None => {
-                return Err(ApiError::invalid(&def.group, &def.kind, "", vec![FieldError::required("metadata.name", "name or generateName is required")]))
+                return Err(ApiError::invalid(
+                    &def.group,
+                    &def.kind,
+                    "",
+                    vec![FieldError::required("metadata.name", "name or generateName is required")],
+                ))
             }
         },
     };
@@ -484,17 +510,23 @@ fn apply_update(
         }
         Some(_) => {}
         None if require_rv && !def.unconditional_update => {
-            return Err(ApiError::invalid(&def.group, &def.kind, &name, vec![FieldError::invalid(
-                "metadata.resourceVersion",
-                &json!("0x0"),
-                "must be specified for an update",
-            )]));
+            return Err(ApiError::invalid(
+                &def.group,
+                &def.kind,
+                &name,
+                vec![FieldError::invalid("metadata.resourceVersion", &json!("0x0"), "must be specified for an update")],
+            ));
         }
         None => {}
     }
     if let Some(uid) = meta_str(&new, "uid") {
         if Some(uid) != meta_str(&current, "uid") {
-            return Err(ApiError::invalid(&def.group, &def.kind, &name, vec![FieldError::invalid("metadata.uid", &json!(uid), "field is immutable")]));
+            return Err(ApiError::invalid(
+                &def.group,
+                &def.kind,
+                &name,
+                vec![FieldError::invalid("metadata.uid", &json!(uid), "field is immutable")],
+            ));
         }
     }
     if status_only {
@@ -513,7 +545,9 @@ fn apply_update(
         }
     } else {
         let meta = meta_mut(&mut new)?;
-        for f in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace", "generation"] {
+        for f in
+            ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace", "generation"]
+        {
             match current.get("metadata").and_then(|m| m.get(f)) {
                 Some(v) => {
                     meta.insert(f.into(), v.clone());
@@ -545,7 +579,10 @@ fn apply_update(
     if is_terminating(&current) {
         let old_f = finalizers(&current);
         if finalizers(&new).iter().any(|f| !old_f.contains(f)) {
-            errs.push(FieldError::forbidden("metadata.finalizers", "no new finalizers can be added if the object is being deleted"));
+            errs.push(FieldError::forbidden(
+                "metadata.finalizers",
+                "no new finalizers can be added if the object is being deleted",
+            ));
         }
     }
     let unknown = apply_schema(def, &mut new, &mut errs);
@@ -572,7 +609,8 @@ fn apply_update(
         return Ok(Written { code: 200, object: convert::to_external(def, new), warnings });
     }
     let gr = def.group_resource();
-    let stored = st.store.replace(&gr, k.clone(), new).ok_or_else(|| ApiError::not_found(&def.group, &def.plural, &name))?;
+    let stored =
+        st.store.replace(&gr, k.clone(), new).ok_or_else(|| ApiError::not_found(&def.group, &def.plural, &name))?;
     if def.group == "apiextensions.k8s.io" {
         crd_changed(st, &stored);
     }
@@ -584,10 +622,20 @@ fn apply_update(
 
 /// Namespaces wait for spec.finalizers ("kubernetes") as well as metadata.finalizers.
 fn namespace_pending(def: &ResourceDef, obj: &Value) -> bool {
-    def.group.is_empty() && def.plural == "namespaces" && obj.pointer("/spec/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty())
+    def.group.is_empty()
+        && def.plural == "namespaces"
+        && obj.pointer("/spec/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty())
 }
 
-pub fn update(st: &mut State, def: &Arc<ResourceDef>, ns: Option<&str>, name: &str, body: Value, status_only: bool, q: &Query) -> ApiResult<Written> {
+pub fn update(
+    st: &mut State,
+    def: &Arc<ResourceDef>,
+    ns: Option<&str>,
+    name: &str,
+    body: Value,
+    status_only: bool,
+    q: &Query,
+) -> ApiResult<Written> {
     let k = key(def, ns, name);
     if !body.is_object() {
         return Err(ApiError::bad_request("the object provided is unrecognized (must be a JSON object)"));
@@ -612,7 +660,16 @@ pub fn update(st: &mut State, def: &Arc<ResourceDef>, ns: Option<&str>, name: &s
     }
 }
 
-pub fn patch(st: &mut State, def: &Arc<ResourceDef>, ns: Option<&str>, name: &str, ptype: PatchType, body: &[u8], status_only: bool, q: &Query) -> ApiResult<Written> {
+pub fn patch(
+    st: &mut State,
+    def: &Arc<ResourceDef>,
+    ns: Option<&str>,
+    name: &str,
+    ptype: PatchType,
+    body: &[u8],
+    status_only: bool,
+    q: &Query,
+) -> ApiResult<Written> {
     let accepted = if def.is_custom() {
         "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
     } else {
@@ -632,18 +689,27 @@ pub fn patch(st: &mut State, def: &Arc<ResourceDef>, ns: Option<&str>, name: &st
         }
         _ => {}
     }
-    let patch_doc: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+    let patch_doc: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
     let k = key(def, ns, name);
-    let current = st.store.get(&def.group_resource(), &k).cloned().ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+    let current = st
+        .store
+        .get(&def.group_resource(), &k)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
     let mut doc = convert::to_external(def, current.clone());
     match ptype {
         PatchType::Json => {
-            let ops = patch_doc.as_array().ok_or_else(|| ApiError::bad_request("json: cannot unmarshal object into Go value of type jsonpatch.Patch"))?;
+            let ops = patch_doc.as_array().ok_or_else(|| {
+                ApiError::bad_request("json: cannot unmarshal object into Go value of type jsonpatch.Patch")
+            })?;
             patch::json_patch(&mut doc, ops).map_err(|e| ApiError::unprocessable(e.0))?;
         }
         PatchType::Merge => {
             if !patch_doc.is_object() {
-                return Err(ApiError::bad_request("json: cannot unmarshal into a JSON object: merge patch must be an object"));
+                return Err(ApiError::bad_request(
+                    "json: cannot unmarshal into a JSON object: merge patch must be an object",
+                ));
             }
             patch::merge_patch(&mut doc, &patch_doc);
         }
@@ -671,14 +737,23 @@ impl DeleteOptions {
         let b: Value = if body.iter().all(u8::is_ascii_whitespace) {
             json!({})
         } else {
-            serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("couldn't decode DeleteOptions: {e}")))?
+            serde_json::from_slice(body)
+                .map_err(|e| ApiError::bad_request(format!("couldn't decode DeleteOptions: {e}")))?
         };
         if !b.is_object() {
             return Err(ApiError::bad_request("DeleteOptions must be a JSON object"));
         }
-        let mut propagation = b.get("propagationPolicy").and_then(Value::as_str).map(String::from).or_else(|| q.get("propagationPolicy").map(String::from));
+        let mut propagation = b
+            .get("propagationPolicy")
+            .and_then(Value::as_str)
+            .map(String::from)
+            .or_else(|| q.get("propagationPolicy").map(String::from));
         if propagation.is_none() {
-            match b.get("orphanDependents").and_then(Value::as_bool).or_else(|| q.get("orphanDependents").map(|v| v == "true")) {
+            match b
+                .get("orphanDependents")
+                .and_then(Value::as_bool)
+                .or_else(|| q.get("orphanDependents").map(|v| v == "true"))
+            {
                 Some(true) => propagation = Some("Orphan".into()),
                 Some(false) => propagation = Some("Background".into()),
                 None => {}
@@ -691,7 +766,8 @@ impl DeleteOptions {
                 )));
             }
         }
-        let dry = b.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == "All")) || q.dry_run();
+        let dry =
+            b.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == "All")) || q.dry_run();
         Ok(DeleteOptions {
             propagation,
             uid: b.pointer("/preconditions/uid").and_then(Value::as_str).map(String::from),
@@ -711,14 +787,25 @@ pub fn finish_delete(st: &mut State, def: &ResourceDef, k: &ObjKey) -> Option<Va
     Some(gone)
 }
 
-pub fn delete(st: &mut State, def: &Arc<ResourceDef>, ns: Option<&str>, name: &str, opts: &DeleteOptions) -> ApiResult<(u16, Value)> {
+pub fn delete(
+    st: &mut State,
+    def: &Arc<ResourceDef>,
+    ns: Option<&str>,
+    name: &str,
+    opts: &DeleteOptions,
+) -> ApiResult<(u16, Value)> {
     let k = key(def, ns, name);
     let gr = def.group_resource();
     let current = st.store.get(&gr, &k).cloned().ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
     if let Some(uid) = &opts.uid {
         let have = meta_str(&current, "uid").unwrap_or_default();
         if uid != have {
-            return Err(ApiError::conflict(&def.group, &def.plural, name, &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {have}")));
+            return Err(ApiError::conflict(
+                &def.group,
+                &def.plural,
+                name,
+                &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"),
+            ));
         }
     }
     if let Some(rv) = &opts.resource_version {
@@ -769,7 +856,8 @@ pub fn delete(st: &mut State, def: &Arc<ResourceDef>, ns: Option<&str>, name: &s
         if opts.dry_run || marked == current {
             return Ok((200, convert::to_external(def, marked)));
         }
-        let stored = st.store.replace(&gr, k, marked).ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+        let stored =
+            st.store.replace(&gr, k, marked).ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
         return Ok((200, convert::to_external(def, stored)));
     }
     if opts.dry_run {
@@ -787,7 +875,13 @@ pub fn delete(st: &mut State, def: &Arc<ResourceDef>, ns: Option<&str>, name: &s
     }
 }
 
-pub fn delete_collection(st: &mut State, def: &Arc<ResourceDef>, ns: Option<&str>, q: &Query, opts: &DeleteOptions) -> ApiResult<Value> {
+pub fn delete_collection(
+    st: &mut State,
+    def: &Arc<ResourceDef>,
+    ns: Option<&str>,
+    q: &Query,
+    opts: &DeleteOptions,
+) -> ApiResult<Value> {
     let sel = selectors(def, q)?;
     let gr = def.group_resource();
     let ns = if def.namespaced { ns } else { None };

@@ -48,23 +48,36 @@ pub fn validate(crd: &Value) -> Vec<FieldError> {
     }
     let versions = crd.pointer("/spec/versions").and_then(Value::as_array).cloned().unwrap_or_default();
     if versions.is_empty() {
-        errs.push(FieldError::invalid("spec.versions", &json!(null), "must have exactly one version marked as storage version"));
+        errs.push(FieldError::invalid(
+            "spec.versions",
+            &json!(null),
+            "must have exactly one version marked as storage version",
+        ));
     } else {
         let storage = versions.iter().filter(|v| v.get("storage").and_then(Value::as_bool) == Some(true)).count();
         if storage != 1 {
-            errs.push(FieldError::invalid("spec.versions", &json!(storage), "must have exactly one version marked as storage version"));
+            errs.push(FieldError::invalid(
+                "spec.versions",
+                &json!(storage),
+                "must have exactly one version marked as storage version",
+            ));
         }
         for (i, v) in versions.iter().enumerate() {
             if s(v, "/name").is_none() {
                 errs.push(FieldError::required(format!("spec.versions[{i}].name"), ""));
             }
             match v.pointer("/schema/openAPIV3Schema") {
-                None => errs.push(FieldError::required(format!("spec.versions[{i}].schema.openAPIV3Schema"), "schemas are required")),
-                Some(sch) if sch.get("type").and_then(Value::as_str) != Some("object") => errs.push(FieldError::invalid(
-                    format!("spec.versions[{i}].schema.openAPIV3Schema.type"),
-                    sch.get("type").unwrap_or(&Value::Null),
-                    "must be object at the root",
+                None => errs.push(FieldError::required(
+                    format!("spec.versions[{i}].schema.openAPIV3Schema"),
+                    "schemas are required",
                 )),
+                Some(sch) if sch.get("type").and_then(Value::as_str) != Some("object") => {
+                    errs.push(FieldError::invalid(
+                        format!("spec.versions[{i}].schema.openAPIV3Schema.type"),
+                        sch.get("type").unwrap_or(&Value::Null),
+                        "must be object at the root",
+                    ))
+                }
                 _ => {}
             }
         }
@@ -80,7 +93,11 @@ pub fn resource_defs(crd: &Value) -> Vec<(ResourceDef, bool)> {
     let kind = s(&names, "/kind").unwrap_or_default().to_string();
     let plural = s(&names, "/plural").unwrap_or_default().to_string();
     let strs = |ptr: &str| -> Vec<String> {
-        names.pointer(ptr).and_then(Value::as_array).map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect()).unwrap_or_default()
+        names
+            .pointer(ptr)
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
+            .unwrap_or_default()
     };
     let namespaced = s(crd, "/spec/scope") == Some("Namespaced");
     let mut out = Vec::new();

@@ -62,17 +62,14 @@ pub fn resource_list(reg: &Registry, group: &str, version: &str) -> Option<Value
 }
 
 fn group_entry(group: &str, versions: &[String], preferred: &str) -> Value {
-    let vs: Vec<Value> = versions.iter().map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v})).collect();
+    let vs: Vec<Value> =
+        versions.iter().map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v})).collect();
     json!({"name": group, "versions": vs, "preferredVersion": {"groupVersion": format!("{group}/{preferred}"), "version": preferred}})
 }
 
 pub fn group_list(reg: &Registry) -> Value {
-    let groups: Vec<Value> = reg
-        .groups()
-        .into_iter()
-        .filter(|(g, _, _)| !g.is_empty())
-        .map(|(g, vs, p)| group_entry(&g, &vs, &p))
-        .collect();
+    let groups: Vec<Value> =
+        reg.groups().into_iter().filter(|(g, _, _)| !g.is_empty()).map(|(g, vs, p)| group_entry(&g, &vs, &p)).collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 

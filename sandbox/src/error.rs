@@ -38,11 +38,8 @@ impl FieldError {
     pub fn not_supported(field: impl Into<String>, value: &Value, allowed: &[Value]) -> Self {
         let field = field.into();
         let list: Vec<String> = allowed.iter().map(show_value).collect();
-        let message = format!(
-            "{field}: Unsupported value: {}: supported values: {}",
-            show_value(value),
-            list.join(", ")
-        );
+        let message =
+            format!("{field}: Unsupported value: {}: supported values: {}", show_value(value), list.join(", "));
         FieldError { cause: "FieldValueNotSupported", field, message }
     }
     pub fn forbidden(field: impl Into<String>, detail: &str) -> Self {
@@ -99,20 +96,15 @@ impl ApiError {
     }
     /// 404 for a path that names no resource at all.
     pub fn no_route() -> Self {
-        Self::new(404, "NotFound", "the server could not find the requested resource")
-            .with_details(json!({}))
+        Self::new(404, "NotFound", "the server could not find the requested resource").with_details(json!({}))
     }
     pub fn not_found(group: &str, plural: &str, name: &str) -> Self {
         Self::new(404, "NotFound", format!("{} \"{name}\" not found", qualified(group, plural)))
             .with_details(json!({"name": name, "group": group, "kind": plural}))
     }
     pub fn already_exists(group: &str, plural: &str, name: &str) -> Self {
-        Self::new(
-            409,
-            "AlreadyExists",
-            format!("{} \"{name}\" already exists", qualified(group, plural)),
-        )
-        .with_details(json!({"name": name, "group": group, "kind": plural}))
+        Self::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", qualified(group, plural)))
+            .with_details(json!({"name": name, "group": group, "kind": plural}))
     }
     pub fn conflict(group: &str, plural: &str, name: &str, why: &str) -> Self {
         Self::new(

@@ -121,7 +121,10 @@ fn owner_gone(st: &mut State, owner_uid: &str) {
     for (gr, k) in st.store.dependents_of(owner_uid) {
         let Some(obj) = st.store.get(&gr, &k).cloned() else { continue };
         let refs = obj.pointer("/metadata/ownerReferences").and_then(Value::as_array).cloned().unwrap_or_default();
-        let others_alive = refs.iter().filter_map(|r| r.get("uid").and_then(Value::as_str)).any(|u| u != owner_uid && st.store.lookup_uid(u).is_some());
+        let others_alive = refs
+            .iter()
+            .filter_map(|r| r.get("uid").and_then(Value::as_str))
+            .any(|u| u != owner_uid && st.store.lookup_uid(u).is_some());
         if others_alive {
             drop_owner_ref(st, &gr, &k, owner_uid);
         } else if !terminating(&obj) {
@@ -162,7 +165,8 @@ fn remove_finalizer(st: &mut State, gr: &GroupResource, k: &ObjKey, f: &str) {
             m.remove("finalizers");
         }
     }
-    let ns_waiting = is_namespace(gr) && obj.pointer("/spec/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+    let ns_waiting =
+        is_namespace(gr) && obj.pointer("/spec/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
     st.store.replace(gr, k.clone(), obj);
     if empty && !ns_waiting {
         if let Some(def) = st.registry.any_version(gr) {
@@ -219,7 +223,8 @@ fn progress(st: &mut State, item: &Item) -> bool {
         if left == 0 {
             let mut done = obj.clone();
             done["spec"] = json!({});
-            let has_meta_fins = done.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+            let has_meta_fins =
+                done.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
             if has_meta_fins {
                 st.store.replace(gr, k.clone(), done);
             } else if let Some(def) = st.registry.any_version(gr) {

@@ -30,8 +30,8 @@ mod store;
 mod table;
 mod watch;
 
-use server::Shared;
 use serde_json::Value;
+use server::Shared;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

@@ -48,7 +48,8 @@ fn default_pod_spec(obj: &mut Value) {
     }
     if let Some(Value::Array(cs)) = spec.get_mut("containers") {
         for c in cs.iter_mut().filter_map(Value::as_object_mut) {
-            let latest = c.get("image").and_then(Value::as_str).is_some_and(|i| !i.contains(':') || i.ends_with(":latest"));
+            let latest =
+                c.get("image").and_then(Value::as_str).is_some_and(|i| !i.contains(':') || i.ends_with(":latest"));
             c.entry("imagePullPolicy").or_insert(json!(if latest { "Always" } else { "IfNotPresent" }));
             c.entry("terminationMessagePath").or_insert(json!("/dev/termination-log"));
             c.entry("terminationMessagePolicy").or_insert(json!("File"));
@@ -61,24 +62,26 @@ fn default_pod_spec(obj: &mut Value) {
 pub fn validate(def: &ResourceDef, obj: &Value) -> Vec<FieldError> {
     let mut errs = Vec::new();
     match (def.group.as_str(), def.plural.as_str()) {
-        ("", "pods") => {
-            match obj.pointer("/spec/containers").and_then(Value::as_array) {
-                Some(cs) if !cs.is_empty() => {
-                    for (i, c) in cs.iter().enumerate() {
-                        let f = format!("spec.containers[{i}]");
-                        match c.get("name").and_then(Value::as_str) {
-                            Some(n) if crate::meta::is_dns1123_label(n) => {}
-                            Some(n) => errs.push(FieldError::invalid(format!("{f}.name"), &json!(n), &crate::meta::dns1123_label_message())),
-                            None => errs.push(FieldError::required(format!("{f}.name"), "")),
-                        }
-                        if c.get("image").and_then(Value::as_str).is_none_or(|s| s.trim().is_empty()) {
-                            errs.push(FieldError::required(format!("{f}.image"), ""));
-                        }
+        ("", "pods") => match obj.pointer("/spec/containers").and_then(Value::as_array) {
+            Some(cs) if !cs.is_empty() => {
+                for (i, c) in cs.iter().enumerate() {
+                    let f = format!("spec.containers[{i}]");
+                    match c.get("name").and_then(Value::as_str) {
+                        Some(n) if crate::meta::is_dns1123_label(n) => {}
+                        Some(n) => errs.push(FieldError::invalid(
+                            format!("{f}.name"),
+                            &json!(n),
+                            &crate::meta::dns1123_label_message(),
+                        )),
+                        None => errs.push(FieldError::required(format!("{f}.name"), "")),
+                    }
+                    if c.get("image").and_then(Value::as_str).is_none_or(|s| s.trim().is_empty()) {
+                        errs.push(FieldError::required(format!("{f}.image"), ""));
                     }
                 }
-                _ => errs.push(FieldError::required("spec.containers", "")),
             }
-        }
+            _ => errs.push(FieldError::required("spec.containers", "")),
+        },
         ("", "secrets") => {
             if let Some(Value::Object(data)) = obj.get("data") {
                 for (k, v) in data {

@@ -54,9 +54,7 @@ fn split_pointer(path: &str) -> Result<Vec<String>, PatchError> {
     if path.is_empty() {
         return Ok(vec![]);
     }
-    let rest = path
-        .strip_prefix('/')
-        .ok_or_else(|| PatchError(format!("invalid JSON pointer {path:?}")))?;
+    let rest = path.strip_prefix('/').ok_or_else(|| PatchError(format!("invalid JSON pointer {path:?}")))?;
     Ok(rest.split('/').map(unescape).collect())
 }
 
@@ -110,9 +108,9 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value, PatchError> {
         return Err(PatchError("cannot remove the document root".into()));
     };
     match parent(doc, init, path)? {
-        Value::Object(m) => m
-            .remove(last)
-            .ok_or_else(|| PatchError(format!("unable to remove nonexistent key: {last}: missing value"))),
+        Value::Object(m) => {
+            m.remove(last).ok_or_else(|| PatchError(format!("unable to remove nonexistent key: {last}: missing value")))
+        }
         Value::Array(a) => {
             let i = array_index(last, a.len(), false, path)?;
             Ok(a.remove(i))
@@ -122,9 +120,7 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value, PatchError> {
 }
 
 fn get(doc: &Value, path: &str) -> Result<Value, PatchError> {
-    doc.pointer(path)
-        .cloned()
-        .ok_or_else(|| PatchError(format!("doc is missing path: {path:?}: missing value")))
+    doc.pointer(path).cloned().ok_or_else(|| PatchError(format!("doc is missing path: {path:?}: missing value")))
 }
 
 /// Applies an RFC 6902 patch. `ops` must already be a JSON array (checked by the caller).
@@ -133,7 +129,8 @@ pub fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
         let kind = op.get("op").and_then(Value::as_str).ok_or_else(|| PatchError("missing op".into()))?;
         let path = op.get("path").and_then(Value::as_str).ok_or_else(|| PatchError("missing path".into()))?;
         let value = || op.get("value").cloned().ok_or_else(|| PatchError(format!("missing value for {kind}")));
-        let from = || op.get("from").and_then(Value::as_str).ok_or_else(|| PatchError(format!("missing from for {kind}")));
+        let from =
+            || op.get("from").and_then(Value::as_str).ok_or_else(|| PatchError(format!("missing from for {kind}")));
         match kind {
             "add" => add(doc, path, value()?)?,
             "remove" => {
@@ -159,7 +156,8 @@ pub fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
                 let want = value()?;
                 // As evanphx/json-patch (kube-apiserver's) does: a missing member of an
                 // existing object tests equal to null; kube-rs's finalizer helper relies on it.
-                let parent_exists = path.rfind('/').is_some_and(|i| doc.pointer(&path[..i]).is_some_and(Value::is_object));
+                let parent_exists =
+                    path.rfind('/').is_some_and(|i| doc.pointer(&path[..i]).is_some_and(Value::is_object));
                 let got = match get(doc, path) {
                     Err(_) if parent_exists => Value::Null,
                     other => other?,
@@ -177,8 +175,15 @@ pub fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
 /// Merge keys of lists whose patchStrategy is "merge" in the built-in Go types.
 fn merge_key(field: &str) -> Option<&'static str> {
     Some(match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env" | "imagePullSecrets"
-        | "secrets" | "resourceClaims" | "schedulingGates" => "name",
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
+        | "imagePullSecrets"
+        | "secrets"
+        | "resourceClaims"
+        | "schedulingGates" => "name",
         "volumeMounts" => "mountPath",
         "volumeDevices" => "devicePath",
         "ports" => "containerPort",
@@ -344,7 +349,10 @@ mod tests {
         let p = json!({"spec": {"containers": [{"name": "b", "image": "z"}, {"name": "a", "$patch": "delete"}]},
                        "metadata": {"finalizers": ["f2"]}});
         strategic_merge(&mut d, &p).ok();
-        assert_eq!(d, json!({"spec": {"containers": [{"name": "b", "image": "z"}]},
-                             "metadata": {"finalizers": ["f1", "f2"]}}));
+        assert_eq!(
+            d,
+            json!({"spec": {"containers": [{"name": "b", "image": "z"}]},
+                             "metadata": {"finalizers": ["f1", "f2"]}})
+        );
     }
 }

@@ -178,7 +178,8 @@ pub fn builtins() -> Vec<ResourceDef> {
     let mut leases = builtin("coordination.k8s.io", "v1", "leases", "Lease", true);
     leases.create_on_update = true;
 
-    let mut crds = builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false);
+    let mut crds =
+        builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false);
     crds.short_names = vec!["crd".into(), "crds".into()];
     crds.categories = vec!["api-extensions".into()];
     crds.status_subresource = true;
@@ -243,9 +244,7 @@ impl Registry {
     }
 
     pub fn group_version(&self, group: &str, version: &str) -> Option<Vec<Arc<ResourceDef>>> {
-        self.served
-            .get(&(group.to_string(), version.to_string()))
-            .map(|m| m.values().cloned().collect())
+        self.served.get(&(group.to_string(), version.to_string())).map(|m| m.values().cloned().collect())
     }
 
     pub fn groups(&self) -> Vec<(String, Vec<String>, String)> {
@@ -254,7 +253,8 @@ impl Registry {
             .map(|g| {
                 let versions: Vec<String> =
                     self.served.keys().filter(|(g2, _)| g2 == g).map(|(_, v)| v.clone()).collect();
-                let preferred = self.preferred.get(g).cloned().or_else(|| versions.first().cloned()).unwrap_or_default();
+                let preferred =
+                    self.preferred.get(g).cloned().or_else(|| versions.first().cloned()).unwrap_or_default();
                 // The preferred version is listed first, as kube-apiserver orders by priority.
                 let mut ordered = vec![preferred.clone()];
                 ordered.extend(versions.into_iter().filter(|v| *v != preferred));
@@ -270,10 +270,6 @@ impl Registry {
                 return Some(d);
             }
         }
-        self.served
-            .iter()
-            .filter(|((g, _), _)| *g == gr.group)
-            .find_map(|(_, m)| m.get(&gr.resource).cloned())
+        self.served.iter().filter(|((g, _), _)| *g == gr.group).find_map(|(_, m)| m.get(&gr.resource).cloned())
     }
-
 }

@@ -30,7 +30,8 @@ pub fn apply_defaults(schema: &Value, v: &mut Value) {
             if let Some(Value::Object(props)) = schema.get("properties") {
                 for (k, ps) in props {
                     let absent = matches!(m.get(k), None)
-                        || (m.get(k) == Some(&Value::Null) && ps.get("nullable").and_then(Value::as_bool) != Some(true));
+                        || (m.get(k) == Some(&Value::Null)
+                            && ps.get("nullable").and_then(Value::as_bool) != Some(true));
                     if absent {
                         if let Some(d) = ps.get("default") {
                             m.insert(k.clone(), d.clone());
@@ -147,20 +148,32 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             return;
         }
         if let Some(t) = schema.get("type").and_then(Value::as_str) {
-            errs.push(FieldError::invalid(path, &Value::String("null".into()), &format!("{path} in body must be of type {t}: \"null\"")));
+            errs.push(FieldError::invalid(
+                path,
+                &Value::String("null".into()),
+                &format!("{path} in body must be of type {t}: \"null\""),
+            ));
         }
         return;
     }
     if int_or_string {
         if !(type_ok("integer", v) || type_ok("string", v)) {
             let tn = Value::String(type_name(v).into());
-            errs.push(FieldError::invalid(path, &tn, &format!("{path} in body must be of type integer,string: \"{}\"", type_name(v))));
+            errs.push(FieldError::invalid(
+                path,
+                &tn,
+                &format!("{path} in body must be of type integer,string: \"{}\"", type_name(v)),
+            ));
             return;
         }
     } else if let Some(t) = schema.get("type").and_then(Value::as_str) {
         if !type_ok(t, v) {
             let tn = Value::String(type_name(v).into());
-            errs.push(FieldError::invalid(path, &tn, &format!("{path} in body must be of type {t}: \"{}\"", type_name(v))));
+            errs.push(FieldError::invalid(
+                path,
+                &tn,
+                &format!("{path} in body must be of type {t}: \"{}\"", type_name(v)),
+            ));
             return;
         }
     }
@@ -176,19 +189,31 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
                 let excl = schema.get("exclusiveMinimum").and_then(Value::as_bool) == Some(true);
                 if (excl && x <= min) || (!excl && x < min) {
                     let rel = if excl { "greater than" } else { "greater than or equal to" };
-                    errs.push(FieldError::invalid(path, v, &format!("{path} in body should be {rel} {}", fmt_num(min))));
+                    errs.push(FieldError::invalid(
+                        path,
+                        v,
+                        &format!("{path} in body should be {rel} {}", fmt_num(min)),
+                    ));
                 }
             }
             if let Some(max) = num(schema, "maximum") {
                 let excl = schema.get("exclusiveMaximum").and_then(Value::as_bool) == Some(true);
                 if (excl && x >= max) || (!excl && x > max) {
                     let rel = if excl { "less than" } else { "less than or equal to" };
-                    errs.push(FieldError::invalid(path, v, &format!("{path} in body should be {rel} {}", fmt_num(max))));
+                    errs.push(FieldError::invalid(
+                        path,
+                        v,
+                        &format!("{path} in body should be {rel} {}", fmt_num(max)),
+                    ));
                 }
             }
             if let Some(m) = num(schema, "multipleOf") {
                 if m > 0.0 && (x / m).fract().abs() > 1e-9 {
-                    errs.push(FieldError::invalid(path, v, &format!("{path} in body should be a multiple of {}", fmt_num(m))));
+                    errs.push(FieldError::invalid(
+                        path,
+                        v,
+                        &format!("{path} in body should be a multiple of {}", fmt_num(m)),
+                    ));
                 }
             }
         }
@@ -201,7 +226,11 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             }
             if let Some(min) = uint(schema, "minLength") {
                 if len < min {
-                    errs.push(FieldError::invalid(path, v, &format!("{path} in body should be at least {min} chars long")));
+                    errs.push(FieldError::invalid(
+                        path,
+                        v,
+                        &format!("{path} in body should be at least {min} chars long"),
+                    ));
                 }
             }
             if let Some(p) = schema.get("pattern").and_then(Value::as_str) {
@@ -219,7 +248,11 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             }
             if let Some(min) = uint(schema, "minItems") {
                 if (a.len() as u64) < min {
-                    errs.push(FieldError::invalid(path, &Value::from(a.len()), &format!("{path} in body should have at least {min} items")));
+                    errs.push(FieldError::invalid(
+                        path,
+                        &Value::from(a.len()),
+                        &format!("{path} in body should have at least {min} items"),
+                    ));
                 }
             }
             let list_type = schema.get("x-kubernetes-list-type").and_then(Value::as_str);
@@ -233,7 +266,9 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             }
             if list_type == Some("map") {
                 if let Some(Value::Array(keys)) = schema.get("x-kubernetes-list-map-keys") {
-                    let key_of = |it: &Value| keys.iter().map(|k| k.as_str().and_then(|k| it.get(k)).cloned()).collect::<Vec<_>>();
+                    let key_of = |it: &Value| {
+                        keys.iter().map(|k| k.as_str().and_then(|k| it.get(k)).cloned()).collect::<Vec<_>>()
+                    };
                     for (i, it) in a.iter().enumerate() {
                         let k = key_of(it);
                         if a[..i].iter().any(|o| key_of(o) == k) {
@@ -256,7 +291,11 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             }
             if let Some(min) = uint(schema, "minProperties") {
                 if (m.len() as u64) < min {
-                    errs.push(FieldError::invalid(path, &Value::from(m.len()), &format!("{path} in body should have at least {min} properties")));
+                    errs.push(FieldError::invalid(
+                        path,
+                        &Value::from(m.len()),
+                        &format!("{path} in body should have at least {min} properties"),
+                    ));
                 }
             }
             if let Some(Value::Array(req)) = schema.get("required") {
@@ -294,12 +333,16 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             let ok = results.iter().filter(|e| e.is_empty()).count();
             match key {
                 "allOf" => errs.extend(results.into_iter().flatten()),
-                "anyOf" if ok == 0 && !subs.is_empty() => {
-                    errs.push(FieldError::invalid(path, v, &format!("{path} in body must match at least one schema (anyOf)")))
-                }
-                "oneOf" if ok != 1 && !subs.is_empty() => {
-                    errs.push(FieldError::invalid(path, v, &format!("{path} in body must match exactly one schema (oneOf)")))
-                }
+                "anyOf" if ok == 0 && !subs.is_empty() => errs.push(FieldError::invalid(
+                    path,
+                    v,
+                    &format!("{path} in body must match at least one schema (anyOf)"),
+                )),
+                "oneOf" if ok != 1 && !subs.is_empty() => errs.push(FieldError::invalid(
+                    path,
+                    v,
+                    &format!("{path} in body must match exactly one schema (oneOf)"),
+                )),
                 _ => {}
             }
         }

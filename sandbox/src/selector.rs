@@ -138,9 +138,7 @@ impl FieldSelector {
             } else if let Some((f, v)) = p.split_once('=') {
                 (f, v, true)
             } else {
-                return Err(ApiError::bad_request(format!(
-                    "invalid selector: '{raw}'; can't understand '{p}'"
-                )));
+                return Err(ApiError::bad_request(format!("invalid selector: '{raw}'; can't understand '{p}'")));
             };
             let field = field.trim();
             let pointer = match field {
@@ -148,11 +146,7 @@ impl FieldSelector {
                 "metadata.namespace" => "/metadata/namespace".to_string(),
                 other => match def.selectable_fields.iter().find(|(f, _)| f == other) {
                     Some((_, ptr)) => ptr.clone(),
-                    None => {
-                        return Err(ApiError::bad_request(format!(
-                            "field label not supported: {other}"
-                        )))
-                    }
+                    None => return Err(ApiError::bad_request(format!("field label not supported: {other}"))),
                 },
             };
             reqs.push((pointer, value.trim().to_string(), eq));

@@ -82,7 +82,13 @@ pub async fn handle(shared: Arc<Shared>, req: Request) -> Response {
     }
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(b) => b,
-        Err(_) => return error_response(&ApiError::new(413, "RequestEntityTooLarge", "Request entity too large: limit is 3145728")),
+        Err(_) => {
+            return error_response(&ApiError::new(
+                413,
+                "RequestEntityTooLarge",
+                "Request entity too large: limit is 3145728",
+            ))
+        }
     };
     let q = Query::parse(parts.uri.query());
     match route(&shared, &parts.method, &path, &parts.headers, &q, body) {
@@ -106,16 +112,31 @@ fn wants_aggregated(accept: &str) -> Option<&'static str> {
 fn aggregated_response(v: &Value, api_version: &str) -> Response {
     let mut r = json_response(200, v, &[]);
     let ver = api_version.rsplit('/').next().unwrap_or("v2");
-    if let Ok(h) = HeaderValue::from_str(&format!("application/json;g=apidiscovery.k8s.io;v={ver};as=APIGroupDiscoveryList")) {
+    if let Ok(h) =
+        HeaderValue::from_str(&format!("application/json;g=apidiscovery.k8s.io;v={ver};as=APIGroupDiscoveryList"))
+    {
         r.headers_mut().insert(header::CONTENT_TYPE, h);
     }
     r
 }
 
-fn route(shared: &Arc<Shared>, method: &Method, path: &str, headers: &HeaderMap, q: &Query, body: Bytes) -> Result<Response, ApiError> {
+fn route(
+    shared: &Arc<Shared>,
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    q: &Query,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
     let accept = header_str(headers, header::ACCEPT);
-    let discovery_get = |r: Result<Response, ApiError>| if *method == Method::GET { r } else { Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource")) };
+    let discovery_get = |r: Result<Response, ApiError>| {
+        if *method == Method::GET {
+            r
+        } else {
+            Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"))
+        }
+    };
     match segs.as_slice() {
         ["api"] => {
             let st = shared.lock();
@@ -174,11 +195,14 @@ fn lookup(st: &State, g: &str, v: &str, plural: &str) -> Option<Arc<ResourceDef>
 }
 
 /// Splits `[namespaces/<ns>/]<plural>[/<name>[/<sub>]]`.
-fn resolve<'a>(st: &State, g: &str, v: &str, rest: &[&'a str]) -> Result<(Arc<ResourceDef>, Option<&'a str>, Target<'a>), ApiError> {
+fn resolve<'a>(
+    st: &State,
+    g: &str,
+    v: &str,
+    rest: &[&'a str],
+) -> Result<(Arc<ResourceDef>, Option<&'a str>, Target<'a>), ApiError> {
     let (ns, rest) = match rest {
-        ["namespaces", ns, plural, tail @ ..]
-            if lookup(st, g, v, plural).is_some_and(|d| d.namespaced) =>
-        {
+        ["namespaces", ns, plural, tail @ ..] if lookup(st, g, v, plural).is_some_and(|d| d.namespaced) => {
             (Some(*ns), {
                 let mut r = vec![*plural];
                 r.extend_from_slice(tail);
@@ -227,7 +251,16 @@ fn parse_body(def: &ResourceDef, headers: &HeaderMap, body: &[u8]) -> Result<Val
 }
 
 #[allow(clippy::too_many_arguments)]
-fn resource(shared: &Arc<Shared>, method: &Method, g: &str, v: &str, rest: &[&str], headers: &HeaderMap, q: &Query, body: Bytes) -> Result<Response, ApiError> {
+fn resource(
+    shared: &Arc<Shared>,
+    method: &Method,
+    g: &str,
+    v: &str,
+    rest: &[&str],
+    headers: &HeaderMap,
+    q: &Query,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let mut st = shared.lock();
     let (def, ns, target) = resolve(&st, g, v, rest)?;
     let accept = header_str(headers, header::ACCEPT);
@@ -260,7 +293,9 @@ fn resource(shared: &Arc<Shared>, method: &Method, g: &str, v: &str, rest: &[&st
         }
         (Target::Collection, Method::POST) => {
             if def.namespaced && ns.is_none() {
-                return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"));
+                return Err(ApiError::method_not_allowed(
+                    "the server does not allow this method on the requested resource",
+                ));
             }
             let obj = parse_body(&def, headers, &body)?;
             let w = api::create(&mut st, &def, ns, obj, q)?;
@@ -268,7 +303,9 @@ fn resource(shared: &Arc<Shared>, method: &Method, g: &str, v: &str, rest: &[&st
         }
         (Target::Collection, Method::DELETE) => {
             if def.namespaced && ns.is_none() {
-                return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"));
+                return Err(ApiError::method_not_allowed(
+                    "the server does not allow this method on the requested resource",
+                ));
             }
             let opts = DeleteOptions::parse(&body, q)?;
             let v = api::delete_collection(&mut st, &def, ns, q, &opts)?;
@@ -287,7 +324,14 @@ fn resource(shared: &Arc<Shared>, method: &Method, g: &str, v: &str, rest: &[&st
                 Method::GET => {
                     let obj = api::get(&st, &def, ns, name)?;
                     let v = match table {
-                        Some(t) => table::table(&def, std::slice::from_ref(&obj), &t, Some(serde_json::json!({"resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or_default()}))),
+                        Some(t) => table::table(
+                            &def,
+                            std::slice::from_ref(&obj),
+                            &t,
+                            Some(
+                                serde_json::json!({"resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or_default()}),
+                            ),
+                        ),
                         None => obj,
                     };
                     Ok(json_response(200, &v, &[]))
@@ -313,10 +357,14 @@ fn resource(shared: &Arc<Shared>, method: &Method, g: &str, v: &str, rest: &[&st
                     let (code, v) = api::delete(&mut st, &def, ns, name, &opts)?;
                     Ok(json_response(code, &v, &[]))
                 }
-                _ => Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource")),
+                _ => {
+                    Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"))
+                }
             }
         }
         (Target::Sub(..), _) => Err(ApiError::no_route()),
-        (Target::Collection, _) => Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource")),
+        (Target::Collection, _) => {
+            Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"))
+        }
     }
 }

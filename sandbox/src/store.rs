@@ -17,7 +17,6 @@ pub enum EventType {
     Deleted,
 }
 
-
 #[derive(Debug)]
 pub struct StoredEvent {
     pub rv: u64,
@@ -34,8 +33,14 @@ pub struct StoredEvent {
 #[derive(Debug, Clone, PartialEq)]
 pub enum HistoryError {
     /// The requested revision is older than the kept history.
-    Compacted { requested: u64, oldest: u64 },
-    TooLarge { requested: u64, current: u64 },
+    Compacted {
+        requested: u64,
+        oldest: u64,
+    },
+    TooLarge {
+        requested: u64,
+        current: u64,
+    },
 }
 
 pub struct Store {
@@ -78,7 +83,11 @@ impl Store {
         self.objects.get(gr)?.get(key)
     }
 
-    pub fn list<'a>(&'a self, gr: &GroupResource, ns: Option<&'a str>) -> Box<dyn Iterator<Item = (&'a ObjKey, &'a Value)> + 'a> {
+    pub fn list<'a>(
+        &'a self,
+        gr: &GroupResource,
+        ns: Option<&'a str>,
+    ) -> Box<dyn Iterator<Item = (&'a ObjKey, &'a Value)> + 'a> {
         let Some(m) = self.objects.get(gr) else {
             return Box::new(std::iter::empty());
         };
@@ -90,7 +99,6 @@ impl Store {
             None => Box::new(m.iter()),
         }
     }
-
 
     pub fn lookup_uid(&self, uid: &str) -> Option<&(GroupResource, ObjKey)> {
         self.uids.get(uid)
@@ -182,7 +190,14 @@ impl Store {
         Self::set_rv(&mut obj, rv);
         self.index(gr, &key, Some(&prev), Some(&obj));
         self.objects.entry(gr.clone()).or_default().insert(key.clone(), obj.clone());
-        self.record(StoredEvent { rv, gr: gr.clone(), key, ty: EventType::Modified, object: obj.clone(), prev: Some(prev) });
+        self.record(StoredEvent {
+            rv,
+            gr: gr.clone(),
+            key,
+            ty: EventType::Modified,
+            object: obj.clone(),
+            prev: Some(prev),
+        });
         Some(obj)
     }
 

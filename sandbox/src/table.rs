@@ -203,11 +203,14 @@ pub fn table(def: &ResourceDef, objects: &[Value], opts: &TableOptions, list_met
         let mut cols = vec![name_col()];
         cols.extend(def.printer_columns.iter().map(|c| col(&c.name, &c.type_, &c.format, &c.description, c.priority)));
         let pcs = def.printer_columns.clone();
-        (cols, Box::new(move |o: &Value| {
-            let mut row = vec![name_of(o)];
-            row.extend(pcs.iter().map(|c| custom_cell(c, o)));
-            row
-        }))
+        (
+            cols,
+            Box::new(move |o: &Value| {
+                let mut row = vec![name_of(o)];
+                row.extend(pcs.iter().map(|c| custom_cell(c, o)));
+                row
+            }),
+        )
     } else {
         let (cols, f) = builtin_columns(def);
         (cols, Box::new(f))

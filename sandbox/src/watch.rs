@@ -79,7 +79,9 @@ impl Watcher {
         if initial_end {
             meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
-        line(&json!({"type": "BOOKMARK", "object": {"kind": self.def.kind, "apiVersion": self.def.api_version(), "metadata": meta}}))
+        line(
+            &json!({"type": "BOOKMARK", "object": {"kind": self.def.kind, "apiVersion": self.def.api_version(), "metadata": meta}}),
+        )
     }
 }
 
@@ -94,12 +96,22 @@ pub fn error_line(e: &ApiError) -> Bytes {
 }
 
 /// Sets up a watch under the state lock and returns the stream of encoded events.
-pub fn start(st: &State, def: Arc<ResourceDef>, p: WatchParams, shutdown: watch::Receiver<bool>) -> Result<mpsc::Receiver<Bytes>, ApiError> {
+pub fn start(
+    st: &State,
+    def: Arc<ResourceDef>,
+    p: WatchParams,
+    shutdown: watch::Receiver<bool>,
+) -> Result<mpsc::Receiver<Bytes>, ApiError> {
     if p.send_initial_events && !p.bookmarks {
-        return Err(ApiError::invalid("meta.k8s.io", "ListOptions", "", vec![crate::error::FieldError::forbidden(
-            "allowWatchBookmarks",
-            "sendInitialEvents requires setting allowWatchBookmarks to true",
-        )]));
+        return Err(ApiError::invalid(
+            "meta.k8s.io",
+            "ListOptions",
+            "",
+            vec![crate::error::FieldError::forbidden(
+                "allowWatchBookmarks",
+                "sendInitialEvents requires setting allowWatchBookmarks to true",
+            )],
+        ));
     }
     let rx = st.store.subscribe();
     let cur = st.store.current_rv();
@@ -124,8 +136,14 @@ pub fn start(st: &State, def: Arc<ResourceDef>, p: WatchParams, shutdown: watch:
                 failed = true;
             }
             Err(HistoryError::TooLarge { requested, current }) => {
-                let mut e = ApiError::new(504, "Timeout", format!("Too large resource version: {requested}, current: {current}"));
-                e.details = Some(json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}));
+                let mut e = ApiError::new(
+                    504,
+                    "Timeout",
+                    format!("Too large resource version: {requested}, current: {current}"),
+                );
+                e.details = Some(
+                    json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}),
+                );
                 initial.push(error_line(&e));
                 failed = true;
             }
@@ -219,13 +237,21 @@ async fn run(
 }
 
 /// Parses the watch-related query parameters.
-pub fn params(def: &ResourceDef, q: &crate::query::Query, ns: Option<&str>, table: Option<TableOptions>, bookmark_interval: Duration) -> Result<WatchParams, ApiError> {
+pub fn params(
+    def: &ResourceDef,
+    q: &crate::query::Query,
+    ns: Option<&str>,
+    table: Option<TableOptions>,
+    bookmark_interval: Duration,
+) -> Result<WatchParams, ApiError> {
     let rv = match q.get("resourceVersion") {
         None | Some("0") => None,
         Some(r) => Some(api::parse_rv(r)?),
     };
     let timeout = match q.get("timeoutSeconds") {
-        Some(t) => Duration::from_secs(t.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {t}")))?),
+        Some(t) => Duration::from_secs(
+            t.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {t}")))?,
+        ),
         // kube-apiserver's default is a random time between 30 and 60 minutes.
         None => Duration::from_secs(1800 + (crate::meta::unix_now() as u64 % 1800)),
     };

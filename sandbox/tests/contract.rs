@@ -69,14 +69,33 @@ async fn discovery_lists_builtin_and_custom_resources() {
             }
         }
     }
-    for want in ["/pods", "/namespaces", "/events", "/secrets", "/configmaps", "/serviceaccounts",
-                 "coordination.k8s.io/leases", "events.k8s.io/events", "apiextensions.k8s.io/customresourcedefinitions"] {
+    for want in [
+        "/pods",
+        "/namespaces",
+        "/events",
+        "/secrets",
+        "/configmaps",
+        "/serviceaccounts",
+        "coordination.k8s.io/leases",
+        "events.k8s.io/events",
+        "apiextensions.k8s.io/customresourcedefinitions",
+    ] {
         assert!(found.contains(want), "discovery lacks {want}: {found:?}");
     }
     assert!(found.contains(&format!("{}/widgets", crd.group)));
     // Short names and categories are advertised for kubectl.
-    let raw: Value = env.client.request(http::Request::get(format!("/apis/{}/v1", crd.group)).body(vec![]).expect("req")).await.expect("group discovery");
-    let w = raw["resources"].as_array().expect("resources").iter().find(|r| r["name"] == "widgets").cloned().expect("widgets entry");
+    let raw: Value = env
+        .client
+        .request(http::Request::get(format!("/apis/{}/v1", crd.group)).body(vec![]).expect("req"))
+        .await
+        .expect("group discovery");
+    let w = raw["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .find(|r| r["name"] == "widgets")
+        .cloned()
+        .expect("widgets entry");
     assert_eq!(w["shortNames"], json!([crd.short]));
     assert_eq!(w["categories"], json!(["zklock-test"]));
     remove_crd(&env.client, &crd).await;
@@ -111,8 +130,11 @@ async fn resource_version_is_global_and_increasing() {
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &ns.name);
     let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &ns.name);
-    let a = rv_num(cms.create(&PostParams::default(), &cm("a", json!({"k": "v"}))).await.expect("cm").metadata.resource_version);
-    let s: Secret = serde_json::from_value(json!({"metadata": {"name": "s"}, "stringData": {"x": "y"}})).expect("secret");
+    let a = rv_num(
+        cms.create(&PostParams::default(), &cm("a", json!({"k": "v"}))).await.expect("cm").metadata.resource_version,
+    );
+    let s: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "s"}, "stringData": {"x": "y"}})).expect("secret");
     let b = rv_num(secrets.create(&PostParams::default(), &s).await.expect("secret").metadata.resource_version);
     let c = rv_num(pods.create(&PostParams::default(), &pod("p")).await.expect("pod").metadata.resource_version);
     assert!(a < b && b < c, "resourceVersions {a} < {b} < {c}");
@@ -155,7 +177,11 @@ async fn status_subresource_separates_spec_and_status() {
 
     // Status write: spec and generation untouched.
     let st = api
-        .patch_status("s", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": 99}, "status": {"phase": "Ready"}})))
+        .patch_status(
+            "s",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 99}, "status": {"phase": "Ready"}})),
+        )
         .await
         .expect("status patch");
     assert_eq!(st.data["status"]["phase"], "Ready");
@@ -172,7 +198,10 @@ async fn status_subresource_separates_spec_and_status() {
     assert_eq!(sp.metadata.generation, Some(2));
 
     // Metadata-only write: no generation bump.
-    let md = api.patch("s", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}}))).await.expect("label patch");
+    let md = api
+        .patch("s", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})))
+        .await
+        .expect("label patch");
     assert_eq!(md.metadata.generation, Some(2));
 
     // replace_status with the whole object only takes status.
@@ -208,7 +237,10 @@ async fn schema_violations_are_422_with_field_paths() {
         assert!(e.message.contains(field), "{spec}: message names {field}: {}", e.message);
     }
     // Unknown fields are pruned, not stored.
-    let ok = api.create(&PostParams::default(), &widget(&crd, "ok", json!({"size": 3, "bogus": true}))).await.expect("create with unknown field");
+    let ok = api
+        .create(&PostParams::default(), &widget(&crd, "ok", json!({"size": 3, "bogus": true})))
+        .await
+        .expect("create with unknown field");
     assert!(ok.data["spec"].get("bogus").is_none(), "unknown field pruned: {:?}", ok.data);
     // Wrong kind for the endpoint.
     let mut wrong = widget(&crd, "wk", json!({"size": 1}));
@@ -247,7 +279,9 @@ async fn watch_from_compacted_revision_is_410_gone() {
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &ns.name);
     cms.create(&PostParams::default(), &cm("churn", json!({}))).await.expect("create");
     for i in 0..(SANDBOX_HISTORY + 50) {
-        cms.patch("churn", &PatchParams::default(), &Patch::Merge(json!({"data": {"i": i.to_string()}}))).await.expect("patch");
+        cms.patch("churn", &PatchParams::default(), &Patch::Merge(json!({"data": {"i": i.to_string()}})))
+            .await
+            .expect("patch");
     }
     let mut s = cms.watch(&WatchParams::default(), "1").await.expect("watch").boxed();
     let ev = tokio::time::timeout(Duration::from_secs(10), s.next()).await.expect("an answer").expect("an event");
@@ -267,7 +301,13 @@ async fn watch_bookmarks_and_timeout() {
     let wp = WatchParams::default().timeout(4);
     assert!(wp.bookmarks, "kube-rs asks for bookmarks by default");
     let started = std::time::Instant::now();
-    let events: Vec<_> = cms.watch(&wp, &made.resource_version().expect("rv")).await.expect("watch").try_collect().await.expect("stream");
+    let events: Vec<_> = cms
+        .watch(&wp, &made.resource_version().expect("rv"))
+        .await
+        .expect("watch")
+        .try_collect()
+        .await
+        .expect("stream");
     let bm = events.iter().find_map(|e| match e {
         WatchEvent::Bookmark(b) => Some(b.metadata.resource_version.clone()),
         _ => None,
@@ -285,9 +325,13 @@ async fn watch_sees_selector_transitions() {
     let base = cms.create(&PostParams::default(), &cm("sel", json!({}))).await.expect("create");
     let wp = WatchParams::default().labels("team=a");
     let mut s = cms.watch(&wp, &base.resource_version().expect("rv")).await.expect("watch").boxed();
-    cms.patch("sel", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"team": "a"}}}))).await.expect("label");
+    cms.patch("sel", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"team": "a"}}})))
+        .await
+        .expect("label");
     cms.patch("sel", &PatchParams::default(), &Patch::Merge(json!({"data": {"x": "1"}}))).await.expect("modify");
-    cms.patch("sel", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"team": "b"}}}))).await.expect("relabel");
+    cms.patch("sel", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"team": "b"}}})))
+        .await
+        .expect("relabel");
     let evs: Vec<_> = next_events(&mut s, 3).await.iter().map(|e| describe(e).0).collect();
     assert_eq!(evs, vec!["ADDED", "MODIFIED", "DELETED"]);
 }
@@ -303,7 +347,11 @@ async fn runtime_watcher_lists_then_watches() {
         let mut s = watcher(cms.clone(), cfg).boxed();
         let mut saw_pre = false;
         loop {
-            let ev = tokio::time::timeout(Duration::from_secs(10), s.next()).await.expect("event").expect("stream").expect("ok");
+            let ev = tokio::time::timeout(Duration::from_secs(10), s.next())
+                .await
+                .expect("event")
+                .expect("stream")
+                .expect("ok");
             match ev {
                 watcher::Event::InitApply(o) if o.name_any() == "pre" => saw_pre = true,
                 watcher::Event::InitDone => break,
@@ -314,7 +362,11 @@ async fn runtime_watcher_lists_then_watches() {
         let name = unique("live");
         cms.create(&PostParams::default(), &cm(&name, json!({}))).await.expect("create live");
         loop {
-            let ev = tokio::time::timeout(Duration::from_secs(10), s.next()).await.expect("event").expect("stream").expect("ok");
+            let ev = tokio::time::timeout(Duration::from_secs(10), s.next())
+                .await
+                .expect("event")
+                .expect("stream")
+                .expect("ok");
             if let watcher::Event::Apply(o) = ev {
                 if o.name_any() == name {
                     break;
@@ -339,10 +391,19 @@ async fn finalizers_hold_deletion_until_removed() {
     assert!(held.metadata.deletion_timestamp.is_some(), "deletionTimestamp set");
     assert_eq!(held.finalizers(), &["zklock.io/test".to_string()]);
     // No new finalizers once deleting.
-    let e = api_err(api.patch("f", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": ["zklock.io/test", "zklock.io/other"]}}))).await);
+    let e = api_err(
+        api.patch(
+            "f",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["zklock.io/test", "zklock.io/other"]}})),
+        )
+        .await,
+    );
     assert_eq!(e.code, 422, "{e:?}");
     let rm = json!([{"op": "test", "path": "/metadata/finalizers/0", "value": "zklock.io/test"}, {"op": "remove", "path": "/metadata/finalizers"}]);
-    api.patch("f", &PatchParams::default(), &Patch::<()>::Json(serde_json::from_value(rm).expect("json patch"))).await.expect("remove finalizer");
+    api.patch("f", &PatchParams::default(), &Patch::<()>::Json(serde_json::from_value(rm).expect("json patch")))
+        .await
+        .expect("remove finalizer");
     let e = api_err(api.get("f").await);
     assert_eq!(e.code, 404);
     let evs: Vec<_> = next_events(&mut s, 2).await.iter().map(|e| describe(e).0).collect();
@@ -404,7 +465,9 @@ async fn owner_references_garbage_collect_dependents() {
         async move { cms.get("dep3").await.ok()?.metadata.deletion_timestamp.map(|_| ()) }
     })
     .await;
-    cms.patch("dep3", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.expect("release dep3");
+    cms.patch("dep3", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+        .await
+        .expect("release dep3");
     eventually(30, "owner3 deleted after its dependent", || {
         let cms = cms.clone();
         async move { matches!(cms.get("owner3").await, Err(kube::Error::Api(s)) if s.code == 404).then_some(()) }
@@ -418,11 +481,20 @@ async fn delete_preconditions() {
     let ns = namespace(&env.client).await;
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &ns.name);
     let c = cms.create(&PostParams::default(), &cm("p", json!({}))).await.expect("create");
-    let dp = DeleteParams { preconditions: Some(Preconditions { uid: Some("not-the-uid".into()), resource_version: None }), ..Default::default() };
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions { uid: Some("not-the-uid".into()), resource_version: None }),
+        ..Default::default()
+    };
     assert_eq!(api_err(cms.delete("p", &dp).await).code, 409);
-    let dp = DeleteParams { preconditions: Some(Preconditions { uid: None, resource_version: Some("1".into()) }), ..Default::default() };
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions { uid: None, resource_version: Some("1".into()) }),
+        ..Default::default()
+    };
     assert_eq!(api_err(cms.delete("p", &dp).await).code, 409);
-    let dp = DeleteParams { preconditions: Some(Preconditions { uid: c.uid(), resource_version: c.resource_version() }), ..Default::default() };
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions { uid: c.uid(), resource_version: c.resource_version() }),
+        ..Default::default()
+    };
     cms.delete("p", &dp).await.expect("matching preconditions");
     assert_eq!(api_err(cms.get("p").await).code, 404);
 }
@@ -438,11 +510,26 @@ async fn selectors_and_paging() {
         cms.create(&PostParams::default(), &c).await.expect("create");
     }
     let names = |l: kube::core::ObjectList<ConfigMap>| l.items.iter().map(|c| c.name_any()).collect::<Vec<_>>();
-    assert_eq!(names(cms.list(&ListParams::default().labels("parity=odd")).await.expect("list")), vec!["c1", "c3", "c5"]);
-    assert_eq!(names(cms.list(&ListParams::default().labels("parity in (odd),parity!=even")).await.expect("list")).len(), 3);
-    assert_eq!(names(cms.list(&ListParams::default().labels("!parity")).await.expect("list")).iter().filter(|n| n.starts_with('c')).count(), 0);
+    assert_eq!(
+        names(cms.list(&ListParams::default().labels("parity=odd")).await.expect("list")),
+        vec!["c1", "c3", "c5"]
+    );
+    assert_eq!(
+        names(cms.list(&ListParams::default().labels("parity in (odd),parity!=even")).await.expect("list")).len(),
+        3
+    );
+    assert_eq!(
+        names(cms.list(&ListParams::default().labels("!parity")).await.expect("list"))
+            .iter()
+            .filter(|n| n.starts_with('c'))
+            .count(),
+        0
+    );
     assert_eq!(names(cms.list(&ListParams::default().fields("metadata.name=c4")).await.expect("list")), vec!["c4"]);
-    assert_eq!(names(cms.list(&ListParams::default().fields("metadata.name!=c4").labels("parity=even")).await.expect("list")), vec!["c0", "c2", "c6"]);
+    assert_eq!(
+        names(cms.list(&ListParams::default().fields("metadata.name!=c4").labels("parity=even")).await.expect("list")),
+        vec!["c0", "c2", "c6"]
+    );
     let e = api_err(cms.list(&ListParams::default().fields("data.x=1")).await);
     assert_eq!(e.code, 400);
 
@@ -478,7 +565,9 @@ async fn pods_status_phase_and_field_selectors() {
     let made = pods.create(&PostParams::default(), &pod("p1")).await.expect("create");
     assert_eq!(made.status.and_then(|s| s.phase).as_deref(), Some("Pending"));
     pods.create(&PostParams::default(), &pod("p2")).await.expect("create p2");
-    pods.patch_status("p1", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Running"}}))).await.expect("status");
+    pods.patch_status("p1", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Running"}})))
+        .await
+        .expect("status");
     let running = pods.list(&ListParams::default().fields("status.phase=Running")).await.expect("list");
     assert_eq!(running.items.iter().map(|p| p.name_any()).collect::<Vec<_>>(), vec!["p1"]);
     let unscheduled = pods.list(&ListParams::default().fields("spec.nodeName=")).await.expect("list");
@@ -488,7 +577,14 @@ async fn pods_status_phase_and_field_selectors() {
     let p = pods.patch("p1", &PatchParams::default(), &Patch::Strategic(smp)).await.expect("strategic patch");
     let c = &p.spec.expect("spec").containers;
     assert_eq!((c.len(), c[0].image.as_deref()), (1, Some("busybox:1.37")));
-    let e = api_err(pods.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "nocontainers"}, "spec": {"containers": []}})).expect("pod")).await);
+    let e = api_err(
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "nocontainers"}, "spec": {"containers": []}}))
+                .expect("pod"),
+        )
+        .await,
+    );
     assert_eq!(e.code, 422);
 }
 
@@ -498,13 +594,23 @@ async fn patch_kinds() {
     let ns = namespace(&env.client).await;
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &ns.name);
     cms.create(&PostParams::default(), &cm("m", json!({"a": "1", "b": "2"}))).await.expect("create");
-    let m = cms.patch("m", &PatchParams::default(), &Patch::Merge(json!({"data": {"a": null, "c": "3"}}))).await.expect("merge");
+    let m = cms
+        .patch("m", &PatchParams::default(), &Patch::Merge(json!({"data": {"a": null, "c": "3"}})))
+        .await
+        .expect("merge");
     assert_eq!(serde_json::to_value(&m.data).expect("data"), json!({"b": "2", "c": "3"}));
-    let ops = json!([{"op": "replace", "path": "/data/b", "value": "20"}, {"op": "add", "path": "/data/d", "value": "4"}]);
-    let j = cms.patch("m", &PatchParams::default(), &Patch::<()>::Json(serde_json::from_value(ops).expect("ops"))).await.expect("json patch");
+    let ops =
+        json!([{"op": "replace", "path": "/data/b", "value": "20"}, {"op": "add", "path": "/data/d", "value": "4"}]);
+    let j = cms
+        .patch("m", &PatchParams::default(), &Patch::<()>::Json(serde_json::from_value(ops).expect("ops")))
+        .await
+        .expect("json patch");
     assert_eq!(serde_json::to_value(&j.data).expect("data"), json!({"b": "20", "c": "3", "d": "4"}));
     let failing = json!([{"op": "test", "path": "/data/b", "value": "nope"}]);
-    let e = api_err(cms.patch("m", &PatchParams::default(), &Patch::<()>::Json(serde_json::from_value(failing).expect("ops"))).await);
+    let e = api_err(
+        cms.patch("m", &PatchParams::default(), &Patch::<()>::Json(serde_json::from_value(failing).expect("ops")))
+            .await,
+    );
     assert_eq!(e.code, 422, "{e:?}");
     assert_eq!(api_err(cms.patch("absent", &PatchParams::default(), &Patch::Merge(json!({}))).await).code, 404);
 
@@ -513,7 +619,8 @@ async fn patch_kinds() {
     match cms.patch("m", &PatchParams::apply("manager-a"), &Patch::Apply(&a)).await {
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 415, "{s:?}"),
         Ok(_) => {
-            let b = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "m"}, "data": {"b": "theirs"}});
+            let b =
+                json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "m"}, "data": {"b": "theirs"}});
             let e = api_err(cms.patch("m", &PatchParams::apply("manager-b"), &Patch::Apply(&b)).await);
             assert_eq!(e.code, 409, "conflicting apply without force");
         }
@@ -530,7 +637,13 @@ async fn events_in_both_api_groups_and_recorder() {
     let c = cms.create(&PostParams::default(), &cm("subject", json!({}))).await.expect("create");
     let reporter = Reporter { controller: "zklock-test".into(), instance: Some("t".into()) };
     let rec = Recorder::new(env.client.clone(), reporter);
-    let ev = REvent { type_: EventType::Normal, reason: "Tested".into(), note: Some("hello".into()), action: "Test".into(), secondary: None };
+    let ev = REvent {
+        type_: EventType::Normal,
+        reason: "Tested".into(),
+        note: Some("hello".into()),
+        action: "Test".into(),
+        secondary: None,
+    };
     rec.publish(&ev, &c.object_ref(&())).await.expect("publish");
     rec.publish(&ev, &c.object_ref(&())).await.expect("publish again (series)");
     let core: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(env.client.clone(), &ns.name);
@@ -542,7 +655,8 @@ async fn events_in_both_api_groups_and_recorder() {
     let l2 = v1.list(&ListParams::default()).await.expect("events.k8s.io events");
     assert!(l2.items.iter().any(|e| e.note.as_deref() == Some("hello")));
     // events.k8s.io/v1 validation.
-    let bad: k8s_openapi::api::events::v1::Event = serde_json::from_value(json!({"metadata": {"name": "bad"}})).expect("event");
+    let bad: k8s_openapi::api::events::v1::Event =
+        serde_json::from_value(json!({"metadata": {"name": "bad"}})).expect("event");
     assert_eq!(api_err(v1.create(&PostParams::default(), &bad).await).code, 422);
 }
 
@@ -552,13 +666,18 @@ async fn leases_round_trip() {
     let ns = namespace(&env.client).await;
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &ns.name);
     let l: Lease = serde_json::from_value(json!({"metadata": {"name": "leader"}, "spec": {
-        "holderIdentity": "a", "leaseDurationSeconds": 15, "renewTime": "2026-01-01T00:00:00.123456Z"}})).expect("lease");
+        "holderIdentity": "a", "leaseDurationSeconds": 15, "renewTime": "2026-01-01T00:00:00.123456Z"}}))
+    .expect("lease");
     let made = leases.create(&PostParams::default(), &l).await.expect("create");
     assert_eq!(made.spec.as_ref().and_then(|s| s.holder_identity.as_deref()), Some("a"));
     let mut takeover = made.clone();
     takeover.spec.as_mut().expect("spec").holder_identity = Some("b".into());
     leases.replace("leader", &PostParams::default(), &takeover).await.expect("takeover");
-    assert_eq!(api_err(leases.replace("leader", &PostParams::default(), &made).await).code, 409, "stale takeover loses");
+    assert_eq!(
+        api_err(leases.replace("leader", &PostParams::default(), &made).await).code,
+        409,
+        "stale takeover loses"
+    );
 }
 
 #[tokio::test]
@@ -567,7 +686,12 @@ async fn bad_requests_get_apiserver_status_codes() {
     let ns = namespace(&env.client).await;
     let c = &env.client;
     let send = |method: &str, path: String, ct: &str, body: &str| {
-        http::Request::builder().method(method).uri(path).header("content-type", ct).body(body.as_bytes().to_vec()).expect("request")
+        http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", ct)
+            .body(body.as_bytes().to_vec())
+            .expect("request")
     };
     let code = |r: kube::Result<String>| match r {
         Ok(_) => 200,
@@ -575,20 +699,135 @@ async fn bad_requests_get_apiserver_status_codes() {
         Err(e) => panic!("transport error: {e}"),
     };
     let base = format!("/api/v1/namespaces/{}/configmaps", ns.name);
-    assert_eq!(code(c.request_text(send("POST", base.clone(), "application/json", "{not json")).await), 400, "malformed JSON");
-    assert_eq!(code(c.request_text(send("GET", format!("/api/v1/namespaces/{}/nosuchthings", ns.name), "application/json", "")).await), 404, "unknown resource");
-    assert_eq!(code(c.request_text(send("GET", "/apis/nosuch.group.io/v1/things".into(), "application/json", "")).await), 404, "unknown group");
-    assert_eq!(code(c.request_text(send("POST", base.clone(), "application/json", r#"{"apiVersion":"v2","kind":"ConfigMap","metadata":{"name":"x"}}"#)).await), 400, "wrong apiVersion");
-    assert_eq!(code(c.request_text(send("POST", base.clone(), "application/json", r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"Bad_Name"}}"#)).await), 422, "invalid name");
-    assert_eq!(code(c.request_text(send("POST", base.clone(), "application/json", r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{}}"#)).await), 422, "no name");
-    assert_eq!(code(c.request_text(send("POST", base.clone(), "application/json", r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"ok"}}"#)).await), 200, "valid create");
-    assert_eq!(code(c.request_text(send("PUT", format!("{base}/ok"), "application/json", r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"other"}}"#)).await), 400, "name mismatch");
-    assert_eq!(code(c.request_text(send("POST", base.clone(), "application/json", r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"y","namespace":"elsewhere"}}"#)).await), 400, "namespace mismatch");
-    assert_eq!(code(c.request_text(send("PATCH", format!("{base}/ok"), "text/plain", "{}")).await), 415, "unknown patch type");
-    assert_eq!(code(c.request_text(send("PATCH", format!("{base}/ok"), "application/merge-patch+json", "{bad")).await), 400, "malformed patch");
-    assert_eq!(code(c.request_text(send("POST", "/api/v1/namespaces/zkt-does-not-exist-0/configmaps".into(), "application/json", r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"z"}}"#)).await), 404, "missing namespace");
-    assert_eq!(code(c.request_text(send("GET", format!("{base}/ok/status"), "application/json", "")).await), 404, "no status subresource on configmaps");
-    assert_eq!(code(c.request_text(send("GET", format!("{base}?labelSelector=a%20in%20b"), "application/json", "")).await), 400, "bad label selector");
+    assert_eq!(
+        code(c.request_text(send("POST", base.clone(), "application/json", "{not json")).await),
+        400,
+        "malformed JSON"
+    );
+    assert_eq!(
+        code(
+            c.request_text(send("GET", format!("/api/v1/namespaces/{}/nosuchthings", ns.name), "application/json", ""))
+                .await
+        ),
+        404,
+        "unknown resource"
+    );
+    assert_eq!(
+        code(c.request_text(send("GET", "/apis/nosuch.group.io/v1/things".into(), "application/json", "")).await),
+        404,
+        "unknown group"
+    );
+    assert_eq!(
+        code(
+            c.request_text(send(
+                "POST",
+                base.clone(),
+                "application/json",
+                r#"{"apiVersion":"v2","kind":"ConfigMap","metadata":{"name":"x"}}"#
+            ))
+            .await
+        ),
+        400,
+        "wrong apiVersion"
+    );
+    assert_eq!(
+        code(
+            c.request_text(send(
+                "POST",
+                base.clone(),
+                "application/json",
+                r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"Bad_Name"}}"#
+            ))
+            .await
+        ),
+        422,
+        "invalid name"
+    );
+    assert_eq!(
+        code(
+            c.request_text(send(
+                "POST",
+                base.clone(),
+                "application/json",
+                r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{}}"#
+            ))
+            .await
+        ),
+        422,
+        "no name"
+    );
+    assert_eq!(
+        code(
+            c.request_text(send(
+                "POST",
+                base.clone(),
+                "application/json",
+                r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"ok"}}"#
+            ))
+            .await
+        ),
+        200,
+        "valid create"
+    );
+    assert_eq!(
+        code(
+            c.request_text(send(
+                "PUT",
+                format!("{base}/ok"),
+                "application/json",
+                r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"other"}}"#
+            ))
+            .await
+        ),
+        400,
+        "name mismatch"
+    );
+    assert_eq!(
+        code(
+            c.request_text(send(
+                "POST",
+                base.clone(),
+                "application/json",
+                r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"y","namespace":"elsewhere"}}"#
+            ))
+            .await
+        ),
+        400,
+        "namespace mismatch"
+    );
+    assert_eq!(
+        code(c.request_text(send("PATCH", format!("{base}/ok"), "text/plain", "{}")).await),
+        415,
+        "unknown patch type"
+    );
+    assert_eq!(
+        code(c.request_text(send("PATCH", format!("{base}/ok"), "application/merge-patch+json", "{bad")).await),
+        400,
+        "malformed patch"
+    );
+    assert_eq!(
+        code(
+            c.request_text(send(
+                "POST",
+                "/api/v1/namespaces/zkt-does-not-exist-0/configmaps".into(),
+                "application/json",
+                r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"z"}}"#
+            ))
+            .await
+        ),
+        404,
+        "missing namespace"
+    );
+    assert_eq!(
+        code(c.request_text(send("GET", format!("{base}/ok/status"), "application/json", "")).await),
+        404,
+        "no status subresource on configmaps"
+    );
+    assert_eq!(
+        code(c.request_text(send("GET", format!("{base}?labelSelector=a%20in%20b"), "application/json", "")).await),
+        400,
+        "bad label selector"
+    );
 }
 
 #[tokio::test]
@@ -598,14 +837,17 @@ async fn table_output_uses_printer_columns() {
     let crd = install_crd(&env.client, "Namespaced").await;
     let api = widgets(&env.client, &crd, &ns.name);
     api.create(&PostParams::default(), &widget(&crd, "t1", json!({"size": 7}))).await.expect("create");
-    api.patch_status("t1", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Ready"}}))).await.expect("status");
+    api.patch_status("t1", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Ready"}})))
+        .await
+        .expect("status");
     let req = http::Request::get(format!("/apis/{}/v1/namespaces/{}/widgets", crd.group, ns.name))
         .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io,application/json")
         .body(vec![])
         .expect("req");
     let t: Value = env.client.request(req).await.expect("table");
     assert_eq!(t["kind"], "Table");
-    let cols: Vec<&str> = t["columnDefinitions"].as_array().expect("cols").iter().filter_map(|c| c["name"].as_str()).collect();
+    let cols: Vec<&str> =
+        t["columnDefinitions"].as_array().expect("cols").iter().filter_map(|c| c["name"].as_str()).collect();
     assert_eq!(cols, vec!["Name", "Size", "Phase", "Age"]);
     let row = &t["rows"][0];
     assert_eq!(row["cells"][0], "t1");
@@ -620,7 +862,8 @@ async fn cluster_scoped_crd_and_crd_deletion_stops_serving() {
     let env = env().await;
     let crd = install_crd(&env.client, "Cluster").await;
     let api = widgets_all(&env.client, &crd);
-    let made: DynamicObject = api.create(&PostParams::default(), &widget(&crd, "cluster-wide", json!({"size": 1}))).await.expect("create");
+    let made: DynamicObject =
+        api.create(&PostParams::default(), &widget(&crd, "cluster-wide", json!({"size": 1}))).await.expect("create");
     assert!(made.metadata.namespace.is_none());
     remove_crd(&env.client, &crd).await;
     eventually(60, "custom resources gone with their CRD", || {
@@ -635,7 +878,9 @@ async fn namespace_deletion_removes_its_content() {
     let env = env().await;
     let name = unique("zkt-gone");
     let nss: Api<Namespace> = Api::all(env.client.clone());
-    nss.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}})).expect("ns")).await.expect("create ns");
+    nss.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}})).expect("ns"))
+        .await
+        .expect("create ns");
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &name);
     cms.create(&PostParams::default(), &cm("inside", json!({}))).await.expect("create inside");
     nss.delete(&name, &DeleteParams::default()).await.expect("delete ns");

@@ -29,10 +29,37 @@ impl Rng {
 }
 
 const SEGMENTS: &[&str] = &[
-    "api", "apis", "v1", "v2", "namespaces", "default", "kube-system", "pods", "configmaps", "secrets", "events",
-    "serviceaccounts", "leases", "coordination.k8s.io", "events.k8s.io", "apiextensions.k8s.io",
-    "customresourcedefinitions", "status", "finalize", "x", "a.b", "..", "%2F", "%00", "UPPER", "watch", "",
-    "widgets", "fuzz.zklock-test.io", "openapi", "v3",
+    "api",
+    "apis",
+    "v1",
+    "v2",
+    "namespaces",
+    "default",
+    "kube-system",
+    "pods",
+    "configmaps",
+    "secrets",
+    "events",
+    "serviceaccounts",
+    "leases",
+    "coordination.k8s.io",
+    "events.k8s.io",
+    "apiextensions.k8s.io",
+    "customresourcedefinitions",
+    "status",
+    "finalize",
+    "x",
+    "a.b",
+    "..",
+    "%2F",
+    "%00",
+    "UPPER",
+    "watch",
+    "",
+    "widgets",
+    "fuzz.zklock-test.io",
+    "openapi",
+    "v3",
 ];
 
 fn random_string(r: &mut Rng) -> String {
@@ -49,8 +76,24 @@ fn random_value(r: &mut Rng, depth: u32) -> Value {
         4 => json!(-1.5),
         5 => Value::Array((0..r.below(4)).map(|_| random_value(r, depth + 1)).collect()),
         _ => {
-            let keys = ["metadata", "name", "namespace", "labels", "annotations", "finalizers", "ownerReferences",
-                        "spec", "status", "data", "kind", "apiVersion", "resourceVersion", "generateName", "uid", "size"];
+            let keys = [
+                "metadata",
+                "name",
+                "namespace",
+                "labels",
+                "annotations",
+                "finalizers",
+                "ownerReferences",
+                "spec",
+                "status",
+                "data",
+                "kind",
+                "apiVersion",
+                "resourceVersion",
+                "generateName",
+                "uid",
+                "size",
+            ];
             let mut m = serde_json::Map::new();
             for _ in 0..r.below(5) {
                 m.insert(r.pick(&keys).to_string(), random_value(r, depth + 1));
@@ -98,13 +141,22 @@ fn random_request(r: &mut Rng) -> Option<http::Request<Vec<u8>>> {
     if r.chance(80) {
         // Mostly well-formed resource paths, so requests reach the verbs, not just routing.
         let (prefix, plural, namespaced, av, kind) = *r.pick(&[
-            ("/api/v1", "configmaps", true, "v1", "ConfigMap"), ("/api/v1", "pods", true, "v1", "Pod"),
-            ("/api/v1", "secrets", true, "v1", "Secret"), ("/api/v1", "events", true, "v1", "Event"),
-            ("/api/v1", "serviceaccounts", true, "v1", "ServiceAccount"), ("/api/v1", "namespaces", false, "v1", "Namespace"),
+            ("/api/v1", "configmaps", true, "v1", "ConfigMap"),
+            ("/api/v1", "pods", true, "v1", "Pod"),
+            ("/api/v1", "secrets", true, "v1", "Secret"),
+            ("/api/v1", "events", true, "v1", "Event"),
+            ("/api/v1", "serviceaccounts", true, "v1", "ServiceAccount"),
+            ("/api/v1", "namespaces", false, "v1", "Namespace"),
             ("/apis/coordination.k8s.io/v1", "leases", true, "coordination.k8s.io/v1", "Lease"),
             ("/apis/events.k8s.io/v1", "events", true, "events.k8s.io/v1", "Event"),
             ("/apis/fuzz.zklock-test.io/v1", "widgets", true, "fuzz.zklock-test.io/v1", "Widget"),
-            ("/apis/apiextensions.k8s.io/v1", "customresourcedefinitions", false, "apiextensions.k8s.io/v1", "CustomResourceDefinition"),
+            (
+                "/apis/apiextensions.k8s.io/v1",
+                "customresourcedefinitions",
+                false,
+                "apiextensions.k8s.io/v1",
+                "CustomResourceDefinition",
+            ),
         ]);
         hint = Some((av, kind));
         path.push_str(prefix);
@@ -123,7 +175,13 @@ fn random_request(r: &mut Rng) -> Option<http::Request<Vec<u8>>> {
             }
         }
     } else {
-        path.push_str(*r.pick(&["/api/v1", "/apis/coordination.k8s.io/v1", "/apis/fuzz.zklock-test.io/v1", "", "/apis"]));
+        path.push_str(*r.pick(&[
+            "/api/v1",
+            "/apis/coordination.k8s.io/v1",
+            "/apis/fuzz.zklock-test.io/v1",
+            "",
+            "/apis",
+        ]));
         for _ in 0..r.below(5) {
             path.push('/');
             path.push_str(*r.pick(SEGMENTS));
@@ -145,19 +203,37 @@ fn random_request(r: &mut Rng) -> Option<http::Request<Vec<u8>>> {
             ("sendInitialEvents", &["true"][..]),
             ("allowWatchBookmarks", &["true"][..]),
         ]);
-        q.push(format!("{k}={}", r.pick(vals).replace(' ', "%20").replace('(', "%28").replace(')', "%29").replace('!', "%21")));
+        q.push(format!(
+            "{k}={}",
+            r.pick(vals).replace(' ', "%20").replace('(', "%28").replace(')', "%29").replace('!', "%21")
+        ));
     }
     // Watches must end on their own so the run finishes.
     q.push("timeoutSeconds=1".into());
     let uri = format!("{path}?{}", q.join("&"));
     let ct = *r.pick(&[
-        "application/json", "application/merge-patch+json", "application/json-patch+json",
-        "application/strategic-merge-patch+json", "application/apply-patch+yaml", "application/yaml", "text/plain",
+        "application/json",
+        "application/merge-patch+json",
+        "application/json-patch+json",
+        "application/strategic-merge-patch+json",
+        "application/apply-patch+yaml",
+        "application/yaml",
+        "text/plain",
         "application/vnd.kubernetes.protobuf",
     ]);
-    let accept = *r.pick(&["application/json", "application/json;as=Table;v=v1;g=meta.k8s.io,application/json", "*/*",
-        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"]);
-    http::Request::builder().method(method).uri(uri).header("content-type", ct).header("accept", accept).body(random_body(r, hint)).ok()
+    let accept = *r.pick(&[
+        "application/json",
+        "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+        "*/*",
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json",
+    ]);
+    http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", ct)
+        .header("accept", accept)
+        .body(random_body(r, hint))
+        .ok()
 }
 
 const CRD: &str = r#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition","metadata":{"name":"widgets.fuzz.zklock-test.io"},
@@ -179,8 +255,10 @@ async fn random_requests_never_crash_the_server() {
         .body(CRD.as_bytes().to_vec())
         .expect("crd request");
     client.request_text(crd_req).await.expect("create fuzz CRD");
-    let ns_req = http::Request::post("/api/v1/namespaces").header("content-type", "application/json")
-        .body(br#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"fuzz"}}"#.to_vec()).expect("ns");
+    let ns_req = http::Request::post("/api/v1/namespaces")
+        .header("content-type", "application/json")
+        .body(br#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"fuzz"}}"#.to_vec())
+        .expect("ns");
     client.request_text(ns_req).await.expect("create fuzz namespace");
 
     let seed = std::env::var("FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_cafe_u64);
@@ -194,7 +272,9 @@ async fn random_requests_never_crash_the_server() {
             async move {
                 let r = match client.request_text(req).await {
                     Ok(_) => Ok(200),
-                    Err(kube::Error::Api(s)) if s.code >= 500 && !s.message.contains("resourceVersion should not be set") => {
+                    Err(kube::Error::Api(s))
+                        if s.code >= 500 && !s.message.contains("resourceVersion should not be set") =>
+                    {
                         Err(format!("server error {}: {}", s.code, s.message))
                     }
                     Err(kube::Error::Api(s)) => Ok(s.code),
@@ -208,7 +288,12 @@ async fn random_requests_never_crash_the_server() {
         .collect()
         .await;
     let failures: Vec<_> = results.iter().filter(|(_, r)| r.is_err()).collect();
-    assert!(failures.is_empty(), "seed {seed:#x}: {} bad answers, e.g. {:?}", failures.len(), &failures[..failures.len().min(5)]);
+    assert!(
+        failures.is_empty(),
+        "seed {seed:#x}: {} bad answers, e.g. {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
     let mut codes = std::collections::BTreeMap::new();
     for (_, r) in &results {
         if let Ok(c) = r {

@@ -16,11 +16,7 @@ fn kubectl_path() -> PathBuf {
         }
     }
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/bin/kubectl");
-    assert!(
-        p.exists(),
-        "kubectl not found at {} and ZKLOCK_KUBECTL is unset: run scripts/tools.sh first",
-        p.display()
-    );
+    assert!(p.exists(), "kubectl not found at {} and ZKLOCK_KUBECTL is unset: run scripts/tools.sh first", p.display());
     p
 }
 
@@ -111,7 +107,15 @@ async fn kubectl_workflow() {
     let out = k.ok(&["apply", "-f", &w_file]).await;
     assert!(out.contains("configured"), "{out}");
     let got = k
-        .ok(&["get", &resource, "w1", "-n", &ns, "-o", "jsonpath={.spec.size} {.metadata.annotations.zklock\\.io/note} {.status.phase} {.metadata.generation}"])
+        .ok(&[
+            "get",
+            &resource,
+            "w1",
+            "-n",
+            &ns,
+            "-o",
+            "jsonpath={.spec.size} {.metadata.annotations.zklock\\.io/note} {.status.phase} {.metadata.generation}",
+        ])
         .await;
     assert_eq!(got, "5 hello Ready 2");
 
@@ -122,7 +126,17 @@ async fn kubectl_workflow() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("spec.size"), "{}", String::from_utf8_lossy(&out.stderr));
 
     // A finalizer keeps the object; delete --wait returns once it is released.
-    k.ok(&["patch", &resource, "w1", "-n", &ns, "--type=merge", "-p", r#"{"metadata":{"finalizers":["zklock.io/hold"]}}"#]).await;
+    k.ok(&[
+        "patch",
+        &resource,
+        "w1",
+        "-n",
+        &ns,
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":["zklock.io/hold"]}}"#,
+    ])
+    .await;
     k.ok(&["delete", &resource, "w1", "-n", &ns, "--wait=false"]).await;
     let ts = k.ok(&["get", &resource, "w1", "-n", &ns, "-o", "jsonpath={.metadata.deletionTimestamp}"]).await;
     assert!(!ts.is_empty(), "deletionTimestamp set while the finalizer holds");
@@ -132,14 +146,26 @@ async fn kubectl_workflow() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn kubectl delete");
-    k.ok(&["patch", &resource, "w1", "-n", &ns, "--type=json", "-p", r#"[{"op":"remove","path":"/metadata/finalizers"}]"#]).await;
+    k.ok(&[
+        "patch",
+        &resource,
+        "w1",
+        "-n",
+        &ns,
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+    ])
+    .await;
     let deleted = deleter.wait_with_output().await.expect("kubectl delete");
     assert!(deleted.status.success(), "kubectl delete --wait: {}", String::from_utf8_lossy(&deleted.stderr));
     let out = k.run(&["get", &resource, "w1", "-n", &ns]).await;
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("NotFound"), "w1 is gone");
 
     // Built-in kinds through client-side apply (strategic merge patch on the second apply).
-    let cm = |v: &str| format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\n  namespace: {ns}\ndata:\n  key: \"{v}\"\n");
+    let cm = |v: &str| {
+        format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\n  namespace: {ns}\ndata:\n  key: \"{v}\"\n")
+    };
     let cm_file = write("cm.yaml", cm("one"));
     k.ok(&["apply", "-f", &cm_file]).await;
     write("cm.yaml", cm("two"));

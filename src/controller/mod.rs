@@ -158,13 +158,17 @@ pub async fn run(
         let (reader, writer) = reflector::store();
         let seen = ctx.clone();
         // The claim watch delivers new claims in creation order: note it before reconciling.
-        let claims = reflector(writer, watcher::watcher(api, watcher::Config::default()))
-            .applied_objects()
-            .inspect_ok(move |claim: &LockClaim| {
+        let claims = reflector(writer, watcher::watcher(api, watcher::Config::default())).applied_objects().inspect_ok(
+            move |claim: &LockClaim| {
                 if let Some(uid) = claim.metadata.uid.as_deref() {
-                    seen.registry.first_seen(uid);
+                    let phase = claim.status.as_ref().and_then(|s| s.phase);
+                    let pending = matches!(phase, None | Some(crate::api::Phase::Pending));
+                    let lock = claim.metadata.namespace.as_deref().map(|ns| seen.lock_path(ns, &claim.spec.lock_name));
+                    let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
+                    seen.registry.first_seen(uid, lock.as_deref(), created, pending);
                 }
-            });
+            },
+        );
         Controller::for_stream(claims, reader)
             .reconcile_on(stream_of(rx))
             .graceful_shutdown_on(shutdown.clone())

@@ -70,13 +70,20 @@ async fn apply(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> {
             return Ok(Action::requeue(std::time::Duration::from_millis(200)));
         }
         let description = format!("{namespace}/{}", claim.name_any());
-        let enqueued =
-            ctx.engine.enqueue(ContenderSpec { id: uid.clone(), lock: lock.clone(), mode: spec.mode, description }).await;
-        if let Some(next) = ctx.registry.enqueued(&lock, &uid) {
+        let enqueued = ctx
+            .engine
+            .enqueue(ContenderSpec { id: uid.clone(), lock: lock.clone(), mode: spec.mode, description })
+            .await;
+        if let Some(next) = ctx.registry.leave_gate(&lock, &uid) {
             ctx.trigger(next);
         }
         enqueued?;
         plan = plan::plan(inputs(contender_view(ctx, &uid)));
+    } else if ctx.admitting() && plan.status.phase != Some(Phase::Waiting) && plan.status.phase != Some(Phase::Held) {
+        // Not enqueueable now (waiting for its holder pod, or final): others go first.
+        if let Some(next) = ctx.registry.leave_gate(&lock, &uid) {
+            ctx.trigger(next);
+        }
     }
     execute(&claim, ctx, &uid, &lock, plan).await
 }

@@ -12,7 +12,7 @@ use kube::runtime::reflector::ObjectRef;
 use crate::api::{LockClaim, Phase};
 
 /// How long a claim that asked to be enqueued holds back the claims created after it.
-pub const GATE_PATIENCE: Duration = Duration::from_secs(2);
+pub const GATE_PATIENCE: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 pub struct Registry {
@@ -70,33 +70,46 @@ impl Registry {
         }
     }
 
-    /// Notes the order in which the claim watch delivers claims.
-    pub fn first_seen(&self, uid: &str) {
+    /// Notes the order in which the claim watch delivers claims. A claim not yet in any queue
+    /// (`pending`) joins its lock's admission gate at once, so that claims created after it
+    /// wait for it even before its first reconcile asks to enqueue.
+    pub fn first_seen(&self, uid: &str, lock: Option<&str>, created: i64, pending: bool) {
         let mut inner = self.lock();
-        if !inner.first_seen.contains_key(uid) {
-            inner.next_seen += 1;
-            let n = inner.next_seen;
-            inner.first_seen.insert(uid.to_string(), n);
+        if inner.first_seen.contains_key(uid) {
+            return;
+        }
+        inner.next_seen += 1;
+        let seen = inner.next_seen;
+        inner.first_seen.insert(uid.to_string(), seen);
+        if let (true, Some(lock)) = (pending, lock) {
+            inner.gate.entry(lock.to_string()).or_default().insert((created, seen), (uid.to_string(), Instant::now()));
         }
     }
 
-    /// Asks to enqueue claim `uid` on `lock`; true when no claim created before it is waiting
-    /// to be enqueued there too. A claim that asked but did not come back within
-    /// [`GATE_PATIENCE`] (deleted, or blocked on its holder pod) no longer holds others up.
+    /// Asks to enqueue claim `uid` on `lock`; true when no claim created before it waits to be
+    /// enqueued there. A claim that has been in the gate for [`GATE_PATIENCE`] without entering
+    /// the queue (its reconcile keeps failing, say) no longer holds the others up.
     pub fn may_enqueue(&self, lock: &str, uid: &str, created: i64) -> bool {
         let mut inner = self.lock();
         let seen = inner.first_seen.get(uid).copied().unwrap_or(u64::MAX);
         let gate = inner.gate.entry(lock.to_string()).or_default();
-        gate.retain(|_, (other, asked)| other == uid || asked.elapsed() < GATE_PATIENCE);
-        gate.insert((created, seen), (uid.to_string(), Instant::now()));
+        gate.retain(|_, (other, since)| other == uid || since.elapsed() < GATE_PATIENCE);
+        if !gate.values().any(|(other, _)| other == uid) {
+            gate.insert((created, seen), (uid.to_string(), Instant::now()));
+        }
         gate.first_key_value().is_some_and(|(_, (first, _))| first == uid)
     }
 
-    /// The claim is enqueued (or gave up): it leaves the gate; returns the next one waiting.
-    pub fn enqueued(&self, lock: &str, uid: &str) -> Option<ObjectRef<LockClaim>> {
+    /// The claim entered the queue, or cannot enter it now (waiting for its holder pod, or
+    /// final): it leaves the gate. Returns the claim that is first in the gate now.
+    pub fn leave_gate(&self, lock: &str, uid: &str) -> Option<ObjectRef<LockClaim>> {
         let mut inner = self.lock();
         let gate = inner.gate.get_mut(lock)?;
+        let before = gate.len();
         gate.retain(|_, (other, _)| other != uid);
+        if gate.len() == before {
+            return None;
+        }
         let next = gate.first_key_value().map(|(_, (next, _))| next.clone());
         if gate.is_empty() {
             inner.gate.remove(lock);

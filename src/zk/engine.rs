@@ -309,7 +309,8 @@ impl LockEngine {
             shared: shared.clone(),
             path: format!("{}/{name}", spec.lock),
             name,
-            fencing_token: stat.czxid,
+            fencing_token: 0,
+            created_zxid: stat.czxid,
             spec,
             client,
             // Replaced by the first decision before anybody can see it.
@@ -671,7 +672,9 @@ struct Tracker {
     spec: ContenderSpec,
     name: String,
     path: String,
+    /// Set when the recipe first grants the lock (see `evaluate`).
     fencing_token: i64,
+    created_zxid: i64,
     states: Arc<watch::Sender<ContenderState>>,
     decision: Decision,
     revoke: Option<String>,
@@ -704,8 +707,16 @@ impl Tracker {
     async fn evaluate(&mut self) -> Result<(), zk::Error> {
         loop {
             Stats::bump(&self.shared.stats.children_reads);
-            let children = retry::idempotent(|| self.client.list_children(&self.spec.lock)).await?;
+            let (children, dir) = retry::idempotent(|| self.client.get_children(&self.spec.lock)).await?;
             self.decision = recipe::decide(&children, &self.name);
+            if self.decision == Decision::Held && self.fencing_token == 0 {
+                // The fencing token is the zxid of the directory state in which the grant was
+                // decided: it is above the zxid that removed the previous holder, so tokens of
+                // successive holders strictly increase. (The node's czxid alone is not enough:
+                // nodes re-created together by one multi-op share one czxid.) Granted at once,
+                // it equals the node's czxid.
+                self.fencing_token = dir.pzxid.max(self.created_zxid);
+            }
             if self.decision == Decision::Missing {
                 // Our node is gone: whatever else carries our id is somebody else's business.
                 return Ok(());

@@ -43,9 +43,9 @@ impl ZkServer {
         SHARED.get_or_init(|| match given {
             Ok(connect) if !connect.is_empty() => {
                 let first = connect.split(['/', ',']).next().unwrap_or_default().to_string();
-                let version = four_letter(&first, "srvr")
-                    .map(|s| version_of(&s))
-                    .unwrap_or_else(|e| panic!("ZKLOCK_TEST_ZK/ZK_CONNECT={connect} but {first} does not answer `srvr`: {e}"));
+                let version = four_letter(&first, "srvr").map(|s| version_of(&s)).unwrap_or_else(|e| {
+                    panic!("ZKLOCK_TEST_ZK/ZK_CONNECT={connect} but {first} does not answer `srvr`: {e}")
+                });
                 eprintln!("zookeeper {version} (given) at {connect}");
                 ZkServer { connect, client_port: 0, dir: PathBuf::new(), process: None, _tmp: None }
             }

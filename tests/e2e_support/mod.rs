@@ -333,9 +333,17 @@ impl History {
                 "record {i}: Held condition must be True exactly while the phase is Held: {r:?}"
             );
             if let Some(p) = r.phase {
-                assert_eq!(r.finished_condition, p.is_terminal(), "record {i}: Finished must mark terminal phases: {r:?}");
+                assert_eq!(
+                    r.finished_condition,
+                    p.is_terminal(),
+                    "record {i}: Finished must mark terminal phases: {r:?}"
+                );
                 if let Some(before) = last_phase.get(&r.uid) {
-                    assert!(!before.is_terminal() || *before == p, "record {i}: {} left terminal phase {before:?} for {p:?}", r.name);
+                    assert!(
+                        !before.is_terminal() || *before == p,
+                        "record {i}: {} left terminal phase {before:?} for {p:?}",
+                        r.name
+                    );
                 }
                 last_phase.insert(r.uid.clone(), p);
             }
@@ -347,11 +355,20 @@ impl History {
                 lock.remove(&r.uid);
             }
             if held && !was_held {
-                let token: u64 = r.fencing.as_deref().and_then(|t| t.parse().ok()).unwrap_or_else(|| panic!("record {i}: Held without a fencing token: {r:?}"));
+                let token: u64 = r
+                    .fencing
+                    .as_deref()
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or_else(|| panic!("record {i}: Held without a fencing token: {r:?}"));
                 if let Some(prev) = last_token.get(&r.lock) {
                     // Shared holders granted together may be recorded in any order.
                     let together = lock.len() > 1 && lock.values().all(|(excl, _)| !excl);
-                    assert!(together || token > *prev, "record {i}: fencing token {token} after {prev} on {}", r.lock);
+                    assert!(
+                        together || token > *prev,
+                        "record {i}: fencing token {token} after {prev} on {}\nhistory: {:#?}",
+                        r.lock,
+                        &records[..=i]
+                    );
                 }
                 let max = last_token.entry(r.lock.clone()).or_insert(0);
                 *max = (*max).max(token);
