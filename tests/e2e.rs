@@ -302,13 +302,10 @@ async fn zookeeper_restart_recovers_claims_without_double_grants() {
     env.wait_phase("b", Phase::Waiting).await;
     // Down for longer than the session timeout: the session is lost, a new one re-anchors.
     zk.kill();
-    tokio::time::timeout(PATIENCE, async {
-        while op.metric("zklock_zookeeper_session_connected").await != 0.0 {
-            tokio::task::yield_now().await;
-        }
+    until("the operator to notice ZooKeeper is gone", || async {
+        op.metric("zklock_zookeeper_session_connected").await == 0.0
     })
-    .await
-    .expect("the operator notices ZooKeeper is gone");
+    .await;
     zk.resume();
     env.claim("c", "z", json!({})).await;
     env.wait_phase("c", Phase::Waiting).await;
@@ -317,4 +314,52 @@ async fn zookeeper_restart_recovers_claims_without_double_grants() {
     env.delete_claim("a").await;
     env.wait_phase("b", Phase::Held).await;
     env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_replica_takes_over_without_changing_the_holder() {
+    let env = Env::new().await;
+    let mut first = env.operator();
+    until("the first replica to lead", || async { first.metric("zklock_leader").await == 1.0 }).await;
+    let second = env.operator();
+    env.claim("a", "ha", json!({})).await;
+    let held = env.wait_phase("a", Phase::Held).await;
+    env.claim("b", "ha", json!({})).await;
+    env.wait_phase("b", Phase::Waiting).await;
+    assert_eq!(second.metric("zklock_leader").await, 0.0, "only one replica leads");
+    assert!(second.ready().await, "a standby replica is ready (it serves as soon as it leads)");
+
+    first.kill9();
+    let killed = Instant::now();
+    until("the standby to lead and re-anchor", || async {
+        second.metric("zklock_leader").await == 1.0 && second.ready().await
+    })
+    .await;
+    let failover = killed.elapsed();
+    let a = env.claims.get("a").await.unwrap();
+    assert_eq!(phase_of(&a), Some(Phase::Held), "the holder did not change");
+    assert_eq!(a.status.unwrap().fencing_token, held.status.unwrap().fencing_token);
+    env.delete_claim("a").await;
+    env.wait_phase("b", Phase::Held).await;
+    eprintln!("leader killed -> standby leading and re-anchored: {failover:?}; first grant after {:?}", killed.elapsed());
+    env.history.check();
+}
+
+/// Polls `f` every 100 ms until it holds.
+async fn until<F, Fut>(what: &str, f: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            tick.tick().await;
+            if f().await {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
 }

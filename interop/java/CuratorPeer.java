@@ -4,6 +4,9 @@
 //   contend <connect> <lockPath> <rounds> <markerPath>
 //       acquire, create the ephemeral marker (it must not exist: the other side would hold),
 //       hold briefly, delete the marker, release; prints "curator rounds=N violations=V".
+//   throughput <connect> <locks> <threads>
+//       uncontended acquire+release of <locks> distinct locks by <threads> threads on one client;
+//       prints "curator throughput: N ops/s".
 //   handoff <connect> <lockPath> <iterations>
 //       two mutexes on one client (one session, as zklock's engine uses): the holder releases
 //       while the other waits in acquire(); prints release-to-acquired latency percentiles.
@@ -39,6 +42,7 @@ public class CuratorPeer {
             switch (args[0]) {
                 case "contend" -> contend(client, args[2], Integer.parseInt(args[3]), args[4]);
                 case "handoff" -> handoff(client, args[2], Integer.parseInt(args[3]));
+                case "throughput" -> throughput(client, Integer.parseInt(args[2]), Integer.parseInt(args[3]));
                 default -> throw new IllegalArgumentException("unknown mode " + args[0]);
             }
         } finally {
@@ -68,6 +72,32 @@ public class CuratorPeer {
             }
         }
         System.out.println("curator rounds=" + rounds + " violations=" + violations);
+    }
+
+    static void throughput(CuratorFramework client, int locks, int threads) throws Exception {
+        ExecutorService pool = Executors.newFixedThreadPool(threads);
+        // Warm-up round on other paths, not counted.
+        runRound(client, pool, "/bench/warm", Math.min(locks, 200));
+        long start = System.nanoTime();
+        runRound(client, pool, "/bench/throughput", locks);
+        double seconds = (System.nanoTime() - start) / 1e9;
+        pool.shutdown();
+        System.out.printf("curator InterProcessMutex throughput: %.0f acquire+release/s (%d locks, %d threads)%n",
+                locks / seconds, locks, threads);
+    }
+
+    static void runRound(CuratorFramework client, ExecutorService pool, String prefix, int locks) throws Exception {
+        List<Future<?>> done = new ArrayList<>();
+        for (int i = 0; i < locks; i++) {
+            String path = prefix + "/lock-" + i;
+            done.add(pool.submit(() -> {
+                InterProcessMutex m = new InterProcessMutex(client, path);
+                m.acquire();
+                m.release();
+                return null;
+            }));
+        }
+        for (Future<?> f : done) f.get();
     }
 
     static void handoff(CuratorFramework client, String lockPath, int iterations) throws Exception {
