@@ -172,10 +172,7 @@ impl Bench {
 
     async fn metric(&self, name: &str) -> f64 {
         let text = self.get("/metrics").await.unwrap_or_default();
-        text.lines()
-            .filter(|l| l.starts_with(name))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
     }
 
     async fn create(&self, name: &str, lock: &str, holder: Option<&str>) -> Result<(), Error> {
@@ -201,12 +198,33 @@ impl Bench {
     /// Counts every change to the namespace's claims and events: the operator's API writes.
     fn count_writes(&self) -> (Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
         let count = Arc::new(AtomicU64::new(0));
-        let claims = watcher(self.claims.clone(), watcher::Config::default()).boxed();
+        let claims = watcher(self.claims.clone(), watcher::Config::default())
+            .map_ok(|e| {
+                if std::env::var("BENCH_DEBUG").is_ok() {
+                    if let watcher::Event::Apply(c) | watcher::Event::Delete(c) = &e {
+                        eprintln!(
+                            "claim {} {:?} del={} fin={:?}",
+                            c.metadata.name.as_deref().unwrap_or(""),
+                            c.status.as_ref().and_then(|s| s.phase),
+                            c.metadata.deletion_timestamp.is_some(),
+                            c.metadata.finalizers
+                        );
+                    }
+                }
+                kind(e)
+            })
+            .boxed();
         let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
         let events = watcher(events, watcher::Config::default())
-            .map_ok(|e| e.map(|_| ()))
+            .map_ok(|e| {
+                if std::env::var("BENCH_DEBUG").is_ok() {
+                    if let watcher::Event::Apply(ev) = &e {
+                        eprintln!("event {:?} {:?}", ev.reason, ev.involved_object.name);
+                    }
+                }
+                kind(e)
+            })
             .boxed();
-        let claims = claims.map_ok(|e| e.map(|_| ())).boxed();
         let c = count.clone();
         let task = tokio::spawn(async move {
             let mut all = futures::stream::select(claims, events);
@@ -214,11 +232,11 @@ impl Bench {
             let mut init_done = 0;
             while let Some(event) = all.next().await {
                 match event {
-                    Ok(watcher::Event::InitDone) => {
+                    Ok(Kind::InitDone) => {
                         init_done += 1;
                         live = init_done >= 2;
                     }
-                    Ok(watcher::Event::Apply(()) | watcher::Event::Delete(())) if live => {
+                    Ok(Kind::Change) if live => {
                         c.fetch_add(1, Ordering::Relaxed);
                     }
                     _ => {}
@@ -246,6 +264,7 @@ impl Bench {
             tokio::time::sleep(Duration::from_millis(300)).await;
             count.store(0, Ordering::Relaxed);
             let zk_before = self.metric("zklock_zookeeper_operations_total{op=\"predecessor_notification\"}").await;
+            let writes_before = self.metric("zklock_kubernetes_writes_total").await;
             let round = waiters.min(handoffs - counted);
             for i in 0..round {
                 let start = Instant::now();
@@ -255,9 +274,14 @@ impl Bench {
             }
             // Let the last writes of the round (finalizer removals, events) land.
             tokio::time::sleep(Duration::from_millis(500)).await;
-            writes += count.load(Ordering::Relaxed);
+            let seen_by_watch = count.load(Ordering::Relaxed);
             task.abort();
-            zk_events += self.metric("zklock_zookeeper_operations_total{op=\"predecessor_notification\"}").await - zk_before;
+            writes += (self.metric("zklock_kubernetes_writes_total").await - writes_before) as u64;
+            if std::env::var("BENCH_DEBUG").is_ok() {
+                eprintln!("round: {seen_by_watch} changes seen on claims and events (with the bench's own deletes)");
+            }
+            zk_events +=
+                self.metric("zklock_zookeeper_operations_total{op=\"predecessor_notification\"}").await - zk_before;
             counted += round;
             // Clear the rest of the round's claims.
             for i in round..=waiters {
@@ -274,8 +298,10 @@ impl Bench {
     async fn pod_deletions(&self, rounds: usize) -> Result<Samples, Error> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
         let pod = |name: &str| -> Pod {
-            serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "m", "image": "busybox"}]}}))
-                .unwrap_or_default()
+            serde_json::from_value(
+                json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "m", "image": "busybox"}]}}),
+            )
+            .unwrap_or_default()
         };
         let mut samples = Samples::default();
         pods.create(&PostParams::default(), &pod("p0")).await?;
@@ -347,6 +373,20 @@ impl Bench {
         }
         let total = rss(self.operator.id())?;
         Ok((total.saturating_sub(baseline) as f64 / claims as f64, total))
+    }
+}
+
+enum Kind {
+    Change,
+    InitDone,
+    Other,
+}
+
+fn kind<K>(event: watcher::Event<K>) -> Kind {
+    match event {
+        watcher::Event::Apply(_) | watcher::Event::Delete(_) => Kind::Change,
+        watcher::Event::InitDone => Kind::InitDone,
+        _ => Kind::Other,
     }
 }
 

@@ -15,9 +15,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
 use kube::Api;
 
-pub const LEASE_DURATION: Duration = Duration::from_secs(15);
-pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
-pub const RETRY_PERIOD: Duration = Duration::from_secs(2);
+pub const LEASE_DURATION: Duration = Duration::from_secs(10);
+pub const RENEW_DEADLINE: Duration = Duration::from_secs(7);
+pub const RETRY_PERIOD: Duration = Duration::from_secs(1);
 
 pub struct LeaseLock {
     api: Api<Lease>,

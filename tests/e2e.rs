@@ -341,7 +341,10 @@ async fn a_standby_replica_takes_over_without_changing_the_holder() {
     assert_eq!(a.status.unwrap().fencing_token, held.status.unwrap().fencing_token);
     env.delete_claim("a").await;
     env.wait_phase("b", Phase::Held).await;
-    eprintln!("leader killed -> standby leading and re-anchored: {failover:?}; first grant after {:?}", killed.elapsed());
+    eprintln!(
+        "leader killed -> standby leading and re-anchored: {failover:?}; first grant after {:?}",
+        killed.elapsed()
+    );
     env.history.check();
 }
 

@@ -97,6 +97,10 @@ impl Sandbox {
             let graceful = async move {
                 let _ = stop.wait_for(|v| *v).await;
             };
+            // Without TCP_NODELAY, small responses wait for the client's delayed ACK (~40 ms).
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let _ = axum::serve(listener, app).with_graceful_shutdown(graceful).await;
         });
         Ok(Sandbox { url, token, addr, shutdown: tx, server })

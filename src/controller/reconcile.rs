@@ -22,6 +22,13 @@ pub async fn reconcile(claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<Actio
     ctx.metrics.reconciles.inc();
     let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
     let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    // The finalizer helper writes once to add the finalizer (then returns), and once to remove
+    // it after a cleanup; count those writes with ours.
+    let deleting = claim.metadata.deletion_timestamp.is_some();
+    let has_finalizer = claim.finalizers().iter().any(|f| f == FINALIZER);
+    if deleting == has_finalizer {
+        ctx.metrics.api_writes.inc();
+    }
     finalizer(&api, FINALIZER, claim, |event| async {
         match event {
             Finalizer::Apply(claim) => apply(claim, &ctx).await,
