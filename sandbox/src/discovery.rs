@@ -25,7 +25,16 @@ pub fn version() -> Value {
 }
 
 fn verbs(_def: &ResourceDef) -> Vec<&'static str> {
-    vec!["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+    vec![
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "update",
+        "watch",
+    ]
 }
 
 fn resource_entries(def: &ResourceDef) -> Vec<Value> {
@@ -56,13 +65,22 @@ pub fn core_versions(server: &str) -> Value {
 
 pub fn resource_list(reg: &Registry, group: &str, version: &str) -> Option<Value> {
     let defs = reg.group_version(group, version)?;
-    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
     let resources: Vec<Value> = defs.iter().flat_map(|d| resource_entries(d)).collect();
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}))
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
+    )
 }
 
 fn group_entry(group: &str, versions: &[String], preferred: &str) -> Value {
-    let vs: Vec<Value> = versions.iter().map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v})).collect();
+    let vs: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v}))
+        .collect();
     json!({"name": group, "versions": vs, "preferredVersion": {"groupVersion": format!("{group}/{preferred}"), "version": preferred}})
 }
 
@@ -77,7 +95,10 @@ pub fn group_list(reg: &Registry) -> Value {
 }
 
 pub fn group(reg: &Registry, name: &str) -> Option<Value> {
-    let (g, vs, p) = reg.groups().into_iter().find(|(g, _, _)| g == name && !g.is_empty())?;
+    let (g, vs, p) = reg
+        .groups()
+        .into_iter()
+        .find(|(g, _, _)| g == name && !g.is_empty())?;
     let mut v = group_entry(&g, &vs, &p);
     v["kind"] = json!("APIGroup");
     v["apiVersion"] = json!("v1");

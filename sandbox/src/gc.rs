@@ -16,19 +16,29 @@ use tokio::sync::broadcast;
 type Item = (GroupResource, ObjKey);
 
 fn background() -> DeleteOptions {
-    DeleteOptions { propagation: None, uid: None, resource_version: None, dry_run: false }
+    DeleteOptions {
+        propagation: None,
+        uid: None,
+        resource_version: None,
+        dry_run: false,
+    }
 }
 
 fn uid(obj: &Value) -> Option<String> {
-    obj.pointer("/metadata/uid").and_then(Value::as_str).map(String::from)
+    obj.pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .map(String::from)
 }
 
 fn terminating(obj: &Value) -> bool {
-    obj.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null())
+    obj.pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
 }
 
 fn has_finalizer(obj: &Value, f: &str) -> bool {
-    obj.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == f))
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .is_some_and(|a| a.iter().any(|x| x == f))
 }
 
 fn is_namespace(gr: &GroupResource) -> bool {
@@ -40,7 +50,11 @@ fn is_crd(gr: &GroupResource) -> bool {
 }
 
 fn needs_work(gr: &GroupResource, obj: &Value) -> bool {
-    terminating(obj) && (is_namespace(gr) || is_crd(gr) || has_finalizer(obj, FOREGROUND) || has_finalizer(obj, ORPHAN))
+    terminating(obj)
+        && (is_namespace(gr)
+            || is_crd(gr)
+            || has_finalizer(obj, FOREGROUND)
+            || has_finalizer(obj, ORPHAN))
 }
 
 pub async fn run(shared: Arc<Shared>, mut rx: broadcast::Receiver<Arc<StoredEvent>>) {
@@ -85,7 +99,11 @@ fn full_scan(st: &mut State, pending: &mut BTreeSet<Item>) {
             if needs_work(&gr, obj) {
                 pending.insert((gr.clone(), k.clone()));
             }
-            let refs = obj.pointer("/metadata/ownerReferences").and_then(Value::as_array).cloned().unwrap_or_default();
+            let refs = obj
+                .pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
             for r in refs {
                 if let Some(u) = r.get("uid").and_then(Value::as_str) {
                     if st.store.lookup_uid(u).is_none() {
@@ -119,9 +137,18 @@ fn on_event(st: &mut State, ev: &StoredEvent, pending: &mut BTreeSet<Item>) {
 /// are deleted (background propagation, their own finalizers respected).
 fn owner_gone(st: &mut State, owner_uid: &str) {
     for (gr, k) in st.store.dependents_of(owner_uid) {
-        let Some(obj) = st.store.get(&gr, &k).cloned() else { continue };
-        let refs = obj.pointer("/metadata/ownerReferences").and_then(Value::as_array).cloned().unwrap_or_default();
-        let others_alive = refs.iter().filter_map(|r| r.get("uid").and_then(Value::as_str)).any(|u| u != owner_uid && st.store.lookup_uid(u).is_some());
+        let Some(obj) = st.store.get(&gr, &k).cloned() else {
+            continue;
+        };
+        let refs = obj
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let others_alive = refs
+            .iter()
+            .filter_map(|r| r.get("uid").and_then(Value::as_str))
+            .any(|u| u != owner_uid && st.store.lookup_uid(u).is_some());
         if others_alive {
             drop_owner_ref(st, &gr, &k, owner_uid);
         } else if !terminating(&obj) {
@@ -131,8 +158,13 @@ fn owner_gone(st: &mut State, owner_uid: &str) {
 }
 
 fn drop_owner_ref(st: &mut State, gr: &GroupResource, k: &ObjKey, owner_uid: &str) {
-    let Some(mut obj) = st.store.get(gr, k).cloned() else { return };
-    if let Some(refs) = obj.pointer_mut("/metadata/ownerReferences").and_then(Value::as_array_mut) {
+    let Some(mut obj) = st.store.get(gr, k).cloned() else {
+        return;
+    };
+    if let Some(refs) = obj
+        .pointer_mut("/metadata/ownerReferences")
+        .and_then(Value::as_array_mut)
+    {
         refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(owner_uid));
         if refs.is_empty() {
             if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -144,14 +176,22 @@ fn drop_owner_ref(st: &mut State, gr: &GroupResource, k: &ObjKey, owner_uid: &st
 }
 
 fn delete(st: &mut State, gr: &GroupResource, k: &ObjKey) {
-    let Some(def) = st.registry.any_version(gr) else { return };
-    let ns = if def.namespaced { Some(k.0.clone()) } else { None };
+    let Some(def) = st.registry.any_version(gr) else {
+        return;
+    };
+    let ns = if def.namespaced {
+        Some(k.0.clone())
+    } else {
+        None
+    };
     let _ = api::delete(st, &def, ns.as_deref(), &k.1, &background());
 }
 
 /// Removes one finalizer; deletes the object when it was the last one.
 fn remove_finalizer(st: &mut State, gr: &GroupResource, k: &ObjKey, f: &str) {
-    let Some(mut obj) = st.store.get(gr, k).cloned() else { return };
+    let Some(mut obj) = st.store.get(gr, k).cloned() else {
+        return;
+    };
     let mut empty = false;
     if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
         if let Some(a) = m.get_mut("finalizers").and_then(Value::as_array_mut) {
@@ -162,7 +202,11 @@ fn remove_finalizer(st: &mut State, gr: &GroupResource, k: &ObjKey, f: &str) {
             m.remove("finalizers");
         }
     }
-    let ns_waiting = is_namespace(gr) && obj.pointer("/spec/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+    let ns_waiting = is_namespace(gr)
+        && obj
+            .pointer("/spec/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty());
     st.store.replace(gr, k.clone(), obj);
     if empty && !ns_waiting {
         if let Some(def) = st.registry.any_version(gr) {
@@ -176,7 +220,9 @@ fn remove_finalizer(st: &mut State, gr: &GroupResource, k: &ObjKey, f: &str) {
 /// One step of work on a terminating object; true when nothing is left to do.
 fn progress(st: &mut State, item: &Item) -> bool {
     let (gr, k) = item;
-    let Some(obj) = st.store.get(gr, k).cloned() else { return true };
+    let Some(obj) = st.store.get(gr, k).cloned() else {
+        return true;
+    };
     if !terminating(&obj) {
         return true;
     }
@@ -208,7 +254,11 @@ fn progress(st: &mut State, item: &Item) -> bool {
             if !namespaced {
                 continue;
             }
-            let keys: Vec<ObjKey> = st.store.list(&rgr, Some(&k.1)).map(|(k, _)| k.clone()).collect();
+            let keys: Vec<ObjKey> = st
+                .store
+                .list(&rgr, Some(&k.1))
+                .map(|(k, _)| k.clone())
+                .collect();
             left += keys.len();
             for dk in keys {
                 if st.store.get(&rgr, &dk).is_some_and(|d| !terminating(d)) {
@@ -219,7 +269,10 @@ fn progress(st: &mut State, item: &Item) -> bool {
         if left == 0 {
             let mut done = obj.clone();
             done["spec"] = json!({});
-            let has_meta_fins = done.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+            let has_meta_fins = done
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .is_some_and(|a| !a.is_empty());
             if has_meta_fins {
                 st.store.replace(gr, k.clone(), done);
             } else if let Some(def) = st.registry.any_version(gr) {
@@ -230,8 +283,14 @@ fn progress(st: &mut State, item: &Item) -> bool {
         return false;
     }
     if is_crd(gr) && has_finalizer(&obj, CLEANUP_FINALIZER) {
-        let group = obj.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default();
-        let plural = obj.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or_default();
+        let group = obj
+            .pointer("/spec/group")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let plural = obj
+            .pointer("/spec/names/plural")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let cr = GroupResource::new(group, plural);
         let keys: Vec<ObjKey> = st.store.list(&cr, None).map(|(k, _)| k.clone()).collect();
         if keys.is_empty() {

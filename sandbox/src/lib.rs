@@ -30,8 +30,8 @@ mod store;
 mod table;
 mod watch;
 
-use server::Shared;
 use serde_json::Value;
+use server::Shared;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -55,7 +55,13 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { port: 0, crd_dir: None, history: 10_000, bookmark_interval: Duration::from_secs(60), token: None }
+        Options {
+            port: 0,
+            crd_dir: None,
+            history: 10_000,
+            bookmark_interval: Duration::from_secs(60),
+            token: None,
+        }
     }
 }
 
@@ -72,7 +78,10 @@ impl Sandbox {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", opts.port)).await?;
         let addr = listener.local_addr()?;
         let url = format!("http://{addr}");
-        let token = opts.token.clone().unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+        let token = opts
+            .token
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
         let (tx, rx) = tokio_watch::channel(false);
         let mut state = state::State::new(opts.history);
         bootstrap(&mut state);
@@ -97,9 +106,17 @@ impl Sandbox {
             let graceful = async move {
                 let _ = stop.wait_for(|v| *v).await;
             };
-            let _ = axum::serve(listener, app).with_graceful_shutdown(graceful).await;
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(graceful)
+                .await;
         });
-        Ok(Sandbox { url, token, addr, shutdown: tx, server })
+        Ok(Sandbox {
+            url,
+            token,
+            addr,
+            shutdown: tx,
+            server,
+        })
     }
 
     pub fn url(&self) -> &str {
@@ -127,9 +144,12 @@ impl Sandbox {
 }
 
 fn bootstrap(st: &mut state::State) {
-    let Some(def) = st.registry.lookup("", "v1", "namespaces") else { return };
+    let Some(def) = st.registry.lookup("", "v1", "namespaces") else {
+        return;
+    };
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
-        let body = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        let body =
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
         let _ = api::create(st, &def, None, body, &query::Query::default());
     }
 }
@@ -137,7 +157,12 @@ fn bootstrap(st: &mut state::State) {
 fn load_crds(st: &mut state::State, dir: &std::path::Path) -> std::io::Result<()> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")))
+        .filter(|p| {
+            matches!(
+                p.extension().and_then(|e| e.to_str()),
+                Some("yaml" | "yml" | "json")
+            )
+        })
         .collect();
     files.sort();
     let def = st
@@ -147,8 +172,12 @@ fn load_crds(st: &mut state::State, dir: &std::path::Path) -> std::io::Result<()
     for f in files {
         let text = std::fs::read_to_string(&f)?;
         for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v: Value = serde::Deserialize::deserialize(doc)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", f.display())))?;
+            let v: Value = serde::Deserialize::deserialize(doc).map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{}: {e}", f.display()),
+                )
+            })?;
             if v.is_null() {
                 continue;
             }
@@ -156,7 +185,10 @@ fn load_crds(st: &mut state::State, dir: &std::path::Path) -> std::io::Result<()
                 continue;
             }
             api::create(st, &def, None, v, &query::Query::default()).map_err(|e| {
-                std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {}", f.display(), e.message))
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{}: {}", f.display(), e.message),
+                )
             })?;
         }
     }

@@ -75,8 +75,16 @@ pub fn v3_group_version(reg: &Registry, rest: &[&str]) -> Option<Value> {
     let mut paths = Map::new();
     let mut schemas = Map::new();
     for d in &defs {
-        let base = if g.is_empty() { format!("/api/{v}") } else { format!("/apis/{g}/{v}") };
-        let coll = if d.namespaced { format!("{base}/namespaces/{{namespace}}/{}", d.plural) } else { format!("{base}/{}", d.plural) };
+        let base = if g.is_empty() {
+            format!("/api/{v}")
+        } else {
+            format!("/apis/{g}/{v}")
+        };
+        let coll = if d.namespaced {
+            format!("{base}/namespaces/{{namespace}}/{}", d.plural)
+        } else {
+            format!("{base}/{}", d.plural)
+        };
         let write = ["dryRun", "fieldManager", "fieldValidation", "pretty"];
         paths.insert(coll.clone(), json!({
             "get": operation(d, "list", &["labelSelector", "fieldSelector", "limit", "continue", "resourceVersion", "watch"]),
@@ -90,7 +98,8 @@ pub fn v3_group_version(reg: &Registry, rest: &[&str]) -> Option<Value> {
         }));
         if let Some(s) = &d.schema {
             let mut s = s.clone();
-            s["x-kubernetes-group-version-kind"] = json!([{"group": d.group, "version": d.version, "kind": d.kind}]);
+            s["x-kubernetes-group-version-kind"] =
+                json!([{"group": d.group, "version": d.version, "kind": d.kind}]);
             schemas.insert(schema_name(d), s);
         }
     }

@@ -17,7 +17,9 @@ impl PatchType {
             "application/json-patch+json" => Some(PatchType::Json),
             "application/merge-patch+json" => Some(PatchType::Merge),
             "application/strategic-merge-patch+json" => Some(PatchType::Strategic),
-            "application/apply-patch+yaml" | "application/apply-patch+cbor" => Some(PatchType::Apply),
+            "application/apply-patch+yaml" | "application/apply-patch+cbor" => {
+                Some(PatchType::Apply)
+            }
             _ => None,
         }
     }
@@ -60,7 +62,11 @@ fn split_pointer(path: &str) -> Result<Vec<String>, PatchError> {
     Ok(rest.split('/').map(unescape).collect())
 }
 
-fn parent<'a>(doc: &'a mut Value, toks: &[String], path: &str) -> Result<&'a mut Value, PatchError> {
+fn parent<'a>(
+    doc: &'a mut Value,
+    toks: &[String],
+    path: &str,
+) -> Result<&'a mut Value, PatchError> {
     let mut cur = doc;
     for t in toks {
         cur = match cur {
@@ -77,10 +83,18 @@ fn array_index(tok: &str, len: usize, allow_end: bool, path: &str) -> Result<usi
     if allow_end && tok == "-" {
         return Ok(len);
     }
-    let i: usize = tok.parse().map_err(|_| PatchError(format!("invalid array index {tok:?} in {path:?}")))?;
-    let max = if allow_end { len } else { len.saturating_sub(1) };
+    let i: usize = tok
+        .parse()
+        .map_err(|_| PatchError(format!("invalid array index {tok:?} in {path:?}")))?;
+    let max = if allow_end {
+        len
+    } else {
+        len.saturating_sub(1)
+    };
     if i > max || (!allow_end && len == 0) {
-        return Err(PatchError(format!("unable to access invalid index: {i} in {path:?}")));
+        return Err(PatchError(format!(
+            "unable to access invalid index: {i} in {path:?}"
+        )));
     }
     Ok(i)
 }
@@ -110,9 +124,11 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value, PatchError> {
         return Err(PatchError("cannot remove the document root".into()));
     };
     match parent(doc, init, path)? {
-        Value::Object(m) => m
-            .remove(last)
-            .ok_or_else(|| PatchError(format!("unable to remove nonexistent key: {last}: missing value"))),
+        Value::Object(m) => m.remove(last).ok_or_else(|| {
+            PatchError(format!(
+                "unable to remove nonexistent key: {last}: missing value"
+            ))
+        }),
         Value::Array(a) => {
             let i = array_index(last, a.len(), false, path)?;
             Ok(a.remove(i))
@@ -130,10 +146,24 @@ fn get(doc: &Value, path: &str) -> Result<Value, PatchError> {
 /// Applies an RFC 6902 patch. `ops` must already be a JSON array (checked by the caller).
 pub fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
     for op in ops {
-        let kind = op.get("op").and_then(Value::as_str).ok_or_else(|| PatchError("missing op".into()))?;
-        let path = op.get("path").and_then(Value::as_str).ok_or_else(|| PatchError("missing path".into()))?;
-        let value = || op.get("value").cloned().ok_or_else(|| PatchError(format!("missing value for {kind}")));
-        let from = || op.get("from").and_then(Value::as_str).ok_or_else(|| PatchError(format!("missing from for {kind}")));
+        let kind = op
+            .get("op")
+            .and_then(Value::as_str)
+            .ok_or_else(|| PatchError("missing op".into()))?;
+        let path = op
+            .get("path")
+            .and_then(Value::as_str)
+            .ok_or_else(|| PatchError("missing path".into()))?;
+        let value = || {
+            op.get("value")
+                .cloned()
+                .ok_or_else(|| PatchError(format!("missing value for {kind}")))
+        };
+        let from = || {
+            op.get("from")
+                .and_then(Value::as_str)
+                .ok_or_else(|| PatchError(format!("missing from for {kind}")))
+        };
         match kind {
             "add" => add(doc, path, value()?)?,
             "remove" => {
@@ -146,7 +176,9 @@ pub fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
             "move" => {
                 let from = from()?;
                 if path.starts_with(&format!("{from}/")) {
-                    return Err(PatchError("cannot move a value into one of its children".into()));
+                    return Err(PatchError(
+                        "cannot move a value into one of its children".into(),
+                    ));
                 }
                 let v = remove(doc, from)?;
                 add(doc, path, v)?;
@@ -159,7 +191,9 @@ pub fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
                 let want = value()?;
                 let got = get(doc, path)?;
                 if got != want {
-                    return Err(PatchError(format!("testing value {path} failed: test failed")));
+                    return Err(PatchError(format!(
+                        "testing value {path} failed: test failed"
+                    )));
                 }
             }
             other => return Err(PatchError(format!("Unexpected kind: {other}"))),
@@ -171,8 +205,15 @@ pub fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
 /// Merge keys of lists whose patchStrategy is "merge" in the built-in Go types.
 fn merge_key(field: &str) -> Option<&'static str> {
     Some(match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env" | "imagePullSecrets"
-        | "secrets" | "resourceClaims" | "schedulingGates" => "name",
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
+        | "imagePullSecrets"
+        | "secrets"
+        | "resourceClaims"
+        | "schedulingGates" => "name",
         "volumeMounts" => "mountPath",
         "volumeDevices" => "devicePath",
         "ports" => "containerPort",
@@ -209,14 +250,18 @@ pub fn strategic_merge(target: &mut Value, patch: &Value) -> Result<(), PatchErr
             return Ok(());
         }
         Some(other) if other != "merge" => {
-            return Err(PatchError(format!("Unknown patch type: {other} in map: {patch}")));
+            return Err(PatchError(format!(
+                "Unknown patch type: {other} in map: {patch}"
+            )));
         }
         _ => {}
     }
     if !target.is_object() {
         *target = Value::Object(Map::new());
     }
-    let Value::Object(t) = target else { return Ok(()) };
+    let Value::Object(t) = target else {
+        return Ok(());
+    };
     for (k, v) in p {
         if k == "$patch" || k == "$retainKeys" || k.starts_with("$setElementOrder/") {
             continue;
@@ -231,7 +276,9 @@ pub fn strategic_merge(target: &mut Value, patch: &Value) -> Result<(), PatchErr
             Value::Null => {
                 t.remove(k);
             }
-            Value::Object(inner) if inner.get("$patch").and_then(Value::as_str) == Some("delete") => {
+            Value::Object(inner)
+                if inner.get("$patch").and_then(Value::as_str) == Some("delete") =>
+            {
                 t.remove(k);
             }
             Value::Object(_) => strategic_merge(t.entry(k.clone()).or_insert(Value::Null), v)?,
@@ -269,8 +316,17 @@ fn merge_list(field: &str, cur: &mut Value, items: &[Value]) -> Result<(), Patch
         *cur = Value::Array(items.to_vec());
         return Ok(());
     };
-    if items.iter().any(|i| i.get("$patch").and_then(Value::as_str) == Some("replace")) {
-        *cur = Value::Array(items.iter().filter(|i| i.get("$patch").is_none()).cloned().collect());
+    if items
+        .iter()
+        .any(|i| i.get("$patch").and_then(Value::as_str) == Some("replace"))
+    {
+        *cur = Value::Array(
+            items
+                .iter()
+                .filter(|i| i.get("$patch").is_none())
+                .cloned()
+                .collect(),
+        );
         return Ok(());
     }
     if !cur.is_array() {
@@ -279,7 +335,9 @@ fn merge_list(field: &str, cur: &mut Value, items: &[Value]) -> Result<(), Patch
     let Value::Array(c) = cur else { return Ok(()) };
     for it in items {
         let Some(kv) = it.get(key) else {
-            return Err(PatchError(format!("map: {it} does not contain declared merge key: {key}")));
+            return Err(PatchError(format!(
+                "map: {it} does not contain declared merge key: {key}"
+            )));
         };
         let pos = c.iter().position(|e| e.get(key) == Some(kv));
         if it.get("$patch").and_then(Value::as_str) == Some("delete") {
@@ -321,7 +379,9 @@ mod tests {
             {"op": "test", "path": "/b/c", "value": 1},
             {"op": "move", "from": "/b/c", "path": "/d"},
         ]);
-        json_patch(&mut d, ops.as_array().map(Vec::as_slice).unwrap_or(&[])).map_err(|e| e.0).ok();
+        json_patch(&mut d, ops.as_array().map(Vec::as_slice).unwrap_or(&[]))
+            .map_err(|e| e.0)
+            .ok();
         assert_eq!(d, json!({"a": [2, 3], "b": {}, "d": 1}));
         let bad = json!([{"op": "test", "path": "/d", "value": 2}]);
         assert!(json_patch(&mut d, bad.as_array().map(Vec::as_slice).unwrap_or(&[])).is_err());
@@ -334,7 +394,10 @@ mod tests {
         let p = json!({"spec": {"containers": [{"name": "b", "image": "z"}, {"name": "a", "$patch": "delete"}]},
                        "metadata": {"finalizers": ["f2"]}});
         strategic_merge(&mut d, &p).ok();
-        assert_eq!(d, json!({"spec": {"containers": [{"name": "b", "image": "z"}]},
-                             "metadata": {"finalizers": ["f1", "f2"]}}));
+        assert_eq!(
+            d,
+            json!({"spec": {"containers": [{"name": "b", "image": "z"}]},
+                             "metadata": {"finalizers": ["f1", "f2"]}})
+        );
     }
 }

@@ -16,11 +16,15 @@ fn join(path: &str, key: &str) -> String {
 }
 
 fn preserves_unknown(s: &Value) -> bool {
-    s.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true)
+    s.get("x-kubernetes-preserve-unknown-fields")
+        .and_then(Value::as_bool)
+        == Some(true)
 }
 
 fn is_embedded(s: &Value) -> bool {
-    s.get("x-kubernetes-embedded-resource").and_then(Value::as_bool) == Some(true)
+    s.get("x-kubernetes-embedded-resource")
+        .and_then(Value::as_bool)
+        == Some(true)
 }
 
 /// Fills in `default`s for absent properties, then recurses, as structural defaulting does.
@@ -29,8 +33,9 @@ pub fn apply_defaults(schema: &Value, v: &mut Value) {
         Value::Object(m) => {
             if let Some(Value::Object(props)) = schema.get("properties") {
                 for (k, ps) in props {
-                    let absent = matches!(m.get(k), None)
-                        || (m.get(k) == Some(&Value::Null) && ps.get("nullable").and_then(Value::as_bool) != Some(true));
+                    let absent = m.get(k).is_none()
+                        || (m.get(k) == Some(&Value::Null)
+                            && ps.get("nullable").and_then(Value::as_bool) != Some(true));
                     if absent {
                         if let Some(d) = ps.get("default") {
                             m.insert(k.clone(), d.clone());
@@ -117,7 +122,9 @@ fn type_name(v: &Value) -> &'static str {
 
 fn type_ok(want: &str, v: &Value) -> bool {
     match (want, v) {
-        ("object", Value::Object(_)) | ("array", Value::Array(_)) | ("string", Value::String(_)) => true,
+        ("object", Value::Object(_))
+        | ("array", Value::Array(_))
+        | ("string", Value::String(_)) => true,
         ("boolean", Value::Bool(_)) | ("number", Value::Number(_)) => true,
         ("integer", Value::Number(n)) => n.is_i64() || n.is_u64(),
         _ => false,
@@ -141,26 +148,44 @@ fn show(v: &Value) -> String {
 
 /// Validates `v` against `schema`; `path` is the field path (`spec.items[0].name`).
 pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError>) {
-    let int_or_string = schema.get("x-kubernetes-int-or-string").and_then(Value::as_bool) == Some(true);
+    let int_or_string = schema
+        .get("x-kubernetes-int-or-string")
+        .and_then(Value::as_bool)
+        == Some(true);
     if v.is_null() {
         if schema.get("nullable").and_then(Value::as_bool) == Some(true) {
             return;
         }
         if let Some(t) = schema.get("type").and_then(Value::as_str) {
-            errs.push(FieldError::invalid(path, &Value::String("null".into()), &format!("{path} in body must be of type {t}: \"null\"")));
+            errs.push(FieldError::invalid(
+                path,
+                &Value::String("null".into()),
+                &format!("{path} in body must be of type {t}: \"null\""),
+            ));
         }
         return;
     }
     if int_or_string {
         if !(type_ok("integer", v) || type_ok("string", v)) {
             let tn = Value::String(type_name(v).into());
-            errs.push(FieldError::invalid(path, &tn, &format!("{path} in body must be of type integer,string: \"{}\"", type_name(v))));
+            errs.push(FieldError::invalid(
+                path,
+                &tn,
+                &format!(
+                    "{path} in body must be of type integer,string: \"{}\"",
+                    type_name(v)
+                ),
+            ));
             return;
         }
     } else if let Some(t) = schema.get("type").and_then(Value::as_str) {
         if !type_ok(t, v) {
             let tn = Value::String(type_name(v).into());
-            errs.push(FieldError::invalid(path, &tn, &format!("{path} in body must be of type {t}: \"{}\"", type_name(v))));
+            errs.push(FieldError::invalid(
+                path,
+                &tn,
+                &format!("{path} in body must be of type {t}: \"{}\"", type_name(v)),
+            ));
             return;
         }
     }
@@ -175,20 +200,40 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             if let Some(min) = num(schema, "minimum") {
                 let excl = schema.get("exclusiveMinimum").and_then(Value::as_bool) == Some(true);
                 if (excl && x <= min) || (!excl && x < min) {
-                    let rel = if excl { "greater than" } else { "greater than or equal to" };
-                    errs.push(FieldError::invalid(path, v, &format!("{path} in body should be {rel} {}", fmt_num(min))));
+                    let rel = if excl {
+                        "greater than"
+                    } else {
+                        "greater than or equal to"
+                    };
+                    errs.push(FieldError::invalid(
+                        path,
+                        v,
+                        &format!("{path} in body should be {rel} {}", fmt_num(min)),
+                    ));
                 }
             }
             if let Some(max) = num(schema, "maximum") {
                 let excl = schema.get("exclusiveMaximum").and_then(Value::as_bool) == Some(true);
                 if (excl && x >= max) || (!excl && x > max) {
-                    let rel = if excl { "less than" } else { "less than or equal to" };
-                    errs.push(FieldError::invalid(path, v, &format!("{path} in body should be {rel} {}", fmt_num(max))));
+                    let rel = if excl {
+                        "less than"
+                    } else {
+                        "less than or equal to"
+                    };
+                    errs.push(FieldError::invalid(
+                        path,
+                        v,
+                        &format!("{path} in body should be {rel} {}", fmt_num(max)),
+                    ));
                 }
             }
             if let Some(m) = num(schema, "multipleOf") {
                 if m > 0.0 && (x / m).fract().abs() > 1e-9 {
-                    errs.push(FieldError::invalid(path, v, &format!("{path} in body should be a multiple of {}", fmt_num(m))));
+                    errs.push(FieldError::invalid(
+                        path,
+                        v,
+                        &format!("{path} in body should be a multiple of {}", fmt_num(m)),
+                    ));
                 }
             }
         }
@@ -201,13 +246,21 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             }
             if let Some(min) = uint(schema, "minLength") {
                 if len < min {
-                    errs.push(FieldError::invalid(path, v, &format!("{path} in body should be at least {min} chars long")));
+                    errs.push(FieldError::invalid(
+                        path,
+                        v,
+                        &format!("{path} in body should be at least {min} chars long"),
+                    ));
                 }
             }
             if let Some(p) = schema.get("pattern").and_then(Value::as_str) {
                 match Regex::new(p) {
                     Ok(re) if re.is_match(s) => {}
-                    _ => errs.push(FieldError::invalid(path, v, &format!("{path} in body should match '{p}'"))),
+                    _ => errs.push(FieldError::invalid(
+                        path,
+                        v,
+                        &format!("{path} in body should match '{p}'"),
+                    )),
                 }
             }
         }
@@ -219,7 +272,11 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             }
             if let Some(min) = uint(schema, "minItems") {
                 if (a.len() as u64) < min {
-                    errs.push(FieldError::invalid(path, &Value::from(a.len()), &format!("{path} in body should have at least {min} items")));
+                    errs.push(FieldError::invalid(
+                        path,
+                        &Value::from(a.len()),
+                        &format!("{path} in body should have at least {min} items"),
+                    ));
                 }
             }
             let list_type = schema.get("x-kubernetes-list-type").and_then(Value::as_str);
@@ -233,7 +290,11 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             }
             if list_type == Some("map") {
                 if let Some(Value::Array(keys)) = schema.get("x-kubernetes-list-map-keys") {
-                    let key_of = |it: &Value| keys.iter().map(|k| k.as_str().and_then(|k| it.get(k)).cloned()).collect::<Vec<_>>();
+                    let key_of = |it: &Value| {
+                        keys.iter()
+                            .map(|k| k.as_str().and_then(|k| it.get(k)).cloned())
+                            .collect::<Vec<_>>()
+                    };
                     for (i, it) in a.iter().enumerate() {
                         let k = key_of(it);
                         if a[..i].iter().any(|o| key_of(o) == k) {
@@ -256,7 +317,11 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             }
             if let Some(min) = uint(schema, "minProperties") {
                 if (m.len() as u64) < min {
-                    errs.push(FieldError::invalid(path, &Value::from(m.len()), &format!("{path} in body should have at least {min} properties")));
+                    errs.push(FieldError::invalid(
+                        path,
+                        &Value::from(m.len()),
+                        &format!("{path} in body should have at least {min} properties"),
+                    ));
                 }
             }
             if let Some(Value::Array(req)) = schema.get("required") {
@@ -274,7 +339,9 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
                 }
                 if let Some(ps) = props.and_then(|p| p.get(k)) {
                     validate(ps, child, &join(path, k), errs);
-                } else if let Some(ap) = schema.get("additionalProperties").filter(|a| a.is_object()) {
+                } else if let Some(ap) =
+                    schema.get("additionalProperties").filter(|a| a.is_object())
+                {
                     validate(ap, child, &format!("{path}[{k}]"), errs);
                 }
             }
@@ -294,12 +361,16 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             let ok = results.iter().filter(|e| e.is_empty()).count();
             match key {
                 "allOf" => errs.extend(results.into_iter().flatten()),
-                "anyOf" if ok == 0 && !subs.is_empty() => {
-                    errs.push(FieldError::invalid(path, v, &format!("{path} in body must match at least one schema (anyOf)")))
-                }
-                "oneOf" if ok != 1 && !subs.is_empty() => {
-                    errs.push(FieldError::invalid(path, v, &format!("{path} in body must match exactly one schema (oneOf)")))
-                }
+                "anyOf" if ok == 0 && !subs.is_empty() => errs.push(FieldError::invalid(
+                    path,
+                    v,
+                    &format!("{path} in body must match at least one schema (anyOf)"),
+                )),
+                "oneOf" if ok != 1 && !subs.is_empty() => errs.push(FieldError::invalid(
+                    path,
+                    v,
+                    &format!("{path} in body must match exactly one schema (oneOf)"),
+                )),
                 _ => {}
             }
         }
@@ -308,7 +379,11 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
         let mut e = Vec::new();
         validate(not, v, path, &mut e);
         if e.is_empty() {
-            errs.push(FieldError::invalid(path, v, &format!("{path} in body must not validate the schema (not)")));
+            errs.push(FieldError::invalid(
+                path,
+                v,
+                &format!("{path} in body must not validate the schema (not)"),
+            ));
         }
     }
     let _ = show;

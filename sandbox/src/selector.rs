@@ -47,15 +47,23 @@ fn parse_set(s: &str, raw: &str) -> Result<Vec<String>, ApiError> {
         .strip_prefix('(')
         .and_then(|x| x.strip_suffix(')'))
         .ok_or_else(|| label_err(raw, "found '', expected: '('"))?;
-    Ok(inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect())
+    Ok(inner
+        .split(',')
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect())
 }
 
 fn label_err(raw: &str, why: &str) -> ApiError {
-    ApiError::bad_request(format!("unable to parse requirement: {why} (in selector {raw:?})"))
+    ApiError::bad_request(format!(
+        "unable to parse requirement: {why} (in selector {raw:?})"
+    ))
 }
 
 fn valid_key(k: &str) -> bool {
-    !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+    !k.is_empty()
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
 }
 
 impl LabelSelector {
@@ -78,9 +86,15 @@ impl LabelSelector {
             } else if let Some((k, v)) = p.split_once('=') {
                 (k.trim().to_string(), LabelOp::Eq(v.trim().to_string()))
             } else if let Some(idx) = p.find(" notin ") {
-                (p[..idx].trim().to_string(), LabelOp::NotIn(parse_set(&p[idx + 7..], raw)?))
+                (
+                    p[..idx].trim().to_string(),
+                    LabelOp::NotIn(parse_set(&p[idx + 7..], raw)?),
+                )
             } else if let Some(idx) = p.find(" in ") {
-                (p[..idx].trim().to_string(), LabelOp::In(parse_set(&p[idx + 4..], raw)?))
+                (
+                    p[..idx].trim().to_string(),
+                    LabelOp::In(parse_set(&p[idx + 4..], raw)?),
+                )
             } else if p.contains(' ') || p.contains('(') {
                 return Err(label_err(raw, &format!("unexpected token in {p:?}")));
             } else {

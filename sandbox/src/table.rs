@@ -30,7 +30,10 @@ impl TableOptions {
 
 /// Does the Accept header ask for a Table (and does the server then answer with one)?
 pub fn wants_table(accept: &str) -> bool {
-    accept.split(',').next().is_some_and(|first| first.contains("as=Table"))
+    accept
+        .split(',')
+        .next()
+        .is_some_and(|first| first.contains("as=Table"))
 }
 
 const NAME_DESC: &str = "Name must be unique within a namespace. Is required when creating resources, although some resources may allow a client to request the generation of an appropriate name automatically. Name is primarily intended for creation idempotence and configuration definition. Cannot be updated. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names";
@@ -53,14 +56,22 @@ fn s(o: &Value, ptr: &str) -> Value {
 }
 
 fn count(o: &Value, ptrs: &[&str]) -> usize {
-    ptrs.iter().map(|p| o.pointer(p).and_then(Value::as_object).map_or(0, |m| m.len())).sum()
+    ptrs.iter()
+        .map(|p| {
+            o.pointer(p)
+                .and_then(Value::as_object)
+                .map_or(0, |m| m.len())
+        })
+        .sum()
 }
 
 fn name_of(o: &Value) -> Value {
     s(o, "/metadata/name")
 }
 
-fn builtin_columns(def: &ResourceDef) -> (Vec<Value>, fn(&Value) -> Vec<Value>) {
+type Cells = fn(&Value) -> Vec<Value>;
+
+fn builtin_columns(def: &ResourceDef) -> (Vec<Value>, Cells) {
     match (def.group.as_str(), def.plural.as_str()) {
         ("", "namespaces") => (
             vec![name_col(), col("Status", "string", "", "The status of the namespace", 0), age_col()],
@@ -140,7 +151,11 @@ fn builtin_columns(def: &ResourceDef) -> (Vec<Value>, fn(&Value) -> Vec<Value>) 
 /// Evaluates the simple JSONPath subset printer columns use:
 /// `.a.b`, `.a[0].b`, `.a[?(@.type=="Ready")].status`.
 pub fn jsonpath(obj: &Value, path: &str) -> Option<Value> {
-    let p = path.trim().trim_start_matches('{').trim_end_matches('}').trim();
+    let p = path
+        .trim()
+        .trim_start_matches('{')
+        .trim_end_matches('}')
+        .trim();
     let p = p.strip_prefix('$').unwrap_or(p);
     let mut cur = obj.clone();
     let mut rest = p;
@@ -162,7 +177,10 @@ pub fn jsonpath(obj: &Value, path: &str) -> Option<Value> {
                     .iter()
                     .find(|e| match e.get(k.trim()) {
                         Some(Value::String(s)) => s == want,
-                        Some(other) => other.to_string() == want,
+                        Some(other) => {
+                            let shown = other.to_string();
+                            shown == want
+                        }
                         None => false,
                     })?
                     .clone();
@@ -178,7 +196,9 @@ pub fn jsonpath(obj: &Value, path: &str) -> Option<Value> {
 }
 
 fn custom_cell(c: &PrinterColumn, obj: &Value) -> Value {
-    let Some(v) = jsonpath(obj, &c.json_path) else { return Value::Null };
+    let Some(v) = jsonpath(obj, &c.json_path) else {
+        return Value::Null;
+    };
     match c.type_.as_str() {
         "date" => match v.as_str().and_then(parse_rfc3339) {
             Some(t) => json!(human_duration(unix_now() - t)),
@@ -198,16 +218,29 @@ fn custom_cell(c: &PrinterColumn, obj: &Value) -> Value {
 }
 
 /// Renders external-form objects as a Table.
-pub fn table(def: &ResourceDef, objects: &[Value], opts: &TableOptions, list_meta: Option<Value>) -> Value {
-    let (columns, cells): (Vec<Value>, Box<dyn Fn(&Value) -> Vec<Value>>) = if def.is_custom() {
+pub fn table(
+    def: &ResourceDef,
+    objects: &[Value],
+    opts: &TableOptions,
+    list_meta: Option<Value>,
+) -> Value {
+    type RowCells = Box<dyn Fn(&Value) -> Vec<Value>>;
+    let (columns, cells): (Vec<Value>, RowCells) = if def.is_custom() {
         let mut cols = vec![name_col()];
-        cols.extend(def.printer_columns.iter().map(|c| col(&c.name, &c.type_, &c.format, &c.description, c.priority)));
+        cols.extend(
+            def.printer_columns
+                .iter()
+                .map(|c| col(&c.name, &c.type_, &c.format, &c.description, c.priority)),
+        );
         let pcs = def.printer_columns.clone();
-        (cols, Box::new(move |o: &Value| {
-            let mut row = vec![name_of(o)];
-            row.extend(pcs.iter().map(|c| custom_cell(c, o)));
-            row
-        }))
+        (
+            cols,
+            Box::new(move |o: &Value| {
+                let mut row = vec![name_of(o)];
+                row.extend(pcs.iter().map(|c| custom_cell(c, o)));
+                row
+            }),
+        )
     } else {
         let (cols, f) = builtin_columns(def);
         (cols, Box::new(f))
@@ -242,7 +275,10 @@ mod tests {
     #[test]
     fn jsonpath_subset() {
         let o = json!({"status": {"conditions": [{"type": "A", "status": "False"}, {"type": "Ready", "status": "True"}]}, "spec": {"l": [1, 2]}});
-        assert_eq!(jsonpath(&o, ".status.conditions[?(@.type==\"Ready\")].status"), Some(json!("True")));
+        assert_eq!(
+            jsonpath(&o, ".status.conditions[?(@.type==\"Ready\")].status"),
+            Some(json!("True"))
+        );
         assert_eq!(jsonpath(&o, ".spec.l[1]"), Some(json!(2)));
         assert_eq!(jsonpath(&o, ".spec.missing"), None);
     }

@@ -36,7 +36,9 @@ struct Watcher {
 impl Watcher {
     fn visible(&self, obj: &Value) -> bool {
         let ns_ok = match &self.p.namespace {
-            Some(ns) if self.def.namespaced => obj.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns),
+            Some(ns) if self.def.namespaced => {
+                obj.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns)
+            }
             _ => true,
         };
         ns_ok && self.p.selectors.matches(obj)
@@ -79,7 +81,9 @@ impl Watcher {
         if initial_end {
             meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
-        line(&json!({"type": "BOOKMARK", "object": {"kind": self.def.kind, "apiVersion": self.def.api_version(), "metadata": meta}}))
+        line(
+            &json!({"type": "BOOKMARK", "object": {"kind": self.def.kind, "apiVersion": self.def.api_version(), "metadata": meta}}),
+        )
     }
 }
 
@@ -94,12 +98,22 @@ pub fn error_line(e: &ApiError) -> Bytes {
 }
 
 /// Sets up a watch under the state lock and returns the stream of encoded events.
-pub fn start(st: &State, def: Arc<ResourceDef>, p: WatchParams, shutdown: watch::Receiver<bool>) -> Result<mpsc::Receiver<Bytes>, ApiError> {
+pub fn start(
+    st: &State,
+    def: Arc<ResourceDef>,
+    p: WatchParams,
+    shutdown: watch::Receiver<bool>,
+) -> Result<mpsc::Receiver<Bytes>, ApiError> {
     if p.send_initial_events && !p.bookmarks {
-        return Err(ApiError::invalid("meta.k8s.io", "ListOptions", "", vec![crate::error::FieldError::forbidden(
-            "allowWatchBookmarks",
-            "sendInitialEvents requires setting allowWatchBookmarks to true",
-        )]));
+        return Err(ApiError::invalid(
+            "meta.k8s.io",
+            "ListOptions",
+            "",
+            vec![crate::error::FieldError::forbidden(
+                "allowWatchBookmarks",
+                "sendInitialEvents requires setting allowWatchBookmarks to true",
+            )],
+        ));
     }
     let rx = st.store.subscribe();
     let cur = st.store.current_rv();
@@ -108,7 +122,10 @@ pub fn start(st: &State, def: Arc<ResourceDef>, p: WatchParams, shutdown: watch:
     let mut initial: Vec<Bytes> = Vec::new();
     let mut failed = false;
     if w.p.send_initial_events || w.p.rv.is_none() {
-        for (_, obj) in st.store.list(&gr, w.p.namespace.as_deref().filter(|_| w.def.namespaced)) {
+        for (_, obj) in st
+            .store
+            .list(&gr, w.p.namespace.as_deref().filter(|_| w.def.namespaced))
+        {
             if w.visible(obj) {
                 initial.push(w.render("ADDED", obj.clone()));
             }
@@ -120,12 +137,20 @@ pub fn start(st: &State, def: Arc<ResourceDef>, p: WatchParams, shutdown: watch:
         match st.store.events_since(&gr, rv) {
             Ok(evs) => initial.extend(evs.iter().filter_map(|e| w.translate(e))),
             Err(HistoryError::Compacted { requested, oldest }) => {
-                initial.push(error_line(&ApiError::gone(format!("too old resource version: {requested} ({oldest})"))));
+                initial.push(error_line(&ApiError::gone(format!(
+                    "too old resource version: {requested} ({oldest})"
+                ))));
                 failed = true;
             }
             Err(HistoryError::TooLarge { requested, current }) => {
-                let mut e = ApiError::new(504, "Timeout", format!("Too large resource version: {requested}, current: {current}"));
-                e.details = Some(json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}));
+                let mut e = ApiError::new(
+                    504,
+                    "Timeout",
+                    format!("Too large resource version: {requested}, current: {current}"),
+                );
+                e.details = Some(
+                    json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}),
+                );
                 initial.push(error_line(&e));
                 failed = true;
             }
@@ -158,7 +183,9 @@ async fn run(
     let deadline = start + w.p.timeout;
     // kube-apiserver sends a bookmark ~2s before a watch times out, and about every minute.
     let mut next_bookmark = start + w.p.bookmark_interval;
-    let pre_timeout = deadline.checked_sub(Duration::from_secs(2)).filter(|t| *t > start);
+    let pre_timeout = deadline
+        .checked_sub(Duration::from_secs(2))
+        .filter(|t| *t > start);
     let mut pre_timeout_sent = false;
     loop {
         let wake = match pre_timeout.filter(|_| !pre_timeout_sent) {
@@ -219,13 +246,22 @@ async fn run(
 }
 
 /// Parses the watch-related query parameters.
-pub fn params(def: &ResourceDef, q: &crate::query::Query, ns: Option<&str>, table: Option<TableOptions>, bookmark_interval: Duration) -> Result<WatchParams, ApiError> {
+pub fn params(
+    def: &ResourceDef,
+    q: &crate::query::Query,
+    ns: Option<&str>,
+    table: Option<TableOptions>,
+    bookmark_interval: Duration,
+) -> Result<WatchParams, ApiError> {
     let rv = match q.get("resourceVersion") {
         None | Some("0") => None,
         Some(r) => Some(api::parse_rv(r)?),
     };
     let timeout = match q.get("timeoutSeconds") {
-        Some(t) => Duration::from_secs(t.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {t}")))?),
+        Some(t) => Duration::from_secs(
+            t.parse::<u64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {t}")))?,
+        ),
         // kube-apiserver's default is a random time between 30 and 60 minutes.
         None => Duration::from_secs(1800 + (crate::meta::unix_now() as u64 % 1800)),
     };

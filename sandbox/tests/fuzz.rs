@@ -23,20 +23,52 @@ impl Rng {
     fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
         &xs[self.below(xs.len())]
     }
+    fn word(&mut self, xs: &[&'static str]) -> &'static str {
+        xs[self.below(xs.len())]
+    }
     fn chance(&mut self, pct: u64) -> bool {
         self.next() % 100 < pct
     }
 }
 
 const SEGMENTS: &[&str] = &[
-    "api", "apis", "v1", "v2", "namespaces", "default", "kube-system", "pods", "configmaps", "secrets", "events",
-    "serviceaccounts", "leases", "coordination.k8s.io", "events.k8s.io", "apiextensions.k8s.io",
-    "customresourcedefinitions", "status", "finalize", "x", "a.b", "..", "%2F", "%00", "UPPER", "watch", "",
-    "widgets", "fuzz.zklock-test.io", "openapi", "v3",
+    "api",
+    "apis",
+    "v1",
+    "v2",
+    "namespaces",
+    "default",
+    "kube-system",
+    "pods",
+    "configmaps",
+    "secrets",
+    "events",
+    "serviceaccounts",
+    "leases",
+    "coordination.k8s.io",
+    "events.k8s.io",
+    "apiextensions.k8s.io",
+    "customresourcedefinitions",
+    "status",
+    "finalize",
+    "x",
+    "a.b",
+    "..",
+    "%2F",
+    "%00",
+    "UPPER",
+    "watch",
+    "",
+    "widgets",
+    "fuzz.zklock-test.io",
+    "openapi",
+    "v3",
 ];
 
 fn random_string(r: &mut Rng) -> String {
-    let pool = ["a", "b", "-", ".", "Z", "_", "/", "é", "0", " ", "\"", "\\", "{", "~"];
+    let pool = [
+        "a", "b", "-", ".", "Z", "_", "/", "é", "0", " ", "\"", "\\", "{", "~",
+    ];
     (0..r.below(12)).map(|_| *r.pick(&pool)).collect()
 }
 
@@ -47,10 +79,30 @@ fn random_value(r: &mut Rng, depth: u32) -> Value {
         2 => json!(r.next() as i64),
         3 => json!(random_string(r)),
         4 => json!(-1.5),
-        5 => Value::Array((0..r.below(4)).map(|_| random_value(r, depth + 1)).collect()),
+        5 => Value::Array(
+            (0..r.below(4))
+                .map(|_| random_value(r, depth + 1))
+                .collect(),
+        ),
         _ => {
-            let keys = ["metadata", "name", "namespace", "labels", "annotations", "finalizers", "ownerReferences",
-                        "spec", "status", "data", "kind", "apiVersion", "resourceVersion", "generateName", "uid", "size"];
+            let keys = [
+                "metadata",
+                "name",
+                "namespace",
+                "labels",
+                "annotations",
+                "finalizers",
+                "ownerReferences",
+                "spec",
+                "status",
+                "data",
+                "kind",
+                "apiVersion",
+                "resourceVersion",
+                "generateName",
+                "uid",
+                "size",
+            ];
             let mut m = serde_json::Map::new();
             for _ in 0..r.below(5) {
                 m.insert(r.pick(&keys).to_string(), random_value(r, depth + 1));
@@ -61,7 +113,16 @@ fn random_value(r: &mut Rng, depth: u32) -> Value {
 }
 
 fn random_body(r: &mut Rng, hint: Option<(&str, &str)>) -> Vec<u8> {
-    let kinds = ["ConfigMap", "Pod", "Secret", "Lease", "Namespace", "Widget", "CustomResourceDefinition", "Event"];
+    let kinds = [
+        "ConfigMap",
+        "Pod",
+        "Secret",
+        "Lease",
+        "Namespace",
+        "Widget",
+        "CustomResourceDefinition",
+        "Event",
+    ];
     match r.below(6) {
         0 => Vec::new(),
         1 => b"{not json".to_vec(),
@@ -98,46 +159,100 @@ fn random_request(r: &mut Rng) -> Option<http::Request<Vec<u8>>> {
     if r.chance(80) {
         // Mostly well-formed resource paths, so requests reach the verbs, not just routing.
         let (prefix, plural, namespaced, av, kind) = *r.pick(&[
-            ("/api/v1", "configmaps", true, "v1", "ConfigMap"), ("/api/v1", "pods", true, "v1", "Pod"),
-            ("/api/v1", "secrets", true, "v1", "Secret"), ("/api/v1", "events", true, "v1", "Event"),
-            ("/api/v1", "serviceaccounts", true, "v1", "ServiceAccount"), ("/api/v1", "namespaces", false, "v1", "Namespace"),
-            ("/apis/coordination.k8s.io/v1", "leases", true, "coordination.k8s.io/v1", "Lease"),
-            ("/apis/events.k8s.io/v1", "events", true, "events.k8s.io/v1", "Event"),
-            ("/apis/fuzz.zklock-test.io/v1", "widgets", true, "fuzz.zklock-test.io/v1", "Widget"),
-            ("/apis/apiextensions.k8s.io/v1", "customresourcedefinitions", false, "apiextensions.k8s.io/v1", "CustomResourceDefinition"),
+            ("/api/v1", "configmaps", true, "v1", "ConfigMap"),
+            ("/api/v1", "pods", true, "v1", "Pod"),
+            ("/api/v1", "secrets", true, "v1", "Secret"),
+            ("/api/v1", "events", true, "v1", "Event"),
+            ("/api/v1", "serviceaccounts", true, "v1", "ServiceAccount"),
+            ("/api/v1", "namespaces", false, "v1", "Namespace"),
+            (
+                "/apis/coordination.k8s.io/v1",
+                "leases",
+                true,
+                "coordination.k8s.io/v1",
+                "Lease",
+            ),
+            (
+                "/apis/events.k8s.io/v1",
+                "events",
+                true,
+                "events.k8s.io/v1",
+                "Event",
+            ),
+            (
+                "/apis/fuzz.zklock-test.io/v1",
+                "widgets",
+                true,
+                "fuzz.zklock-test.io/v1",
+                "Widget",
+            ),
+            (
+                "/apis/apiextensions.k8s.io/v1",
+                "customresourcedefinitions",
+                false,
+                "apiextensions.k8s.io/v1",
+                "CustomResourceDefinition",
+            ),
         ]);
         hint = Some((av, kind));
         path.push_str(prefix);
         if namespaced && r.chance(85) {
             path.push_str("/namespaces/");
-            path.push_str(*r.pick(&["default", "fuzz", "fuzz", "nope"]));
+            path.push_str(r.word(&["default", "fuzz", "fuzz", "nope"]));
         }
         path.push('/');
         path.push_str(plural);
         if r.chance(70) {
             path.push('/');
-            path.push_str(*r.pick(&["f1", "f1", "f2", "fuzz", "default", "Bad", "a.b", "widgets.fuzz.zklock-test.io"]));
+            path.push_str(r.word(&[
+                "f1",
+                "f1",
+                "f2",
+                "fuzz",
+                "default",
+                "Bad",
+                "a.b",
+                "widgets.fuzz.zklock-test.io",
+            ]));
             if r.chance(30) {
                 path.push('/');
-                path.push_str(*r.pick(&["status", "finalize", "scale", "x"]));
+                path.push_str(r.word(&["status", "finalize", "scale", "x"]));
             }
         }
     } else {
-        path.push_str(*r.pick(&["/api/v1", "/apis/coordination.k8s.io/v1", "/apis/fuzz.zklock-test.io/v1", "", "/apis"]));
+        path.push_str(r.word(&[
+            "/api/v1",
+            "/apis/coordination.k8s.io/v1",
+            "/apis/fuzz.zklock-test.io/v1",
+            "",
+            "/apis",
+        ]));
         for _ in 0..r.below(5) {
             path.push('/');
-            path.push_str(*r.pick(SEGMENTS));
+            path.push_str(r.word(SEGMENTS));
         }
     }
     let mut q = Vec::new();
     for _ in 0..r.below(4) {
         let (k, vals): (&str, &[&str]) = *r.pick(&[
-            ("labelSelector", &["a=b", "a in (b", "!a", "a notin (x,y)", "=", "a==b,c!=d"][..]),
-            ("fieldSelector", &["metadata.name=f1", "status.phase=Running", "bogus=1", "x"][..]),
+            (
+                "labelSelector",
+                &["a=b", "a in (b", "!a", "a notin (x,y)", "=", "a==b,c!=d"][..],
+            ),
+            (
+                "fieldSelector",
+                &["metadata.name=f1", "status.phase=Running", "bogus=1", "x"][..],
+            ),
             ("limit", &["1", "-3", "abc", "1000000000000000000000"][..]),
             ("continue", &["garbage", "5.00.00", "1.6465.6631"][..]),
-            ("resourceVersion", &["0", "1", "abc", "99999999999", "-1"][..]),
-            ("resourceVersionMatch", &["Exact", "NotOlderThan", "bogus"][..]),
+            (
+                "resourceVersion",
+                &["0", "1", "abc", "99999999999", "-1"][..],
+            ),
+            (
+                "resourceVersionMatch",
+                &["Exact", "NotOlderThan", "bogus"][..],
+            ),
             ("watch", &["true", "1", "false"][..]),
             ("propagationPolicy", &["Orphan", "Foreground", "Nope"][..]),
             ("dryRun", &["All", "x"][..]),
@@ -145,19 +260,41 @@ fn random_request(r: &mut Rng) -> Option<http::Request<Vec<u8>>> {
             ("sendInitialEvents", &["true"][..]),
             ("allowWatchBookmarks", &["true"][..]),
         ]);
-        q.push(format!("{k}={}", r.pick(vals).replace(' ', "%20").replace('(', "%28").replace(')', "%29").replace('!', "%21")));
+        q.push(format!(
+            "{k}={}",
+            r.pick(vals)
+                .replace(' ', "%20")
+                .replace('(', "%28")
+                .replace(')', "%29")
+                .replace('!', "%21")
+        ));
     }
     // Watches must end on their own so the run finishes.
     q.push("timeoutSeconds=1".into());
     let uri = format!("{path}?{}", q.join("&"));
     let ct = *r.pick(&[
-        "application/json", "application/merge-patch+json", "application/json-patch+json",
-        "application/strategic-merge-patch+json", "application/apply-patch+yaml", "application/yaml", "text/plain",
+        "application/json",
+        "application/merge-patch+json",
+        "application/json-patch+json",
+        "application/strategic-merge-patch+json",
+        "application/apply-patch+yaml",
+        "application/yaml",
+        "text/plain",
         "application/vnd.kubernetes.protobuf",
     ]);
-    let accept = *r.pick(&["application/json", "application/json;as=Table;v=v1;g=meta.k8s.io,application/json", "*/*",
-        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"]);
-    http::Request::builder().method(method).uri(uri).header("content-type", ct).header("accept", accept).body(random_body(r, hint)).ok()
+    let accept = *r.pick(&[
+        "application/json",
+        "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+        "*/*",
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json",
+    ]);
+    http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", ct)
+        .header("accept", accept)
+        .body(random_body(r, hint))
+        .ok()
 }
 
 const CRD: &str = r#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition","metadata":{"name":"widgets.fuzz.zklock-test.io"},
@@ -169,7 +306,9 @@ const CRD: &str = r#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResou
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_requests_never_crash_the_server() {
     // Always the in-process sandbox: this is about our server's robustness, not a contract.
-    let sb = kube_sandbox::Sandbox::start(kube_sandbox::Options::default()).await.expect("start");
+    let sb = kube_sandbox::Sandbox::start(kube_sandbox::Options::default())
+        .await
+        .expect("start");
     let dir = common::TempDir::new();
     let path = dir.0.join("kubeconfig");
     std::fs::write(&path, sb.kubeconfig()).expect("kubeconfig");
@@ -179,14 +318,25 @@ async fn random_requests_never_crash_the_server() {
         .body(CRD.as_bytes().to_vec())
         .expect("crd request");
     client.request_text(crd_req).await.expect("create fuzz CRD");
-    let ns_req = http::Request::post("/api/v1/namespaces").header("content-type", "application/json")
-        .body(br#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"fuzz"}}"#.to_vec()).expect("ns");
-    client.request_text(ns_req).await.expect("create fuzz namespace");
+    let ns_req = http::Request::post("/api/v1/namespaces")
+        .header("content-type", "application/json")
+        .body(br#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"fuzz"}}"#.to_vec())
+        .expect("ns");
+    client
+        .request_text(ns_req)
+        .await
+        .expect("create fuzz namespace");
 
-    let seed = std::env::var("FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_cafe_u64);
+    let seed = std::env::var("FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_cafe_u64);
     let mut rng = Rng(seed);
     let requests: Vec<_> = (0..3000).filter_map(|_| random_request(&mut rng)).collect();
-    assert!(requests.len() > 2500, "most generated requests are sendable");
+    assert!(
+        requests.len() > 2500,
+        "most generated requests are sendable"
+    );
     let results: Vec<(String, Result<u16, String>)> = futures::stream::iter(requests)
         .map(|req| {
             let client = client.clone();
@@ -194,7 +344,10 @@ async fn random_requests_never_crash_the_server() {
             async move {
                 let r = match client.request_text(req).await {
                     Ok(_) => Ok(200),
-                    Err(kube::Error::Api(s)) if s.code >= 500 && !s.message.contains("resourceVersion should not be set") => {
+                    Err(kube::Error::Api(s))
+                        if s.code >= 500
+                            && !s.message.contains("resourceVersion should not be set") =>
+                    {
                         Err(format!("server error {}: {}", s.code, s.message))
                     }
                     Err(kube::Error::Api(s)) => Ok(s.code),
@@ -208,7 +361,12 @@ async fn random_requests_never_crash_the_server() {
         .collect()
         .await;
     let failures: Vec<_> = results.iter().filter(|(_, r)| r.is_err()).collect();
-    assert!(failures.is_empty(), "seed {seed:#x}: {} bad answers, e.g. {:?}", failures.len(), &failures[..failures.len().min(5)]);
+    assert!(
+        failures.is_empty(),
+        "seed {seed:#x}: {} bad answers, e.g. {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
     let mut codes = std::collections::BTreeMap::new();
     for (_, r) in &results {
         if let Ok(c) = r {
@@ -221,12 +379,20 @@ async fn random_requests_never_crash_the_server() {
             eprintln!("{r:?} {d}");
         }
     }
-    assert!(codes.keys().any(|c| *c >= 400), "the fuzz reaches error paths");
+    assert!(
+        codes.keys().any(|c| *c >= 400),
+        "the fuzz reaches error paths"
+    );
     assert!(codes.contains_key(&200), "and some requests succeed");
     // Still healthy.
-    let v = client.apiserver_version().await.expect("server still answers");
+    let v = client
+        .apiserver_version()
+        .await
+        .expect("server still answers");
     assert_eq!(v.major, "1");
-    let list = http::Request::get("/api/v1/namespaces").body(vec![]).expect("req");
+    let list = http::Request::get("/api/v1/namespaces")
+        .body(vec![])
+        .expect("req");
     client.request_text(list).await.expect("server still lists");
     sb.shutdown().await;
 }
