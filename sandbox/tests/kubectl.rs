@@ -50,6 +50,20 @@ impl Kubectl {
             .unwrap_or_else(|e| panic!("running kubectl {args:?}: {e}"))
     }
 
+    /// One field of one object, through `-o jsonpath`.
+    async fn field(&self, resource: &str, name: &str, ns: &str, path: &str) -> String {
+        self.ok(&[
+            "get",
+            resource,
+            name,
+            "-n",
+            ns,
+            "-o",
+            &format!("jsonpath={path}"),
+        ])
+        .await
+    }
+
     /// Runs kubectl and returns stdout; panics with stderr if it failed.
     async fn ok(&self, args: &[&str]) -> String {
         let out = self.run(args).await;
@@ -229,6 +243,11 @@ async fn kubectl_workflow() {
         !ts.is_empty(),
         "deletionTimestamp set while the finalizer holds"
     );
+    // --cascade=foreground makes kubectl's DELETE a write (foregroundDeletion is added, then
+    // dropped by the garbage collector), so a new resourceVersion shows the waiter is in place.
+    let before = k
+        .field(&resource, "w1", &ns, "{.metadata.resourceVersion}")
+        .await;
     let deleter = k
         .cmd(&[
             "delete",
@@ -236,6 +255,7 @@ async fn kubectl_workflow() {
             "w1",
             "-n",
             &ns,
+            "--cascade=foreground",
             "--wait=true",
             "--timeout=30s",
         ])
@@ -243,6 +263,13 @@ async fn kubectl_workflow() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn kubectl delete");
+    eventually(30, "kubectl delete issued", || async {
+        (k.field(&resource, "w1", &ns, "{.metadata.resourceVersion}")
+            .await
+            != before)
+            .then_some(())
+    })
+    .await;
     k.ok(&[
         "patch",
         &resource,
@@ -251,7 +278,7 @@ async fn kubectl_workflow() {
         &ns,
         "--type=json",
         "-p",
-        r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+        r#"[{"op":"remove","path":"/metadata/finalizers/0"}]"#,
     ])
     .await;
     let deleted = deleter.wait_with_output().await.expect("kubectl delete");
