@@ -343,14 +343,24 @@ fn validate_meta(def: &ResourceDef, obj: &Value, creating: bool) -> Vec<FieldErr
 }
 
 /// Defaulting, pruning and schema validation of a custom resource. Returns unknown fields.
-fn apply_schema(def: &ResourceDef, obj: &mut Value, errs: &mut Vec<FieldError>) -> Vec<String> {
+fn apply_schema(
+    def: &ResourceDef,
+    obj: &mut Value,
+    old: Option<&Value>,
+    errs: &mut Vec<FieldError>,
+) -> Vec<String> {
     let Some(sch) = &def.schema else {
         return Vec::new();
     };
     schema::apply_defaults(sch, obj);
     let mut unknown = Vec::new();
     schema::prune(sch, obj, "", true, &mut unknown);
+    let before = errs.len();
     schema::validate(sch, obj, "", errs);
+    // CEL rules assume well-typed values, so they only run once the schema is satisfied.
+    if errs.len() == before {
+        crate::cel::validate(sch, obj, old, "", errs);
+    }
     unknown
 }
 
@@ -508,7 +518,7 @@ pub fn create(
     }
     lifecycle::prepare_create(def, &mut obj);
     let mut errs = validate_meta(def, &obj, true);
-    let unknown = apply_schema(def, &mut obj, &mut errs);
+    let unknown = apply_schema(def, &mut obj, None, &mut errs);
     errs.extend(lifecycle::validate(def, &obj));
     if def.group == "apiextensions.k8s.io" {
         errs.extend(crd::validate(&obj));
@@ -696,7 +706,7 @@ fn apply_update(
             ));
         }
     }
-    let unknown = apply_schema(def, &mut new, &mut errs);
+    let unknown = apply_schema(def, &mut new, Some(&current), &mut errs);
     errs.extend(lifecycle::validate(def, &new));
     errs.extend(lifecycle::validate_update(def, &current, &new));
     if def.group == "apiextensions.k8s.io" {

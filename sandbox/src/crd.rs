@@ -100,7 +100,11 @@ pub fn validate(crd: &Value) -> Vec<FieldError> {
                         sch.get("type").unwrap_or(&Value::Null),
                         "must be object at the root",
                     )),
-                _ => {}
+                Some(sch) => crate::cel::check_rules(
+                    sch,
+                    &format!("spec.versions[{i}].schema.openAPIV3Schema"),
+                    &mut errs,
+                ),
             }
         }
     }

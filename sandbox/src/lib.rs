@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod api;
+mod cel;
 mod convert;
 mod crd;
 mod discovery;

@@ -1404,3 +1404,62 @@ async fn namespace_deletion_removes_its_content() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn cel_validation_rules_and_transition_rules() {
+    let env = env().await;
+    let ns = namespace(&env.client).await;
+    let (crd, mut manifest) = crd_manifest("Namespaced");
+    manifest["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        ["x-kubernetes-validations"] = json!([
+        {"rule": "self == oldSelf", "message": "spec is immutable"},
+        {"rule": "!has(self.label) || self.size >= 2", "message": "a labelled widget needs size >= 2"}
+    ]);
+    let crd = install_crd_manifest(&env.client, crd, manifest).await;
+    let api = widgets(&env.client, &crd, &ns.name);
+    let e = api_err(
+        api.create(
+            &PostParams::default(),
+            &widget(&crd, "small", json!({"size": 1, "label": "x"})),
+        )
+        .await,
+    );
+    assert_eq!(e.code, 422, "{e:?}");
+    assert!(
+        e.message.contains("a labelled widget needs size >= 2"),
+        "{}",
+        e.message
+    );
+    api.create(
+        &PostParams::default(),
+        &widget(&crd, "ok", json!({"size": 3, "label": "x"})),
+    )
+    .await
+    .expect("valid create");
+    let e = api_err(
+        api.patch(
+            "ok",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 4}})),
+        )
+        .await,
+    );
+    assert_eq!(e.code, 422, "{e:?}");
+    assert!(e.message.contains("spec is immutable"), "{}", e.message);
+    // Transition rules leave status and metadata writes alone.
+    api.patch_status(
+        "ok",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Ready"}})),
+    )
+    .await
+    .expect("status write");
+    api.patch(
+        "ok",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+    )
+    .await
+    .expect("label write");
+    remove_crd(&env.client, &crd).await;
+}
