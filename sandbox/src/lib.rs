@@ -21,6 +21,7 @@ mod lifecycle;
 mod meta;
 mod openapi;
 mod patch;
+mod protobuf;
 mod query;
 mod registry;
 mod schema;

@@ -254,9 +254,14 @@ fn parse_body(def: &ResourceDef, headers: &HeaderMap, body: &[u8]) -> Result<Val
         || ct.starts_with("application/x-yaml")
     {
         serde_yaml::from_slice::<Value>(body).map_err(|e| e.to_string())
-    } else if ct.starts_with("application/vnd.kubernetes.protobuf")
-        || ct.starts_with("application/cbor")
-    {
+    } else if ct.starts_with("application/vnd.kubernetes.protobuf") {
+        return crate::protobuf::decode(body).ok_or_else(|| {
+            ApiError::unsupported_media_type(format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (kube-sandbox decodes protobuf only for v1 Namespace, ConfigMap, Secret and ServiceAccount, not {})",
+                def.kind
+            ))
+        });
+    } else if ct.starts_with("application/cbor") {
         return Err(ApiError::unsupported_media_type(format!(
             "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (kube-sandbox does not decode {ct})"
         )));

@@ -98,10 +98,6 @@ async fn kubectl_workflow() {
         std::fs::write(&p, text).expect("write manifest");
         p.to_string_lossy().to_string()
     };
-    let ns_file = write(
-        "ns.yaml",
-        format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n"),
-    );
     let crd_file = write(
         "crd.json",
         serde_json::to_string_pretty(&manifest).expect("crd json"),
@@ -114,7 +110,44 @@ async fn kubectl_workflow() {
     };
     let w_file = write("w1.yaml", widget_yaml(3));
 
-    k.ok(&["apply", "-f", &ns_file]).await;
+    // Imperative creates go through kubectl's typed clients (protobuf request bodies).
+    k.ok(&["create", "namespace", &ns]).await;
+    k.ok(&[
+        "create",
+        "configmap",
+        "gen",
+        "-n",
+        &ns,
+        "--from-literal=a=1",
+        "--from-literal=b=2",
+    ])
+    .await;
+    k.ok(&[
+        "create",
+        "secret",
+        "generic",
+        "sec",
+        "-n",
+        &ns,
+        "--from-literal=pw=hunter2",
+        "--type=zklock.io/test",
+    ])
+    .await;
+    k.ok(&["create", "serviceaccount", "robot", "-n", &ns])
+        .await;
+    assert_eq!(
+        k.field("configmap", "gen", &ns, "{.data.a}{.data.b}").await,
+        "12"
+    );
+    assert_eq!(
+        k.field("secret", "sec", &ns, "{.type} {.data.pw}").await,
+        "zklock.io/test aHVudGVyMg=="
+    );
+    assert_eq!(
+        k.field("serviceaccount", "robot", &ns, "{.metadata.name}")
+            .await,
+        "robot"
+    );
     k.ok(&["apply", "-f", &crd_file]).await;
     k.ok(&[
         "wait",
