@@ -88,7 +88,7 @@ fn base64(bytes: &[u8]) -> String {
 /// A `map<string, string|bytes>` entry.
 fn map_entry(buf: &[u8], bytes_value: bool) -> Option<(String, Value)> {
     let mut key = String::new();
-    let mut value = if bytes_value { json!("") } else { json!("") };
+    let mut value = json!("");
     for (n, w) in fields(buf)? {
         match (n, &w) {
             (1, _) => key = string(&w)?,
