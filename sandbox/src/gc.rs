@@ -129,6 +129,22 @@ fn on_event(st: &mut State, ev: &StoredEvent, pending: &mut BTreeSet<Item>) {
             if needs_work(&ev.gr, &ev.object) {
                 pending.insert((ev.gr.clone(), ev.key.clone()));
             }
+            // A dependent whose owners do not exist (never did, or are already gone) is
+            // collected like one whose owner was just deleted.
+            let refs = ev
+                .object
+                .pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array);
+            let uids: Vec<String> = refs
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r.get("uid").and_then(Value::as_str).map(String::from))
+                .collect();
+            if !uids.is_empty() && uids.iter().all(|u| st.store.lookup_uid(u).is_none()) {
+                if let Some(u) = uids.first() {
+                    owner_gone(st, u);
+                }
+            }
         }
     }
 }

@@ -679,6 +679,24 @@ async fn owner_references_garbage_collect_dependents() {
     })
     .await;
 
+    // A dependent whose owner does not exist at all is collected too.
+    let mut dangling = cm("dangling", json!({}));
+    dangling.metadata.owner_references = Some(vec![serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "name": "never-existed", "uid": "00000000-0000-0000-0000-00000000d1e5"
+    }))
+    .expect("ref")]);
+    cms.create(&PostParams::default(), &dangling)
+        .await
+        .expect("dangling dependent");
+    eventually(30, "dependent of a missing owner garbage-collected", || {
+        let cms = cms.clone();
+        async move {
+            matches!(cms.get("dangling").await, Err(kube::Error::Api(s)) if s.code == 404)
+                .then_some(())
+        }
+    })
+    .await;
+
     // Orphan: dependent stays, minus its ownerReference.
     let owner = cms
         .create(&PostParams::default(), &cm("owner2", json!({})))
