@@ -41,6 +41,18 @@ fn has_finalizer(obj: &Value, f: &str) -> bool {
         .is_some_and(|a| a.iter().any(|x| x == f))
 }
 
+fn blocks_owner(dependent: &Value, owner_uid: &str) -> bool {
+    dependent
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .is_some_and(|refs| {
+            refs.iter().any(|r| {
+                r.get("uid").and_then(Value::as_str) == Some(owner_uid)
+                    && r.get("blockOwnerDeletion").and_then(Value::as_bool) == Some(true)
+            })
+        })
+}
+
 fn is_namespace(gr: &GroupResource) -> bool {
     gr.group.is_empty() && gr.resource == "namespaces"
 }
@@ -251,15 +263,18 @@ fn progress(st: &mut State, item: &Item) -> bool {
         return false;
     }
     if has_finalizer(&obj, FOREGROUND) {
+        // All dependents are deleted; the owner waits only for those that block it.
         let deps = st.store.dependents_of(&u);
-        if deps.is_empty() {
-            remove_finalizer(st, gr, k, FOREGROUND);
-            return false;
-        }
+        let blocking = deps
+            .iter()
+            .any(|(dgr, dk)| st.store.get(dgr, dk).is_some_and(|d| blocks_owner(d, &u)));
         for (dgr, dk) in deps {
             if st.store.get(&dgr, &dk).is_some_and(|d| !terminating(d)) {
                 delete(st, &dgr, &dk);
             }
+        }
+        if !blocking {
+            remove_finalizer(st, gr, k, FOREGROUND);
         }
         return false;
     }

@@ -21,9 +21,11 @@ fn cm(name: &str, data: Value) -> ConfigMap {
         .expect("configmap json")
 }
 
+/// A pod no scheduler picks up (and so no kubelet runs), so on a real cluster too its status
+/// is only what the test writes.
 fn pod(name: &str) -> Pod {
     serde_json::from_value(json!({"metadata": {"name": name},
-        "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]}}))
+        "spec": {"schedulerName": "zklock-test-no-scheduler", "containers": [{"name": "main", "image": "busybox:1.36"}]}}))
     .expect("pod json")
 }
 
@@ -732,8 +734,9 @@ async fn owner_references_garbage_collect_dependents() {
         .await
         .expect("owner3");
     let mut dep = cm("dep3", json!({}));
-    dep.metadata.owner_references =
-        Some(vec![serde_json::from_value(owner_ref(&owner)).expect("ref")]);
+    let mut blocking = owner_ref(&owner);
+    blocking["blockOwnerDeletion"] = json!(true);
+    dep.metadata.owner_references = Some(vec![serde_json::from_value(blocking).expect("ref")]);
     dep.metadata.finalizers = Some(vec!["zklock.io/hold".into()]);
     cms.create(&PostParams::default(), &dep)
         .await
@@ -1028,16 +1031,16 @@ async fn patch_kinds() {
     );
 
     // Server-side apply is either real (field ownership conflicts) or refused with 415, never a merge.
-    let a = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "m"}, "data": {"b": "mine"}});
+    let a = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"b": "mine"}});
     match cms
-        .patch("m", &PatchParams::apply("manager-a"), &Patch::Apply(&a))
+        .patch("ssa", &PatchParams::apply("manager-a"), &Patch::Apply(&a))
         .await
     {
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 415, "{s:?}"),
         Ok(_) => {
-            let b = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "m"}, "data": {"b": "theirs"}});
+            let b = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"b": "theirs"}});
             let e = api_err(
-                cms.patch("m", &PatchParams::apply("manager-b"), &Patch::Apply(&b))
+                cms.patch("ssa", &PatchParams::apply("manager-b"), &Patch::Apply(&b))
                     .await,
             );
             assert_eq!(e.code, 409, "conflicting apply without force");
