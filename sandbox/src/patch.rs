@@ -137,6 +137,15 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value, PatchError> {
     }
 }
 
+fn parent_exists(doc: &Value, path: &str) -> bool {
+    match path.rfind('/') {
+        Some(i) => doc
+            .pointer(&path[..i])
+            .is_some_and(|p| p.is_object() || p.is_array()),
+        None => false,
+    }
+}
+
 fn get(doc: &Value, path: &str) -> Result<Value, PatchError> {
     doc.pointer(path)
         .cloned()
@@ -189,7 +198,17 @@ pub fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
             }
             "test" => {
                 let want = value()?;
-                let got = get(doc, path)?;
+                // As in the json-patch library kube-apiserver uses, a missing member tests
+                // equal to null (kube-runtime's finalizer helper relies on this).
+                let got = match doc.pointer(path) {
+                    Some(v) => v.clone(),
+                    None if want.is_null() && parent_exists(doc, path) => Value::Null,
+                    None => {
+                        return Err(PatchError(format!(
+                            "doc is missing path: {path:?}: missing value"
+                        )))
+                    }
+                };
                 if got != want {
                     return Err(PatchError(format!(
                         "testing value {path} failed: test failed"

@@ -1011,6 +1011,31 @@ async fn patch_kinds() {
         serde_json::to_value(&j.data).expect("data"),
         json!({"b": "20", "c": "3", "d": "4"})
     );
+    // kube-runtime's finalizer helper: a missing member tests equal to null.
+    let add_first = json!([
+        {"op": "test", "path": "/metadata/finalizers", "value": null},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["zklock.io/cleanup"]}
+    ]);
+    let f = cms
+        .patch(
+            "m",
+            &PatchParams::default(),
+            &Patch::<()>::Json(serde_json::from_value(add_first).expect("ops")),
+        )
+        .await
+        .expect("test-null then add");
+    assert_eq!(f.finalizers(), &["zklock.io/cleanup".to_string()]);
+    let remove = json!([
+        {"op": "test", "path": "/metadata/finalizers/0", "value": "zklock.io/cleanup"},
+        {"op": "remove", "path": "/metadata/finalizers/0"}
+    ]);
+    cms.patch(
+        "m",
+        &PatchParams::default(),
+        &Patch::<()>::Json(serde_json::from_value(remove).expect("ops")),
+    )
+    .await
+    .expect("test then remove");
     let failing = json!([{"op": "test", "path": "/data/b", "value": "nope"}]);
     let e = api_err(
         cms.patch(
@@ -1482,5 +1507,52 @@ async fn cel_validation_rules_and_transition_rules() {
     )
     .await
     .expect("label write");
+    remove_crd(&env.client, &crd).await;
+}
+
+#[tokio::test]
+async fn kube_runtime_finalizer_helper_round_trip() {
+    use kube::runtime::controller::Action;
+    use kube::runtime::finalizer::{finalizer, Event as Fin};
+    use std::sync::Arc;
+    let env = env().await;
+    let ns = namespace(&env.client).await;
+    let crd = install_crd(&env.client, "Namespaced").await;
+    let api = widgets(&env.client, &crd, &ns.name);
+    api.create(
+        &PostParams::default(),
+        &widget(&crd, "fin", json!({"size": 1})),
+    )
+    .await
+    .expect("create");
+    let name = "zklock.io/test-cleanup";
+    let step = |seen: &'static str| {
+        move |ev: Fin<DynamicObject>| async move {
+            let got = match ev {
+                Fin::Apply(_) => "apply",
+                Fin::Cleanup(_) => "cleanup",
+            };
+            assert_eq!(got, seen);
+            Ok::<_, std::io::Error>(Action::await_change())
+        }
+    };
+    // First pass only adds the finalizer (JSON patch: test null, add).
+    let obj = Arc::new(api.get("fin").await.expect("get"));
+    finalizer(&api, name, obj, step("none"))
+        .await
+        .expect("add finalizer");
+    let obj = api.get("fin").await.expect("get");
+    assert_eq!(obj.finalizers(), &[name.to_string()]);
+    finalizer(&api, name, Arc::new(obj), step("apply"))
+        .await
+        .expect("apply");
+    api.delete("fin", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let obj = api.get("fin").await.expect("held by the finalizer");
+    finalizer(&api, name, Arc::new(obj), step("cleanup"))
+        .await
+        .expect("cleanup");
+    assert_eq!(api_err(api.get("fin").await).code, 404);
     remove_crd(&env.client, &crd).await;
 }
