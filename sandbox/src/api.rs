@@ -365,7 +365,7 @@ fn apply_schema(
 }
 
 /// fieldValidation=Strict|Warn|Ignore for fields the schema dropped.
-fn field_validation(unknown: &[String], q: &Query) -> ApiResult<Vec<String>> {
+fn field_validation(def: &ResourceDef, unknown: &[String], q: &Query) -> ApiResult<Vec<String>> {
     if unknown.is_empty() {
         return Ok(Vec::new());
     }
@@ -375,8 +375,10 @@ fn field_validation(unknown: &[String], q: &Query) -> ApiResult<Vec<String>> {
         .collect();
     match q.get("fieldValidation") {
         Some("Strict") => Err(ApiError::bad_request(format!(
-            "strict decoding error: {}",
-            msgs.join(", ")
+            "{kind} in version \"{v}\" cannot be handled as a {kind}: strict decoding error: {}",
+            msgs.join(", "),
+            kind = def.kind,
+            v = def.version
         ))),
         Some("Ignore") => Ok(Vec::new()),
         _ => Ok(msgs),
@@ -526,7 +528,7 @@ pub fn create(
     if !errs.is_empty() {
         return Err(ApiError::invalid(&def.group, &def.kind, &name, errs));
     }
-    let warnings = field_validation(&unknown, q)?;
+    let warnings = field_validation(def, &unknown, q)?;
     let k = key(def, Some(&req_ns), &name);
     let gr = def.group_resource();
     if st.store.get(&gr, &k).is_some() {
@@ -715,7 +717,7 @@ fn apply_update(
     if !errs.is_empty() {
         return Err(ApiError::invalid(&def.group, &def.kind, &name, errs));
     }
-    let warnings = field_validation(&unknown, q)?;
+    let warnings = field_validation(def, &unknown, q)?;
     if def.generation && generation_view(def, &current) != generation_view(def, &new) {
         let g = current
             .pointer("/metadata/generation")

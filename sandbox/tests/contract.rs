@@ -1556,3 +1556,60 @@ async fn kube_runtime_finalizer_helper_round_trip() {
     assert_eq!(api_err(api.get("fin").await).code, 404);
     remove_crd(&env.client, &crd).await;
 }
+
+#[tokio::test]
+async fn kube_runtime_controller_reconciles_and_writes_status() {
+    use kube::runtime::controller::{Action, Controller};
+    use std::sync::Arc;
+    let env = env().await;
+    let ns = namespace(&env.client).await;
+    let crd = install_crd(&env.client, "Namespaced").await;
+    let api = widgets(&env.client, &crd, &ns.name);
+    let ar = resource(&crd);
+    let reconcile = |obj: Arc<DynamicObject>, api: Arc<Api<DynamicObject>>| async move {
+        let gen = obj.metadata.generation.unwrap_or_default();
+        let status = json!({"status": {"phase": format!("Seen-{gen}")}});
+        api.patch_status(
+            &obj.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(status),
+        )
+        .await?;
+        Ok::<_, kube::Error>(Action::await_change())
+    };
+    let ctl = Controller::new_with(api.clone(), Default::default(), ar)
+        .run(
+            reconcile,
+            |_, _, _| Action::requeue(Duration::from_millis(200)),
+            Arc::new(api.clone()),
+        )
+        .for_each(|_| async {});
+    let handle = tokio::spawn(ctl);
+    api.create(
+        &PostParams::default(),
+        &widget(&crd, "ctl", json!({"size": 1})),
+    )
+    .await
+    .expect("create");
+    let seen = |want: &'static str| {
+        let api = api.clone();
+        async move {
+            eventually(20, want, || {
+                let api = api.clone();
+                async move { (api.get("ctl").await.ok()?.data["status"]["phase"] == want).then_some(()) }
+            })
+            .await
+        }
+    };
+    seen("Seen-1").await;
+    api.patch(
+        "ctl",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"size": 2}})),
+    )
+    .await
+    .expect("spec change");
+    seen("Seen-2").await;
+    handle.abort();
+    remove_crd(&env.client, &crd).await;
+}
