@@ -39,9 +39,38 @@ fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
     catch_unwind(AssertUnwindSafe(f)).ok()
 }
 
+/// The parser recurses per nesting level; a stack overflow cannot be caught like a panic, so
+/// absurdly nested or long rules are refused before they reach it.
+fn too_complex(rule: &str) -> Option<&'static str> {
+    if rule.len() > 16 * 1024 {
+        return Some("rule is longer than 16384 bytes");
+    }
+    let mut depth = 0usize;
+    for c in rule.chars() {
+        match c {
+            '(' | '[' | '{' => {
+                depth += 1;
+                if depth > 32 {
+                    return Some("rule nests deeper than 32 levels");
+                }
+            }
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
+}
+
+fn compile(rule: &str) -> Result<cel::Program, String> {
+    if let Some(why) = too_complex(rule) {
+        return Err(why.to_string());
+    }
+    cel::Program::compile(rule).map_err(|e| e.to_string())
+}
+
 fn evaluate(rule: &str, this: &Value, old: Option<&Value>) -> Outcome {
     let result = guarded(|| {
-        let program = match cel::Program::compile(rule) {
+        let program = match compile(rule) {
             Ok(p) => p,
             Err(e) => return Outcome::Fail(format!("compilation failed: {e}")),
         };
@@ -87,11 +116,7 @@ pub fn check_rules(schema: &Value, path: &str, errs: &mut Vec<FieldError>) {
         match r.get("rule").and_then(Value::as_str) {
             None => errs.push(FieldError::required(field, "")),
             Some(rule) => {
-                let parsed = guarded(|| {
-                    cel::Program::compile(rule)
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
-                });
+                let parsed = guarded(|| compile(rule).map(|_| ()));
                 match parsed {
                     Some(Ok(())) => {}
                     Some(Err(e)) => errs.push(FieldError::invalid(
@@ -251,6 +276,12 @@ mod tests {
             "root",
             &mut errs,
         );
-        assert_eq!(errs.len(), 1);
+        let deep = format!("{}true{}", "(".repeat(5000), ")".repeat(5000));
+        check_rules(
+            &json!({"x-kubernetes-validations": [{"rule": deep}]}),
+            "root",
+            &mut errs,
+        );
+        assert_eq!(errs.len(), 2, "{errs:?}");
     }
 }

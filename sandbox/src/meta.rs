@@ -11,23 +11,20 @@ const DNS1123_SUBDOMAIN: &str = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 const QUALIFIED_NAME: &str = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]";
 const LABEL_VALUE: &str = "(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?";
 
-fn anchored(cell: &'static OnceLock<Regex>, pat: &str) -> &'static Regex {
-    cell.get_or_init(|| Regex::new(&format!("^{pat}$")).unwrap_or_else(|_| unreachable_regex()))
-}
-
-/// The patterns above are constants; a regex that never matches keeps this panic-free.
-fn unreachable_regex() -> Regex {
-    Regex::new("[^\\s\\S]").unwrap_or_else(|_| unreachable!())
+/// The patterns are constants, so compilation cannot fail; if it ever did, nothing would match.
+fn anchored(cell: &'static OnceLock<Option<Regex>>, pat: &str) -> Option<&'static Regex> {
+    cell.get_or_init(|| Regex::new(&format!("^{pat}$")).ok())
+        .as_ref()
 }
 
 pub fn is_dns1123_label(s: &str) -> bool {
-    static R: OnceLock<Regex> = OnceLock::new();
-    s.len() <= 63 && anchored(&R, DNS1123_LABEL).is_match(s)
+    static R: OnceLock<Option<Regex>> = OnceLock::new();
+    s.len() <= 63 && anchored(&R, DNS1123_LABEL).is_some_and(|r| r.is_match(s))
 }
 
 pub fn is_dns1123_subdomain(s: &str) -> bool {
-    static R: OnceLock<Regex> = OnceLock::new();
-    s.len() <= 253 && anchored(&R, DNS1123_SUBDOMAIN).is_match(s)
+    static R: OnceLock<Option<Regex>> = OnceLock::new();
+    s.len() <= 253 && anchored(&R, DNS1123_SUBDOMAIN).is_some_and(|r| r.is_match(s))
 }
 
 pub fn dns1123_label_message() -> String {
@@ -108,8 +105,8 @@ pub fn validate_path_segment(name: &str, field: &str) -> Vec<FieldError> {
 
 /// `prefix/name` label and annotation keys.
 fn validate_qualified_name(key: &str, field: &str) -> Option<FieldError> {
-    static R: OnceLock<Regex> = OnceLock::new();
-    let re = anchored(&R, QUALIFIED_NAME);
+    static R: OnceLock<Option<Regex>> = OnceLock::new();
+    let matches = |x: &str| anchored(&R, QUALIFIED_NAME).is_some_and(|r| r.is_match(x));
     let (prefix, name) = match key.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
@@ -124,7 +121,7 @@ fn validate_qualified_name(key: &str, field: &str) -> Option<FieldError> {
             ));
         }
     }
-    if name.is_empty() || name.len() > 63 || !re.is_match(name) {
+    if name.is_empty() || name.len() > 63 || !matches(name) {
         return Some(FieldError::invalid(
             field,
             &v,
@@ -135,8 +132,8 @@ fn validate_qualified_name(key: &str, field: &str) -> Option<FieldError> {
 }
 
 pub fn validate_labels(labels: &Value, field: &str) -> Vec<FieldError> {
-    static R: OnceLock<Regex> = OnceLock::new();
-    let re = anchored(&R, LABEL_VALUE);
+    static R: OnceLock<Option<Regex>> = OnceLock::new();
+    let matches = |x: &str| anchored(&R, LABEL_VALUE).is_some_and(|r| r.is_match(x));
     let mut errs = Vec::new();
     let Some(map) = labels.as_object() else {
         if !labels.is_null() {
@@ -153,7 +150,7 @@ pub fn validate_labels(labels: &Value, field: &str) -> Vec<FieldError> {
             errs.push(e);
         }
         match v.as_str() {
-            Some(s) if s.len() <= 63 && re.is_match(s) => {}
+            Some(s) if s.len() <= 63 && matches(s) => {}
             _ => errs.push(FieldError::invalid(
                 field,
                 v,
