@@ -262,9 +262,12 @@ fn check_type_meta(def: &ResourceDef, obj: &mut Value, name_hint: &str) -> ApiRe
                 let e = FieldError::invalid("kind", &json!(k), &format!("must be {}", def.kind));
                 return Err(ApiError::invalid(&def.group, &k, name_hint, vec![e]));
             }
+            // kube-apiserver's decoder fails to convert the body into the endpoint's type.
             return Err(ApiError::bad_request(format!(
-                "the kind in the data ({k}) does not match the expected kind ({})",
-                def.kind
+                "{k} in version \"{v}\" cannot be handled as a {kind}: converting ({v}.{k}) to ({g}.{kind}): unknown conversion",
+                v = def.version,
+                kind = def.kind,
+                g = if def.group.is_empty() { "core" } else { def.group.as_str() },
             )));
         }
         _ => {}

@@ -1183,6 +1183,20 @@ async fn bad_requests_get_apiserver_status_codes() {
         Err(e) => panic!("transport error: {e}"),
     };
     let base = format!("/api/v1/namespaces/{}/configmaps", ns.name);
+    let pods_path = format!("/api/v1/namespaces/{}/pods", ns.name);
+    assert_eq!(
+        code(
+            c.request_text(send(
+                "POST",
+                pods_path,
+                "application/json",
+                r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"}}"#
+            ))
+            .await
+        ),
+        400,
+        "wrong kind for a built-in endpoint"
+    );
     assert_eq!(
         code(
             c.request_text(send("POST", base.clone(), "application/json", "{not json"))
