@@ -1,1 +1,235 @@
-fn main() {}
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use zklock::zk::{LockEngine, ZkConfig};
+
+/// zklock: lease-style locks as Kubernetes custom resources, backed by ZooKeeper.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the operator (leader-elected; the Kubernetes client comes from KUBECONFIG or the
+    /// in-cluster config).
+    Run(Box<RunArgs>),
+    /// Print the LockClaim CustomResourceDefinition as YAML (what crds/ and the chart hold).
+    Crd,
+    /// Print the queue of one lock, holders first, as ZooKeeper has it.
+    Queue {
+        /// ZooKeeper connect string: HOST:PORT[,HOST:PORT...][/chroot]
+        #[arg(long, env = "ZKLOCK_ZK_CONNECT")]
+        zk_connect: String,
+        /// Absolute path of the lock directory, e.g. /zklock/locks/shop/db-migrations
+        lock: String,
+    },
+    /// Ask the holder of a lock node to let go, by writing a revocation request into its data.
+    Revoke {
+        #[arg(long, env = "ZKLOCK_ZK_CONNECT")]
+        zk_connect: String,
+        /// Full path of the node to revoke
+        node: String,
+        #[arg(long, default_value = "revoked with zklock revoke")]
+        reason: String,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// ZooKeeper connect string: HOST:PORT[,HOST:PORT...][/chroot]
+    #[arg(long, env = "ZKLOCK_ZK_CONNECT")]
+    zk_connect: String,
+    /// Root of zklock's tree; locks live at <root>/locks/<namespace>/<lockName>
+    #[arg(long, env = "ZKLOCK_ZK_ROOT", default_value = "/zklock", value_parser = parse_zk_root)]
+    zk_root: String,
+    /// Session timeout to ask ZooKeeper for (e.g. 10s, 4000ms)
+    #[arg(long, env = "ZKLOCK_ZK_SESSION_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    zk_session_timeout: Duration,
+    /// Digest credentials: digest:USER:PASS. The operator's nodes then get the ACL "creator all,
+    /// world read"; lock directories stay open to all for create (so Curator clients can contend)
+    #[arg(long, env = "ZKLOCK_ZK_AUTH", conflicts_with = "zk_auth_file", value_parser = parse_digest)]
+    zk_auth: Option<String>,
+    /// File holding digest:USER:PASS (e.g. a mounted Secret)
+    #[arg(long, env = "ZKLOCK_ZK_AUTH_FILE")]
+    zk_auth_file: Option<std::path::PathBuf>,
+    /// CA bundle (PEM) to verify the ensemble's TLS certificates; turns TLS on
+    #[arg(long, env = "ZKLOCK_ZK_TLS_CA")]
+    zk_tls_ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for TLS client authentication
+    #[arg(long, env = "ZKLOCK_ZK_TLS_CERT", requires = "zk_tls_key", requires = "zk_tls_ca")]
+    zk_tls_cert: Option<std::path::PathBuf>,
+    /// Client key (PEM) for TLS client authentication
+    #[arg(long, env = "ZKLOCK_ZK_TLS_KEY", requires = "zk_tls_cert")]
+    zk_tls_key: Option<std::path::PathBuf>,
+    /// Address of /metrics, /healthz and /readyz
+    #[arg(long, env = "ZKLOCK_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: std::net::SocketAddr,
+    /// Serve only these namespaces (repeat the flag; comma-separated in the env var). Default: all
+    #[arg(long, env = "ZKLOCK_WATCH_NAMESPACE", value_delimiter = ',')]
+    watch_namespace: Vec<String>,
+    /// Namespace of the leader-election Lease (default: the client's namespace)
+    #[arg(long, env = "ZKLOCK_LEASE_NAMESPACE")]
+    lease_namespace: Option<String>,
+    /// Run without leader election (one replica only!)
+    #[arg(long, env = "ZKLOCK_NO_LEADER_ELECTION")]
+    no_leader_election: bool,
+    /// Log format
+    #[arg(long, env = "ZKLOCK_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (number, unit) = s.find(|c: char| !c.is_ascii_digit()).map_or((s, "s"), |i| s.split_at(i));
+    let n: u64 = number.parse().map_err(|_| format!("{s:?} is not a duration like 10s or 4000ms"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        _ => return Err(format!("{s:?}: unknown unit {unit:?}; use ms, s or m")),
+    };
+    if d.is_zero() {
+        return Err("the duration must be more than zero".into());
+    }
+    Ok(d)
+}
+
+fn parse_digest(s: &str) -> Result<String, String> {
+    match s.trim().strip_prefix("digest:") {
+        Some(cred) if cred.split_once(':').is_some_and(|(u, p)| !u.is_empty() && !p.is_empty()) => Ok(cred.to_string()),
+        _ => Err("expected digest:USER:PASS".into()),
+    }
+}
+
+fn parse_zk_root(s: &str) -> Result<String, String> {
+    let ok = s.starts_with('/') && !s.ends_with('/') && !s.contains("//") && s.len() > 1;
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not an absolute ZooKeeper path like /zklock"))
+    }
+}
+
+fn read(path: &std::path::Path, what: &str) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))
+}
+
+impl RunArgs {
+    fn into_options(self) -> Result<zklock::operator::Options, String> {
+        let mut zk = ZkConfig::new(self.zk_connect).with_session_timeout(self.zk_session_timeout);
+        zk.detached = true;
+        zk.digest_auth = match (self.zk_auth, self.zk_auth_file) {
+            (Some(auth), _) => Some(auth),
+            (None, Some(file)) => {
+                Some(parse_digest(&read(&file, "--zk-auth-file")?).map_err(|e| format!("{}: {e}", file.display()))?)
+            }
+            (None, None) => None,
+        };
+        if let Some(ca) = &self.zk_tls_ca {
+            let identity = match (&self.zk_tls_cert, &self.zk_tls_key) {
+                (Some(cert), Some(key)) => Some((read(cert, "--zk-tls-cert")?, read(key, "--zk-tls-key")?)),
+                _ => None,
+            };
+            zk.tls = Some(zklock::zk::TlsPem { ca: read(ca, "--zk-tls-ca")?, identity });
+        }
+        let identity = std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .unwrap_or_else(|_| format!("zklock-{}", std::process::id()));
+        Ok(zklock::operator::Options {
+            zk,
+            zk_root: self.zk_root,
+            metrics_addr: self.metrics_addr,
+            namespaces: self.watch_namespace.into_iter().filter(|n| !n.is_empty()).collect(),
+            lease_namespace: self.lease_namespace,
+            leader_election: !self.no_leader_election,
+            identity,
+        })
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
+    match &cli.command {
+        Command::Run(args) if args.log_format == "json" => {
+            tracing_subscriber::fmt().json().with_env_filter(filter()).init()
+        }
+        _ => tracing_subscriber::fmt().with_env_filter(filter()).with_writer(std::io::stderr).init(),
+    }
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("zklock: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let config = |connect: String| ZkConfig::new(connect).with_session_timeout(Duration::from_secs(10));
+    match cli.command {
+        Command::Run(args) => {
+            let options = args.into_options()?;
+            let shutdown = tokio_util::sync::CancellationToken::new();
+            let on_signal = shutdown.clone();
+            tokio::spawn(async move {
+                wait_for_signal().await;
+                tracing::info!("shutting down");
+                on_signal.cancel();
+            });
+            zklock::operator::run(options, shutdown).await.map_err(|e| e.to_string())
+        }
+        Command::Crd => {
+            print!("{}", zklock::api::crd_yaml());
+            Ok(())
+        }
+        Command::Queue { zk_connect, lock } => {
+            let engine = LockEngine::connect(config(zk_connect)).await.map_err(|e| e.to_string())?;
+            let queue = engine.queue(&lock).await.map_err(|e| e.to_string())?;
+            let names: Vec<&str> = queue.iter().map(|e| e.node.as_str()).collect();
+            println!("{:<4} {:<10} {:<38} NODE", "POS", "MODE", "CONTENDER");
+            for (position, entry) in queue.iter().enumerate() {
+                let id = entry.id.as_deref().unwrap_or("(foreign)");
+                let held = matches!(zklock::recipe::decide(&names, &entry.node), zklock::recipe::Decision::Held);
+                let pos = if held { "held".to_string() } else { position.to_string() };
+                println!("{pos:<4} {:<10} {id:<38} {}", entry.mode.to_string(), entry.node);
+            }
+            Ok(())
+        }
+        Command::Revoke { zk_connect, node, reason } => {
+            let engine = LockEngine::connect(config(zk_connect)).await.map_err(|e| e.to_string())?;
+            engine.request_revocation(&node, &reason).await.map_err(|e| e.to_string())
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

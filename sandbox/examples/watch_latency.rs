@@ -20,10 +20,7 @@ fn ms(d: Duration) -> String {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let writes: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(2000);
+    let writes: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(2000);
 
     // Startup, in-process: bind, bootstrap namespaces, ready to serve.
     let mut starts = Vec::new();
@@ -42,18 +39,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // Startup of the binary, if it has been built next to this example.
-    if let Some(bin) = std::env::current_exe()?
-        .parent()
-        .and_then(|p| p.parent())
-        .map(|p| p.join("kube-sandbox"))
-    {
+    if let Some(bin) = std::env::current_exe()?.parent().and_then(|p| p.parent()).map(|p| p.join("kube-sandbox")) {
         if bin.exists() {
             let mut times = Vec::new();
             for _ in 0..10 {
-                let dir = std::env::temp_dir().join(format!(
-                    "kube-sandbox-bench-{}",
-                    uuid::Uuid::new_v4().simple()
-                ));
+                let dir = std::env::temp_dir().join(format!("kube-sandbox-bench-{}", uuid::Uuid::new_v4().simple()));
                 std::fs::create_dir_all(&dir)?;
                 let kc = dir.join("kubeconfig");
                 let t = Instant::now();
@@ -77,48 +67,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ms(pct(&times, 1.0))
             );
         } else {
-            println!(
-                "startup (binary): skipped, {} not built (cargo build --release -p kube-sandbox)",
-                bin.display()
-            );
+            println!("startup (binary): skipped, {} not built (cargo build --release -p kube-sandbox)", bin.display());
         }
     }
 
     // Watch latency through kube-rs: patch a ConfigMap, time until its MODIFIED event arrives.
     let sb = kube_sandbox::Sandbox::start(kube_sandbox::Options::default()).await?;
-    let dir = std::env::temp_dir().join(format!(
-        "kube-sandbox-bench-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
+    let dir = std::env::temp_dir().join(format!("kube-sandbox-bench-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir)?;
     let kc_path = dir.join("kubeconfig");
     std::fs::write(&kc_path, sb.kubeconfig())?;
-    let cfg = Config::from_custom_kubeconfig(
-        Kubeconfig::read_from(&kc_path)?,
-        &KubeConfigOptions::default(),
-    )
-    .await?;
+    let cfg = Config::from_custom_kubeconfig(Kubeconfig::read_from(&kc_path)?, &KubeConfigOptions::default()).await?;
     let client = Client::try_from(cfg)?;
     let cms: Api<ConfigMap> = Api::namespaced(client, "default");
-    let cm: ConfigMap = serde_json::from_value(
-        serde_json::json!({"metadata": {"name": "bench"}, "data": {"i": "0"}}),
-    )?;
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({"metadata": {"name": "bench"}, "data": {"i": "0"}}))?;
     let made = cms.create(&PostParams::default(), &cm).await?;
-    let mut stream = cms
-        .watch(
-            &WatchParams::default(),
-            &made.resource_version().unwrap_or_default(),
-        )
-        .await?
-        .boxed();
+    let mut stream = cms.watch(&WatchParams::default(), &made.resource_version().unwrap_or_default()).await?.boxed();
     let mut lat = Vec::with_capacity(writes);
     let all = Instant::now();
     for i in 0..writes {
         let t = Instant::now();
         let p = serde_json::json!({"data": {"i": (i + 1).to_string()}});
-        let written = cms
-            .patch("bench", &PatchParams::default(), &Patch::Merge(&p))
-            .await?;
+        let written = cms.patch("bench", &PatchParams::default(), &Patch::Merge(&p)).await?;
         let want = written.resource_version();
         loop {
             match stream.next().await {
@@ -138,10 +108,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ms(pct(&lat, 0.99)),
         ms(pct(&lat, 1.0))
     );
-    println!(
-        "sequential write+event rate: {:.0}/s",
-        writes as f64 / total.as_secs_f64()
-    );
+    println!("sequential write+event rate: {:.0}/s", writes as f64 / total.as_secs_f64());
     let _ = std::fs::remove_dir_all(&dir);
     sb.shutdown().await;
     Ok(())
@@ -151,8 +118,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 async fn version_ok(sb: &kube_sandbox::Sandbox) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(sb.addr()).await?;
-    s.write_all(b"GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await?;
+    s.write_all(b"GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await?;
     if !buf.starts_with(b"HTTP/1.1 200") {

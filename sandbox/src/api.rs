@@ -27,44 +27,29 @@ pub struct Written {
 }
 
 fn key(def: &ResourceDef, ns: Option<&str>, name: &str) -> ObjKey {
-    let ns = if def.namespaced {
-        ns.unwrap_or_default()
-    } else {
-        ""
-    };
+    let ns = if def.namespaced { ns.unwrap_or_default() } else { "" };
     (ns.to_string(), name.to_string())
 }
 
 fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
-    obj.get("metadata")?
-        .get(field)?
-        .as_str()
-        .filter(|s| !s.is_empty())
+    obj.get("metadata")?.get(field)?.as_str().filter(|s| !s.is_empty())
 }
 
 fn meta_mut(obj: &mut Value) -> ApiResult<&mut Map<String, Value>> {
-    let m = obj
-        .as_object_mut()
-        .ok_or_else(|| ApiError::bad_request("the object provided is not a JSON object"))?;
+    let m = obj.as_object_mut().ok_or_else(|| ApiError::bad_request("the object provided is not a JSON object"))?;
     let meta = m.entry("metadata").or_insert_with(|| json!({}));
     if meta.is_null() {
         *meta = json!({});
     }
     meta.as_object_mut().ok_or_else(|| {
-        ApiError::bad_request(
-            "json: cannot unmarshal metadata into Go struct field of type v1.ObjectMeta",
-        )
+        ApiError::bad_request("json: cannot unmarshal metadata into Go struct field of type v1.ObjectMeta")
     })
 }
 
 fn finalizers(obj: &Value) -> Vec<String> {
     obj.pointer("/metadata/finalizers")
         .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|f| f.as_str().map(String::from))
-                .collect()
-        })
+        .map(|a| a.iter().filter_map(|f| f.as_str().map(String::from)).collect())
         .unwrap_or_default()
 }
 
@@ -79,16 +64,10 @@ fn set_finalizers(obj: &mut Value, fins: &[String]) {
 }
 
 fn is_terminating(obj: &Value) -> bool {
-    obj.pointer("/metadata/deletionTimestamp")
-        .is_some_and(|v| !v.is_null())
+    obj.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null())
 }
 
-pub fn get_def_object(
-    st: &State,
-    def: &ResourceDef,
-    ns: Option<&str>,
-    name: &str,
-) -> ApiResult<Value> {
+pub fn get_def_object(st: &State, def: &ResourceDef, ns: Option<&str>, name: &str) -> ApiResult<Value> {
     st.store
         .get(&def.group_resource(), &key(def, ns, name))
         .cloned()
@@ -114,10 +93,8 @@ fn unhex(s: &str) -> Option<String> {
     if s.len() % 2 != 0 {
         return None;
     }
-    let bytes: Option<Vec<u8>> = (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect();
+    let bytes: Option<Vec<u8>> =
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect();
     String::from_utf8(bytes?).ok()
 }
 
@@ -133,29 +110,24 @@ fn decode_continue(tok: &str) -> Option<(u64, ObjKey)> {
 }
 
 pub fn parse_rv(raw: &str) -> ApiResult<u64> {
-    raw.parse::<u64>()
-        .map_err(|_| ApiError::bad_request(format!("invalid resource version: {raw}")))
+    raw.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {raw}")))
 }
 
-pub fn list(
-    st: &State,
-    def: &ResourceDef,
-    ns: Option<&str>,
-    q: &Query,
-) -> ApiResult<(Vec<Value>, Value)> {
+pub fn list(st: &State, def: &ResourceDef, ns: Option<&str>, q: &Query) -> ApiResult<(Vec<Value>, Value)> {
     let sel = selectors(def, q)?;
     let limit = match q.get("limit") {
-        Some(l) => l
-            .parse::<i64>()
-            .map_err(|_| ApiError::bad_request(format!("invalid limit: {l}")))?
-            .max(0) as usize,
+        Some(l) => l.parse::<i64>().map_err(|_| ApiError::bad_request(format!("invalid limit: {l}")))?.max(0) as usize,
         None => 0,
     };
     let gr = def.group_resource();
     let ns = if def.namespaced { ns } else { None };
     let (rv, start): (u64, Option<ObjKey>) = match q.get("continue") {
         Some(tok) => {
-            let (rv, last) = decode_continue(tok).ok_or_else(|| ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)"))?;
+            let (rv, last) = decode_continue(tok).ok_or_else(|| {
+                ApiError::bad_request(
+                    "continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)",
+                )
+            })?;
             (rv, Some(last))
         }
         None => match (q.get("resourceVersion"), q.get("resourceVersionMatch")) {
@@ -175,10 +147,7 @@ pub fn list(
         })?)
     };
     let iter: Box<dyn Iterator<Item = (&ObjKey, &Value)>> = match &snapshot {
-        Some(m) => Box::new(
-            m.iter()
-                .filter(move |((n, _), _)| ns.is_none_or(|ns| ns == n)),
-        ),
+        Some(m) => Box::new(m.iter().filter(move |((n, _), _)| ns.is_none_or(|ns| ns == n))),
         None => st.store.list(&gr, ns),
     };
     let mut items = Vec::new();
@@ -228,20 +197,10 @@ pub fn list_object(def: &ResourceDef, items: Vec<Value>, list_meta: Value) -> Va
 
 fn check_type_meta(def: &ResourceDef, obj: &mut Value, name_hint: &str) -> ApiResult<()> {
     let Some(m) = obj.as_object_mut() else {
-        return Err(ApiError::bad_request(
-            "the object provided is unrecognized (must be a JSON object)",
-        ));
+        return Err(ApiError::bad_request("the object provided is unrecognized (must be a JSON object)"));
     };
-    let kind = m
-        .get("kind")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .map(String::from);
-    let av = m
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .map(String::from);
+    let kind = m.get("kind").and_then(Value::as_str).filter(|s| !s.is_empty()).map(String::from);
+    let av = m.get("apiVersion").and_then(Value::as_str).filter(|s| !s.is_empty()).map(String::from);
     if let Some(av) = &av {
         if *av != def.api_version() {
             return Err(ApiError::bad_request(format!(
@@ -253,9 +212,7 @@ fn check_type_meta(def: &ResourceDef, obj: &mut Value, name_hint: &str) -> ApiRe
     match kind {
         None if def.is_custom() => {
             let raw = serde_json::to_string(obj).unwrap_or_default();
-            return Err(ApiError::bad_request(format!(
-                "Object 'Kind' is missing in '{raw}'"
-            )));
+            return Err(ApiError::bad_request(format!("Object 'Kind' is missing in '{raw}'")));
         }
         Some(k) if k != def.kind => {
             if def.is_custom() {
@@ -297,9 +254,7 @@ fn validate_meta(def: &ResourceDef, obj: &Value, creating: bool) -> Vec<FieldErr
                 for (i, x) in list.iter().enumerate() {
                     let ok = x.as_str().is_some_and(|s| {
                         let (p, n) = s.split_once('/').unwrap_or(("", s));
-                        !n.is_empty()
-                            && n.len() <= 63
-                            && (p.is_empty() || meta::is_dns1123_subdomain(p))
+                        !n.is_empty() && n.len() <= 63 && (p.is_empty() || meta::is_dns1123_subdomain(p))
                     });
                     if !ok {
                         errs.push(FieldError::invalid(
@@ -310,11 +265,9 @@ fn validate_meta(def: &ResourceDef, obj: &Value, creating: bool) -> Vec<FieldErr
                     }
                 }
             }
-            None if !f.is_null() => errs.push(FieldError::invalid(
-                "metadata.finalizers",
-                f,
-                "must be a list of strings",
-            )),
+            None if !f.is_null() => {
+                errs.push(FieldError::invalid("metadata.finalizers", f, "must be a list of strings"))
+            }
             None => {}
         }
     }
@@ -346,12 +299,7 @@ fn validate_meta(def: &ResourceDef, obj: &Value, creating: bool) -> Vec<FieldErr
 }
 
 /// Defaulting, pruning and schema validation of a custom resource. Returns unknown fields.
-fn apply_schema(
-    def: &ResourceDef,
-    obj: &mut Value,
-    old: Option<&Value>,
-    errs: &mut Vec<FieldError>,
-) -> Vec<String> {
+fn apply_schema(def: &ResourceDef, obj: &mut Value, old: Option<&Value>, errs: &mut Vec<FieldError>) -> Vec<String> {
     let Some(sch) = &def.schema else {
         return Vec::new();
     };
@@ -372,10 +320,7 @@ fn field_validation(def: &ResourceDef, unknown: &[String], q: &Query) -> ApiResu
     if unknown.is_empty() {
         return Ok(Vec::new());
     }
-    let msgs: Vec<String> = unknown
-        .iter()
-        .map(|f| format!("unknown field \"{f}\""))
-        .collect();
+    let msgs: Vec<String> = unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect();
     match q.get("fieldValidation") {
         Some("Strict") => Err(ApiError::bad_request(format!(
             "{kind} in version \"{v}\" cannot be handled as a {kind}: strict decoding error: {}",
@@ -411,45 +356,25 @@ fn namespace_check(st: &State, def: &ResourceDef, ns: &str, name: &str) -> ApiRe
 fn crd_terminating(st: &State, def: &ResourceDef) -> bool {
     let Some(name) = &def.crd else { return false };
     let gr = GroupResource::new("apiextensions.k8s.io", "customresourcedefinitions");
-    st.store
-        .get(&gr, &(String::new(), name.clone()))
-        .is_some_and(is_terminating)
+    st.store.get(&gr, &(String::new(), name.clone())).is_some_and(is_terminating)
 }
 
-pub fn create(
-    st: &mut State,
-    def: &Arc<ResourceDef>,
-    ns: Option<&str>,
-    body: Value,
-    q: &Query,
-) -> ApiResult<Written> {
+pub fn create(st: &mut State, def: &Arc<ResourceDef>, ns: Option<&str>, body: Value, q: &Query) -> ApiResult<Written> {
     let mut obj = body;
     let hint = meta_str(&obj, "name").unwrap_or_default().to_string();
     check_type_meta(def, &mut obj, &hint)?;
     let mut obj = convert::to_storage(def, obj);
     let meta = meta_mut(&mut obj)?;
-    if meta
-        .get("resourceVersion")
-        .and_then(Value::as_str)
-        .is_some_and(|s| !s.is_empty())
-    {
-        return Err(ApiError::internal(
-            "resourceVersion should not be set on objects to be created",
-        ));
+    if meta.get("resourceVersion").and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::internal("resourceVersion should not be set on objects to be created"));
     }
-    let req_ns = if def.namespaced {
-        ns.unwrap_or_default().to_string()
-    } else {
-        String::new()
-    };
-    match meta
-        .get("namespace")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-    {
-        Some(n) if def.namespaced && n != req_ns => return Err(ApiError::bad_request(
-            "the namespace of the provided object does not match the namespace sent on the request",
-        )),
+    let req_ns = if def.namespaced { ns.unwrap_or_default().to_string() } else { String::new() };
+    match meta.get("namespace").and_then(Value::as_str).filter(|s| !s.is_empty()) {
+        Some(n) if def.namespaced && n != req_ns => {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ))
+        }
         _ => {}
     }
     if def.namespaced {
@@ -457,17 +382,9 @@ pub fn create(
     } else {
         meta.remove("namespace");
     }
-    let name = match meta
-        .get("name")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-    {
+    let name = match meta.get("name").and_then(Value::as_str).filter(|s| !s.is_empty()) {
         Some(n) => n.to_string(),
-        None => match meta
-            .get("generateName")
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-        {
+        None => match meta.get("generateName").and_then(Value::as_str).filter(|s| !s.is_empty()) {
             Some(g) => {
                 let prefix: String = g.chars().take(58).collect();
                 format!("{prefix}{}", meta::generated_suffix())
@@ -477,10 +394,7 @@ pub fn create(
                     &def.group,
                     &def.kind,
                     "",
-                    vec![FieldError::required(
-                        "metadata.name",
-                        "name or generateName is required",
-                    )],
+                    vec![FieldError::required("metadata.name", "name or generateName is required")],
                 ))
             }
         },
@@ -498,9 +412,7 @@ pub fn create(
         meta.remove("generation");
     }
     if def.is_custom() && crd_terminating(st, def) {
-        return Err(ApiError::method_not_allowed(
-            "create not allowed while custom resource definition is terminating",
-        ));
+        return Err(ApiError::method_not_allowed("create not allowed while custom resource definition is terminating"));
     }
     namespace_check(st, def, &req_ns, &name)?;
     if def.status_subresource && def.is_custom() {
@@ -538,11 +450,7 @@ pub fn create(
         return Err(ApiError::already_exists(&def.group, &def.plural, &name));
     }
     if q.dry_run() {
-        return Ok(Written {
-            code: 201,
-            object: convert::to_external(def, obj),
-            warnings,
-        });
+        return Ok(Written { code: 201, object: convert::to_external(def, obj), warnings });
     }
     let stored = st.store.insert(&gr, k.clone(), obj);
     if def.group == "apiextensions.k8s.io" {
@@ -552,11 +460,7 @@ pub fn create(
         est["status"] = crd::established_status(&stored);
         st.store.replace(&gr, k, est);
     }
-    Ok(Written {
-        code: 201,
-        object: convert::to_external(def, stored),
-        warnings,
-    })
+    Ok(Written { code: 201, object: convert::to_external(def, stored), warnings })
 }
 
 /// Re-registers the resources a CRD serves after any write to it.
@@ -614,9 +518,7 @@ fn apply_update(
             }
         }
     }
-    let cur_rv = meta_str(&current, "resourceVersion")
-        .unwrap_or_default()
-        .to_string();
+    let cur_rv = meta_str(&current, "resourceVersion").unwrap_or_default().to_string();
     match meta_str(&new, "resourceVersion") {
         Some(rv) if rv != cur_rv => {
             return Err(ApiError::stale(&def.group, &def.plural, &name));
@@ -627,11 +529,7 @@ fn apply_update(
                 &def.group,
                 &def.kind,
                 &name,
-                vec![FieldError::invalid(
-                    "metadata.resourceVersion",
-                    &json!("0x0"),
-                    "must be specified for an update",
-                )],
+                vec![FieldError::invalid("metadata.resourceVersion", &json!("0x0"), "must be specified for an update")],
             ));
         }
         None => {}
@@ -642,11 +540,7 @@ fn apply_update(
                 &def.group,
                 &def.kind,
                 &name,
-                vec![FieldError::invalid(
-                    "metadata.uid",
-                    &json!(uid),
-                    "field is immutable",
-                )],
+                vec![FieldError::invalid("metadata.uid", &json!(uid), "field is immutable")],
             ));
         }
     }
@@ -666,14 +560,9 @@ fn apply_update(
         }
     } else {
         let meta = meta_mut(&mut new)?;
-        for f in [
-            "uid",
-            "creationTimestamp",
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-            "namespace",
-            "generation",
-        ] {
+        for f in
+            ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace", "generation"]
+        {
             match current.get("metadata").and_then(|m| m.get(f)) {
                 Some(v) => {
                     meta.insert(f.into(), v.clone());
@@ -722,56 +611,35 @@ fn apply_update(
     }
     let warnings = field_validation(def, &unknown, q)?;
     if def.generation && generation_view(def, &current) != generation_view(def, &new) {
-        let g = current
-            .pointer("/metadata/generation")
-            .and_then(Value::as_i64)
-            .unwrap_or(0);
+        let g = current.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
         if let Ok(meta) = meta_mut(&mut new) {
             meta.insert("generation".into(), json!(g + 1));
         }
     }
     if new == current {
         // A no-op write is not persisted: no new resourceVersion, no watch event.
-        return Ok(Written {
-            code: 200,
-            object: convert::to_external(def, current),
-            warnings,
-        });
+        return Ok(Written { code: 200, object: convert::to_external(def, current), warnings });
     }
     if q.dry_run() {
-        return Ok(Written {
-            code: 200,
-            object: convert::to_external(def, new),
-            warnings,
-        });
+        return Ok(Written { code: 200, object: convert::to_external(def, new), warnings });
     }
     let gr = def.group_resource();
-    let stored = st
-        .store
-        .replace(&gr, k.clone(), new)
-        .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, &name))?;
+    let stored =
+        st.store.replace(&gr, k.clone(), new).ok_or_else(|| ApiError::not_found(&def.group, &def.plural, &name))?;
     if def.group == "apiextensions.k8s.io" {
         crd_changed(st, &stored);
     }
-    if is_terminating(&stored) && finalizers(&stored).is_empty() && !namespace_pending(def, &stored)
-    {
+    if is_terminating(&stored) && finalizers(&stored).is_empty() && !namespace_pending(def, &stored) {
         finish_delete(st, def, &k);
     }
-    Ok(Written {
-        code: 200,
-        object: convert::to_external(def, stored),
-        warnings,
-    })
+    Ok(Written { code: 200, object: convert::to_external(def, stored), warnings })
 }
 
 /// Namespaces wait for spec.finalizers ("kubernetes") as well as metadata.finalizers.
 fn namespace_pending(def: &ResourceDef, obj: &Value) -> bool {
     def.group.is_empty()
         && def.plural == "namespaces"
-        && obj
-            .pointer("/spec/finalizers")
-            .and_then(Value::as_array)
-            .is_some_and(|a| !a.is_empty())
+        && obj.pointer("/spec/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty())
 }
 
 pub fn update(
@@ -785,9 +653,7 @@ pub fn update(
 ) -> ApiResult<Written> {
     let k = key(def, ns, name);
     if !body.is_object() {
-        return Err(ApiError::bad_request(
-            "the object provided is unrecognized (must be a JSON object)",
-        ));
+        return Err(ApiError::bad_request("the object provided is unrecognized (must be a JSON object)"));
     }
     match st.store.get(&def.group_resource(), &k).cloned() {
         Some(current) => apply_update(st, def, k, current, body, status_only, true, q),
@@ -839,8 +705,8 @@ pub fn patch(
         }
         _ => {}
     }
-    let patch_doc: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+    let patch_doc: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
     let k = key(def, ns, name);
     let current = st
         .store
@@ -851,9 +717,7 @@ pub fn patch(
     match ptype {
         PatchType::Json => {
             let ops = patch_doc.as_array().ok_or_else(|| {
-                ApiError::bad_request(
-                    "json: cannot unmarshal object into Go value of type jsonpatch.Patch",
-                )
+                ApiError::bad_request("json: cannot unmarshal object into Go value of type jsonpatch.Patch")
             })?;
             patch::json_patch(&mut doc, ops).map_err(|e| ApiError::unprocessable(e.0))?;
         }
@@ -867,12 +731,9 @@ pub fn patch(
         }
         PatchType::Strategic => {
             if !patch_doc.is_object() {
-                return Err(ApiError::bad_request(
-                    "strategic merge patch must be a JSON object",
-                ));
+                return Err(ApiError::bad_request("strategic merge patch must be a JSON object"));
             }
-            patch::strategic_merge(&mut doc, &patch_doc)
-                .map_err(|e| ApiError::unprocessable(e.0))?;
+            patch::strategic_merge(&mut doc, &patch_doc).map_err(|e| ApiError::unprocessable(e.0))?;
         }
         PatchType::Apply => {}
     }
@@ -921,21 +782,12 @@ impl DeleteOptions {
                 )));
             }
         }
-        let dry = b
-            .get("dryRun")
-            .and_then(Value::as_array)
-            .is_some_and(|a| a.iter().any(|x| x == "All"))
-            || q.dry_run();
+        let dry =
+            b.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == "All")) || q.dry_run();
         Ok(DeleteOptions {
             propagation,
-            uid: b
-                .pointer("/preconditions/uid")
-                .and_then(Value::as_str)
-                .map(String::from),
-            resource_version: b
-                .pointer("/preconditions/resourceVersion")
-                .and_then(Value::as_str)
-                .map(String::from),
+            uid: b.pointer("/preconditions/uid").and_then(Value::as_str).map(String::from),
+            resource_version: b.pointer("/preconditions/resourceVersion").and_then(Value::as_str).map(String::from),
             dry_run: dry,
         })
     }
@@ -960,11 +812,7 @@ pub fn delete(
 ) -> ApiResult<(u16, Value)> {
     let k = key(def, ns, name);
     let gr = def.group_resource();
-    let current = st
-        .store
-        .get(&gr, &k)
-        .cloned()
-        .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+    let current = st.store.get(&gr, &k).cloned().ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
     if let Some(uid) = &opts.uid {
         let have = meta_str(&current, "uid").unwrap_or_default();
         if uid != have {
@@ -972,9 +820,7 @@ pub fn delete(
                 &def.group,
                 &def.plural,
                 name,
-                &format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"
-                ),
+                &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"),
             ));
         }
     }
@@ -1018,10 +864,7 @@ pub fn delete(
             marked["status"] = json!({"phase": "Terminating"});
         }
         if def.group == "apiextensions.k8s.io" {
-            if let Some(conds) = marked
-                .pointer_mut("/status/conditions")
-                .and_then(Value::as_array_mut)
-            {
+            if let Some(conds) = marked.pointer_mut("/status/conditions").and_then(Value::as_array_mut) {
                 conds.retain(|c| c.get("type") != Some(&json!("Terminating")));
                 conds.push(json!({"type": "Terminating", "status": "True", "lastTransitionTime": meta::now_rfc3339(), "reason": "InstanceDeletionPending", "message": "CustomResourceDefinition marked for deletion; CustomResource deletion will begin soon"}));
             }
@@ -1029,17 +872,14 @@ pub fn delete(
         if opts.dry_run || marked == current {
             return Ok((200, convert::to_external(def, marked)));
         }
-        let stored = st
-            .store
-            .replace(&gr, k, marked)
-            .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+        let stored =
+            st.store.replace(&gr, k, marked).ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
         return Ok((200, convert::to_external(def, stored)));
     }
     if opts.dry_run {
         return Ok((200, convert::to_external(def, current)));
     }
-    let gone = finish_delete(st, def, &k)
-        .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+    let gone = finish_delete(st, def, &k).ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
     if def.return_deleted_object {
         Ok((200, convert::to_external(def, gone)))
     } else {
@@ -1061,26 +901,13 @@ pub fn delete_collection(
     let sel = selectors(def, q)?;
     let gr = def.group_resource();
     let ns = if def.namespaced { ns } else { None };
-    let names: Vec<ObjKey> = st
-        .store
-        .list(&gr, ns)
-        .filter(|(_, o)| sel.matches(o))
-        .map(|(k, _)| k.clone())
-        .collect();
+    let names: Vec<ObjKey> = st.store.list(&gr, ns).filter(|(_, o)| sel.matches(o)).map(|(k, _)| k.clone()).collect();
     let mut items = Vec::new();
     for (n, name) in names {
-        let nsopt = if def.namespaced {
-            Some(n.as_str())
-        } else {
-            None
-        };
+        let nsopt = if def.namespaced { Some(n.as_str()) } else { None };
         if let Ok((_, obj)) = delete(st, def, nsopt, &name, opts) {
             items.push(obj);
         }
     }
-    Ok(list_object(
-        def,
-        items,
-        json!({"resourceVersion": st.store.current_rv().to_string()}),
-    ))
+    Ok(list_object(def, items, json!({"resourceVersion": st.store.current_rv().to_string()})))
 }

@@ -19,11 +19,7 @@ fn join(path: &str, key: &str) -> String {
 }
 
 fn rules(schema: &Value) -> Vec<Value> {
-    schema
-        .get("x-kubernetes-validations")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default()
+    schema.get("x-kubernetes-validations").and_then(Value::as_array).cloned().unwrap_or_default()
 }
 
 enum Outcome {
@@ -89,8 +85,9 @@ fn evaluate(rule: &str, this: &Value, old: Option<&Value>) -> Outcome {
             Ok(cel::Value::Bool(true)) => Outcome::Pass,
             Ok(cel::Value::Bool(false)) => Outcome::Fail(String::new()),
             Ok(other) => Outcome::Fail(format!("rule did not evaluate to a bool: {other:?}")),
-            Err(cel::ExecutionError::UndeclaredReference(_))
-            | Err(cel::ExecutionError::NoSuchOverload(_)) => Outcome::Unsupported,
+            Err(cel::ExecutionError::UndeclaredReference(_)) | Err(cel::ExecutionError::NoSuchOverload(_)) => {
+                Outcome::Unsupported
+            }
             Err(e) => Outcome::Fail(format!("evaluation error: {e}")),
         }
     });
@@ -102,10 +99,7 @@ fn mentions_old_self(rule: &str) -> bool {
 }
 
 fn schema_type(schema: &Value) -> &str {
-    schema
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or("object")
+    schema.get("type").and_then(Value::as_str).unwrap_or("object")
 }
 
 /// Checks that every rule in a CRD's schema parses; kube-apiserver refuses CRDs whose rules
@@ -119,16 +113,10 @@ pub fn check_rules(schema: &Value, path: &str, errs: &mut Vec<FieldError>) {
                 let parsed = guarded(|| compile(rule).map(|_| ()));
                 match parsed {
                     Some(Ok(())) => {}
-                    Some(Err(e)) => errs.push(FieldError::invalid(
-                        field,
-                        &json!(rule),
-                        &format!("compilation failed: {e}"),
-                    )),
-                    None => errs.push(FieldError::invalid(
-                        field,
-                        &json!(rule),
-                        "compilation failed",
-                    )),
+                    Some(Err(e)) => {
+                        errs.push(FieldError::invalid(field, &json!(rule), &format!("compilation failed: {e}")))
+                    }
+                    None => errs.push(FieldError::invalid(field, &json!(rule), "compilation failed")),
                 }
             }
         }
@@ -147,13 +135,7 @@ pub fn check_rules(schema: &Value, path: &str, errs: &mut Vec<FieldError>) {
 }
 
 /// Evaluates all rules in `schema` against `new` (and `old` for transition rules).
-pub fn validate(
-    schema: &Value,
-    new: &Value,
-    old: Option<&Value>,
-    path: &str,
-    errs: &mut Vec<FieldError>,
-) {
+pub fn validate(schema: &Value, new: &Value, old: Option<&Value>, path: &str, errs: &mut Vec<FieldError>) {
     for r in rules(schema) {
         let Some(rule) = r.get("rule").and_then(Value::as_str) else {
             continue;
@@ -209,14 +191,11 @@ pub fn validate(
                     .and_then(Value::as_array)
                     .map(|k| k.iter().filter_map(Value::as_str).collect())
                     .unwrap_or_default();
-                let is_map =
-                    schema.get("x-kubernetes-list-type").and_then(Value::as_str) == Some("map");
+                let is_map = schema.get("x-kubernetes-list-type").and_then(Value::as_str) == Some("map");
                 for (i, child) in items.iter().enumerate() {
                     let old_child = if is_map && !keys.is_empty() {
-                        old.and_then(Value::as_array).and_then(|olds| {
-                            olds.iter()
-                                .find(|o| keys.iter().all(|k| o.get(k) == child.get(k)))
-                        })
+                        old.and_then(Value::as_array)
+                            .and_then(|olds| olds.iter().find(|o| keys.iter().all(|k| o.get(k) == child.get(k))))
                     } else {
                         None
                     };
@@ -253,35 +232,15 @@ mod tests {
         let bad = json!({"spec": {"min": 3, "max": 2}});
         validate(&s, &bad, None, "", &mut errs);
         assert_eq!(errs.len(), 1);
-        assert_eq!(
-            errs[0].message,
-            "spec: Invalid value: \"object\": failed rule: self.min <= self.max"
-        );
+        assert_eq!(errs[0].message, "spec: Invalid value: \"object\": failed rule: self.min <= self.max");
         let mut errs = vec![];
-        validate(
-            &s,
-            &json!({"spec": {"min": 0, "max": 2}}),
-            Some(&a),
-            "",
-            &mut errs,
-        );
+        validate(&s, &json!({"spec": {"min": 0, "max": 2}}), Some(&a), "", &mut errs);
         assert_eq!(errs.len(), 1);
-        assert_eq!(
-            errs[0].message,
-            "spec: Invalid value: \"object\": spec is immutable"
-        );
+        assert_eq!(errs[0].message, "spec: Invalid value: \"object\": spec is immutable");
         let mut errs = vec![];
-        check_rules(
-            &json!({"x-kubernetes-validations": [{"rule": "self.("}]}),
-            "root",
-            &mut errs,
-        );
+        check_rules(&json!({"x-kubernetes-validations": [{"rule": "self.("}]}), "root", &mut errs);
         let deep = format!("{}true{}", "(".repeat(5000), ")".repeat(5000));
-        check_rules(
-            &json!({"x-kubernetes-validations": [{"rule": deep}]}),
-            "root",
-            &mut errs,
-        );
+        check_rules(&json!({"x-kubernetes-validations": [{"rule": deep}]}), "root", &mut errs);
         assert_eq!(errs.len(), 2, "{errs:?}");
     }
 }

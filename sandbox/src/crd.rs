@@ -9,9 +9,7 @@ use serde_json::{json, Value};
 pub const CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
 
 fn s<'a>(v: &'a Value, ptr: &str) -> Option<&'a str> {
-    v.pointer(ptr)
-        .and_then(Value::as_str)
-        .filter(|x| !x.is_empty())
+    v.pointer(ptr).and_then(Value::as_str).filter(|x| !x.is_empty())
 }
 
 pub fn validate(crd: &Value) -> Vec<FieldError> {
@@ -21,25 +19,19 @@ pub fn validate(crd: &Value) -> Vec<FieldError> {
     let kind = s(crd, "/spec/names/kind");
     match group {
         None => errs.push(FieldError::required("spec.group", "")),
-        Some(g) if !g.contains('.') => errs.push(FieldError::invalid(
-            "spec.group",
-            &json!(g),
-            "should be a domain with at least one dot",
-        )),
-        Some(g) if !crate::meta::is_dns1123_subdomain(g) => errs.push(FieldError::invalid(
-            "spec.group",
-            &json!(g),
-            &crate::meta::dns1123_subdomain_message(),
-        )),
+        Some(g) if !g.contains('.') => {
+            errs.push(FieldError::invalid("spec.group", &json!(g), "should be a domain with at least one dot"))
+        }
+        Some(g) if !crate::meta::is_dns1123_subdomain(g) => {
+            errs.push(FieldError::invalid("spec.group", &json!(g), &crate::meta::dns1123_subdomain_message()))
+        }
         _ => {}
     }
     match plural {
         None => errs.push(FieldError::required("spec.names.plural", "")),
-        Some(p) if !crate::meta::is_dns1123_label(p) => errs.push(FieldError::invalid(
-            "spec.names.plural",
-            &json!(p),
-            &crate::meta::dns1123_label_message(),
-        )),
+        Some(p) if !crate::meta::is_dns1123_label(p) => {
+            errs.push(FieldError::invalid("spec.names.plural", &json!(p), &crate::meta::dns1123_label_message()))
+        }
         _ => {}
     }
     if kind.is_none() {
@@ -47,26 +39,14 @@ pub fn validate(crd: &Value) -> Vec<FieldError> {
     }
     if let (Some(g), Some(p), Some(name)) = (group, plural, s(crd, "/metadata/name")) {
         if name != format!("{p}.{g}") {
-            errs.push(FieldError::invalid(
-                "metadata.name",
-                &json!(name),
-                "must be spec.names.plural+\".\"+spec.group",
-            ));
+            errs.push(FieldError::invalid("metadata.name", &json!(name), "must be spec.names.plural+\".\"+spec.group"));
         }
     }
     let scope = crd.pointer("/spec/scope").cloned().unwrap_or(Value::Null);
     if scope != json!("Namespaced") && scope != json!("Cluster") {
-        errs.push(FieldError::not_supported(
-            "spec.scope",
-            &scope,
-            &[json!("Cluster"), json!("Namespaced")],
-        ));
+        errs.push(FieldError::not_supported("spec.scope", &scope, &[json!("Cluster"), json!("Namespaced")]));
     }
-    let versions = crd
-        .pointer("/spec/versions")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+    let versions = crd.pointer("/spec/versions").and_then(Value::as_array).cloned().unwrap_or_default();
     if versions.is_empty() {
         errs.push(FieldError::invalid(
             "spec.versions",
@@ -74,10 +54,7 @@ pub fn validate(crd: &Value) -> Vec<FieldError> {
             "must have exactly one version marked as storage version",
         ));
     } else {
-        let storage = versions
-            .iter()
-            .filter(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
-            .count();
+        let storage = versions.iter().filter(|v| v.get("storage").and_then(Value::as_bool) == Some(true)).count();
         if storage != 1 {
             errs.push(FieldError::invalid(
                 "spec.versions",
@@ -94,17 +71,16 @@ pub fn validate(crd: &Value) -> Vec<FieldError> {
                     format!("spec.versions[{i}].schema.openAPIV3Schema"),
                     "schemas are required",
                 )),
-                Some(sch) if sch.get("type").and_then(Value::as_str) != Some("object") => errs
-                    .push(FieldError::invalid(
+                Some(sch) if sch.get("type").and_then(Value::as_str) != Some("object") => {
+                    errs.push(FieldError::invalid(
                         format!("spec.versions[{i}].schema.openAPIV3Schema.type"),
                         sch.get("type").unwrap_or(&Value::Null),
                         "must be object at the root",
-                    )),
-                Some(sch) => crate::cel::check_rules(
-                    sch,
-                    &format!("spec.versions[{i}].schema.openAPIV3Schema"),
-                    &mut errs,
-                ),
+                    ))
+                }
+                Some(sch) => {
+                    crate::cel::check_rules(sch, &format!("spec.versions[{i}].schema.openAPIV3Schema"), &mut errs)
+                }
             }
         }
     }
@@ -122,21 +98,12 @@ pub fn resource_defs(crd: &Value) -> Vec<(ResourceDef, bool)> {
         names
             .pointer(ptr)
             .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_str().map(String::from))
-                    .collect()
-            })
+            .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
             .unwrap_or_default()
     };
     let namespaced = s(crd, "/spec/scope") == Some("Namespaced");
     let mut out = Vec::new();
-    for v in crd
-        .pointer("/spec/versions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
+    for v in crd.pointer("/spec/versions").and_then(Value::as_array).into_iter().flatten() {
         if v.get("served").and_then(Value::as_bool) != Some(true) {
             continue;
         }
@@ -181,19 +148,13 @@ pub fn resource_defs(crd: &Value) -> Vec<(ResourceDef, bool)> {
             group: group.clone(),
             version,
             plural: plural.clone(),
-            singular: s(&names, "/singular")
-                .map(String::from)
-                .unwrap_or_else(|| kind.to_lowercase()),
+            singular: s(&names, "/singular").map(String::from).unwrap_or_else(|| kind.to_lowercase()),
             kind: kind.clone(),
-            list_kind: s(&names, "/listKind")
-                .map(String::from)
-                .unwrap_or_else(|| format!("{kind}List")),
+            list_kind: s(&names, "/listKind").map(String::from).unwrap_or_else(|| format!("{kind}List")),
             namespaced,
             short_names: strs("/shortNames"),
             categories: strs("/categories"),
-            status_subresource: v
-                .pointer("/subresources/status")
-                .is_some_and(Value::is_object),
+            status_subresource: v.pointer("/subresources/status").is_some_and(Value::is_object),
             generation: true,
             unconditional_update: false,
             create_on_update: false,
@@ -213,11 +174,7 @@ pub fn resource_defs(crd: &Value) -> Vec<(ResourceDef, bool)> {
 /// The status kube-apiserver's naming and establishing controllers write.
 pub fn established_status(crd: &Value) -> Value {
     let now = crate::meta::now_rfc3339();
-    let mut names = crd
-        .pointer("/spec/names")
-        .filter(|n| n.is_object())
-        .cloned()
-        .unwrap_or_else(|| json!({}));
+    let mut names = crd.pointer("/spec/names").filter(|n| n.is_object()).cloned().unwrap_or_else(|| json!({}));
     let kind = s(crd, "/spec/names/kind").unwrap_or_default().to_string();
     if names.get("singular").is_none() {
         names["singular"] = json!(kind.to_lowercase());

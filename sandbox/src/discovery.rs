@@ -25,16 +25,7 @@ pub fn version() -> Value {
 }
 
 fn verbs(_def: &ResourceDef) -> Vec<&'static str> {
-    vec![
-        "create",
-        "delete",
-        "deletecollection",
-        "get",
-        "list",
-        "patch",
-        "update",
-        "watch",
-    ]
+    vec!["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 }
 
 fn resource_entries(def: &ResourceDef) -> Vec<Value> {
@@ -65,40 +56,25 @@ pub fn core_versions(server: &str) -> Value {
 
 pub fn resource_list(reg: &Registry, group: &str, version: &str) -> Option<Value> {
     let defs = reg.group_version(group, version)?;
-    let gv = if group.is_empty() {
-        version.to_string()
-    } else {
-        format!("{group}/{version}")
-    };
+    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
     let resources: Vec<Value> = defs.iter().flat_map(|d| resource_entries(d)).collect();
-    Some(
-        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
-    )
+    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}))
 }
 
 fn group_entry(group: &str, versions: &[String], preferred: &str) -> Value {
-    let vs: Vec<Value> = versions
-        .iter()
-        .map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v}))
-        .collect();
+    let vs: Vec<Value> =
+        versions.iter().map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v})).collect();
     json!({"name": group, "versions": vs, "preferredVersion": {"groupVersion": format!("{group}/{preferred}"), "version": preferred}})
 }
 
 pub fn group_list(reg: &Registry) -> Value {
-    let groups: Vec<Value> = reg
-        .groups()
-        .into_iter()
-        .filter(|(g, _, _)| !g.is_empty())
-        .map(|(g, vs, p)| group_entry(&g, &vs, &p))
-        .collect();
+    let groups: Vec<Value> =
+        reg.groups().into_iter().filter(|(g, _, _)| !g.is_empty()).map(|(g, vs, p)| group_entry(&g, &vs, &p)).collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 pub fn group(reg: &Registry, name: &str) -> Option<Value> {
-    let (g, vs, p) = reg
-        .groups()
-        .into_iter()
-        .find(|(g, _, _)| g == name && !g.is_empty())?;
+    let (g, vs, p) = reg.groups().into_iter().find(|(g, _, _)| g == name && !g.is_empty())?;
     let mut v = group_entry(&g, &vs, &p);
     v["kind"] = json!("APIGroup");
     v["apiVersion"] = json!("v1");

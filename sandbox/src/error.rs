@@ -28,70 +28,39 @@ impl FieldError {
         } else {
             format!("{field}: Required value: {detail}")
         };
-        FieldError {
-            cause: "FieldValueRequired",
-            field,
-            message,
-        }
+        FieldError { cause: "FieldValueRequired", field, message }
     }
     pub fn invalid(field: impl Into<String>, value: &Value, detail: &str) -> Self {
         let field = field.into();
         let message = format!("{field}: Invalid value: {}: {detail}", show_value(value));
-        FieldError {
-            cause: "FieldValueInvalid",
-            field,
-            message,
-        }
+        FieldError { cause: "FieldValueInvalid", field, message }
     }
     pub fn not_supported(field: impl Into<String>, value: &Value, allowed: &[Value]) -> Self {
         let field = field.into();
         let list: Vec<String> = allowed.iter().map(show_value).collect();
-        let message = format!(
-            "{field}: Unsupported value: {}: supported values: {}",
-            show_value(value),
-            list.join(", ")
-        );
-        FieldError {
-            cause: "FieldValueNotSupported",
-            field,
-            message,
-        }
+        let message =
+            format!("{field}: Unsupported value: {}: supported values: {}", show_value(value), list.join(", "));
+        FieldError { cause: "FieldValueNotSupported", field, message }
     }
     pub fn forbidden(field: impl Into<String>, detail: &str) -> Self {
         let field = field.into();
         let message = format!("{field}: Forbidden: {detail}");
-        FieldError {
-            cause: "FieldValueForbidden",
-            field,
-            message,
-        }
+        FieldError { cause: "FieldValueForbidden", field, message }
     }
     pub fn too_long(field: impl Into<String>, max: u64) -> Self {
         let field = field.into();
         let message = format!("{field}: Too long: may not be more than {max} bytes");
-        FieldError {
-            cause: "FieldValueTooLong",
-            field,
-            message,
-        }
+        FieldError { cause: "FieldValueTooLong", field, message }
     }
     pub fn too_many(field: impl Into<String>, len: usize, max: u64) -> Self {
         let field = field.into();
         let message = format!("{field}: Too many: {len}: must have at most {max} items");
-        FieldError {
-            cause: "FieldValueTooMany",
-            field,
-            message,
-        }
+        FieldError { cause: "FieldValueTooMany", field, message }
     }
     pub fn duplicate(field: impl Into<String>, value: &Value) -> Self {
         let field = field.into();
         let message = format!("{field}: Duplicate value: {}", show_value(value));
-        FieldError {
-            cause: "FieldValueDuplicate",
-            field,
-            message,
-        }
+        FieldError { cause: "FieldValueDuplicate", field, message }
     }
 }
 
@@ -110,12 +79,7 @@ pub type ApiResult<T> = Result<T, ApiError>;
 
 impl ApiError {
     pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
-            code,
-            reason,
-            message: message.into(),
-            details: None,
-        }
+        ApiError { code, reason, message: message.into(), details: None }
     }
     fn with_details(mut self, details: Value) -> Self {
         self.details = Some(details);
@@ -132,37 +96,21 @@ impl ApiError {
     }
     /// 404 for a path that names no resource at all.
     pub fn no_route() -> Self {
-        Self::new(
-            404,
-            "NotFound",
-            "the server could not find the requested resource",
-        )
-        .with_details(json!({}))
+        Self::new(404, "NotFound", "the server could not find the requested resource").with_details(json!({}))
     }
     pub fn not_found(group: &str, plural: &str, name: &str) -> Self {
-        Self::new(
-            404,
-            "NotFound",
-            format!("{} \"{name}\" not found", qualified(group, plural)),
-        )
-        .with_details(json!({"name": name, "group": group, "kind": plural}))
+        Self::new(404, "NotFound", format!("{} \"{name}\" not found", qualified(group, plural)))
+            .with_details(json!({"name": name, "group": group, "kind": plural}))
     }
     pub fn already_exists(group: &str, plural: &str, name: &str) -> Self {
-        Self::new(
-            409,
-            "AlreadyExists",
-            format!("{} \"{name}\" already exists", qualified(group, plural)),
-        )
-        .with_details(json!({"name": name, "group": group, "kind": plural}))
+        Self::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", qualified(group, plural)))
+            .with_details(json!({"name": name, "group": group, "kind": plural}))
     }
     pub fn conflict(group: &str, plural: &str, name: &str, why: &str) -> Self {
         Self::new(
             409,
             "Conflict",
-            format!(
-                "Operation cannot be fulfilled on {} \"{name}\": {why}",
-                qualified(group, plural)
-            ),
+            format!("Operation cannot be fulfilled on {} \"{name}\": {why}", qualified(group, plural)),
         )
         .with_details(json!({"name": name, "group": group, "kind": plural}))
     }
@@ -178,14 +126,7 @@ impl ApiError {
         let joined = if errors.len() == 1 {
             errors[0].message.clone()
         } else {
-            format!(
-                "[{}]",
-                errors
-                    .iter()
-                    .map(|e| e.message.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
+            format!("[{}]", errors.iter().map(|e| e.message.as_str()).collect::<Vec<_>>().join(", "))
         };
         let causes: Vec<Value> = errors
             .iter()
@@ -196,12 +137,8 @@ impl ApiError {
                 json!({"reason": e.cause, "message": msg, "field": e.field})
             })
             .collect();
-        Self::new(
-            422,
-            "Invalid",
-            format!("{} \"{name}\" is invalid: {joined}", qualified(group, kind)),
-        )
-        .with_details(json!({"name": name, "group": group, "kind": kind, "causes": causes}))
+        Self::new(422, "Invalid", format!("{} \"{name}\" is invalid: {joined}", qualified(group, kind)))
+            .with_details(json!({"name": name, "group": group, "kind": kind, "causes": causes}))
     }
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
         Self::new(405, "MethodNotAllowed", message)

@@ -16,41 +16,28 @@ use tokio::sync::broadcast;
 type Item = (GroupResource, ObjKey);
 
 fn background() -> DeleteOptions {
-    DeleteOptions {
-        propagation: None,
-        uid: None,
-        resource_version: None,
-        dry_run: false,
-    }
+    DeleteOptions { propagation: None, uid: None, resource_version: None, dry_run: false }
 }
 
 fn uid(obj: &Value) -> Option<String> {
-    obj.pointer("/metadata/uid")
-        .and_then(Value::as_str)
-        .map(String::from)
+    obj.pointer("/metadata/uid").and_then(Value::as_str).map(String::from)
 }
 
 fn terminating(obj: &Value) -> bool {
-    obj.pointer("/metadata/deletionTimestamp")
-        .is_some_and(|v| !v.is_null())
+    obj.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null())
 }
 
 fn has_finalizer(obj: &Value, f: &str) -> bool {
-    obj.pointer("/metadata/finalizers")
-        .and_then(Value::as_array)
-        .is_some_and(|a| a.iter().any(|x| x == f))
+    obj.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == f))
 }
 
 fn blocks_owner(dependent: &Value, owner_uid: &str) -> bool {
-    dependent
-        .pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .is_some_and(|refs| {
-            refs.iter().any(|r| {
-                r.get("uid").and_then(Value::as_str) == Some(owner_uid)
-                    && r.get("blockOwnerDeletion").and_then(Value::as_bool) == Some(true)
-            })
+    dependent.pointer("/metadata/ownerReferences").and_then(Value::as_array).is_some_and(|refs| {
+        refs.iter().any(|r| {
+            r.get("uid").and_then(Value::as_str) == Some(owner_uid)
+                && r.get("blockOwnerDeletion").and_then(Value::as_bool) == Some(true)
         })
+    })
 }
 
 fn is_namespace(gr: &GroupResource) -> bool {
@@ -62,11 +49,7 @@ fn is_crd(gr: &GroupResource) -> bool {
 }
 
 fn needs_work(gr: &GroupResource, obj: &Value) -> bool {
-    terminating(obj)
-        && (is_namespace(gr)
-            || is_crd(gr)
-            || has_finalizer(obj, FOREGROUND)
-            || has_finalizer(obj, ORPHAN))
+    terminating(obj) && (is_namespace(gr) || is_crd(gr) || has_finalizer(obj, FOREGROUND) || has_finalizer(obj, ORPHAN))
 }
 
 pub async fn run(shared: Arc<Shared>, mut rx: broadcast::Receiver<Arc<StoredEvent>>) {
@@ -111,11 +94,7 @@ fn full_scan(st: &mut State, pending: &mut BTreeSet<Item>) {
             if needs_work(&gr, obj) {
                 pending.insert((gr.clone(), k.clone()));
             }
-            let refs = obj
-                .pointer("/metadata/ownerReferences")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
+            let refs = obj.pointer("/metadata/ownerReferences").and_then(Value::as_array).cloned().unwrap_or_default();
             for r in refs {
                 if let Some(u) = r.get("uid").and_then(Value::as_str) {
                     if st.store.lookup_uid(u).is_none() {
@@ -143,10 +122,7 @@ fn on_event(st: &mut State, ev: &StoredEvent, pending: &mut BTreeSet<Item>) {
             }
             // A dependent whose owners do not exist (never did, or are already gone) is
             // collected like one whose owner was just deleted.
-            let refs = ev
-                .object
-                .pointer("/metadata/ownerReferences")
-                .and_then(Value::as_array);
+            let refs = ev.object.pointer("/metadata/ownerReferences").and_then(Value::as_array);
             let uids: Vec<String> = refs
                 .into_iter()
                 .flatten()
@@ -168,11 +144,7 @@ fn owner_gone(st: &mut State, owner_uid: &str) {
         let Some(obj) = st.store.get(&gr, &k).cloned() else {
             continue;
         };
-        let refs = obj
-            .pointer("/metadata/ownerReferences")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
+        let refs = obj.pointer("/metadata/ownerReferences").and_then(Value::as_array).cloned().unwrap_or_default();
         let others_alive = refs
             .iter()
             .filter_map(|r| r.get("uid").and_then(Value::as_str))
@@ -189,10 +161,7 @@ fn drop_owner_ref(st: &mut State, gr: &GroupResource, k: &ObjKey, owner_uid: &st
     let Some(mut obj) = st.store.get(gr, k).cloned() else {
         return;
     };
-    if let Some(refs) = obj
-        .pointer_mut("/metadata/ownerReferences")
-        .and_then(Value::as_array_mut)
-    {
+    if let Some(refs) = obj.pointer_mut("/metadata/ownerReferences").and_then(Value::as_array_mut) {
         refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(owner_uid));
         if refs.is_empty() {
             if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -207,11 +176,7 @@ fn delete(st: &mut State, gr: &GroupResource, k: &ObjKey) {
     let Some(def) = st.registry.any_version(gr) else {
         return;
     };
-    let ns = if def.namespaced {
-        Some(k.0.clone())
-    } else {
-        None
-    };
+    let ns = if def.namespaced { Some(k.0.clone()) } else { None };
     let _ = api::delete(st, &def, ns.as_deref(), &k.1, &background());
 }
 
@@ -230,11 +195,8 @@ fn remove_finalizer(st: &mut State, gr: &GroupResource, k: &ObjKey, f: &str) {
             m.remove("finalizers");
         }
     }
-    let ns_waiting = is_namespace(gr)
-        && obj
-            .pointer("/spec/finalizers")
-            .and_then(Value::as_array)
-            .is_some_and(|a| !a.is_empty());
+    let ns_waiting =
+        is_namespace(gr) && obj.pointer("/spec/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
     st.store.replace(gr, k.clone(), obj);
     if empty && !ns_waiting {
         if let Some(def) = st.registry.any_version(gr) {
@@ -265,9 +227,7 @@ fn progress(st: &mut State, item: &Item) -> bool {
     if has_finalizer(&obj, FOREGROUND) {
         // All dependents are deleted; the owner waits only for those that block it.
         let deps = st.store.dependents_of(&u);
-        let blocking = deps
-            .iter()
-            .any(|(dgr, dk)| st.store.get(dgr, dk).is_some_and(|d| blocks_owner(d, &u)));
+        let blocking = deps.iter().any(|(dgr, dk)| st.store.get(dgr, dk).is_some_and(|d| blocks_owner(d, &u)));
         for (dgr, dk) in deps {
             if st.store.get(&dgr, &dk).is_some_and(|d| !terminating(d)) {
                 delete(st, &dgr, &dk);
@@ -285,11 +245,7 @@ fn progress(st: &mut State, item: &Item) -> bool {
             if !namespaced {
                 continue;
             }
-            let keys: Vec<ObjKey> = st
-                .store
-                .list(&rgr, Some(&k.1))
-                .map(|(k, _)| k.clone())
-                .collect();
+            let keys: Vec<ObjKey> = st.store.list(&rgr, Some(&k.1)).map(|(k, _)| k.clone()).collect();
             left += keys.len();
             for dk in keys {
                 if st.store.get(&rgr, &dk).is_some_and(|d| !terminating(d)) {
@@ -300,10 +256,8 @@ fn progress(st: &mut State, item: &Item) -> bool {
         if left == 0 {
             let mut done = obj.clone();
             done["spec"] = json!({});
-            let has_meta_fins = done
-                .pointer("/metadata/finalizers")
-                .and_then(Value::as_array)
-                .is_some_and(|a| !a.is_empty());
+            let has_meta_fins =
+                done.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
             if has_meta_fins {
                 st.store.replace(gr, k.clone(), done);
             } else if let Some(def) = st.registry.any_version(gr) {
@@ -314,14 +268,8 @@ fn progress(st: &mut State, item: &Item) -> bool {
         return false;
     }
     if is_crd(gr) && has_finalizer(&obj, CLEANUP_FINALIZER) {
-        let group = obj
-            .pointer("/spec/group")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let plural = obj
-            .pointer("/spec/names/plural")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let group = obj.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default();
+        let plural = obj.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or_default();
         let cr = GroupResource::new(group, plural);
         let keys: Vec<ObjKey> = st.store.list(&cr, None).map(|(k, _)| k.clone()).collect();
         if keys.is_empty() {

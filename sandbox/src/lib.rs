@@ -57,13 +57,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options {
-            port: 0,
-            crd_dir: None,
-            history: 10_000,
-            bookmark_interval: Duration::from_secs(60),
-            token: None,
-        }
+        Options { port: 0, crd_dir: None, history: 10_000, bookmark_interval: Duration::from_secs(60), token: None }
     }
 }
 
@@ -80,10 +74,7 @@ impl Sandbox {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", opts.port)).await?;
         let addr = listener.local_addr()?;
         let url = format!("http://{addr}");
-        let token = opts
-            .token
-            .clone()
-            .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+        let token = opts.token.clone().unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
         let (tx, rx) = tokio_watch::channel(false);
         let mut state = state::State::new(opts.history);
         bootstrap(&mut state);
@@ -108,17 +99,13 @@ impl Sandbox {
             let graceful = async move {
                 let _ = stop.wait_for(|v| *v).await;
             };
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(graceful)
-                .await;
+            // Without TCP_NODELAY, small responses wait for the client's delayed ACK (~40 ms).
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            let _ = axum::serve(listener, app).with_graceful_shutdown(graceful).await;
         });
-        Ok(Sandbox {
-            url,
-            token,
-            addr,
-            shutdown: tx,
-            server,
-        })
+        Ok(Sandbox { url, token, addr, shutdown: tx, server })
     }
 
     pub fn url(&self) -> &str {
@@ -150,8 +137,7 @@ fn bootstrap(st: &mut state::State) {
         return;
     };
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
-        let body =
-            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        let body = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
         let _ = api::create(st, &def, None, body, &query::Query::default());
     }
 }
@@ -159,12 +145,7 @@ fn bootstrap(st: &mut state::State) {
 fn load_crds(st: &mut state::State, dir: &std::path::Path) -> std::io::Result<()> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            matches!(
-                p.extension().and_then(|e| e.to_str()),
-                Some("yaml" | "yml" | "json")
-            )
-        })
+        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")))
         .collect();
     files.sort();
     let def = st
@@ -174,12 +155,8 @@ fn load_crds(st: &mut state::State, dir: &std::path::Path) -> std::io::Result<()
     for f in files {
         let text = std::fs::read_to_string(&f)?;
         for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v: Value = serde::Deserialize::deserialize(doc).map_err(|e| {
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("{}: {e}", f.display()),
-                )
-            })?;
+            let v: Value = serde::Deserialize::deserialize(doc)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", f.display())))?;
             if v.is_null() {
                 continue;
             }
@@ -187,10 +164,7 @@ fn load_crds(st: &mut state::State, dir: &std::path::Path) -> std::io::Result<()
                 continue;
             }
             api::create(st, &def, None, v, &query::Query::default()).map_err(|e| {
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("{}: {}", f.display(), e.message),
-                )
+                std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {}", f.display(), e.message))
             })?;
         }
     }

@@ -15,10 +15,7 @@ pub fn prepare_create(def: &ResourceDef, obj: &mut Value) {
         ("", "namespaces") => {
             obj["status"] = json!({"phase": "Active"});
             obj["spec"] = json!({"finalizers": ["kubernetes"]});
-            let name = obj
-                .pointer("/metadata/name")
-                .cloned()
-                .unwrap_or(Value::Null);
+            let name = obj.pointer("/metadata/name").cloned().unwrap_or(Value::Null);
             if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
                 let labels = meta.entry("labels").or_insert_with(|| json!({}));
                 if let Some(l) = labels.as_object_mut() {
@@ -26,12 +23,7 @@ pub fn prepare_create(def: &ResourceDef, obj: &mut Value) {
                 }
             }
         }
-        ("", "secrets")
-            if obj
-                .get("type")
-                .and_then(Value::as_str)
-                .is_none_or(str::is_empty) =>
-        {
+        ("", "secrets") if obj.get("type").and_then(Value::as_str).is_none_or(str::is_empty) => {
             obj["type"] = json!("Opaque");
         }
         _ => {}
@@ -56,17 +48,10 @@ fn default_pod_spec(obj: &mut Value) {
     }
     if let Some(Value::Array(cs)) = spec.get_mut("containers") {
         for c in cs.iter_mut().filter_map(Value::as_object_mut) {
-            let latest = c
-                .get("image")
-                .and_then(Value::as_str)
-                .is_some_and(|i| !i.contains(':') || i.ends_with(":latest"));
-            c.entry("imagePullPolicy").or_insert(json!(if latest {
-                "Always"
-            } else {
-                "IfNotPresent"
-            }));
-            c.entry("terminationMessagePath")
-                .or_insert(json!("/dev/termination-log"));
+            let latest =
+                c.get("image").and_then(Value::as_str).is_some_and(|i| !i.contains(':') || i.ends_with(":latest"));
+            c.entry("imagePullPolicy").or_insert(json!(if latest { "Always" } else { "IfNotPresent" }));
+            c.entry("terminationMessagePath").or_insert(json!("/dev/termination-log"));
             c.entry("terminationMessagePolicy").or_insert(json!("File"));
             c.entry("resources").or_insert(json!({}));
         }
@@ -90,10 +75,7 @@ pub fn validate(def: &ResourceDef, obj: &Value) -> Vec<FieldError> {
                         )),
                         None => errs.push(FieldError::required(format!("{f}.name"), "")),
                     }
-                    if c.get("image")
-                        .and_then(Value::as_str)
-                        .is_none_or(|s| s.trim().is_empty())
-                    {
+                    if c.get("image").and_then(Value::as_str).is_none_or(|s| s.trim().is_empty()) {
                         errs.push(FieldError::required(format!("{f}.image"), ""));
                     }
                 }
@@ -104,11 +86,7 @@ pub fn validate(def: &ResourceDef, obj: &Value) -> Vec<FieldError> {
             if let Some(Value::Object(data)) = obj.get("data") {
                 for (k, v) in data {
                     if !v.as_str().is_some_and(is_base64) {
-                        errs.push(FieldError::invalid(
-                            format!("data[{k}]"),
-                            v,
-                            "must be base64-encoded",
-                        ));
+                        errs.push(FieldError::invalid(format!("data[{k}]"), v, "must be base64-encoded"));
                     }
                 }
             }
@@ -122,36 +100,22 @@ pub fn validate(def: &ResourceDef, obj: &Value) -> Vec<FieldError> {
                 ("action", "action"),
                 ("reason", "reason"),
             ] {
-                if obj
-                    .get(core)
-                    .is_none_or(|v| v.is_null() || v.as_str() == Some(""))
-                {
+                if obj.get(core).is_none_or(|v| v.is_null() || v.as_str() == Some("")) {
                     errs.push(FieldError::required(field, ""));
                 }
             }
             let ty = obj.get("type").cloned().unwrap_or(Value::Null);
             if ty != json!("Normal") && ty != json!("Warning") {
-                errs.push(FieldError::not_supported(
-                    "type",
-                    &ty,
-                    &[json!("Normal"), json!("Warning")],
-                ));
+                errs.push(FieldError::not_supported("type", &ty, &[json!("Normal"), json!("Warning")]));
             }
         }
         ("", "events") if obj.get("involvedObject").is_none_or(Value::is_null) => {
             errs.push(FieldError::required("involvedObject", ""));
         }
         ("coordination.k8s.io", "leases") => {
-            if let Some(d) = obj
-                .pointer("/spec/leaseDurationSeconds")
-                .and_then(Value::as_i64)
-            {
+            if let Some(d) = obj.pointer("/spec/leaseDurationSeconds").and_then(Value::as_i64) {
                 if d <= 0 {
-                    errs.push(FieldError::invalid(
-                        "spec.leaseDurationSeconds",
-                        &json!(d),
-                        "must be greater than 0",
-                    ));
+                    errs.push(FieldError::invalid("spec.leaseDurationSeconds", &json!(d), "must be greater than 0"));
                 }
             }
         }
@@ -193,8 +157,5 @@ pub fn validate_update(def: &ResourceDef, old: &Value, new: &Value) -> Vec<Field
 
 fn is_base64(s: &str) -> bool {
     let t = s.trim_end_matches('=');
-    s.len() % 4 == 0
-        && s.len() - t.len() <= 2
-        && t.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
+    s.len() % 4 == 0 && s.len() - t.len() <= 2 && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
 }

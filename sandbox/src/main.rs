@@ -5,18 +5,14 @@ use kube_sandbox::{Options, Sandbox};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const USAGE: &str =
-    "usage: kube-sandbox [--port N] [--kubeconfig-out PATH] [--crd-dir DIR] [--token TOKEN]";
+const USAGE: &str = "usage: kube-sandbox [--port N] [--kubeconfig-out PATH] [--crd-dir DIR] [--token TOKEN]";
 
 fn parse() -> Result<(Options, Option<PathBuf>), String> {
     let mut opts = Options::default();
     let mut out = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        let mut val = |name: &str| {
-            args.next()
-                .ok_or_else(|| format!("{name} needs a value\n{USAGE}"))
-        };
+        let mut val = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value\n{USAGE}"));
         match a.as_str() {
             "--port" => opts.port = val("--port")?.parse().map_err(|e| format!("--port: {e}"))?,
             "--kubeconfig-out" => out = Some(PathBuf::from(val("--kubeconfig-out")?)),

@@ -13,8 +13,7 @@ const LABEL_VALUE: &str = "(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?";
 
 /// The patterns are constants, so compilation cannot fail; if it ever did, nothing would match.
 fn anchored(cell: &'static OnceLock<Option<Regex>>, pat: &str) -> Option<&'static Regex> {
-    cell.get_or_init(|| Regex::new(&format!("^{pat}$")).ok())
-        .as_ref()
+    cell.get_or_init(|| Regex::new(&format!("^{pat}$")).ok()).as_ref()
 }
 
 pub fn is_dns1123_label(s: &str) -> bool {
@@ -57,22 +56,14 @@ pub fn validate_name(rule: NameRule, name: &str, field: &str) -> Vec<FieldError>
     match rule {
         NameRule::Subdomain if !is_dns1123_subdomain(name) => {
             if name.len() > 253 {
-                errs.push(FieldError::invalid(
-                    field,
-                    &v,
-                    "must be no more than 253 characters",
-                ));
+                errs.push(FieldError::invalid(field, &v, "must be no more than 253 characters"));
             } else {
                 errs.push(FieldError::invalid(field, &v, &dns1123_subdomain_message()));
             }
         }
         NameRule::Label if !is_dns1123_label(name) => {
             if name.len() > 63 {
-                errs.push(FieldError::invalid(
-                    field,
-                    &v,
-                    "must be no more than 63 characters",
-                ));
+                errs.push(FieldError::invalid(field, &v, "must be no more than 63 characters"));
             } else {
                 errs.push(FieldError::invalid(field, &v, &dns1123_label_message()));
             }
@@ -85,19 +76,11 @@ pub fn validate_name(rule: NameRule, name: &str, field: &str) -> Vec<FieldError>
 pub fn validate_path_segment(name: &str, field: &str) -> Vec<FieldError> {
     let v = Value::String(name.to_string());
     if name == "." || name == ".." {
-        return vec![FieldError::invalid(
-            field,
-            &v,
-            &format!("may not be '{name}'"),
-        )];
+        return vec![FieldError::invalid(field, &v, &format!("may not be '{name}'"))];
     }
     for bad in ["/", "%"] {
         if name.contains(bad) {
-            return vec![FieldError::invalid(
-                field,
-                &v,
-                &format!("may not contain '{bad}'"),
-            )];
+            return vec![FieldError::invalid(field, &v, &format!("may not contain '{bad}'"))];
         }
     }
     Vec::new()
@@ -114,11 +97,7 @@ fn validate_qualified_name(key: &str, field: &str) -> Option<FieldError> {
     let v = Value::String(key.to_string());
     if let Some(p) = prefix {
         if p.is_empty() || !is_dns1123_subdomain(p) {
-            return Some(FieldError::invalid(
-                field,
-                &v,
-                "prefix part must be a lowercase RFC 1123 subdomain",
-            ));
+            return Some(FieldError::invalid(field, &v, "prefix part must be a lowercase RFC 1123 subdomain"));
         }
     }
     if name.is_empty() || name.len() > 63 || !matches(name) {
@@ -137,11 +116,7 @@ pub fn validate_labels(labels: &Value, field: &str) -> Vec<FieldError> {
     let mut errs = Vec::new();
     let Some(map) = labels.as_object() else {
         if !labels.is_null() {
-            errs.push(FieldError::invalid(
-                field,
-                labels,
-                "must be a map of strings",
-            ));
+            errs.push(FieldError::invalid(field, labels, "must be a map of strings"));
         }
         return errs;
     };
@@ -176,11 +151,7 @@ pub fn validate_annotations(ann: &Value, field: &str) -> Vec<FieldError> {
         }
         match v.as_str() {
             Some(s) => total += k.len() + s.len(),
-            None => errs.push(FieldError::invalid(
-                field,
-                v,
-                "annotation values must be strings",
-            )),
+            None => errs.push(FieldError::invalid(field, v, "annotation values must be strings")),
         }
     }
     if total > 256 * 1024 {
@@ -195,22 +166,14 @@ pub fn now_rfc3339() -> String {
 }
 
 pub fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
 pub fn format_rfc3339(secs: i64) -> String {
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, (rem % 3600) / 60, rem % 60)
 }
 
 /// Parses `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)` into Unix seconds.
@@ -315,11 +278,7 @@ pub fn human_duration(secs: i64) -> String {
 }
 
 pub fn age_of(obj: &Value) -> String {
-    match obj
-        .pointer("/metadata/creationTimestamp")
-        .and_then(Value::as_str)
-        .and_then(parse_rfc3339)
-    {
+    match obj.pointer("/metadata/creationTimestamp").and_then(Value::as_str).and_then(parse_rfc3339) {
         Some(t) => human_duration(unix_now() - t),
         None => "<unknown>".into(),
     }
@@ -330,11 +289,7 @@ pub fn age_of(obj: &Value) -> String {
 pub fn generated_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let bytes = uuid::Uuid::new_v4().into_bytes();
-    bytes
-        .iter()
-        .take(5)
-        .map(|b| ALPHABET[(*b as usize) % ALPHABET.len()] as char)
-        .collect()
+    bytes.iter().take(5).map(|b| ALPHABET[(*b as usize) % ALPHABET.len()] as char).collect()
 }
 
 pub fn new_uid() -> String {
@@ -351,10 +306,7 @@ mod tests {
             assert_eq!(parse_rfc3339(&format_rfc3339(t)), Some(t));
         }
         assert_eq!(format_rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(
-            parse_rfc3339("2024-02-29T12:00:00.123456+01:00"),
-            Some(1_709_204_400)
-        );
+        assert_eq!(parse_rfc3339("2024-02-29T12:00:00.123456+01:00"), Some(1_709_204_400));
         assert_eq!(parse_rfc3339("garbage"), None);
     }
 
@@ -363,10 +315,7 @@ mod tests {
         assert!(is_dns1123_subdomain("a.b-c"));
         assert!(!is_dns1123_subdomain("A"));
         assert!(!is_dns1123_label("a.b"));
-        assert_eq!(
-            validate_name(NameRule::Subdomain, "Bad_Name", "metadata.name").len(),
-            1
-        );
+        assert_eq!(validate_name(NameRule::Subdomain, "Bad_Name", "metadata.name").len(), 1);
     }
 
     #[test]

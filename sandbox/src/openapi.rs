@@ -22,7 +22,10 @@ pub fn v3_root(reg: &Registry) -> Value {
     for (g, versions, _) in reg.groups() {
         for v in versions {
             let p = gv_path(&g, &v);
-            paths.insert(p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", hash_of(reg, &g, &v))}));
+            paths.insert(
+                p.clone(),
+                json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", hash_of(reg, &g, &v))}),
+            );
         }
     }
     json!({"paths": paths})
@@ -75,11 +78,7 @@ pub fn v3_group_version(reg: &Registry, rest: &[&str]) -> Option<Value> {
     let mut paths = Map::new();
     let mut schemas = Map::new();
     for d in &defs {
-        let base = if g.is_empty() {
-            format!("/api/{v}")
-        } else {
-            format!("/apis/{g}/{v}")
-        };
+        let base = if g.is_empty() { format!("/api/{v}") } else { format!("/apis/{g}/{v}") };
         let coll = if d.namespaced {
             format!("{base}/namespaces/{{namespace}}/{}", d.plural)
         } else {
@@ -90,16 +89,18 @@ pub fn v3_group_version(reg: &Registry, rest: &[&str]) -> Option<Value> {
             "get": operation(d, "list", &["labelSelector", "fieldSelector", "limit", "continue", "resourceVersion", "watch"]),
             "post": operation(d, "post", &write),
         }));
-        paths.insert(format!("{coll}/{{name}}"), json!({
-            "get": operation(d, "get", &["pretty"]),
-            "put": operation(d, "put", &write),
-            "patch": operation(d, "patch", &["dryRun", "fieldManager", "fieldValidation", "force", "pretty"]),
-            "delete": operation(d, "delete", &["dryRun", "gracePeriodSeconds", "propagationPolicy"]),
-        }));
+        paths.insert(
+            format!("{coll}/{{name}}"),
+            json!({
+                "get": operation(d, "get", &["pretty"]),
+                "put": operation(d, "put", &write),
+                "patch": operation(d, "patch", &["dryRun", "fieldManager", "fieldValidation", "force", "pretty"]),
+                "delete": operation(d, "delete", &["dryRun", "gracePeriodSeconds", "propagationPolicy"]),
+            }),
+        );
         if let Some(s) = &d.schema {
             let mut s = s.clone();
-            s["x-kubernetes-group-version-kind"] =
-                json!([{"group": d.group, "version": d.version, "kind": d.kind}]);
+            s["x-kubernetes-group-version-kind"] = json!([{"group": d.group, "version": d.version, "kind": d.kind}]);
             schemas.insert(schema_name(d), s);
         }
     }

@@ -17,9 +17,7 @@ impl PatchType {
             "application/json-patch+json" => Some(PatchType::Json),
             "application/merge-patch+json" => Some(PatchType::Merge),
             "application/strategic-merge-patch+json" => Some(PatchType::Strategic),
-            "application/apply-patch+yaml" | "application/apply-patch+cbor" => {
-                Some(PatchType::Apply)
-            }
+            "application/apply-patch+yaml" | "application/apply-patch+cbor" => Some(PatchType::Apply),
             _ => None,
         }
     }
@@ -56,17 +54,11 @@ fn split_pointer(path: &str) -> Result<Vec<String>, PatchError> {
     if path.is_empty() {
         return Ok(vec![]);
     }
-    let rest = path
-        .strip_prefix('/')
-        .ok_or_else(|| PatchError(format!("invalid JSON pointer {path:?}")))?;
+    let rest = path.strip_prefix('/').ok_or_else(|| PatchError(format!("invalid JSON pointer {path:?}")))?;
     Ok(rest.split('/').map(unescape).collect())
 }
 
-fn parent<'a>(
-    doc: &'a mut Value,
-    toks: &[String],
-    path: &str,
-) -> Result<&'a mut Value, PatchError> {
+fn parent<'a>(doc: &'a mut Value, toks: &[String], path: &str) -> Result<&'a mut Value, PatchError> {
     let mut cur = doc;
     for t in toks {
         cur = match cur {
@@ -83,18 +75,10 @@ fn array_index(tok: &str, len: usize, allow_end: bool, path: &str) -> Result<usi
     if allow_end && tok == "-" {
         return Ok(len);
     }
-    let i: usize = tok
-        .parse()
-        .map_err(|_| PatchError(format!("invalid array index {tok:?} in {path:?}")))?;
-    let max = if allow_end {
-        len
-    } else {
-        len.saturating_sub(1)
-    };
+    let i: usize = tok.parse().map_err(|_| PatchError(format!("invalid array index {tok:?} in {path:?}")))?;
+    let max = if allow_end { len } else { len.saturating_sub(1) };
     if i > max || (!allow_end && len == 0) {
-        return Err(PatchError(format!(
-            "unable to access invalid index: {i} in {path:?}"
-        )));
+        return Err(PatchError(format!("unable to access invalid index: {i} in {path:?}")));
     }
     Ok(i)
 }
@@ -124,11 +108,9 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value, PatchError> {
         return Err(PatchError("cannot remove the document root".into()));
     };
     match parent(doc, init, path)? {
-        Value::Object(m) => m.remove(last).ok_or_else(|| {
-            PatchError(format!(
-                "unable to remove nonexistent key: {last}: missing value"
-            ))
-        }),
+        Value::Object(m) => {
+            m.remove(last).ok_or_else(|| PatchError(format!("unable to remove nonexistent key: {last}: missing value")))
+        }
         Value::Array(a) => {
             let i = array_index(last, a.len(), false, path)?;
             Ok(a.remove(i))
@@ -139,40 +121,23 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value, PatchError> {
 
 fn parent_exists(doc: &Value, path: &str) -> bool {
     match path.rfind('/') {
-        Some(i) => doc
-            .pointer(&path[..i])
-            .is_some_and(|p| p.is_object() || p.is_array()),
+        Some(i) => doc.pointer(&path[..i]).is_some_and(|p| p.is_object() || p.is_array()),
         None => false,
     }
 }
 
 fn get(doc: &Value, path: &str) -> Result<Value, PatchError> {
-    doc.pointer(path)
-        .cloned()
-        .ok_or_else(|| PatchError(format!("doc is missing path: {path:?}: missing value")))
+    doc.pointer(path).cloned().ok_or_else(|| PatchError(format!("doc is missing path: {path:?}: missing value")))
 }
 
 /// Applies an RFC 6902 patch. `ops` must already be a JSON array (checked by the caller).
 pub fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
     for op in ops {
-        let kind = op
-            .get("op")
-            .and_then(Value::as_str)
-            .ok_or_else(|| PatchError("missing op".into()))?;
-        let path = op
-            .get("path")
-            .and_then(Value::as_str)
-            .ok_or_else(|| PatchError("missing path".into()))?;
-        let value = || {
-            op.get("value")
-                .cloned()
-                .ok_or_else(|| PatchError(format!("missing value for {kind}")))
-        };
-        let from = || {
-            op.get("from")
-                .and_then(Value::as_str)
-                .ok_or_else(|| PatchError(format!("missing from for {kind}")))
-        };
+        let kind = op.get("op").and_then(Value::as_str).ok_or_else(|| PatchError("missing op".into()))?;
+        let path = op.get("path").and_then(Value::as_str).ok_or_else(|| PatchError("missing path".into()))?;
+        let value = || op.get("value").cloned().ok_or_else(|| PatchError(format!("missing value for {kind}")));
+        let from =
+            || op.get("from").and_then(Value::as_str).ok_or_else(|| PatchError(format!("missing from for {kind}")));
         match kind {
             "add" => add(doc, path, value()?)?,
             "remove" => {
@@ -185,9 +150,7 @@ pub fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
             "move" => {
                 let from = from()?;
                 if path.starts_with(&format!("{from}/")) {
-                    return Err(PatchError(
-                        "cannot move a value into one of its children".into(),
-                    ));
+                    return Err(PatchError("cannot move a value into one of its children".into()));
                 }
                 let v = remove(doc, from)?;
                 add(doc, path, v)?;
@@ -203,16 +166,10 @@ pub fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
                 let got = match doc.pointer(path) {
                     Some(v) => v.clone(),
                     None if want.is_null() && parent_exists(doc, path) => Value::Null,
-                    None => {
-                        return Err(PatchError(format!(
-                            "doc is missing path: {path:?}: missing value"
-                        )))
-                    }
+                    None => return Err(PatchError(format!("doc is missing path: {path:?}: missing value"))),
                 };
                 if got != want {
-                    return Err(PatchError(format!(
-                        "testing value {path} failed: test failed"
-                    )));
+                    return Err(PatchError(format!("testing value {path} failed: test failed")));
                 }
             }
             other => return Err(PatchError(format!("Unexpected kind: {other}"))),
@@ -269,9 +226,7 @@ pub fn strategic_merge(target: &mut Value, patch: &Value) -> Result<(), PatchErr
             return Ok(());
         }
         Some(other) if other != "merge" => {
-            return Err(PatchError(format!(
-                "Unknown patch type: {other} in map: {patch}"
-            )));
+            return Err(PatchError(format!("Unknown patch type: {other} in map: {patch}")));
         }
         _ => {}
     }
@@ -295,9 +250,7 @@ pub fn strategic_merge(target: &mut Value, patch: &Value) -> Result<(), PatchErr
             Value::Null => {
                 t.remove(k);
             }
-            Value::Object(inner)
-                if inner.get("$patch").and_then(Value::as_str) == Some("delete") =>
-            {
+            Value::Object(inner) if inner.get("$patch").and_then(Value::as_str) == Some("delete") => {
                 t.remove(k);
             }
             Value::Object(_) => strategic_merge(t.entry(k.clone()).or_insert(Value::Null), v)?,
@@ -335,17 +288,8 @@ fn merge_list(field: &str, cur: &mut Value, items: &[Value]) -> Result<(), Patch
         *cur = Value::Array(items.to_vec());
         return Ok(());
     };
-    if items
-        .iter()
-        .any(|i| i.get("$patch").and_then(Value::as_str) == Some("replace"))
-    {
-        *cur = Value::Array(
-            items
-                .iter()
-                .filter(|i| i.get("$patch").is_none())
-                .cloned()
-                .collect(),
-        );
+    if items.iter().any(|i| i.get("$patch").and_then(Value::as_str) == Some("replace")) {
+        *cur = Value::Array(items.iter().filter(|i| i.get("$patch").is_none()).cloned().collect());
         return Ok(());
     }
     if !cur.is_array() {
@@ -354,9 +298,7 @@ fn merge_list(field: &str, cur: &mut Value, items: &[Value]) -> Result<(), Patch
     let Value::Array(c) = cur else { return Ok(()) };
     for it in items {
         let Some(kv) = it.get(key) else {
-            return Err(PatchError(format!(
-                "map: {it} does not contain declared merge key: {key}"
-            )));
+            return Err(PatchError(format!("map: {it} does not contain declared merge key: {key}")));
         };
         let pos = c.iter().position(|e| e.get(key) == Some(kv));
         if it.get("$patch").and_then(Value::as_str) == Some("delete") {
@@ -398,12 +340,14 @@ mod tests {
             {"op": "test", "path": "/b/c", "value": 1},
             {"op": "move", "from": "/b/c", "path": "/d"},
         ]);
-        json_patch(&mut d, ops.as_array().map(Vec::as_slice).unwrap_or(&[]))
-            .map_err(|e| e.0)
-            .ok();
+        json_patch(&mut d, ops.as_array().map(Vec::as_slice).unwrap_or(&[])).map_err(|e| e.0).ok();
         assert_eq!(d, json!({"a": [2, 3], "b": {}, "d": 1}));
         let bad = json!([{"op": "test", "path": "/d", "value": 2}]);
         assert!(json_patch(&mut d, bad.as_array().map(Vec::as_slice).unwrap_or(&[])).is_err());
+        let absent_is_null = json!([{"op": "test", "path": "/b/missing", "value": null}]);
+        assert!(json_patch(&mut d, absent_is_null.as_array().map(Vec::as_slice).unwrap_or(&[])).is_ok());
+        let no_parent = json!([{"op": "test", "path": "/nope/missing", "value": null}]);
+        assert!(json_patch(&mut d, no_parent.as_array().map(Vec::as_slice).unwrap_or(&[])).is_err());
     }
 
     #[test]

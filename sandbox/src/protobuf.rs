@@ -68,11 +68,7 @@ fn base64(bytes: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut s = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
@@ -100,12 +96,7 @@ fn map_entry(buf: &[u8], bytes_value: bool) -> Option<(String, Value)> {
     Some((key, value))
 }
 
-fn insert_entry(
-    obj: &mut Map<String, Value>,
-    field: &str,
-    w: &Wire,
-    bytes_value: bool,
-) -> Option<()> {
+fn insert_entry(obj: &mut Map<String, Value>, field: &str, w: &Wire, bytes_value: bool) -> Option<()> {
     let Wire::Bytes(b) = w else { return None };
     let (k, v) = map_entry(b, bytes_value)?;
     let m = obj.entry(field).or_insert_with(|| json!({}));
@@ -123,10 +114,7 @@ fn set_str(obj: &mut Map<String, Value>, field: &str, w: &Wire) -> Option<()> {
 }
 
 fn push(obj: &mut Map<String, Value>, field: &str, v: Value) -> Option<()> {
-    obj.entry(field)
-        .or_insert_with(|| json!([]))
-        .as_array_mut()?
-        .push(v);
+    obj.entry(field).or_insert_with(|| json!([])).as_array_mut()?.push(v);
     Some(())
 }
 
@@ -204,11 +192,7 @@ fn object(kind: &str, raw: &[u8]) -> Option<Value> {
                 m.insert("spec".into(), json!({"finalizers": fins}));
             }
             ("ConfigMap", 2) | ("Secret", 4) => {
-                let field = if kind == "Secret" {
-                    "stringData"
-                } else {
-                    "data"
-                };
+                let field = if kind == "Secret" { "stringData" } else { "data" };
                 insert_entry(&mut m, field, &w, false)?
             }
             ("ConfigMap", 3) => insert_entry(&mut m, "binaryData", &w, true)?,
@@ -258,12 +242,7 @@ pub fn decode(body: &[u8]) -> Option<Value> {
             _ => {}
         }
     }
-    if api_version != "v1"
-        || !matches!(
-            kind.as_str(),
-            "Namespace" | "ConfigMap" | "Secret" | "ServiceAccount"
-        )
-    {
+    if api_version != "v1" || !matches!(kind.as_str(), "Namespace" | "ConfigMap" | "Secret" | "ServiceAccount") {
         return None;
     }
     let mut obj = object(&kind, raw.unwrap_or(&[]))?;

@@ -19,10 +19,7 @@ impl Query {
     }
 
     pub fn get(&self, k: &str) -> Option<&str> {
-        self.map
-            .get(k)
-            .map(String::as_str)
-            .filter(|v| !v.is_empty())
+        self.map.get(k).map(String::as_str).filter(|v| !v.is_empty())
     }
 
     pub fn is_true(&self, k: &str) -> bool {

@@ -14,10 +14,7 @@ pub struct GroupResource {
 
 impl GroupResource {
     pub fn new(group: &str, resource: &str) -> Self {
-        GroupResource {
-            group: group.to_string(),
-            resource: resource.to_string(),
-        }
+        GroupResource { group: group.to_string(), resource: resource.to_string() }
     }
 }
 
@@ -107,10 +104,7 @@ fn builtin(group: &str, version: &str, plural: &str, kind: &str, namespaced: boo
 }
 
 fn fields(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    pairs
-        .iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect()
+    pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
 }
 
 pub fn builtins() -> Vec<ResourceDef> {
@@ -148,10 +142,7 @@ pub fn builtins() -> Vec<ResourceDef> {
         ("involvedObject.name", "/involvedObject/name"),
         ("involvedObject.uid", "/involvedObject/uid"),
         ("involvedObject.apiVersion", "/involvedObject/apiVersion"),
-        (
-            "involvedObject.resourceVersion",
-            "/involvedObject/resourceVersion",
-        ),
+        ("involvedObject.resourceVersion", "/involvedObject/resourceVersion"),
         ("involvedObject.fieldPath", "/involvedObject/fieldPath"),
         ("reason", "/reason"),
         ("reportingComponent", "/reportingComponent"),
@@ -170,10 +161,7 @@ pub fn builtins() -> Vec<ResourceDef> {
         ("regarding.name", "/involvedObject/name"),
         ("regarding.uid", "/involvedObject/uid"),
         ("regarding.apiVersion", "/involvedObject/apiVersion"),
-        (
-            "regarding.resourceVersion",
-            "/involvedObject/resourceVersion",
-        ),
+        ("regarding.resourceVersion", "/involvedObject/resourceVersion"),
         ("regarding.fieldPath", "/involvedObject/fieldPath"),
         ("reason", "/reason"),
         ("reportingController", "/reportingComponent"),
@@ -190,13 +178,8 @@ pub fn builtins() -> Vec<ResourceDef> {
     let mut leases = builtin("coordination.k8s.io", "v1", "leases", "Lease", true);
     leases.create_on_update = true;
 
-    let mut crds = builtin(
-        "apiextensions.k8s.io",
-        "v1",
-        "customresourcedefinitions",
-        "CustomResourceDefinition",
-        false,
-    );
+    let mut crds =
+        builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false);
     crds.short_names = vec!["crd".into(), "crds".into()];
     crds.categories = vec!["api-extensions".into()];
     crds.status_subresource = true;
@@ -230,8 +213,7 @@ impl Registry {
             self.group_order.push(def.group.clone());
         }
         if preferred || !self.preferred.contains_key(&def.group) {
-            self.preferred
-                .insert(def.group.clone(), def.version.clone());
+            self.preferred.insert(def.group.clone(), def.version.clone());
         }
         self.served
             .entry((def.group.clone(), def.version.clone()))
@@ -258,34 +240,21 @@ impl Registry {
     }
 
     pub fn lookup(&self, group: &str, version: &str, plural: &str) -> Option<Arc<ResourceDef>> {
-        self.served
-            .get(&(group.to_string(), version.to_string()))?
-            .get(plural)
-            .cloned()
+        self.served.get(&(group.to_string(), version.to_string()))?.get(plural).cloned()
     }
 
     pub fn group_version(&self, group: &str, version: &str) -> Option<Vec<Arc<ResourceDef>>> {
-        self.served
-            .get(&(group.to_string(), version.to_string()))
-            .map(|m| m.values().cloned().collect())
+        self.served.get(&(group.to_string(), version.to_string())).map(|m| m.values().cloned().collect())
     }
 
     pub fn groups(&self) -> Vec<(String, Vec<String>, String)> {
         self.group_order
             .iter()
             .map(|g| {
-                let versions: Vec<String> = self
-                    .served
-                    .keys()
-                    .filter(|(g2, _)| g2 == g)
-                    .map(|(_, v)| v.clone())
-                    .collect();
-                let preferred = self
-                    .preferred
-                    .get(g)
-                    .cloned()
-                    .or_else(|| versions.first().cloned())
-                    .unwrap_or_default();
+                let versions: Vec<String> =
+                    self.served.keys().filter(|(g2, _)| g2 == g).map(|(_, v)| v.clone()).collect();
+                let preferred =
+                    self.preferred.get(g).cloned().or_else(|| versions.first().cloned()).unwrap_or_default();
                 // The preferred version is listed first, as kube-apiserver orders by priority.
                 let mut ordered = vec![preferred.clone()];
                 ordered.extend(versions.into_iter().filter(|v| *v != preferred));
@@ -301,9 +270,6 @@ impl Registry {
                 return Some(d);
             }
         }
-        self.served
-            .iter()
-            .filter(|((g, _), _)| *g == gr.group)
-            .find_map(|(_, m)| m.get(&gr.resource).cloned())
+        self.served.iter().filter(|((g, _), _)| *g == gr.group).find_map(|(_, m)| m.get(&gr.resource).cloned())
     }
 }

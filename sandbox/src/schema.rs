@@ -16,15 +16,11 @@ fn join(path: &str, key: &str) -> String {
 }
 
 fn preserves_unknown(s: &Value) -> bool {
-    s.get("x-kubernetes-preserve-unknown-fields")
-        .and_then(Value::as_bool)
-        == Some(true)
+    s.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true)
 }
 
 fn is_embedded(s: &Value) -> bool {
-    s.get("x-kubernetes-embedded-resource")
-        .and_then(Value::as_bool)
-        == Some(true)
+    s.get("x-kubernetes-embedded-resource").and_then(Value::as_bool) == Some(true)
 }
 
 /// Fills in `default`s for absent properties, then recurses, as structural defaulting does.
@@ -122,9 +118,7 @@ fn type_name(v: &Value) -> &'static str {
 
 fn type_ok(want: &str, v: &Value) -> bool {
     match (want, v) {
-        ("object", Value::Object(_))
-        | ("array", Value::Array(_))
-        | ("string", Value::String(_)) => true,
+        ("object", Value::Object(_)) | ("array", Value::Array(_)) | ("string", Value::String(_)) => true,
         ("boolean", Value::Bool(_)) | ("number", Value::Number(_)) => true,
         ("integer", Value::Number(n)) => n.is_i64() || n.is_u64(),
         _ => false,
@@ -148,10 +142,7 @@ fn show(v: &Value) -> String {
 
 /// Validates `v` against `schema`; `path` is the field path (`spec.items[0].name`).
 pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError>) {
-    let int_or_string = schema
-        .get("x-kubernetes-int-or-string")
-        .and_then(Value::as_bool)
-        == Some(true);
+    let int_or_string = schema.get("x-kubernetes-int-or-string").and_then(Value::as_bool) == Some(true);
     if v.is_null() {
         if schema.get("nullable").and_then(Value::as_bool) == Some(true) {
             return;
@@ -171,10 +162,7 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             errs.push(FieldError::invalid(
                 path,
                 &tn,
-                &format!(
-                    "{path} in body must be of type integer,string: \"{}\"",
-                    type_name(v)
-                ),
+                &format!("{path} in body must be of type integer,string: \"{}\"", type_name(v)),
             ));
             return;
         }
@@ -200,11 +188,7 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             if let Some(min) = num(schema, "minimum") {
                 let excl = schema.get("exclusiveMinimum").and_then(Value::as_bool) == Some(true);
                 if (excl && x <= min) || (!excl && x < min) {
-                    let rel = if excl {
-                        "greater than"
-                    } else {
-                        "greater than or equal to"
-                    };
+                    let rel = if excl { "greater than" } else { "greater than or equal to" };
                     errs.push(FieldError::invalid(
                         path,
                         v,
@@ -215,11 +199,7 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             if let Some(max) = num(schema, "maximum") {
                 let excl = schema.get("exclusiveMaximum").and_then(Value::as_bool) == Some(true);
                 if (excl && x >= max) || (!excl && x > max) {
-                    let rel = if excl {
-                        "less than"
-                    } else {
-                        "less than or equal to"
-                    };
+                    let rel = if excl { "less than" } else { "less than or equal to" };
                     errs.push(FieldError::invalid(
                         path,
                         v,
@@ -256,11 +236,7 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             if let Some(p) = schema.get("pattern").and_then(Value::as_str) {
                 match Regex::new(p) {
                     Ok(re) if re.is_match(s) => {}
-                    _ => errs.push(FieldError::invalid(
-                        path,
-                        v,
-                        &format!("{path} in body should match '{p}'"),
-                    )),
+                    _ => errs.push(FieldError::invalid(path, v, &format!("{path} in body should match '{p}'"))),
                 }
             }
         }
@@ -291,9 +267,7 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             if list_type == Some("map") {
                 if let Some(Value::Array(keys)) = schema.get("x-kubernetes-list-map-keys") {
                     let key_of = |it: &Value| {
-                        keys.iter()
-                            .map(|k| k.as_str().and_then(|k| it.get(k)).cloned())
-                            .collect::<Vec<_>>()
+                        keys.iter().map(|k| k.as_str().and_then(|k| it.get(k)).cloned()).collect::<Vec<_>>()
                     };
                     for (i, it) in a.iter().enumerate() {
                         let k = key_of(it);
@@ -339,9 +313,7 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
                 }
                 if let Some(ps) = props.and_then(|p| p.get(k)) {
                     validate(ps, child, &join(path, k), errs);
-                } else if let Some(ap) =
-                    schema.get("additionalProperties").filter(|a| a.is_object())
-                {
+                } else if let Some(ap) = schema.get("additionalProperties").filter(|a| a.is_object()) {
                     validate(ap, child, &format!("{path}[{k}]"), errs);
                 }
             }
@@ -379,11 +351,7 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
         let mut e = Vec::new();
         validate(not, v, path, &mut e);
         if e.is_empty() {
-            errs.push(FieldError::invalid(
-                path,
-                v,
-                &format!("{path} in body must not validate the schema (not)"),
-            ));
+            errs.push(FieldError::invalid(path, v, &format!("{path} in body must not validate the schema (not)")));
         }
     }
     let _ = show;

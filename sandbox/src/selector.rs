@@ -47,23 +47,15 @@ fn parse_set(s: &str, raw: &str) -> Result<Vec<String>, ApiError> {
         .strip_prefix('(')
         .and_then(|x| x.strip_suffix(')'))
         .ok_or_else(|| label_err(raw, "found '', expected: '('"))?;
-    Ok(inner
-        .split(',')
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-        .collect())
+    Ok(inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect())
 }
 
 fn label_err(raw: &str, why: &str) -> ApiError {
-    ApiError::bad_request(format!(
-        "unable to parse requirement: {why} (in selector {raw:?})"
-    ))
+    ApiError::bad_request(format!("unable to parse requirement: {why} (in selector {raw:?})"))
 }
 
 fn valid_key(k: &str) -> bool {
-    !k.is_empty()
-        && k.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+    !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
 }
 
 impl LabelSelector {
@@ -86,15 +78,9 @@ impl LabelSelector {
             } else if let Some((k, v)) = p.split_once('=') {
                 (k.trim().to_string(), LabelOp::Eq(v.trim().to_string()))
             } else if let Some(idx) = p.find(" notin ") {
-                (
-                    p[..idx].trim().to_string(),
-                    LabelOp::NotIn(parse_set(&p[idx + 7..], raw)?),
-                )
+                (p[..idx].trim().to_string(), LabelOp::NotIn(parse_set(&p[idx + 7..], raw)?))
             } else if let Some(idx) = p.find(" in ") {
-                (
-                    p[..idx].trim().to_string(),
-                    LabelOp::In(parse_set(&p[idx + 4..], raw)?),
-                )
+                (p[..idx].trim().to_string(), LabelOp::In(parse_set(&p[idx + 4..], raw)?))
             } else if p.contains(' ') || p.contains('(') {
                 return Err(label_err(raw, &format!("unexpected token in {p:?}")));
             } else {
@@ -152,9 +138,7 @@ impl FieldSelector {
             } else if let Some((f, v)) = p.split_once('=') {
                 (f, v, true)
             } else {
-                return Err(ApiError::bad_request(format!(
-                    "invalid selector: '{raw}'; can't understand '{p}'"
-                )));
+                return Err(ApiError::bad_request(format!("invalid selector: '{raw}'; can't understand '{p}'")));
             };
             let field = field.trim();
             let pointer = match field {
@@ -162,11 +146,7 @@ impl FieldSelector {
                 "metadata.namespace" => "/metadata/namespace".to_string(),
                 other => match def.selectable_fields.iter().find(|(f, _)| f == other) {
                     Some((_, ptr)) => ptr.clone(),
-                    None => {
-                        return Err(ApiError::bad_request(format!(
-                            "field label not supported: {other}"
-                        )))
-                    }
+                    None => return Err(ApiError::bad_request(format!("field label not supported: {other}"))),
                 },
             };
             reqs.push((pointer, value.trim().to_string(), eq));

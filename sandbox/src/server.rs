@@ -41,10 +41,7 @@ fn json_response(code: u16, v: &Value, warnings: &[String]) -> Response {
     let body = serde_json::to_vec(v).unwrap_or_default();
     let mut r = Response::new(Body::from(body));
     *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     for w in warnings {
         let escaped = w.replace('\\', "\\\\").replace('"', "\\\"");
         if let Ok(h) = HeaderValue::from_str(&format!("299 - \"{escaped}\"")) {
@@ -61,10 +58,7 @@ fn error_response(e: &ApiError) -> Response {
 fn text(code: StatusCode, s: &'static str) -> Response {
     let mut r = Response::new(Body::from(s));
     *r.status_mut() = code;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     r
 }
 
@@ -83,9 +77,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request) -> Response {
     // client-go (kubectl) never sends a bearer token over plain HTTP, so a request without
     // credentials is the loopback admin; presenting the wrong credentials is refused.
     let auth = header_str(&parts.headers, header::AUTHORIZATION);
-    if !auth.is_empty()
-        && auth.strip_prefix("Bearer ").map(str::trim) != Some(shared.token.as_str())
-    {
+    if !auth.is_empty() && auth.strip_prefix("Bearer ").map(str::trim) != Some(shared.token.as_str()) {
         return error_response(&ApiError::unauthorized());
     }
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
@@ -120,9 +112,9 @@ fn wants_aggregated(accept: &str) -> Option<&'static str> {
 fn aggregated_response(v: &Value, api_version: &str) -> Response {
     let mut r = json_response(200, v, &[]);
     let ver = api_version.rsplit('/').next().unwrap_or("v2");
-    if let Ok(h) = HeaderValue::from_str(&format!(
-        "application/json;g=apidiscovery.k8s.io;v={ver};as=APIGroupDiscoveryList"
-    )) {
+    if let Ok(h) =
+        HeaderValue::from_str(&format!("application/json;g=apidiscovery.k8s.io;v={ver};as=APIGroupDiscoveryList"))
+    {
         r.headers_mut().insert(header::CONTENT_TYPE, h);
     }
     r
@@ -136,19 +128,13 @@ fn route(
     q: &Query,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let segs: Vec<&str> = path
-        .trim_matches('/')
-        .split('/')
-        .filter(|s| !s.is_empty())
-        .collect();
+    let segs: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
     let accept = header_str(headers, header::ACCEPT);
     let discovery_get = |r: Result<Response, ApiError>| {
         if *method == Method::GET {
             r
         } else {
-            Err(ApiError::method_not_allowed(
-                "the server does not allow this method on the requested resource",
-            ))
+            Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"))
         }
     };
     match segs.as_slice() {
@@ -162,16 +148,13 @@ fn route(
         ["apis"] => {
             let st = shared.lock();
             discovery_get(Ok(match wants_aggregated(accept) {
-                Some(av) => {
-                    aggregated_response(&discovery::aggregated(&st.registry, false, av), av)
-                }
+                Some(av) => aggregated_response(&discovery::aggregated(&st.registry, false, av), av),
                 None => json_response(200, &discovery::group_list(&st.registry), &[]),
             }))
         }
         ["api", "v1"] => {
             let st = shared.lock();
-            let v =
-                discovery::resource_list(&st.registry, "", "v1").ok_or_else(ApiError::no_route)?;
+            let v = discovery::resource_list(&st.registry, "", "v1").ok_or_else(ApiError::no_route)?;
             discovery_get(Ok(json_response(200, &v, &[])))
         }
         ["apis", g] => {
@@ -181,8 +164,7 @@ fn route(
         }
         ["apis", g, v] => {
             let st = shared.lock();
-            let doc =
-                discovery::resource_list(&st.registry, g, v).ok_or_else(ApiError::no_route)?;
+            let doc = discovery::resource_list(&st.registry, g, v).ok_or_else(ApiError::no_route)?;
             discovery_get(Ok(json_response(200, &doc, &[])))
         }
         ["openapi", "v2"] => discovery_get(Ok(json_response(200, &openapi::v2(), &[]))),
@@ -192,8 +174,7 @@ fn route(
         }
         ["openapi", "v3", rest @ ..] => {
             let st = shared.lock();
-            let doc =
-                openapi::v3_group_version(&st.registry, rest).ok_or_else(ApiError::no_route)?;
+            let doc = openapi::v3_group_version(&st.registry, rest).ok_or_else(ApiError::no_route)?;
             discovery_get(Ok(json_response(200, &doc, &[])))
         }
         ["api", "v1", rest @ ..] => resource(shared, method, "", "v1", rest, headers, q, body),
@@ -221,9 +202,7 @@ fn resolve<'a>(
     rest: &[&'a str],
 ) -> Result<(Arc<ResourceDef>, Option<&'a str>, Target<'a>), ApiError> {
     let (ns, rest) = match rest {
-        ["namespaces", ns, plural, tail @ ..]
-            if lookup(st, g, v, plural).is_some_and(|d| d.namespaced) =>
-        {
+        ["namespaces", ns, plural, tail @ ..] if lookup(st, g, v, plural).is_some_and(|d| d.namespaced) => {
             (Some(*ns), {
                 let mut r = vec![*plural];
                 r.extend_from_slice(tail);
@@ -232,10 +211,7 @@ fn resolve<'a>(
         }
         other => (None, other.to_vec()),
     };
-    let def = rest
-        .first()
-        .and_then(|p| lookup(st, g, v, p))
-        .ok_or_else(ApiError::no_route)?;
+    let def = rest.first().and_then(|p| lookup(st, g, v, p)).ok_or_else(ApiError::no_route)?;
     if ns.is_none() && def.namespaced && rest.len() > 1 {
         return Err(ApiError::no_route());
     }
@@ -250,9 +226,7 @@ fn resolve<'a>(
 
 fn parse_body(def: &ResourceDef, headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
     let ct = header_str(headers, header::CONTENT_TYPE);
-    let parsed: Result<Value, String> = if ct.starts_with("application/yaml")
-        || ct.starts_with("application/x-yaml")
-    {
+    let parsed: Result<Value, String> = if ct.starts_with("application/yaml") || ct.starts_with("application/x-yaml") {
         serde_yaml::from_slice::<Value>(body).map_err(|e| e.to_string())
     } else if ct.starts_with("application/vnd.kubernetes.protobuf") {
         return crate::protobuf::decode(body).ok_or_else(|| {
@@ -297,11 +271,7 @@ fn resource(
     let mut st = shared.lock();
     let (def, ns, target) = resolve(&st, g, v, rest)?;
     let accept = header_str(headers, header::ACCEPT);
-    let table = if table::wants_table(accept) {
-        Some(TableOptions::from_query(q))
-    } else {
-        None
-    };
+    let table = if table::wants_table(accept) { Some(TableOptions::from_query(q)) } else { None };
     if let Some(ns) = ns {
         if !crate::meta::validate_path_segment(ns, "metadata.namespace").is_empty() {
             return Err(ApiError::no_route());
@@ -314,15 +284,10 @@ fn resource(
             let rx = watch::start(&st, def, p, shared.shutdown.clone())?;
             drop(st);
             let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-                rx.recv()
-                    .await
-                    .map(|b| (Ok::<Bytes, std::convert::Infallible>(b), rx))
+                rx.recv().await.map(|b| (Ok::<Bytes, std::convert::Infallible>(b), rx))
             });
             let mut r = Response::new(Body::from_stream(stream));
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
             Ok(r)
         }
         (Target::Collection, Method::GET) => {
@@ -399,14 +364,14 @@ fn resource(
                     let (code, v) = api::delete(&mut st, &def, ns, name, &opts)?;
                     Ok(json_response(code, &v, &[]))
                 }
-                _ => Err(ApiError::method_not_allowed(
-                    "the server does not allow this method on the requested resource",
-                )),
+                _ => {
+                    Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"))
+                }
             }
         }
         (Target::Sub(..), _) => Err(ApiError::no_route()),
-        (Target::Collection, _) => Err(ApiError::method_not_allowed(
-            "the server does not allow this method on the requested resource",
-        )),
+        (Target::Collection, _) => {
+            Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"))
+        }
     }
 }

@@ -10,9 +10,6 @@ pub struct State {
 
 impl State {
     pub fn new(history_limit: usize) -> Self {
-        State {
-            registry: Registry::with_builtins(),
-            store: Store::new(history_limit),
-        }
+        State { registry: Registry::with_builtins(), store: Store::new(history_limit) }
     }
 }

@@ -105,10 +105,7 @@ impl Store {
     }
 
     pub fn dependents_of(&self, uid: &str) -> Vec<(GroupResource, ObjKey)> {
-        self.dependents
-            .get(uid)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
+        self.dependents.get(uid).map(|s| s.iter().cloned().collect()).unwrap_or_default()
     }
 
     pub fn resources(&self) -> Vec<GroupResource> {
@@ -129,27 +126,15 @@ impl Store {
     fn owner_uids(obj: &Value) -> Vec<String> {
         obj.pointer("/metadata/ownerReferences")
             .and_then(Value::as_array)
-            .map(|refs| {
-                refs.iter()
-                    .filter_map(|r| r.get("uid")?.as_str().map(String::from))
-                    .collect()
-            })
+            .map(|refs| refs.iter().filter_map(|r| r.get("uid")?.as_str().map(String::from)).collect())
             .unwrap_or_default()
     }
 
     fn uid_of(obj: &Value) -> Option<String> {
-        obj.pointer("/metadata/uid")
-            .and_then(Value::as_str)
-            .map(String::from)
+        obj.pointer("/metadata/uid").and_then(Value::as_str).map(String::from)
     }
 
-    fn index(
-        &mut self,
-        gr: &GroupResource,
-        key: &ObjKey,
-        old: Option<&Value>,
-        new: Option<&Value>,
-    ) {
+    fn index(&mut self, gr: &GroupResource, key: &ObjKey, old: Option<&Value>, new: Option<&Value>) {
         let entry = (gr.clone(), key.clone());
         if let Some(o) = old {
             for u in Self::owner_uids(o) {
@@ -193,18 +178,8 @@ impl Store {
         let rv = self.next_rv();
         Self::set_rv(&mut obj, rv);
         self.index(gr, &key, None, Some(&obj));
-        self.objects
-            .entry(gr.clone())
-            .or_default()
-            .insert(key.clone(), obj.clone());
-        self.record(StoredEvent {
-            rv,
-            gr: gr.clone(),
-            key,
-            ty: EventType::Added,
-            object: obj.clone(),
-            prev: None,
-        });
+        self.objects.entry(gr.clone()).or_default().insert(key.clone(), obj.clone());
+        self.record(StoredEvent { rv, gr: gr.clone(), key, ty: EventType::Added, object: obj.clone(), prev: None });
         obj
     }
 
@@ -214,10 +189,7 @@ impl Store {
         let rv = self.next_rv();
         Self::set_rv(&mut obj, rv);
         self.index(gr, &key, Some(&prev), Some(&obj));
-        self.objects
-            .entry(gr.clone())
-            .or_default()
-            .insert(key.clone(), obj.clone());
+        self.objects.entry(gr.clone()).or_default().insert(key.clone(), obj.clone());
         self.record(StoredEvent {
             rv,
             gr: gr.clone(),
@@ -248,42 +220,23 @@ impl Store {
 
     pub fn check_revision(&self, rv: u64) -> Result<(), HistoryError> {
         if rv < self.compacted_rv {
-            return Err(HistoryError::Compacted {
-                requested: rv,
-                oldest: self.compacted_rv,
-            });
+            return Err(HistoryError::Compacted { requested: rv, oldest: self.compacted_rv });
         }
         if rv > self.rv {
-            return Err(HistoryError::TooLarge {
-                requested: rv,
-                current: self.rv,
-            });
+            return Err(HistoryError::TooLarge { requested: rv, current: self.rv });
         }
         Ok(())
     }
 
     /// All events of `gr` after `rv`, oldest first.
-    pub fn events_since(
-        &self,
-        gr: &GroupResource,
-        rv: u64,
-    ) -> Result<Vec<Arc<StoredEvent>>, HistoryError> {
+    pub fn events_since(&self, gr: &GroupResource, rv: u64) -> Result<Vec<Arc<StoredEvent>>, HistoryError> {
         self.check_revision(rv)?;
         let start = self.history.partition_point(|e| e.rv <= rv);
-        Ok(self
-            .history
-            .range(start..)
-            .filter(|e| e.gr == *gr)
-            .cloned()
-            .collect())
+        Ok(self.history.range(start..).filter(|e| e.gr == *gr).cloned().collect())
     }
 
     /// The objects of `gr` as they were at revision `rv` (a paged list's snapshot).
-    pub fn snapshot_at(
-        &self,
-        gr: &GroupResource,
-        rv: u64,
-    ) -> Result<BTreeMap<ObjKey, Value>, HistoryError> {
+    pub fn snapshot_at(&self, gr: &GroupResource, rv: u64) -> Result<BTreeMap<ObjKey, Value>, HistoryError> {
         self.check_revision(rv)?;
         let mut m = self.objects.get(gr).cloned().unwrap_or_default();
         for ev in self.history.iter().rev().take_while(|e| e.rv > rv) {

@@ -30,10 +30,7 @@ impl TableOptions {
 
 /// Does the Accept header ask for a Table (and does the server then answer with one)?
 pub fn wants_table(accept: &str) -> bool {
-    accept
-        .split(',')
-        .next()
-        .is_some_and(|first| first.contains("as=Table"))
+    accept.split(',').next().is_some_and(|first| first.contains("as=Table"))
 }
 
 const NAME_DESC: &str = "Name must be unique within a namespace. Is required when creating resources, although some resources may allow a client to request the generation of an appropriate name automatically. Name is primarily intended for creation idempotence and configuration definition. Cannot be updated. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names";
@@ -56,13 +53,7 @@ fn s(o: &Value, ptr: &str) -> Value {
 }
 
 fn count(o: &Value, ptrs: &[&str]) -> usize {
-    ptrs.iter()
-        .map(|p| {
-            o.pointer(p)
-                .and_then(Value::as_object)
-                .map_or(0, |m| m.len())
-        })
-        .sum()
+    ptrs.iter().map(|p| o.pointer(p).and_then(Value::as_object).map_or(0, |m| m.len())).sum()
 }
 
 fn name_of(o: &Value) -> Value {
@@ -151,11 +142,7 @@ fn builtin_columns(def: &ResourceDef) -> (Vec<Value>, Cells) {
 /// Evaluates the simple JSONPath subset printer columns use:
 /// `.a.b`, `.a[0].b`, `.a[?(@.type=="Ready")].status`.
 pub fn jsonpath(obj: &Value, path: &str) -> Option<Value> {
-    let p = path
-        .trim()
-        .trim_start_matches('{')
-        .trim_end_matches('}')
-        .trim();
+    let p = path.trim().trim_start_matches('{').trim_end_matches('}').trim();
     let p = p.strip_prefix('$').unwrap_or(p);
     let mut cur = obj.clone();
     let mut rest = p;
@@ -218,20 +205,11 @@ fn custom_cell(c: &PrinterColumn, obj: &Value) -> Value {
 }
 
 /// Renders external-form objects as a Table.
-pub fn table(
-    def: &ResourceDef,
-    objects: &[Value],
-    opts: &TableOptions,
-    list_meta: Option<Value>,
-) -> Value {
+pub fn table(def: &ResourceDef, objects: &[Value], opts: &TableOptions, list_meta: Option<Value>) -> Value {
     type RowCells = Box<dyn Fn(&Value) -> Vec<Value>>;
     let (columns, cells): (Vec<Value>, RowCells) = if def.is_custom() {
         let mut cols = vec![name_col()];
-        cols.extend(
-            def.printer_columns
-                .iter()
-                .map(|c| col(&c.name, &c.type_, &c.format, &c.description, c.priority)),
-        );
+        cols.extend(def.printer_columns.iter().map(|c| col(&c.name, &c.type_, &c.format, &c.description, c.priority)));
         let pcs = def.printer_columns.clone();
         (
             cols,
@@ -275,10 +253,7 @@ mod tests {
     #[test]
     fn jsonpath_subset() {
         let o = json!({"status": {"conditions": [{"type": "A", "status": "False"}, {"type": "Ready", "status": "True"}]}, "spec": {"l": [1, 2]}});
-        assert_eq!(
-            jsonpath(&o, ".status.conditions[?(@.type==\"Ready\")].status"),
-            Some(json!("True"))
-        );
+        assert_eq!(jsonpath(&o, ".status.conditions[?(@.type==\"Ready\")].status"), Some(json!("True")));
         assert_eq!(jsonpath(&o, ".spec.l[1]"), Some(json!(2)));
         assert_eq!(jsonpath(&o, ".spec.missing"), None);
     }

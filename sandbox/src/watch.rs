@@ -36,9 +36,7 @@ struct Watcher {
 impl Watcher {
     fn visible(&self, obj: &Value) -> bool {
         let ns_ok = match &self.p.namespace {
-            Some(ns) if self.def.namespaced => {
-                obj.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns)
-            }
+            Some(ns) if self.def.namespaced => obj.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns),
             _ => true,
         };
         ns_ok && self.p.selectors.matches(obj)
@@ -122,10 +120,7 @@ pub fn start(
     let mut initial: Vec<Bytes> = Vec::new();
     let mut failed = false;
     if w.p.send_initial_events || w.p.rv.is_none() {
-        for (_, obj) in st
-            .store
-            .list(&gr, w.p.namespace.as_deref().filter(|_| w.def.namespaced))
-        {
+        for (_, obj) in st.store.list(&gr, w.p.namespace.as_deref().filter(|_| w.def.namespaced)) {
             if w.visible(obj) {
                 initial.push(w.render("ADDED", obj.clone()));
             }
@@ -137,9 +132,7 @@ pub fn start(
         match st.store.events_since(&gr, rv) {
             Ok(evs) => initial.extend(evs.iter().filter_map(|e| w.translate(e))),
             Err(HistoryError::Compacted { requested, oldest }) => {
-                initial.push(error_line(&ApiError::gone(format!(
-                    "too old resource version: {requested} ({oldest})"
-                ))));
+                initial.push(error_line(&ApiError::gone(format!("too old resource version: {requested} ({oldest})"))));
                 failed = true;
             }
             Err(HistoryError::TooLarge { requested, current }) => {
@@ -183,9 +176,7 @@ async fn run(
     let deadline = start + w.p.timeout;
     // kube-apiserver sends a bookmark ~2s before a watch times out, and about every minute.
     let mut next_bookmark = start + w.p.bookmark_interval;
-    let pre_timeout = deadline
-        .checked_sub(Duration::from_secs(2))
-        .filter(|t| *t > start);
+    let pre_timeout = deadline.checked_sub(Duration::from_secs(2)).filter(|t| *t > start);
     let mut pre_timeout_sent = false;
     loop {
         let wake = match pre_timeout.filter(|_| !pre_timeout_sent) {
@@ -259,9 +250,7 @@ pub fn params(
     };
     // 0 or unset: kube-apiserver picks a random time between 30 and 60 minutes.
     let secs = match q.get("timeoutSeconds") {
-        Some(t) => t
-            .parse::<u64>()
-            .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {t}")))?,
+        Some(t) => t.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {t}")))?,
         None => 0,
     };
     let timeout = if secs == 0 {

@@ -62,10 +62,7 @@ async fn binary_serves_crd_dir_and_exits_on_sigterm() {
     eprintln!("kube-sandbox printed {url} after {:?}", started.elapsed());
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
     let kubeconfig = std::fs::read_to_string(&kc).expect("kubeconfig written");
-    assert!(
-        kubeconfig.contains(&url) && kubeconfig.contains("token:"),
-        "{kubeconfig}"
-    );
+    assert!(kubeconfig.contains(&url) && kubeconfig.contains("token:"), "{kubeconfig}");
 
     let client = client_for(&kc).await;
     let ar = kube::api::ApiResource {
@@ -75,25 +72,14 @@ async fn binary_serves_crd_dir_and_exits_on_sigterm() {
         kind: "Gadget".into(),
         plural: "gadgets".into(),
     };
-    let gadgets: Api<kube::api::DynamicObject> =
-        Api::namespaced_with(client.clone(), "default", &ar);
-    gadgets
-        .list(&Default::default())
-        .await
-        .expect("CRD from --crd-dir is served");
+    let gadgets: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
+    gadgets.list(&Default::default()).await.expect("CRD from --crd-dir is served");
 
     // An open watch must not keep the server from exiting.
     let cms: Api<ConfigMap> = Api::namespaced(client, "default");
-    let mut watch = cms
-        .watch(&WatchParams::default(), "0")
-        .await
-        .expect("watch")
-        .boxed();
+    let mut watch = cms.watch(&WatchParams::default(), "0").await.expect("watch").boxed();
     let pid = child.id().expect("pid").to_string();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("run kill");
+    let killed = std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("run kill");
     assert!(killed.success());
     let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
         .await
@@ -113,11 +99,8 @@ async fn binary_serves_crd_dir_and_exits_on_sigterm() {
 
 #[tokio::test]
 async fn bad_flags_are_usage_errors() {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kube-sandbox"))
-        .arg("--bogus")
-        .output()
-        .await
-        .expect("run");
+    let out =
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_kube-sandbox")).arg("--bogus").output().await.expect("run");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("usage"));
 }

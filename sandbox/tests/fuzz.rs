@@ -66,9 +66,7 @@ const SEGMENTS: &[&str] = &[
 ];
 
 fn random_string(r: &mut Rng) -> String {
-    let pool = [
-        "a", "b", "-", ".", "Z", "_", "/", "é", "0", " ", "\"", "\\", "{", "~",
-    ];
+    let pool = ["a", "b", "-", ".", "Z", "_", "/", "é", "0", " ", "\"", "\\", "{", "~"];
     (0..r.below(12)).map(|_| *r.pick(&pool)).collect()
 }
 
@@ -79,11 +77,7 @@ fn random_value(r: &mut Rng, depth: u32) -> Value {
         2 => json!(r.next() as i64),
         3 => json!(random_string(r)),
         4 => json!(-1.5),
-        5 => Value::Array(
-            (0..r.below(4))
-                .map(|_| random_value(r, depth + 1))
-                .collect(),
-        ),
+        5 => Value::Array((0..r.below(4)).map(|_| random_value(r, depth + 1)).collect()),
         _ => {
             let keys = [
                 "metadata",
@@ -113,16 +107,7 @@ fn random_value(r: &mut Rng, depth: u32) -> Value {
 }
 
 fn random_body(r: &mut Rng, hint: Option<(&str, &str)>) -> Vec<u8> {
-    let kinds = [
-        "ConfigMap",
-        "Pod",
-        "Secret",
-        "Lease",
-        "Namespace",
-        "Widget",
-        "CustomResourceDefinition",
-        "Event",
-    ];
+    let kinds = ["ConfigMap", "Pod", "Secret", "Lease", "Namespace", "Widget", "CustomResourceDefinition", "Event"];
     match r.below(6) {
         0 => Vec::new(),
         1 => b"{not json".to_vec(),
@@ -165,27 +150,9 @@ fn random_request(r: &mut Rng) -> Option<http::Request<Vec<u8>>> {
             ("/api/v1", "events", true, "v1", "Event"),
             ("/api/v1", "serviceaccounts", true, "v1", "ServiceAccount"),
             ("/api/v1", "namespaces", false, "v1", "Namespace"),
-            (
-                "/apis/coordination.k8s.io/v1",
-                "leases",
-                true,
-                "coordination.k8s.io/v1",
-                "Lease",
-            ),
-            (
-                "/apis/events.k8s.io/v1",
-                "events",
-                true,
-                "events.k8s.io/v1",
-                "Event",
-            ),
-            (
-                "/apis/fuzz.zklock-test.io/v1",
-                "widgets",
-                true,
-                "fuzz.zklock-test.io/v1",
-                "Widget",
-            ),
+            ("/apis/coordination.k8s.io/v1", "leases", true, "coordination.k8s.io/v1", "Lease"),
+            ("/apis/events.k8s.io/v1", "events", true, "events.k8s.io/v1", "Event"),
+            ("/apis/fuzz.zklock-test.io/v1", "widgets", true, "fuzz.zklock-test.io/v1", "Widget"),
             (
                 "/apis/apiextensions.k8s.io/v1",
                 "customresourcedefinitions",
@@ -204,16 +171,7 @@ fn random_request(r: &mut Rng) -> Option<http::Request<Vec<u8>>> {
         path.push_str(plural);
         if r.chance(70) {
             path.push('/');
-            path.push_str(r.word(&[
-                "f1",
-                "f1",
-                "f2",
-                "fuzz",
-                "default",
-                "Bad",
-                "a.b",
-                "widgets.fuzz.zklock-test.io",
-            ]));
+            path.push_str(r.word(&["f1", "f1", "f2", "fuzz", "default", "Bad", "a.b", "widgets.fuzz.zklock-test.io"]));
             if r.chance(30) {
                 path.push('/');
                 path.push_str(r.word(&["status", "finalize", "scale", "x"]));
@@ -235,24 +193,12 @@ fn random_request(r: &mut Rng) -> Option<http::Request<Vec<u8>>> {
     let mut q = Vec::new();
     for _ in 0..r.below(4) {
         let (k, vals): (&str, &[&str]) = *r.pick(&[
-            (
-                "labelSelector",
-                &["a=b", "a in (b", "!a", "a notin (x,y)", "=", "a==b,c!=d"][..],
-            ),
-            (
-                "fieldSelector",
-                &["metadata.name=f1", "status.phase=Running", "bogus=1", "x"][..],
-            ),
+            ("labelSelector", &["a=b", "a in (b", "!a", "a notin (x,y)", "=", "a==b,c!=d"][..]),
+            ("fieldSelector", &["metadata.name=f1", "status.phase=Running", "bogus=1", "x"][..]),
             ("limit", &["1", "-3", "abc", "1000000000000000000000"][..]),
             ("continue", &["garbage", "5.00.00", "1.6465.6631"][..]),
-            (
-                "resourceVersion",
-                &["0", "1", "abc", "99999999999", "-1"][..],
-            ),
-            (
-                "resourceVersionMatch",
-                &["Exact", "NotOlderThan", "bogus"][..],
-            ),
+            ("resourceVersion", &["0", "1", "abc", "99999999999", "-1"][..]),
+            ("resourceVersionMatch", &["Exact", "NotOlderThan", "bogus"][..]),
             ("watch", &["true", "1", "false"][..]),
             ("propagationPolicy", &["Orphan", "Foreground", "Nope"][..]),
             ("dryRun", &["All", "x"][..]),
@@ -262,11 +208,7 @@ fn random_request(r: &mut Rng) -> Option<http::Request<Vec<u8>>> {
         ]);
         q.push(format!(
             "{k}={}",
-            r.pick(vals)
-                .replace(' ', "%20")
-                .replace('(', "%28")
-                .replace(')', "%29")
-                .replace('!', "%21")
+            r.pick(vals).replace(' ', "%20").replace('(', "%28").replace(')', "%29").replace('!', "%21")
         ));
     }
     // Watches must end on their own so the run finishes.
@@ -306,9 +248,7 @@ const CRD: &str = r#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResou
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_requests_never_crash_the_server() {
     // Always the in-process sandbox: this is about our server's robustness, not a contract.
-    let sb = kube_sandbox::Sandbox::start(kube_sandbox::Options::default())
-        .await
-        .expect("start");
+    let sb = kube_sandbox::Sandbox::start(kube_sandbox::Options::default()).await.expect("start");
     let dir = common::TempDir::new();
     let path = dir.0.join("kubeconfig");
     std::fs::write(&path, sb.kubeconfig()).expect("kubeconfig");
@@ -322,21 +262,12 @@ async fn random_requests_never_crash_the_server() {
         .header("content-type", "application/json")
         .body(br#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"fuzz"}}"#.to_vec())
         .expect("ns");
-    client
-        .request_text(ns_req)
-        .await
-        .expect("create fuzz namespace");
+    client.request_text(ns_req).await.expect("create fuzz namespace");
 
-    let seed = std::env::var("FUZZ_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_cafe_u64);
+    let seed = std::env::var("FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_cafe_u64);
     let mut rng = Rng(seed);
     let requests: Vec<_> = (0..3000).filter_map(|_| random_request(&mut rng)).collect();
-    assert!(
-        requests.len() > 2500,
-        "most generated requests are sendable"
-    );
+    assert!(requests.len() > 2500, "most generated requests are sendable");
     let results: Vec<(String, Result<u16, String>)> = futures::stream::iter(requests)
         .map(|req| {
             let client = client.clone();
@@ -345,8 +276,7 @@ async fn random_requests_never_crash_the_server() {
                 let r = match client.request_text(req).await {
                     Ok(_) => Ok(200),
                     Err(kube::Error::Api(s))
-                        if s.code >= 500
-                            && !s.message.contains("resourceVersion should not be set") =>
+                        if s.code >= 500 && !s.message.contains("resourceVersion should not be set") =>
                     {
                         Err(format!("server error {}: {}", s.code, s.message))
                     }
@@ -379,20 +309,12 @@ async fn random_requests_never_crash_the_server() {
             eprintln!("{r:?} {d}");
         }
     }
-    assert!(
-        codes.keys().any(|c| *c >= 400),
-        "the fuzz reaches error paths"
-    );
+    assert!(codes.keys().any(|c| *c >= 400), "the fuzz reaches error paths");
     assert!(codes.contains_key(&200), "and some requests succeed");
     // Still healthy.
-    let v = client
-        .apiserver_version()
-        .await
-        .expect("server still answers");
+    let v = client.apiserver_version().await.expect("server still answers");
     assert_eq!(v.major, "1");
-    let list = http::Request::get("/api/v1/namespaces")
-        .body(vec![])
-        .expect("req");
+    let list = http::Request::get("/api/v1/namespaces").body(vec![]).expect("req");
     client.request_text(list).await.expect("server still lists");
     sb.shutdown().await;
 }

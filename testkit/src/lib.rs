@@ -1,1 +1,19 @@
+//! Test support for zklock, shared by the integration tests, examples and benchmarks:
+//! real ZooKeeper servers ([`zookeeper`]), a loopback TCP proxy that injects connection faults
+//! ([`proxy`]), and Apache Curator peers run with the system's Java ([`curator`]).
+//!
+//! Nothing here mocks ZooKeeper: when the server cannot be started the harness panics with
+//! what to install, so a missing component fails the run instead of skipping tests.
+#![forbid(unsafe_code)]
 
+pub mod curator;
+pub mod kube;
+pub mod proxy;
+pub mod zookeeper;
+
+pub use zookeeper::{Ensemble, ZkServer};
+
+/// The workspace's root directory (for scripts and Java sources).
+pub fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(|p| p.to_path_buf()).unwrap_or_default()
+}

@@ -25,10 +25,7 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new() -> TempDir {
-        let p = std::env::temp_dir().join(format!(
-            "kube-sandbox-test-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
+        let p = std::env::temp_dir().join(format!("kube-sandbox-test-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&p).expect("create temp dir");
         TempDir(p)
     }
@@ -41,11 +38,8 @@ impl Drop for TempDir {
 }
 
 pub async fn client_for(path: &std::path::Path) -> Client {
-    let kc = Kubeconfig::read_from(path)
-        .unwrap_or_else(|e| panic!("reading kubeconfig {}: {e}", path.display()));
-    let cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .expect("kubeconfig usable");
+    let kc = Kubeconfig::read_from(path).unwrap_or_else(|e| panic!("reading kubeconfig {}: {e}", path.display()));
+    let cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.expect("kubeconfig usable");
     Client::try_from(cfg).expect("client from kubeconfig")
 }
 
@@ -54,38 +48,20 @@ pub async fn env() -> Env {
     match std::env::var("ZKLOCK_TEST_KUBECONFIG") {
         Ok(path) if !path.is_empty() => {
             let path = PathBuf::from(path);
-            Env {
-                client: client_for(&path).await,
-                kubeconfig: path,
-                sandbox: None,
-                _dir: dir,
-            }
+            Env { client: client_for(&path).await, kubeconfig: path, sandbox: None, _dir: dir }
         }
         _ => {
-            let opts = kube_sandbox::Options {
-                history: SANDBOX_HISTORY,
-                ..Default::default()
-            };
-            let sb = kube_sandbox::Sandbox::start(opts)
-                .await
-                .expect("start kube-sandbox");
+            let opts = kube_sandbox::Options { history: SANDBOX_HISTORY, ..Default::default() };
+            let sb = kube_sandbox::Sandbox::start(opts).await.expect("start kube-sandbox");
             let path = dir.0.join("kubeconfig");
             std::fs::write(&path, sb.kubeconfig()).expect("write kubeconfig");
-            Env {
-                client: client_for(&path).await,
-                kubeconfig: path,
-                sandbox: Some(sb),
-                _dir: dir,
-            }
+            Env { client: client_for(&path).await, kubeconfig: path, sandbox: Some(sb), _dir: dir }
         }
     }
 }
 
 pub fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..10]
-    )
+    format!("{prefix}-{}", &uuid::Uuid::new_v4().simple().to_string()[..10])
 }
 
 /// Polls `f` until it yields Some, or panics after `secs` seconds with `what`.
@@ -130,15 +106,9 @@ pub async fn namespace(client: &Client) -> Ns {
     use k8s_openapi::api::core::v1::Namespace;
     let name = unique("zkt");
     let api: kube::Api<Namespace> = kube::Api::all(client.clone());
-    let ns: Namespace =
-        serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace json");
-    api.create(&Default::default(), &ns)
-        .await
-        .expect("create namespace");
-    Ns {
-        name,
-        client: client.clone(),
-    }
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace json");
+    api.create(&Default::default(), &ns).await.expect("create namespace");
+    Ns { name, client: client.clone() }
 }
 
 /// A uniquely named namespaced CRD `widgets.<random>.zklock-test.io` with a status
@@ -200,16 +170,7 @@ pub fn crd_manifest(scope: &str) -> (Crd, Value) {
             }]
         }
     });
-    (
-        Crd {
-            group,
-            plural,
-            kind,
-            name,
-            short,
-        },
-        manifest,
-    )
+    (Crd { group, plural, kind, name, short }, manifest)
 }
 
 /// Creates the CRD and waits until it is Established and its resource is served.
@@ -223,20 +184,14 @@ pub async fn install_crd_manifest(client: &Client, crd: Crd, manifest: Value) ->
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let api: kube::Api<CustomResourceDefinition> = kube::Api::all(client.clone());
     let obj: CustomResourceDefinition = serde_json::from_value(manifest).expect("crd json");
-    api.create(&Default::default(), &obj)
-        .await
-        .expect("create CRD");
+    api.create(&Default::default(), &obj).await.expect("create CRD");
     let name = crd.name.clone();
     eventually(20, "CRD Established", || {
         let api = api.clone();
         let name = name.clone();
         async move {
             let c = api.get(&name).await.ok()?;
-            let est = c
-                .status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
+            let est = c.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True");
             est.then_some(())
         }
     })
@@ -293,8 +248,5 @@ pub fn api_err<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> kube::core::Sta
 }
 
 pub fn rv_num(obj_rv: Option<String>) -> u64 {
-    obj_rv
-        .expect("resourceVersion")
-        .parse()
-        .expect("numeric resourceVersion")
+    obj_rv.expect("resourceVersion").parse().expect("numeric resourceVersion")
 }

@@ -1,0 +1,67 @@
+//! Handoff latency between two contenders on one lock: the time from the holder's release call
+//! to the waiter seeing itself Held. Measured for the engine and, in the same run on the same
+//! ZooKeeper server, for Apache Curator's InterProcessMutex (both with one session for both
+//! contenders, as the operator runs).
+//!
+//!     cargo run --release --example handoff [-- ITERATIONS]
+//!
+//! Uses the ZooKeeper named by ZK_CONNECT, or starts one (scripts/zookeeper.sh install first).
+
+use std::time::{Duration, Instant};
+
+use zklock::recipe::Mode;
+use zklock::zk::{ContenderSpec, LockEngine, ZkConfig};
+use zklock_testkit::{curator, ZkServer};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let iterations: usize = std::env::args().nth(1).map(|n| n.parse()).transpose()?.unwrap_or(2000);
+    let server = ZkServer::shared();
+    let connect = server.chroot().await;
+
+    let engine = LockEngine::connect(ZkConfig::new(&connect).with_session_timeout(Duration::from_secs(10))).await?;
+    let lock = "/bench/handoff";
+    let spec = || ContenderSpec {
+        id: uuid::Uuid::new_v4().to_string(),
+        lock: lock.into(),
+        mode: Mode::Exclusive,
+        description: "handoff bench".into(),
+    };
+    let mut holder = engine.enqueue(spec()).await?;
+    holder.wait_for(|s| s.is_held()).await;
+    // The first 100 rounds warm up (connections, caches; the JIT on Curator's side) and are
+    // not counted.
+    let mut samples = Vec::with_capacity(iterations);
+    for i in 0..iterations + 100 {
+        let mut waiter = engine.enqueue(spec()).await?;
+        waiter.wait_for(|s| matches!(s, zklock::zk::ContenderState::Waiting { .. })).await;
+        let start = Instant::now();
+        engine.release(&holder.id).await?;
+        waiter.wait_for(|s| s.is_held()).await;
+        if i >= 100 {
+            samples.push(start.elapsed());
+        }
+        holder = waiter;
+    }
+    engine.release(&holder.id).await?;
+    let stats = engine.stats();
+    println!(
+        "zklock engine handoff:            {} (predecessor notifications per handoff: {:.2})",
+        percentiles(&mut samples),
+        stats.predecessor_notifications as f64 / (iterations + 100) as f64
+    );
+
+    let java_lock = "/bench/curator-handoff";
+    let out =
+        tokio::task::spawn_blocking(move || curator::run(&["handoff", &connect, java_lock, &iterations.to_string()]))
+            .await?;
+    print!("{out}");
+    Ok(())
+}
+
+fn percentiles(samples: &mut [Duration]) -> String {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    format!("p50={:.2}ms p99={:.2}ms n={}", ms(at(0.5)), ms(at(0.99)), samples.len())
+}

@@ -1,0 +1,428 @@
+//! The operator's numbers (DESIGN.md §5), measured through the Kubernetes API:
+//!
+//!     cargo build --release && cargo run --release --example operator_bench [-- --quick]
+//!
+//! Runs the release `zklock` binary as the operator against a real ZooKeeper (started here, or
+//! ZKLOCK_TEST_ZK) and kube-sandbox (in this process, or ZKLOCK_TEST_KUBECONFIG), and prints:
+//! handoff latency at 10 and 1,000 waiters, ZooKeeper watch events and API writes per handoff,
+//! holder-pod-deleted → next Held, uncontended acquire/release throughput over 1,000 locks next
+//! to Apache Curator's on the same ZooKeeper, and the operator's memory per claim at 10,000
+//! claims. `--quick` runs smaller sizes (for a smoke test).
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::runtime::wait::await_condition;
+use kube::runtime::watcher;
+use kube::Api;
+use serde_json::json;
+use zklock::api::{LockClaim, Phase};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+struct Sizes {
+    waiters: [usize; 2],
+    handoffs: usize,
+    pod_rounds: usize,
+    locks: usize,
+    memory_claims: usize,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let sizes = if quick {
+        Sizes { waiters: [5, 50], handoffs: 10, pod_rounds: 5, locks: 100, memory_claims: 500 }
+    } else {
+        Sizes { waiters: [10, 1000], handoffs: 50, pod_rounds: 20, locks: 1000, memory_claims: 10_000 }
+    };
+    let zk = zklock_testkit::ZkServer::shared();
+    let client = zklock_testkit::kube::client().await;
+    install_crd(&client).await?;
+
+    let mut handoff_p50 = vec![];
+    for waiters in sizes.waiters {
+        let bench = Bench::start(&client, zk, &format!("handoff-{waiters}")).await?;
+        let result = bench.handoffs(waiters, sizes.handoffs).await?;
+        println!(
+            "handoff at {waiters:>4} waiters: {}  | ZooKeeper watch events/handoff {:.2}  API writes/handoff {:.2}",
+            result.latency.summary(),
+            result.zk_events_per_handoff,
+            result.writes_per_handoff
+        );
+        handoff_p50.push(result.latency.percentile(0.5));
+    }
+    println!(
+        "handoff p50 ratio {} vs {} waiters: {:.2}",
+        sizes.waiters[1],
+        sizes.waiters[0],
+        handoff_p50[1].as_secs_f64() / handoff_p50[0].as_secs_f64()
+    );
+
+    let bench = Bench::start(&client, zk, "pods").await?;
+    let pods = bench.pod_deletions(sizes.pod_rounds).await?;
+    println!("holder pod deleted -> next Held: {}", pods.summary());
+
+    let bench = Bench::start(&client, zk, "throughput").await?;
+    let ours = bench.throughput(sizes.locks, 32).await?;
+    let curator_connect = zk.chroot().await;
+    let locks = sizes.locks.to_string();
+    let curator = tokio::task::spawn_blocking(move || {
+        zklock_testkit::curator::run(&["throughput", &curator_connect, &locks, "32"])
+    })
+    .await?;
+    let curator_rate: f64 = curator
+        .split_whitespace()
+        .find_map(|w| w.parse::<f64>().ok())
+        .ok_or_else(|| format!("cannot read Curator's output: {curator}"))?;
+    println!("zklock operator throughput: {ours:.0} acquire+release/s ({} locks, 32 concurrent claims)", sizes.locks);
+    print!("{curator}");
+    println!("zklock / curator throughput: {:.2}", ours / curator_rate);
+
+    let bench = Bench::start(&client, zk, "memory").await?;
+    let (per_claim, total) = bench.memory(sizes.memory_claims).await?;
+    println!(
+        "operator memory at {} claims: {:.0} bytes per claim, {:.1} MiB total RSS",
+        sizes.memory_claims,
+        per_claim,
+        total as f64 / 1048576.0
+    );
+    Ok(())
+}
+
+async fn install_crd(client: &kube::Client) -> Result<(), Error> {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/crds/lockclaims.zklock.io.yaml"))?;
+    let crd: CustomResourceDefinition = serde_yaml::from_str(&text)?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    if crds.get_opt("lockclaims.zklock.io").await?.is_none() {
+        crds.create(&PostParams::default(), &crd).await?;
+    }
+    await_condition(crds, "lockclaims.zklock.io", kube::runtime::conditions::is_crd_established()).await?;
+    Ok(())
+}
+
+/// One operator process serving one namespace of its own.
+struct Bench {
+    client: kube::Client,
+    ns: String,
+    claims: Api<LockClaim>,
+    operator: Child,
+    metrics: String,
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        let _ = self.operator.kill();
+        let _ = self.operator.wait();
+    }
+}
+
+impl Bench {
+    async fn start(client: &kube::Client, zk: &zklock_testkit::ZkServer, name: &str) -> Result<Bench, Error> {
+        let ns = format!("bench-{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+        let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let binary = std::env::current_exe()?
+            .parent()
+            .and_then(|examples| examples.parent())
+            .map(|dir| dir.join("zklock"))
+            .filter(|p| p.exists())
+            .ok_or("the zklock binary is missing next to this example: run `cargo build --release` first")?;
+        let operator = Command::new(binary)
+            .args(["run", "--zk-connect", &zk.chroot().await, "--watch-namespace", &ns, "--lease-namespace", &ns])
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()?;
+        let bench = Bench {
+            client: client.clone(),
+            claims: Api::namespaced(client.clone(), &ns),
+            ns,
+            operator,
+            metrics: format!("127.0.0.1:{port}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !bench.get("/readyz").await.is_some_and(|b| b.trim() == "ready") {
+            if Instant::now() > deadline {
+                return Err("the operator did not become ready".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(bench)
+    }
+
+    async fn get(&self, path: &str) -> Option<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(&self.metrics).await.ok()?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).await.ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        let text = self.get("/metrics").await.unwrap_or_default();
+        text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    }
+
+    async fn create(&self, name: &str, lock: &str, holder: Option<&str>) -> Result<(), Error> {
+        let mut spec = json!({"lockName": lock});
+        if let Some(pod) = holder {
+            spec["holder"] = json!({"podName": pod});
+        }
+        let claim: LockClaim = serde_json::from_value(json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim", "metadata": {"name": name}, "spec": spec
+        }))?;
+        self.claims.create(&PostParams::default(), &claim).await?;
+        Ok(())
+    }
+
+    async fn wait_phase(&self, name: &str, phase: Phase) -> Result<(), Error> {
+        let cond = move |c: Option<&LockClaim>| c.and_then(|c| c.status.as_ref()).and_then(|s| s.phase) == Some(phase);
+        tokio::time::timeout(Duration::from_secs(120), await_condition(self.claims.clone(), name, cond))
+            .await
+            .map_err(|_| format!("{name} not {phase:?} within 120 s"))??;
+        Ok(())
+    }
+
+    /// Counts every change to the namespace's claims and events: the operator's API writes.
+    fn count_writes(&self) -> (Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
+        let count = Arc::new(AtomicU64::new(0));
+        let claims = watcher(self.claims.clone(), watcher::Config::default())
+            .map_ok(|e| {
+                if std::env::var("BENCH_DEBUG").is_ok() {
+                    if let watcher::Event::Apply(c) | watcher::Event::Delete(c) = &e {
+                        eprintln!(
+                            "claim {} {:?} del={} fin={:?}",
+                            c.metadata.name.as_deref().unwrap_or(""),
+                            c.status.as_ref().and_then(|s| s.phase),
+                            c.metadata.deletion_timestamp.is_some(),
+                            c.metadata.finalizers
+                        );
+                    }
+                }
+                kind(e)
+            })
+            .boxed();
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
+        let events = watcher(events, watcher::Config::default())
+            .map_ok(|e| {
+                if std::env::var("BENCH_DEBUG").is_ok() {
+                    if let watcher::Event::Apply(ev) = &e {
+                        eprintln!("event {:?} {:?}", ev.reason, ev.involved_object.name);
+                    }
+                }
+                kind(e)
+            })
+            .boxed();
+        let c = count.clone();
+        let task = tokio::spawn(async move {
+            let mut all = futures::stream::select(claims, events);
+            let mut live = false;
+            let mut init_done = 0;
+            while let Some(event) = all.next().await {
+                match event {
+                    Ok(Kind::InitDone) => {
+                        init_done += 1;
+                        live = init_done >= 2;
+                    }
+                    Ok(Kind::Change) if live => {
+                        c.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {}
+                }
+            }
+        });
+        (count, task)
+    }
+
+    async fn handoffs(&self, waiters: usize, handoffs: usize) -> Result<HandoffResult, Error> {
+        let mut latency = Samples::default();
+        let (mut writes, mut zk_events) = (0u64, 0f64);
+        let mut next = 0usize;
+        let mut counted = 0usize;
+        while counted < handoffs {
+            // Refill: a holder and `waiters` waiters (not counted).
+            let first = next;
+            for i in 0..=waiters {
+                self.create(&format!("c{}", first + i), "l", None).await?;
+            }
+            next += waiters + 1;
+            self.wait_phase(&format!("c{first}"), Phase::Held).await?;
+            self.wait_phase(&format!("c{}", first + waiters), Phase::Waiting).await?;
+            let (count, task) = self.count_writes();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            count.store(0, Ordering::Relaxed);
+            let zk_before = self.metric("zklock_zookeeper_operations_total{op=\"predecessor_notification\"}").await;
+            let writes_before = self.metric("zklock_kubernetes_writes_total").await;
+            let round = waiters.min(handoffs - counted);
+            for i in 0..round {
+                let start = Instant::now();
+                self.claims.delete(&format!("c{}", first + i), &DeleteParams::default()).await?;
+                self.wait_phase(&format!("c{}", first + i + 1), Phase::Held).await?;
+                latency.push(start.elapsed());
+            }
+            // Let the last writes of the round (finalizer removals, events) land.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let seen_by_watch = count.load(Ordering::Relaxed);
+            task.abort();
+            writes += (self.metric("zklock_kubernetes_writes_total").await - writes_before) as u64;
+            if std::env::var("BENCH_DEBUG").is_ok() {
+                eprintln!("round: {seen_by_watch} changes seen on claims and events (with the bench's own deletes)");
+            }
+            zk_events +=
+                self.metric("zklock_zookeeper_operations_total{op=\"predecessor_notification\"}").await - zk_before;
+            counted += round;
+            // Clear the rest of the round's claims.
+            for i in round..=waiters {
+                let _ = self.claims.delete(&format!("c{}", first + i), &DeleteParams::default()).await;
+            }
+        }
+        Ok(HandoffResult {
+            latency,
+            zk_events_per_handoff: zk_events / counted as f64,
+            writes_per_handoff: writes as f64 / counted as f64,
+        })
+    }
+
+    async fn pod_deletions(&self, rounds: usize) -> Result<Samples, Error> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        let pod = |name: &str| -> Pod {
+            serde_json::from_value(
+                json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "m", "image": "busybox"}]}}),
+            )
+            .unwrap_or_default()
+        };
+        let mut samples = Samples::default();
+        pods.create(&PostParams::default(), &pod("p0")).await?;
+        self.create("h0", "pods", Some("p0")).await?;
+        self.wait_phase("h0", Phase::Held).await?;
+        for i in 0..rounds {
+            let next = format!("p{}", i + 1);
+            pods.create(&PostParams::default(), &pod(&next)).await?;
+            self.create(&format!("h{}", i + 1), "pods", Some(&next)).await?;
+            self.wait_phase(&format!("h{}", i + 1), Phase::Waiting).await?;
+            let start = Instant::now();
+            pods.delete(&format!("p{i}"), &DeleteParams::default()).await?;
+            self.wait_phase(&format!("h{}", i + 1), Phase::Held).await?;
+            samples.push(start.elapsed());
+        }
+        Ok(samples)
+    }
+
+    async fn throughput(&self, locks: usize, concurrency: usize) -> Result<f64, Error> {
+        let start = Instant::now();
+        let results: Vec<Result<(), Error>> = futures::stream::iter(0..locks)
+            .map(|i| async move {
+                let name = format!("t{i}");
+                self.create(&name, &format!("lock-{i}"), None).await?;
+                self.wait_phase(&name, Phase::Held).await?;
+                let uid = self.claims.get(&name).await?.metadata.uid.unwrap_or_default();
+                self.claims.delete(&name, &DeleteParams::default()).await?;
+                await_condition(self.claims.clone(), &name, kube::runtime::conditions::is_deleted(&uid)).await?;
+                Ok(())
+            })
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
+        for r in results {
+            r?;
+        }
+        Ok(locks as f64 / start.elapsed().as_secs_f64())
+    }
+
+    async fn memory(&self, claims: usize) -> Result<(f64, u64), Error> {
+        let baseline = rss(self.operator.id())?;
+        let per_lock = 100;
+        let names: Vec<(String, String)> =
+            (0..claims).map(|i| (format!("m{i}"), format!("mem-{}", i / per_lock))).collect();
+        let created: Vec<Result<(), Error>> = futures::stream::iter(names.iter())
+            .map(|(name, lock)| self.create(name, lock, None))
+            .buffer_unordered(32)
+            .collect()
+            .await;
+        for r in created {
+            r?;
+        }
+        // Every claim in the queue (Held or Waiting).
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let list = self.claims.list(&ListParams::default()).await?;
+            let mut phases: HashMap<Option<Phase>, usize> = HashMap::new();
+            for c in &list.items {
+                *phases.entry(c.status.as_ref().and_then(|s| s.phase)).or_default() += 1;
+            }
+            let queued = phases.get(&Some(Phase::Held)).unwrap_or(&0) + phases.get(&Some(Phase::Waiting)).unwrap_or(&0);
+            if queued == claims {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("only {queued} of {claims} claims queued: {phases:?}").into());
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let total = rss(self.operator.id())?;
+        Ok((total.saturating_sub(baseline) as f64 / claims as f64, total))
+    }
+}
+
+enum Kind {
+    Change,
+    InitDone,
+    Other,
+}
+
+fn kind<K>(event: watcher::Event<K>) -> Kind {
+    match event {
+        watcher::Event::Apply(_) | watcher::Event::Delete(_) => Kind::Change,
+        watcher::Event::InitDone => Kind::InitDone,
+        _ => Kind::Other,
+    }
+}
+
+fn rss(pid: u32) -> Result<u64, Error> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .ok_or("no VmRSS")?;
+    Ok(kb * 1024)
+}
+
+struct HandoffResult {
+    latency: Samples,
+    zk_events_per_handoff: f64,
+    writes_per_handoff: f64,
+}
+
+#[derive(Default)]
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn push(&mut self, d: Duration) {
+        self.0.push(d);
+    }
+
+    fn percentile(&self, q: f64) -> Duration {
+        let mut v = self.0.clone();
+        v.sort();
+        v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1))).copied().unwrap_or_default()
+    }
+
+    fn summary(&self) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        format!("p50 {:.1} ms  p99 {:.1} ms  (n={})", ms(self.percentile(0.5)), ms(self.percentile(0.99)), self.0.len())
+    }
+}

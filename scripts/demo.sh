@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# zklock on this machine, no cluster needed: a real ZooKeeper, kube-sandbox (the in-memory
+# Kubernetes API server of this repository), the operator, and the real kubectl.
+#
+#   scripts/demo.sh          install what is missing, start everything, and walk through two
+#                            "jobs" (shell scripts) gated on one lock with kubectl wait
+#   scripts/demo.sh down     stop exactly what `scripts/demo.sh` started
+#
+# While it runs:  KUBECONFIG=.demo/kubeconfig .tools/bin/kubectl get lockclaims -A
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+state=$root/.demo
+kubectl=$root/.tools/bin/kubectl
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+stamp() { date +%H:%M:%S.%3N; }
+say() { printf '%s  %s\n' "$(stamp)" "$*"; }
+
+down() {
+  local pid
+  for name in operator sandbox; do
+    if [[ -f $state/$name.pid ]]; then
+      pid=$(cat "$state/$name.pid")
+      kill "$pid" 2>/dev/null && say "stopped $name (pid $pid)" || true
+      rm -f "$state/$name.pid"
+    fi
+  done
+  if [[ -d $state/zookeeper ]]; then
+    ZKLOCK_ZK_DIR=$state/zookeeper scripts/zookeeper.sh stop >/dev/null && say "stopped zookeeper"
+  fi
+  rm -rf "$state"
+}
+
+wait_for() { # what, command...
+  local what=$1; shift
+  for _ in $(seq 1 300); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.1
+  done
+  echo "demo: $what did not come up; logs are in $state" >&2
+  exit 1
+}
+
+up() {
+  if [[ -f $state/operator.pid ]]; then
+    echo "demo: already running (scripts/demo.sh down stops it)" >&2
+    exit 1
+  fi
+  mkdir -p "$state"
+  say "installing what is missing (ZooKeeper, kubectl) and building zklock"
+  scripts/zookeeper.sh install
+  scripts/tools.sh >/dev/null
+  cargo build --quiet --release -p zklock -p kube-sandbox
+
+  local zk_port api_port metrics_port
+  zk_port=$(free_port); metrics_port=$(free_port)
+  ZKLOCK_ZK_DIR=$state/zookeeper scripts/zookeeper.sh start standalone "$zk_port" | sed "s/^/$(stamp)  /"
+
+  target/release/kube-sandbox --port 0 --kubeconfig-out "$state/kubeconfig" >"$state/sandbox.log" 2>&1 &
+  echo $! >"$state/sandbox.pid"
+  wait_for "kube-sandbox" test -s "$state/kubeconfig"
+  export KUBECONFIG=$state/kubeconfig
+  say "kube-sandbox at $(head -1 "$state/sandbox.log")"
+
+  "$kubectl" apply -f crds/lockclaims.zklock.io.yaml >/dev/null
+  say "applied the LockClaim CRD"
+  target/release/zklock run --zk-connect "127.0.0.1:$zk_port/zklock-demo" \
+    --metrics-addr "127.0.0.1:$metrics_port" >"$state/operator.log" 2>&1 &
+  echo $! >"$state/operator.pid"
+  wait_for "the operator" python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$metrics_port/readyz')"
+  say "operator ready (metrics on http://127.0.0.1:$metrics_port/metrics)"
+
+  printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: demo\n' | "$kubectl" apply -f - >/dev/null
+  "$kubectl" -n demo apply -f examples/manifests/shared-locks.yaml >/dev/null
+  "$kubectl" -n demo wait --for=condition=Held lockclaim/report-reader-1 lockclaim/report-reader-2 --timeout=30s >/dev/null
+  say "examples/manifests/shared-locks.yaml: two readers hold 'sales-tables' together; the writer waits:"
+  "$kubectl" -n demo get lockclaims
+
+  echo
+  say "two jobs gated on lock 'db-migrations' with kubectl wait --for=condition=Held:"
+  job() { # name seconds
+    local name=$1 seconds=$2
+    "$kubectl" -n demo apply -f - >/dev/null <<CLAIM
+apiVersion: zklock.io/v1alpha1
+kind: LockClaim
+metadata:
+  name: $name
+spec:
+  lockName: db-migrations
+CLAIM
+    say "$name: claimed the lock, waiting"
+    "$kubectl" -n demo wait --for=condition=Held "lockclaim/$name" --timeout=60s >/dev/null
+    say "$name: Held (fencing token $("$kubectl" -n demo get lockclaim "$name" -o jsonpath='{.status.fencingToken}')), working for ${seconds}s"
+    sleep "$seconds"
+    say "$name: done; deleting its claim releases the lock"
+    "$kubectl" -n demo delete lockclaim "$name" >/dev/null
+  }
+  job job-a 3 &
+  local a=$!
+  sleep 0.5
+  job job-b 2 &
+  local b=$!
+  sleep 1
+  say "while job-a works:"
+  "$kubectl" -n demo get lockclaims job-a job-b
+  wait "$a" "$b"
+  echo
+  say "all done. Everything keeps running; try:"
+  echo "    export KUBECONFIG=$state/kubeconfig"
+  echo "    $kubectl -n demo get lockclaims"
+  echo "    $kubectl -n demo annotate lockclaim report-reader-1 zklock.io/revoke=demo"
+  echo "    scripts/demo.sh down"
+}
+
+case ${1:-up} in
+  up) up ;;
+  down) down ;;
+  *) sed -n '2,9p' "$0"; exit 2 ;;
+esac

@@ -1,0 +1,161 @@
+// kube-derive takes one `printcolumn(...)` per column; clippy reads the repeated `type_ = "string"`
+// inside them as duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::recipe::Mode;
+
+/// A request to hold a lock: one acquisition attempt. Claims with the same `lockName` in a
+/// namespace contend; the spec cannot change after creation.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "zklock.io",
+    version = "v1alpha1",
+    kind = "LockClaim",
+    namespaced,
+    shortname = "lc",
+    category = "zklock",
+    status = "LockClaimStatus",
+    doc = "LockClaim asks zklock for a lock backed by ZooKeeper; its status says Waiting or Held in queue order.",
+    printcolumn(name = "Lock", type_ = "string", json_path = ".spec.lockName"),
+    printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Position", type_ = "integer", json_path = ".status.position"),
+    printcolumn(name = "Holder", type_ = "string", json_path = ".spec.holder.podName"),
+    printcolumn(name = "Fence", type_ = "string", json_path = ".status.fencingToken"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[x_kube(validation = Rule::new("self == oldSelf").message("spec is immutable: a claim is one acquisition attempt; create a new claim instead"))]
+#[serde(rename_all = "camelCase")]
+pub struct LockClaimSpec {
+    /// Claims with the same lockName in a namespace contend for one lock.
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$"))]
+    pub lock_name: String,
+
+    /// Exclusive (one holder) or Shared (any number of Shared holders, no Exclusive one).
+    #[serde(default = "default_mode")]
+    pub mode: Mode,
+
+    /// The pod the claim lives and dies with: released when the pod is deleted, finishes, or is
+    /// replaced by a new pod of the same name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<Holder>,
+
+    /// Give up (phase Expired) if not Held after this many seconds; 0 = try once, never queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 31_536_000))]
+    pub acquire_timeout_seconds: Option<i64>,
+
+    /// Longest hold without renewal (annotation zklock.io/renew); then phase Released with
+    /// reason LeaseExpired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 31_536_000))]
+    pub lease_duration_seconds: Option<i64>,
+
+    /// Time a revoked holder gets to let go before the lock is taken away (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 86_400))]
+    pub revocation_grace_period_seconds: Option<i64>,
+}
+
+fn default_mode() -> Mode {
+    Mode::Exclusive
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Holder {
+    /// Name of the pod, in the claim's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub pod_name: String,
+    /// Must be the claim's namespace if given (a claim cannot bind to another namespace's pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// Where a claim stands.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, schemars::JsonSchema)]
+pub enum Phase {
+    /// Accepted; node not created yet.
+    Pending,
+    /// Node created; something ahead of it.
+    Waiting,
+    /// Granted.
+    Held,
+    /// Final: the holder pod went away, or the lease ran out.
+    Released,
+    /// Final: revocation requested and the grace period ran out (or it was still waiting).
+    Revoked,
+    /// Final: not Held within acquireTimeoutSeconds.
+    Expired,
+    /// Final: the node vanished without a release and continuity cannot be proven.
+    Lost,
+    /// Final: the spec cannot be served; the Invalid condition says why.
+    Invalid,
+}
+
+impl Phase {
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, Phase::Pending | Phase::Waiting | Phase::Held)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Waiting => "Waiting",
+            Phase::Held => "Held",
+            Phase::Released => "Released",
+            Phase::Revoked => "Revoked",
+            Phase::Expired => "Expired",
+            Phase::Lost => "Lost",
+            Phase::Invalid => "Invalid",
+        }
+    }
+
+    pub const ALL: [Phase; 8] = [
+        Phase::Pending,
+        Phase::Waiting,
+        Phase::Held,
+        Phase::Released,
+        Phase::Revoked,
+        Phase::Expired,
+        Phase::Lost,
+        Phase::Invalid,
+    ];
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockClaimStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Contenders ahead of this claim (0 when Held). Refreshed in batches for long queues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<i64>,
+    /// The claim, or foreign znode, this claim is queued behind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
+    /// czxid of the node at acquisition, as a decimal string; increases with every grant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<String>,
+    /// The claim's znode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub znode: Option<String>,
+    /// UID of the holder pod the claim bound to on first sight.
+    #[serde(default, rename = "holderUID", skip_serializing_if = "Option::is_none")]
+    pub holder_uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_expires_at: Option<Time>,
+    /// The zklock.io/renew value the lease timer was last restarted for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewed: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}

@@ -1,0 +1,54 @@
+//! Standard `metav1.Condition`s on a claim.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// True exactly while the phase is Held: what `kubectl wait --for=condition=Held` waits on.
+pub const HELD: &str = "Held";
+/// True on every terminal phase, so scripts can wait for either outcome.
+pub const FINISHED: &str = "Finished";
+/// True once a revocation was requested (annotation, or a request written into the znode).
+pub const REVOKE_REQUESTED: &str = "RevokeRequested";
+/// True when the spec cannot be served; the message says what to fix.
+pub const INVALID: &str = "Invalid";
+
+/// Sets condition `type_` in `conditions`, keeping its lastTransitionTime when the status did
+/// not change (as the API conventions ask).
+pub fn set(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    let status = if status { "True" } else { "False" }.to_string();
+    let existing = conditions.iter_mut().find(|c| c.type_ == type_);
+    match existing {
+        Some(c) => {
+            if c.status != status {
+                c.last_transition_time = now.clone();
+            }
+            c.status = status;
+            c.reason = reason.into();
+            c.message = message.into();
+            c.observed_generation = generation;
+        }
+        None => conditions.push(Condition {
+            type_: type_.into(),
+            status,
+            reason: reason.into(),
+            message: message.into(),
+            observed_generation: generation,
+            last_transition_time: now.clone(),
+        }),
+    }
+}
+
+pub fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    get(conditions, type_).is_some_and(|c| c.status == "True")
+}

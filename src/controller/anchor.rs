@@ -1,0 +1,101 @@
+//! Re-anchoring on a new session (DESIGN.md §3): before anything new is admitted, every lock
+//! gets the nodes of its live claims back, in the order their status records (holders first),
+//! and the continuity rule decides whether a recorded holder keeps the lock.
+
+use std::collections::BTreeMap;
+
+use kube::api::ListParams;
+use kube::ResourceExt;
+
+use super::{Context, Error};
+use crate::api::{validate, LockClaim, Phase};
+use crate::recipe;
+use crate::zk::ContenderSpec;
+
+pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
+    ctx.set_admitting(false);
+    // Lock path → claims recorded as Held or Waiting there.
+    let mut locks: BTreeMap<String, Vec<LockClaim>> = BTreeMap::new();
+    for api in ctx.claim_apis() {
+        let mut params = ListParams::default().limit(500);
+        loop {
+            let page = ctx.metrics.api_call("list_claims", false, api.list(&params)).await?;
+            for claim in page.items {
+                let live = matches!(claim.status.as_ref().and_then(|s| s.phase), Some(Phase::Held | Phase::Waiting));
+                let (Some(namespace), Ok(spec)) = (claim.namespace(), validate(&claim)) else { continue };
+                if live && claim.metadata.deletion_timestamp.is_none() {
+                    locks.entry(ctx.lock_path(&namespace, &spec.lock_name)).or_default().push(claim);
+                }
+            }
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                _ => break,
+            }
+        }
+    }
+    // Directories that hold nodes of earlier sessions but no live claim any more: their stale
+    // nodes must go too, or new claims would queue behind them until the old session expires.
+    let root = format!("{}/locks", ctx.zk_root.trim_end_matches('/'));
+    for namespace in ctx.engine.children(&root).await? {
+        if !ctx.namespaces.is_empty() && !ctx.namespaces.contains(&namespace) {
+            continue;
+        }
+        for lock_name in ctx.engine.children(&format!("{root}/{namespace}")).await? {
+            let path = format!("{root}/{namespace}/{lock_name}");
+            let has_ours = ctx
+                .engine
+                .children(&path)
+                .await?
+                .iter()
+                .any(|c| recipe::parse_child(c).is_some_and(|c| c.ours.is_some()));
+            if has_ours {
+                locks.entry(path).or_default();
+            }
+        }
+    }
+    for (path, mut claims) in locks {
+        claims.sort_by_key(|c| {
+            let held = c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held);
+            let sequence = c
+                .status
+                .as_ref()
+                .and_then(|s| s.znode.as_deref())
+                .and_then(|z| z.rsplit('/').next())
+                .and_then(recipe::parse_child)
+                .map_or(u64::MAX, |c| c.sequence);
+            (!held, sequence, c.creation_timestamp().map(|t| t.0))
+        });
+        let specs: Vec<ContenderSpec> = claims
+            .iter()
+            .filter_map(|c| {
+                let spec = validate(c).ok()?;
+                Some(ContenderSpec {
+                    id: c.uid()?,
+                    lock: path.clone(),
+                    mode: spec.mode,
+                    description: format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()),
+                })
+            })
+            .collect();
+        let anchored = ctx.engine.reanchor(&path, specs).await?;
+        for (claim, contender) in claims.iter().zip(&anchored.contenders) {
+            let recorded_held = claim.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held);
+            if recorded_held && anchored.foreign_seen {
+                ctx.registry.set_verdict(
+                    &contender.id,
+                    "the ZooKeeper session changed and this lock is shared with clients other than zklock, which \
+                     may have held it in the gap"
+                        .into(),
+                );
+            } else if recorded_held && !contender.state().is_held() {
+                ctx.registry.set_verdict(
+                    &contender.id,
+                    "after a new ZooKeeper session the claim's node could not come back first".into(),
+                );
+            }
+        }
+        tracing::info!(lock = %path, claims = anchored.contenders.len(), foreign = anchored.foreign_seen, "re-anchored");
+    }
+    ctx.set_admitting(true);
+    Ok(())
+}

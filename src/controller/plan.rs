@@ -1,0 +1,572 @@
+//! The pure heart of the reconciler: from what is known about a claim (its object, its validated
+//! spec, its holder pod, its contender in the lock engine, the clock), the status it should have
+//! and what must be done. No I/O, so every rule of DESIGN.md §2–§3 is a unit test.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::conditions::{self, FINISHED, HELD, INVALID, REVOKE_REQUESTED};
+use crate::api::{LockClaim, LockClaimStatus, Phase, ValidSpec, RENEW_ANNOTATION, REVOKE_ANNOTATION};
+use crate::zk::{ContenderState, LostReason};
+
+/// How long a claim waits for its holder pod to appear before it is Invalid. Covers a claim
+/// applied together with (or just before) the Job or pod that will hold it.
+pub const HOLDER_APPEAR_WINDOW: Duration = Duration::from_secs(30);
+/// How often a claim without a nearer deadline is looked at again, as a safety net.
+pub const RESYNC: Duration = Duration::from_secs(300);
+
+/// What the API says about the holder pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HolderView {
+    /// The claim names no holder.
+    NotRequested,
+    /// No pod of that name.
+    Missing,
+    /// The pod, with its UID and whether it has finished (Succeeded or Failed).
+    Present { uid: String, finished: Option<String> },
+}
+
+/// What the lock engine says about the claim's contender.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ContenderView {
+    /// The engine does not track it (never enqueued, or its node is gone).
+    Untracked,
+    Tracked {
+        state: ContenderState,
+        node: String,
+        waiting_for: Option<String>,
+    },
+}
+
+/// Everything `plan` looks at.
+pub struct Inputs<'a> {
+    pub claim: &'a LockClaim,
+    pub spec: &'a ValidSpec,
+    pub holder: HolderView,
+    pub contender: ContenderView,
+    /// False until the operator's session is re-anchored: nothing new may be enqueued, and an
+    /// untracked claim recorded as Waiting or Held may still come back.
+    pub admitting: bool,
+    /// Set by re-anchoring when a recorded holder could not keep the lock (DESIGN.md §3).
+    pub anchor_verdict: Option<String>,
+    pub now: Timestamp,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub note: String,
+}
+
+/// What to do, in this order: enqueue (then plan again), write the revocation request into the
+/// znode, annotate the holder pod, write the status, release the node, publish the events. The
+/// status goes out before the release so that no other claim can be Held while this one still
+/// reads Held.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    pub status: LockClaimStatus,
+    pub enqueue: bool,
+    pub write_revoke: Option<String>,
+    pub annotate_pod: Option<String>,
+    pub release: bool,
+    pub events: Vec<Event>,
+    pub requeue_after: Option<Duration>,
+}
+
+impl Plan {
+    fn event(&mut self, warning: bool, reason: &'static str, note: String) {
+        self.events.push(Event { warning, reason, note });
+    }
+
+    fn requeue_at(&mut self, now: Timestamp, at: Timestamp) {
+        let wait = at.duration_since(now).unsigned_abs();
+        // Deadlines are checked a little after they pass, so that the check sees them passed.
+        let wait = wait + Duration::from_millis(50);
+        self.requeue_after = Some(self.requeue_after.map_or(wait, |w| w.min(wait)));
+    }
+
+    /// Ends the claim: phase, conditions, and a release of its node.
+    fn finish(&mut self, phase: Phase, reason: &'static str, message: String, generation: Option<i64>, now: &Time) {
+        let st = &mut self.status;
+        st.phase = Some(phase);
+        st.position = None;
+        st.waiting_for = None;
+        conditions::set(&mut st.conditions, HELD, false, reason, &message, generation, now);
+        conditions::set(&mut st.conditions, FINISHED, true, reason, &message, generation, now);
+        if phase == Phase::Invalid {
+            conditions::set(&mut st.conditions, INVALID, true, reason, &message, generation, now);
+        }
+        self.release = true;
+        self.enqueue = false;
+        self.requeue_after = None;
+        let warning = matches!(phase, Phase::Lost | Phase::Invalid | Phase::Expired);
+        let event_reason = match phase {
+            Phase::Released => "Released",
+            Phase::Revoked => "Revoked",
+            Phase::Expired => "Expired",
+            Phase::Lost => "Lost",
+            _ => "Invalid",
+        };
+        self.event(warning, event_reason, message);
+    }
+}
+
+/// A claim whose spec cannot be served.
+pub fn invalid(claim: &LockClaim, message: String, now: Timestamp) -> Plan {
+    let mut plan = Plan { status: claim.status.clone().unwrap_or_default(), ..Plan::default() };
+    if plan.status.phase.is_some_and(Phase::is_terminal) {
+        return plan;
+    }
+    let now_t = Time(now);
+    plan.finish(Phase::Invalid, "InvalidSpec", message, claim.metadata.generation, &now_t);
+    plan.status.observed_generation = claim.metadata.generation;
+    plan
+}
+
+pub fn plan(input: Inputs<'_>) -> Plan {
+    let Inputs { claim, spec, holder, contender, admitting, anchor_verdict, now } = input;
+    let generation = claim.metadata.generation;
+    let now_t = Time(now);
+    let mut plan = Plan { status: claim.status.clone().unwrap_or_default(), ..Plan::default() };
+    let recorded = plan.status.phase;
+    if recorded.is_some_and(Phase::is_terminal) {
+        // Final: only make sure the node is gone.
+        plan.release = matches!(contender, ContenderView::Tracked { .. });
+        return plan;
+    }
+    plan.status.observed_generation = generation;
+    let created = claim.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
+    let pod = spec.holder_pod.as_deref().unwrap_or_default();
+    let (state, node, waiting_for) = match &contender {
+        ContenderView::Tracked { state, node, waiting_for } => (Some(state), Some(node.as_str()), waiting_for.clone()),
+        ContenderView::Untracked => (None, None, None),
+    };
+    let held_now = state.is_some_and(ContenderState::is_held);
+
+    // Re-anchoring found that a recorded holder cannot prove it kept the lock.
+    if let Some(why) = anchor_verdict {
+        plan.finish(Phase::Lost, "SessionLost", why, generation, &now_t);
+        return plan;
+    }
+
+    // The holder pod.
+    match holder {
+        HolderView::NotRequested => {}
+        HolderView::Missing if plan.status.holder_uid.is_some() => {
+            let msg = format!("holder pod {pod} was deleted");
+            plan.finish(Phase::Released, "HolderGone", msg, generation, &now_t);
+            return plan;
+        }
+        HolderView::Missing => {
+            let deadline = created + HOLDER_APPEAR_WINDOW;
+            if now >= deadline {
+                let msg = format!(
+                    "holder pod {pod:?} does not exist in namespace {:?} (waited {}s for it to appear): create the \
+                     pod first, or fix spec.holder.podName in a new claim",
+                    claim.metadata.namespace.as_deref().unwrap_or_default(),
+                    HOLDER_APPEAR_WINDOW.as_secs()
+                );
+                plan.finish(Phase::Invalid, "HolderPodNotFound", msg, generation, &now_t);
+                return plan;
+            }
+            let msg = format!("waiting for holder pod {pod} to appear");
+            set_phase(&mut plan, Phase::Pending, "HolderPodNotFound", &msg, generation, &now_t);
+            plan.requeue_at(now, deadline);
+            return plan;
+        }
+        HolderView::Present { uid, finished } => {
+            match plan.status.holder_uid.as_deref() {
+                None => plan.status.holder_uid = Some(uid.clone()),
+                Some(bound) if bound != uid => {
+                    let msg = format!("holder pod {pod} was replaced by a new pod of the same name (uid {uid})");
+                    plan.finish(Phase::Released, "HolderGone", msg, generation, &now_t);
+                    return plan;
+                }
+                Some(_) => {}
+            }
+            if let Some(phase) = finished {
+                let msg = format!("holder pod {pod} finished (phase {phase})");
+                plan.finish(Phase::Released, "HolderGone", msg, generation, &now_t);
+                return plan;
+            }
+        }
+    }
+
+    // The contender's node vanished (or never came back after a new session).
+    if let Some(ContenderState::Lost { why }) = state {
+        let (reason, msg) = match why {
+            LostReason::SessionExpired => ("SessionLost", "the ZooKeeper session ended with the node".to_string()),
+            LostReason::DeletedByOther => ("NodeDeleted", "the znode was deleted by another ZooKeeper client".into()),
+            LostReason::Failed(e) => ("ZooKeeperError", format!("ZooKeeper refused an operation: {e}")),
+        };
+        if *why != LostReason::SessionExpired || admitting {
+            plan.finish(Phase::Lost, reason, msg, generation, &now_t);
+            return plan;
+        }
+    }
+    if recorded == Some(Phase::Held) && !held_now && admitting {
+        // Never silently from Held to anything but a final phase: a holder that is not held any
+        // more lost the lock (its node came back behind somebody, or not at all).
+        let msg = match state {
+            None => "the znode is gone and the claim could not be re-anchored".to_string(),
+            Some(_) => "after a new ZooKeeper session the claim's node could not come back first".to_string(),
+        };
+        plan.finish(Phase::Lost, "SessionLost", msg, generation, &now_t);
+        return plan;
+    }
+
+    // Revocation: by annotation, or written into the znode by another client.
+    let annotation = claim.metadata.annotations.as_ref().and_then(|a| a.get(REVOKE_ANNOTATION));
+    let from_znode = match state {
+        Some(ContenderState::RevokeRequested { reason, .. }) => Some(reason.clone()),
+        _ => None,
+    };
+    let revoke =
+        annotation.map(|r| if r.is_empty() { "revoked".to_string() } else { r.clone() }).or(from_znode.clone());
+    if let Some(reason) = revoke {
+        if !held_now {
+            let msg = format!("revoked while not holding the lock: {reason}");
+            plan.finish(Phase::Revoked, "Revoked", msg, generation, &now_t);
+            return plan;
+        }
+        let requested_at = conditions::get(&plan.status.conditions, REVOKE_REQUESTED)
+            .filter(|c| c.status == "True")
+            .map(|c| c.last_transition_time.0);
+        match requested_at {
+            None => {
+                conditions::set(
+                    &mut plan.status.conditions,
+                    REVOKE_REQUESTED,
+                    true,
+                    "RevokeRequested",
+                    &reason,
+                    generation,
+                    &now_t,
+                );
+                if from_znode.is_none() {
+                    plan.write_revoke = Some(reason.clone());
+                }
+                if spec.holder_pod.is_some() {
+                    plan.annotate_pod = Some(reason.clone());
+                }
+                let note = format!("revocation requested ({reason}); force release in {}s", spec.grace.as_secs());
+                plan.event(false, "RevokeRequested", note);
+                plan.requeue_at(now, now + spec.grace);
+            }
+            Some(at) => {
+                let deadline = at + spec.grace;
+                if now >= deadline {
+                    let msg = format!("revoked ({reason}); the grace period of {}s ran out", spec.grace.as_secs());
+                    plan.finish(Phase::Revoked, "Revoked", msg, generation, &now_t);
+                    return plan;
+                }
+                plan.requeue_at(now, deadline);
+            }
+        }
+    }
+
+    match state {
+        None => {
+            if recorded == Some(Phase::Waiting) && admitting {
+                let msg = "the znode is gone and the claim could not be re-anchored".to_string();
+                plan.finish(Phase::Lost, "SessionLost", msg, generation, &now_t);
+                return plan;
+            }
+            set_phase(
+                &mut plan,
+                Phase::Pending,
+                "Pending",
+                "accepted; the znode is not created yet",
+                generation,
+                &now_t,
+            );
+            plan.enqueue = admitting;
+        }
+        Some(ContenderState::Waiting { .. }) | Some(ContenderState::RevokeRequested { fencing_token: None, .. }) => {
+            let ahead = match state {
+                Some(ContenderState::Waiting { ahead, .. }) => *ahead as i64,
+                _ => plan.status.position.unwrap_or(0),
+            };
+            if spec.acquire_timeout == Some(Duration::ZERO) {
+                let msg = "the lock was busy and acquireTimeoutSeconds is 0 (try once)".to_string();
+                plan.finish(Phase::Expired, "Expired", msg, generation, &now_t);
+                return plan;
+            }
+            if let Some(timeout) = spec.acquire_timeout {
+                let deadline = created + timeout;
+                if now >= deadline {
+                    let msg = format!("not held within acquireTimeoutSeconds ({}s)", timeout.as_secs());
+                    plan.finish(Phase::Expired, "Expired", msg, generation, &now_t);
+                    return plan;
+                }
+                plan.requeue_at(now, deadline);
+            }
+            if recorded != Some(Phase::Waiting) {
+                plan.event(false, "Waiting", format!("queued behind {} contender(s)", ahead));
+            }
+            let msg = format!("{ahead} contender(s) ahead");
+            set_phase(&mut plan, Phase::Waiting, "Waiting", &msg, generation, &now_t);
+            plan.status.position = Some(ahead);
+            plan.status.waiting_for = waiting_for;
+        }
+        Some(s) if s.is_held() => {
+            let token = s.fencing_token().unwrap_or_default();
+            if recorded != Some(Phase::Held) {
+                plan.status.fencing_token = Some(token.to_string());
+                plan.status.acquired_at = Some(now_t.clone());
+                plan.status.lease_expires_at = spec.lease.map(|l| Time(now + l));
+                plan.status.renewed = renew_value(claim);
+                plan.event(false, "Acquired", format!("lock held with fencing token {token}"));
+            }
+            set_phase(&mut plan, Phase::Held, "Acquired", "the lock is held", generation, &now_t);
+            plan.status.position = Some(0);
+            plan.status.waiting_for = None;
+            if let Some(lease) = spec.lease {
+                let renew = renew_value(claim);
+                if renew != plan.status.renewed {
+                    plan.status.renewed = renew;
+                    plan.status.lease_expires_at = Some(Time(now + lease));
+                }
+                let expires = plan.status.lease_expires_at.as_ref().map_or(now + lease, |t| t.0);
+                if now >= expires {
+                    let msg = format!("the lease of {}s ran out without renewal", lease.as_secs());
+                    plan.finish(Phase::Released, "LeaseExpired", msg, generation, &now_t);
+                    return plan;
+                }
+                plan.requeue_at(now, expires);
+            }
+        }
+        // Released, or lost during a session change: nothing to record until re-anchored.
+        Some(_) => {}
+    }
+    plan.status.znode = node.map(str::to_string).or(plan.status.znode.take());
+    if plan.requeue_after.is_none() {
+        plan.requeue_after = Some(RESYNC);
+    }
+    plan
+}
+
+fn renew_value(claim: &LockClaim) -> Option<String> {
+    claim.metadata.annotations.as_ref().and_then(|a| a.get(RENEW_ANNOTATION)).cloned()
+}
+
+fn set_phase(plan: &mut Plan, phase: Phase, reason: &str, message: &str, generation: Option<i64>, now: &Time) {
+    plan.status.phase = Some(phase);
+    let held = phase == Phase::Held;
+    conditions::set(&mut plan.status.conditions, HELD, held, reason, message, generation, now);
+    conditions::set(&mut plan.status.conditions, FINISHED, false, reason, message, generation, now);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{validate, LockClaimSpec};
+    use crate::recipe::Mode;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn t(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + secs).unwrap()
+    }
+
+    fn claim(spec: LockClaimSpec) -> LockClaim {
+        let mut c = LockClaim::new("job-a", spec);
+        c.metadata.namespace = Some("shop".into());
+        c.metadata.generation = Some(1);
+        c.metadata.creation_timestamp = Some(Time(t(0)));
+        c
+    }
+
+    fn spec() -> LockClaimSpec {
+        LockClaimSpec {
+            lock_name: "db".into(),
+            mode: Mode::Exclusive,
+            holder: None,
+            acquire_timeout_seconds: None,
+            lease_duration_seconds: None,
+            revocation_grace_period_seconds: None,
+        }
+    }
+
+    fn tracked(state: ContenderState) -> ContenderView {
+        ContenderView::Tracked {
+            state,
+            node: "/zklock/locks/shop/db/write-x-lock-0000000001".into(),
+            waiting_for: None,
+        }
+    }
+
+    fn run(c: &LockClaim, holder: HolderView, contender: ContenderView, now: Timestamp) -> Plan {
+        let spec = validate(c).unwrap();
+        plan(Inputs { claim: c, spec: &spec, holder, contender, admitting: true, anchor_verdict: None, now })
+    }
+
+    fn with_status(mut c: LockClaim, p: &Plan) -> LockClaim {
+        c.status = Some(p.status.clone());
+        c
+    }
+
+    #[test]
+    fn a_new_claim_is_pending_and_enqueued_only_when_admitting() {
+        let c = claim(spec());
+        let p = run(&c, HolderView::NotRequested, ContenderView::Untracked, t(1));
+        assert_eq!((p.status.phase, p.enqueue), (Some(Phase::Pending), true));
+        let v = validate(&c).unwrap();
+        let p = plan(Inputs {
+            claim: &c,
+            spec: &v,
+            holder: HolderView::NotRequested,
+            contender: ContenderView::Untracked,
+            admitting: false,
+            anchor_verdict: None,
+            now: t(1),
+        });
+        assert!(!p.enqueue, "nothing is enqueued before re-anchoring");
+    }
+
+    #[test]
+    fn held_sets_token_once_and_keeps_it() {
+        let c = claim(spec());
+        let p = run(&c, HolderView::NotRequested, tracked(ContenderState::Held { fencing_token: 42 }), t(5));
+        assert_eq!(p.status.phase, Some(Phase::Held));
+        assert_eq!(p.status.fencing_token.as_deref(), Some("42"));
+        assert!(conditions::is_true(&p.status.conditions, HELD));
+        assert!(!conditions::is_true(&p.status.conditions, FINISHED));
+        assert_eq!(p.events.iter().map(|e| e.reason).collect::<Vec<_>>(), vec!["Acquired"]);
+        // Re-anchored with a new node (new czxid): the recorded token stays.
+        let c = with_status(c, &p);
+        let p2 = run(&c, HolderView::NotRequested, tracked(ContenderState::Held { fencing_token: 99 }), t(9));
+        assert_eq!(p2.status.fencing_token.as_deref(), Some("42"));
+        assert!(p2.events.is_empty());
+    }
+
+    #[test]
+    fn a_holder_that_comes_back_waiting_is_lost_never_waiting() {
+        let c = claim(spec());
+        let p = run(&c, HolderView::NotRequested, tracked(ContenderState::Held { fencing_token: 1 }), t(1));
+        let c = with_status(c, &p);
+        let waiting = ContenderState::Waiting { ahead: 1, watching: "_c_x-lock-0000000009".into() };
+        let p = run(&c, HolderView::NotRequested, tracked(waiting), t(2));
+        assert_eq!(p.status.phase, Some(Phase::Lost));
+        assert!(p.release && conditions::is_true(&p.status.conditions, FINISHED));
+    }
+
+    #[test]
+    fn holder_pod_binding_replacement_and_completion() {
+        let mut s = spec();
+        s.holder = Some(crate::api::Holder { pod_name: "worker-0".into(), namespace: None });
+        let c = claim(s);
+        let present = |uid: &str| HolderView::Present { uid: uid.into(), finished: None };
+        let p = run(&c, present("u1"), ContenderView::Untracked, t(1));
+        assert_eq!(p.status.holder_uid.as_deref(), Some("u1"));
+        let c = with_status(c, &p);
+        let p = run(&c, present("u2"), tracked(ContenderState::Held { fencing_token: 3 }), t(2));
+        assert_eq!(p.status.phase, Some(Phase::Released));
+        assert!(p.release);
+        assert!(conditions::get(&p.status.conditions, HELD).unwrap().reason == "HolderGone");
+        let p = run(
+            &c,
+            HolderView::Present { uid: "u1".into(), finished: Some("Failed".into()) },
+            tracked(ContenderState::Held { fencing_token: 3 }),
+            t(2),
+        );
+        assert_eq!(p.status.phase, Some(Phase::Released));
+        let p = run(&c, HolderView::Missing, tracked(ContenderState::Held { fencing_token: 3 }), t(2));
+        assert_eq!(p.status.phase, Some(Phase::Released));
+    }
+
+    #[test]
+    fn a_holder_pod_may_appear_late_but_not_too_late() {
+        let mut s = spec();
+        s.holder = Some(crate::api::Holder { pod_name: "later".into(), namespace: None });
+        let c = claim(s);
+        let p = run(&c, HolderView::Missing, ContenderView::Untracked, t(5));
+        assert_eq!((p.status.phase, p.enqueue), (Some(Phase::Pending), false));
+        assert!(p.requeue_after.unwrap() <= Duration::from_secs(26));
+        let p = run(&c, HolderView::Missing, ContenderView::Untracked, t(31));
+        assert_eq!(p.status.phase, Some(Phase::Invalid));
+        assert!(conditions::get(&p.status.conditions, INVALID).unwrap().message.contains("does not exist"));
+    }
+
+    #[test]
+    fn revocation_waits_the_grace_period_then_revokes() {
+        let mut s = spec();
+        s.revocation_grace_period_seconds = Some(10);
+        let c = claim(s);
+        let held = ContenderState::Held { fencing_token: 7 };
+        let p = run(&c, HolderView::NotRequested, tracked(held.clone()), t(1));
+        let mut c = with_status(c, &p);
+        c.metadata.annotations = Some([(REVOKE_ANNOTATION.to_string(), "maintenance".to_string())].into());
+        let p = run(&c, HolderView::NotRequested, tracked(held.clone()), t(2));
+        assert_eq!(p.write_revoke.as_deref(), Some("maintenance"));
+        assert_eq!(p.status.phase, Some(Phase::Held));
+        assert!(conditions::is_true(&p.status.conditions, REVOKE_REQUESTED));
+        assert!(p.requeue_after.unwrap() <= Duration::from_secs(11));
+        let c = with_status(c, &p);
+        let asked = ContenderState::RevokeRequested { reason: "maintenance".into(), fencing_token: Some(7) };
+        let p = run(&c, HolderView::NotRequested, tracked(asked.clone()), t(6));
+        assert_eq!((p.status.phase, p.write_revoke.clone(), p.events.len()), (Some(Phase::Held), None, 0));
+        let p = run(&c, HolderView::NotRequested, tracked(asked), t(13));
+        assert_eq!(p.status.phase, Some(Phase::Revoked));
+        assert!(p.release);
+    }
+
+    #[test]
+    fn a_waiting_claim_that_is_revoked_leaves_the_queue() {
+        let mut c = claim(spec());
+        c.metadata.annotations = Some([(REVOKE_ANNOTATION.to_string(), String::new())].into());
+        let waiting = ContenderState::Waiting { ahead: 2, watching: "n".into() };
+        let p = run(&c, HolderView::NotRequested, tracked(waiting), t(1));
+        assert_eq!(p.status.phase, Some(Phase::Revoked));
+        assert!(p.release);
+    }
+
+    #[test]
+    fn acquire_timeouts_expire_waiting_claims() {
+        let mut s = spec();
+        s.acquire_timeout_seconds = Some(0);
+        let c = claim(s);
+        let waiting = ContenderState::Waiting { ahead: 1, watching: "n".into() };
+        let p = run(&c, HolderView::NotRequested, tracked(waiting.clone()), t(1));
+        assert_eq!(p.status.phase, Some(Phase::Expired));
+        let mut s = spec();
+        s.acquire_timeout_seconds = Some(60);
+        let c = claim(s);
+        let p = run(&c, HolderView::NotRequested, tracked(waiting.clone()), t(30));
+        assert_eq!(p.status.phase, Some(Phase::Waiting));
+        assert!(p.requeue_after.unwrap() <= Duration::from_secs(31));
+        let p = run(&c, HolderView::NotRequested, tracked(waiting), t(61));
+        assert_eq!(p.status.phase, Some(Phase::Expired));
+    }
+
+    #[test]
+    fn leases_expire_unless_renewed() {
+        let mut s = spec();
+        s.lease_duration_seconds = Some(100);
+        let c = claim(s);
+        let held = ContenderState::Held { fencing_token: 5 };
+        let p = run(&c, HolderView::NotRequested, tracked(held.clone()), t(0));
+        assert_eq!(p.status.lease_expires_at, Some(Time(t(100))));
+        let mut c = with_status(c, &p);
+        c.metadata.annotations = Some([(RENEW_ANNOTATION.to_string(), "1".to_string())].into());
+        let p = run(&c, HolderView::NotRequested, tracked(held.clone()), t(90));
+        assert_eq!(p.status.lease_expires_at, Some(Time(t(190))));
+        let c = with_status(c, &p);
+        let p = run(&c, HolderView::NotRequested, tracked(held.clone()), t(150));
+        assert_eq!(p.status.phase, Some(Phase::Held));
+        let p = run(&c, HolderView::NotRequested, tracked(held), t(191));
+        assert_eq!(p.status.phase, Some(Phase::Released));
+        assert_eq!(conditions::get(&p.status.conditions, FINISHED).unwrap().reason, "LeaseExpired");
+    }
+
+    #[test]
+    fn terminal_claims_stay_terminal() {
+        let c = claim(spec());
+        let p = invalid(&c, "bad".into(), t(1));
+        let c = with_status(c, &p);
+        let p = run(&c, HolderView::NotRequested, ContenderView::Untracked, t(2));
+        assert_eq!((p.status.phase, p.enqueue, p.release), (Some(Phase::Invalid), false, false));
+    }
+}

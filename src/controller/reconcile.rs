@@ -1,0 +1,212 @@
+//! Reconcile one claim: dereference → validate → plan → apply → events.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::runtime::finalizer::{finalizer, Event as Finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use super::plan::{self, ContenderView, HolderView, Inputs, Plan};
+use super::{Context, Error};
+use crate::api::{validate, LockClaim, Phase, FINALIZER, POD_REVOKE_ANNOTATION_PREFIX};
+use crate::recipe;
+use crate::zk::ContenderSpec;
+
+pub async fn reconcile(claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.metrics.reconciles.inc();
+    let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
+    let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    // The finalizer helper writes once to add the finalizer (then returns), and once to remove
+    // it after a cleanup; count those writes with ours.
+    let deleting = claim.metadata.deletion_timestamp.is_some();
+    let has_finalizer = claim.finalizers().iter().any(|f| f == FINALIZER);
+    if deleting == has_finalizer {
+        ctx.metrics.api_writes.inc();
+    }
+    finalizer(&api, FINALIZER, claim, |event| async {
+        match event {
+            Finalizer::Apply(claim) => apply(claim, &ctx).await,
+            Finalizer::Cleanup(claim) => cleanup(claim, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(e.to_string()))
+}
+
+async fn apply(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> {
+    let uid = claim.uid().ok_or(Error::Malformed("a uid"))?;
+    let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
+    let now = Timestamp::now();
+    let object = ObjectRef::from_obj(claim.as_ref());
+    let spec = match validate(&claim) {
+        Ok(spec) => spec,
+        Err(message) => {
+            ctx.registry.observe(&uid, object, "", None);
+            let plan = plan::invalid(&claim, message, now);
+            return execute(&claim, ctx, &uid, "", plan).await;
+        }
+    };
+    let lock = ctx.lock_path(&namespace, &spec.lock_name);
+    ctx.registry.observe(&uid, object, &lock, spec.holder_pod.as_deref());
+    let terminal = claim.status.as_ref().and_then(|s| s.phase).is_some_and(Phase::is_terminal);
+    let holder = if terminal {
+        HolderView::NotRequested
+    } else {
+        holder_view(ctx, &namespace, spec.holder_pod.as_deref()).await?
+    };
+    let inputs = |contender| Inputs {
+        claim: &claim,
+        spec: &spec,
+        holder: holder.clone(),
+        contender,
+        admitting: ctx.admitting(),
+        anchor_verdict: ctx.registry.verdict(&uid),
+        now,
+    };
+    let mut plan = plan::plan(inputs(contender_view(ctx, &uid)));
+    if plan.enqueue {
+        let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
+        if !ctx.registry.may_enqueue(&lock, &uid, created) {
+            // A claim created earlier enters the queue first; it triggers us when it has.
+            return Ok(Action::requeue(std::time::Duration::from_millis(200)));
+        }
+        let description = format!("{namespace}/{}", claim.name_any());
+        let enqueued = ctx
+            .engine
+            .enqueue(ContenderSpec { id: uid.clone(), lock: lock.clone(), mode: spec.mode, description })
+            .await;
+        if let Some(next) = ctx.registry.leave_gate(&lock, &uid) {
+            ctx.trigger(next);
+        }
+        enqueued?;
+        plan = plan::plan(inputs(contender_view(ctx, &uid)));
+    } else if ctx.admitting() && plan.status.phase != Some(Phase::Waiting) && plan.status.phase != Some(Phase::Held) {
+        // Not enqueueable now (waiting for its holder pod, or final): others go first.
+        if let Some(next) = ctx.registry.leave_gate(&lock, &uid) {
+            ctx.trigger(next);
+        }
+    }
+    execute(&claim, ctx, &uid, &lock, plan).await
+}
+
+/// The claim is being deleted: its node goes first, then the finalizer.
+async fn cleanup(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> {
+    let uid = claim.uid().ok_or(Error::Malformed("a uid"))?;
+    let was_held = claim.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held);
+    if ctx.engine.release(&uid).await? && was_held {
+        if let Some(namespace) = claim.namespace() {
+            ctx.registry.note_release(&ctx.lock_path(&namespace, &claim.spec.lock_name));
+        }
+    }
+    ctx.registry.forget(&uid);
+    ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
+    Ok(Action::await_change())
+}
+
+/// The holder pod as the API has it now. A pod being deleted still counts as present: its
+/// containers may still run, and the lock must not move before they stop.
+async fn holder_view(ctx: &Context, namespace: &str, pod: Option<&str>) -> Result<HolderView, Error> {
+    let Some(pod) = pod else { return Ok(HolderView::NotRequested) };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let found = ctx.metrics.api_call("get_pod", false, pods.get_opt(pod)).await?;
+    Ok(match found {
+        None => HolderView::Missing,
+        Some(p) => HolderView::Present {
+            uid: p.metadata.uid.unwrap_or_default(),
+            finished: p.status.and_then(|s| s.phase).filter(|phase| phase == "Succeeded" || phase == "Failed"),
+        },
+    })
+}
+
+/// The claim's contender in the engine, with the claim it waits for named.
+fn contender_view(ctx: &Context, uid: &str) -> ContenderView {
+    let Some(handle) = ctx.engine.handle(uid) else { return ContenderView::Untracked };
+    let state = handle.state();
+    let waiting_for = match &state {
+        crate::zk::ContenderState::Waiting { watching, .. } => Some(
+            recipe::parse_child(watching)
+                .and_then(|c| c.ours)
+                .and_then(|(id, _)| ctx.registry.name(id))
+                .unwrap_or_else(|| watching.clone()),
+        ),
+        _ => None,
+    };
+    ContenderView::Tracked { state, node: handle.node, waiting_for }
+}
+
+async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, plan: Plan) -> Result<Action, Error> {
+    let namespace = claim.namespace().unwrap_or_default();
+    let name = claim.name_any();
+    if let Some(reason) = &plan.write_revoke {
+        if let Some(handle) = ctx.engine.handle(uid) {
+            ctx.engine.request_revocation(&handle.node, reason).await?;
+        }
+    }
+    if let (Some(reason), Some(pod)) = (&plan.annotate_pod, claim.spec.holder.as_ref().map(|h| &h.pod_name)) {
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+        let key = format!("{POD_REVOKE_ANNOTATION_PREFIX}{name}");
+        let patch = json!({ "metadata": { "annotations": { key: reason } } });
+        let result = ctx
+            .metrics
+            .api_call("annotate_pod", true, pods.patch(pod, &PatchParams::default(), &Patch::Merge(&patch)))
+            .await;
+        if let Err(e) = result {
+            // The pod may be gone already; the revocation goes on regardless.
+            tracing::info!(pod, error = %e, "could not annotate the holder pod");
+        }
+    }
+    let before = claim.status.clone().unwrap_or_default();
+    if plan.status != before {
+        let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+        let patch = json!({ "status": plan.status });
+        ctx.metrics
+            .api_call("patch_status", true, api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)))
+            .await?;
+        if plan.status.phase == Some(Phase::Held) && before.phase != Some(Phase::Held) {
+            observe_grant(claim, ctx, lock);
+        }
+    }
+    ctx.registry.set_phase(uid, plan.status.phase);
+    if plan.release {
+        let was_held = before.phase == Some(Phase::Held);
+        if ctx.engine.release(uid).await? && was_held {
+            ctx.registry.note_release(lock);
+        }
+    }
+    ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
+    let reference = claim.object_ref(&());
+    for event in &plan.events {
+        let event = KubeEvent {
+            type_: if event.warning { EventType::Warning } else { EventType::Normal },
+            reason: event.reason.into(),
+            note: Some(event.note.clone()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        let published = ctx.metrics.api_call("publish_event", true, ctx.recorder.publish(&event, &reference)).await;
+        if let Err(e) = published {
+            // Events are for people; the claim's status carries the truth.
+            tracing::info!(claim = %name, error = %e, "could not publish an event");
+        }
+    }
+    Ok(match plan.requeue_after {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
+    })
+}
+
+fn observe_grant(claim: &LockClaim, ctx: &Context, lock: &str) {
+    if let Some(created) = &claim.metadata.creation_timestamp {
+        let waited = Timestamp::now().duration_since(created.0).as_secs_f64();
+        ctx.metrics.acquire_wait.observe(waited.max(0.0));
+    }
+    if let Some(since_release) = ctx.registry.take_release(lock) {
+        ctx.metrics.handoff.observe(since_release.as_secs_f64());
+    }
+}

@@ -1,0 +1,196 @@
+//! What the operator remembers about the claims it serves, in memory and small: which object a
+//! contender id (claim UID) belongs to, which claims a pod holds, each claim's last written
+//! phase and position, and the verdicts of re-anchoring. Everything here can be rebuilt from
+//! the API and ZooKeeper; it is never the source of truth for who holds a lock.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use kube::runtime::reflector::ObjectRef;
+
+use crate::api::{LockClaim, Phase};
+
+/// How long a claim that asked to be enqueued holds back the claims created after it.
+pub const GATE_PATIENCE: Duration = Duration::from_secs(5);
+
+#[derive(Default)]
+pub struct Registry {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    claims: HashMap<String, Claim>,
+    /// (namespace, pod name) → claim UIDs naming that pod as holder.
+    by_pod: HashMap<(String, String), HashSet<String>>,
+    /// Claim UID → why re-anchoring could not keep its hold.
+    verdicts: HashMap<String, String>,
+    /// Lock path → when its last holder let go (for the handoff histogram).
+    released_at: HashMap<String, Instant>,
+    /// Claim UID → the order in which the claim watch first delivered it (creation order for
+    /// claims created while the operator runs).
+    first_seen: HashMap<String, u64>,
+    next_seen: u64,
+    /// Lock path → claims ready to be enqueued, by (creation second, first seen): the gate that
+    /// makes claims created in quick succession enter the queue in creation order even though
+    /// they are reconciled concurrently.
+    gate: HashMap<String, BTreeMap<(i64, u64), (String, Instant)>>,
+}
+
+struct Claim {
+    object: ObjectRef<LockClaim>,
+    lock: String,
+    pod: Option<String>,
+    phase: Option<Phase>,
+}
+
+impl Registry {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // No critical section below can panic; a poisoned lock still holds consistent data.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records (or refreshes) a claim the operator serves.
+    pub fn observe(&self, uid: &str, object: ObjectRef<LockClaim>, lock: &str, pod: Option<&str>) {
+        let mut inner = self.lock();
+        let ns = object.namespace.clone().unwrap_or_default();
+        if let Some(pod) = pod {
+            inner.by_pod.entry((ns, pod.to_string())).or_default().insert(uid.to_string());
+        }
+        let phase = inner.claims.get(uid).and_then(|c| c.phase);
+        inner
+            .claims
+            .insert(uid.to_string(), Claim { object, lock: lock.to_string(), pod: pod.map(str::to_string), phase });
+    }
+
+    pub fn set_phase(&self, uid: &str, phase: Option<Phase>) {
+        if let Some(c) = self.lock().claims.get_mut(uid) {
+            c.phase = phase;
+        }
+    }
+
+    /// Notes the order in which the claim watch delivers claims. A claim not yet in any queue
+    /// (`pending`) joins its lock's admission gate at once, so that claims created after it
+    /// wait for it even before its first reconcile asks to enqueue.
+    pub fn first_seen(&self, uid: &str, lock: Option<&str>, created: i64, pending: bool) {
+        let mut inner = self.lock();
+        if inner.first_seen.contains_key(uid) {
+            return;
+        }
+        inner.next_seen += 1;
+        let seen = inner.next_seen;
+        inner.first_seen.insert(uid.to_string(), seen);
+        if let (true, Some(lock)) = (pending, lock) {
+            inner.gate.entry(lock.to_string()).or_default().insert((created, seen), (uid.to_string(), Instant::now()));
+        }
+    }
+
+    /// Asks to enqueue claim `uid` on `lock`; true when no claim created before it waits to be
+    /// enqueued there. A claim that has been in the gate for [`GATE_PATIENCE`] without entering
+    /// the queue (its reconcile keeps failing, say) no longer holds the others up.
+    pub fn may_enqueue(&self, lock: &str, uid: &str, created: i64) -> bool {
+        let mut inner = self.lock();
+        let seen = inner.first_seen.get(uid).copied().unwrap_or(u64::MAX);
+        let gate = inner.gate.entry(lock.to_string()).or_default();
+        gate.retain(|_, (other, since)| other == uid || since.elapsed() < GATE_PATIENCE);
+        if !gate.values().any(|(other, _)| other == uid) {
+            gate.insert((created, seen), (uid.to_string(), Instant::now()));
+        }
+        gate.first_key_value().is_some_and(|(_, (first, _))| first == uid)
+    }
+
+    /// The claim entered the queue, or cannot enter it now (waiting for its holder pod, or
+    /// final): it leaves the gate. Returns the claim that is first in the gate now.
+    pub fn leave_gate(&self, lock: &str, uid: &str) -> Option<ObjectRef<LockClaim>> {
+        let mut inner = self.lock();
+        let gate = inner.gate.get_mut(lock)?;
+        let before = gate.len();
+        gate.retain(|_, (other, _)| other != uid);
+        if gate.len() == before {
+            return None;
+        }
+        let next = gate.first_key_value().map(|(_, (next, _))| next.clone());
+        if gate.is_empty() {
+            inner.gate.remove(lock);
+        }
+        next.and_then(|n| inner.claims.get(&n).map(|c| c.object.clone()))
+    }
+
+    pub fn forget(&self, uid: &str) {
+        let mut inner = self.lock();
+        inner.first_seen.remove(uid);
+        for gate in inner.gate.values_mut() {
+            gate.retain(|_, (other, _)| other != uid);
+        }
+        if let Some(claim) = inner.claims.remove(uid) {
+            if let Some(pod) = claim.pod {
+                let key = (claim.object.namespace.unwrap_or_default(), pod);
+                if let Some(set) = inner.by_pod.get_mut(&key) {
+                    set.remove(uid);
+                    if set.is_empty() {
+                        inner.by_pod.remove(&key);
+                    }
+                }
+            }
+        }
+        inner.verdicts.remove(uid);
+    }
+
+    pub fn object(&self, uid: &str) -> Option<ObjectRef<LockClaim>> {
+        self.lock().claims.get(uid).map(|c| c.object.clone())
+    }
+
+    pub fn name(&self, uid: &str) -> Option<String> {
+        self.lock().claims.get(uid).map(|c| c.object.name.clone())
+    }
+
+    pub fn claims_of_pod(&self, namespace: &str, pod: &str) -> Vec<ObjectRef<LockClaim>> {
+        let inner = self.lock();
+        let Some(uids) = inner.by_pod.get(&(namespace.to_string(), pod.to_string())) else { return vec![] };
+        uids.iter().filter_map(|uid| inner.claims.get(uid).map(|c| c.object.clone())).collect()
+    }
+
+    pub fn claims_with_holders(&self) -> Vec<ObjectRef<LockClaim>> {
+        self.lock().claims.values().filter(|c| c.pod.is_some()).map(|c| c.object.clone()).collect()
+    }
+
+    pub fn all(&self) -> Vec<ObjectRef<LockClaim>> {
+        self.lock().claims.values().map(|c| c.object.clone()).collect()
+    }
+
+    /// Locks with at least one claim recorded as Waiting.
+    pub fn locks_with_waiters(&self) -> Vec<String> {
+        let inner = self.lock();
+        let set: HashSet<&str> =
+            inner.claims.values().filter(|c| c.phase == Some(Phase::Waiting)).map(|c| c.lock.as_str()).collect();
+        set.into_iter().map(str::to_string).collect()
+    }
+
+    pub fn phase_counts(&self) -> HashMap<Phase, i64> {
+        let mut counts = HashMap::new();
+        for c in self.lock().claims.values() {
+            if let Some(phase) = c.phase {
+                *counts.entry(phase).or_insert(0) += 1;
+            }
+        }
+        counts
+    }
+
+    pub fn set_verdict(&self, uid: &str, why: String) {
+        self.lock().verdicts.insert(uid.to_string(), why);
+    }
+
+    pub fn verdict(&self, uid: &str) -> Option<String> {
+        self.lock().verdicts.get(uid).cloned()
+    }
+
+    pub fn note_release(&self, lock: &str) {
+        self.lock().released_at.insert(lock.to_string(), Instant::now());
+    }
+
+    /// How long ago the lock's last holder let go, once: the next grant takes it.
+    pub fn take_release(&self, lock: &str) -> Option<std::time::Duration> {
+        self.lock().released_at.remove(lock).map(|at| at.elapsed())
+    }
+}

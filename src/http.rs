@@ -1,0 +1,65 @@
+//! `/metrics`, `/healthz` and `/readyz`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+
+use crate::metrics::Metrics;
+
+/// What the probes report.
+#[derive(Default)]
+pub struct Health {
+    /// Set by a standby replica (ready: it is healthy and waits), and by the leader once its
+    /// session is re-anchored.
+    pub ready: Arc<AtomicBool>,
+}
+
+#[derive(Clone)]
+struct AppState {
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    engine_stats: Arc<dyn Fn() -> Option<crate::zk::StatsSnapshot> + Send + Sync>,
+}
+
+/// Binds `addr` (the error says which address failed) and serves until the process ends.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    engine_stats: Arc<dyn Fn() -> Option<crate::zk::StatsSnapshot> + Send + Sync>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready_handler))
+        .with_state(AppState { metrics, health, engine_stats });
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "metrics server stopped");
+        }
+    });
+    Ok((local, task))
+}
+
+async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
+    if let Some(stats) = (state.engine_stats)() {
+        state.metrics.observe_engine(stats);
+    }
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
+}
+
+async fn ready_handler(State(state): State<AppState>) -> impl IntoResponse {
+    if state.health.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    }
+}

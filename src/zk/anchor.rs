@@ -1,0 +1,214 @@
+//! Re-anchoring a lock on a new session, and the lock directory's marker for foreign clients.
+//!
+//! Ephemeral nodes die with their session, and a session cannot be taken over by a new process,
+//! so a new session (a new leader, or the same one after expiry) recreates the nodes of every
+//! live claim, in the order the claims' status records, before anything new is admitted. The
+//! directory's data records whether a node not made by zklock was ever seen there: in such a
+//! directory a session gap may have let a foreign client hold the lock, so holders cannot be
+//! assumed to have kept it.
+
+use serde::{Deserialize, Serialize};
+use zookeeper_client as zk;
+
+use super::data::NodeData;
+use super::engine::{ContenderSpec, Shared};
+use super::retry::{self, Backoff};
+use super::stats::Stats;
+use super::{Error, ZkConfig};
+use crate::recipe;
+
+/// Attempts before giving up on a directory that keeps changing under us.
+const MAX_ATTEMPTS: usize = 20;
+/// Operations per multi-op: keeps each request well under ZooKeeper's 1 MiB jute.maxbuffer.
+const OPS_PER_MULTI: usize = 1000;
+
+/// The lock directory's own data.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DirMarker {
+    #[serde(default)]
+    foreign_seen: bool,
+}
+
+impl DirMarker {
+    /// Empty data is a directory zklock made and no stranger touched; data that is not our
+    /// marker was written by somebody else, which counts as foreign use.
+    fn parse(data: &[u8]) -> DirMarker {
+        if data.is_empty() {
+            return DirMarker::default();
+        }
+        serde_json::from_slice(data).unwrap_or(DirMarker { foreign_seen: true })
+    }
+
+    fn to_bytes(&self) -> Vec<u8> {
+        // A struct of one bool always serialises.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+pub(super) struct Recreated {
+    /// (node name, stat) of each contender, in the order given.
+    pub nodes: Vec<(String, zk::Stat)>,
+    pub foreign_seen: bool,
+}
+
+pub(super) async fn recreate(
+    client: &zk::Client,
+    shared: &Shared,
+    config: &ZkConfig,
+    lock: &str,
+    contenders: &[ContenderSpec],
+) -> Result<Recreated, Error> {
+    let dir_options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    let node_options = zk::CreateMode::EphemeralSequential.with_acls(config.node_acls());
+    let mut backoff = Backoff::new();
+    for _ in 0..MAX_ATTEMPTS {
+        let (body, stat) = match retry::idempotent(|| client.get_data(lock)).await {
+            Ok(found) => found,
+            Err(zk::Error::NoNode) => {
+                retry::idempotent(|| client.mkdir(lock, &dir_options))
+                    .await
+                    .map_err(|e| Error::zk("mkdir", lock, e))?;
+                continue;
+            }
+            Err(e) => return Err(Error::zk("get", lock, e)),
+        };
+        let children =
+            retry::idempotent(|| client.list_children(lock)).await.map_err(|e| Error::zk("list", lock, e))?;
+        let queue = recipe::queue(&children);
+        let foreign_seen = DirMarker::parse(&body).foreign_seen || queue.iter().any(|c| c.ours.is_none());
+        let stale: Vec<String> =
+            queue.iter().filter(|c| c.ours.is_some()).map(|c| format!("{lock}/{}", c.name)).collect();
+
+        // Every operation, in order: the marker write (guarded by the version just read), the
+        // stale deletes, then the creates in queue order.
+        enum Op<'a> {
+            Delete(&'a str),
+            Create(&'a ContenderSpec),
+        }
+        let ops: Vec<Op> = stale.iter().map(|p| Op::Delete(p)).chain(contenders.iter().map(Op::Create)).collect();
+        let marker = DirMarker { foreign_seen }.to_bytes();
+        let mut version = stat.version;
+        let mut nodes = Vec::with_capacity(contenders.len());
+        let mut conflict = false;
+        // An empty plan still writes the marker once.
+        let chunks: Vec<&[Op]> = if ops.is_empty() { vec![&[]] } else { ops.chunks(OPS_PER_MULTI).collect() };
+        for chunk in chunks {
+            let mut multi = client.new_multi_writer();
+            multi.add_set_data(lock, &marker, Some(version)).map_err(|e| Error::zk("multi", lock, e))?;
+            for op in chunk {
+                match op {
+                    Op::Delete(path) => multi.add_delete(path, None),
+                    Op::Create(spec) => multi.add_create(
+                        &format!("{lock}/{}", recipe::node_prefix(&spec.id, spec.mode)),
+                        &NodeData::new(&spec.id, spec.mode, &spec.description).to_bytes(),
+                        &node_options,
+                    ),
+                }
+                .map_err(|e| Error::zk("multi", lock, e))?;
+            }
+            match retry::timed(async { multi.commit().await.map_err(zk::Error::from) }).await {
+                Ok(results) => {
+                    for result in results {
+                        match result {
+                            zk::MultiWriteResult::SetData { stat } => version = stat.version,
+                            zk::MultiWriteResult::Create { path, stat } => {
+                                let name = path.rsplit('/').next().unwrap_or_default().to_string();
+                                // ZooKeeper before 3.9 may answer a multi's create without a stat
+                                // (ZOOKEEPER-4026); then ask for it.
+                                let stat = if stat.is_invalid() {
+                                    stat_of(client, &format!("{lock}/{name}")).await?
+                                } else {
+                                    stat
+                                };
+                                Stats::bump(&shared.stats.creates);
+                                nodes.push((name, stat));
+                            }
+                            zk::MultiWriteResult::Delete => Stats::bump(&shared.stats.deletes),
+                            _ => {}
+                        }
+                    }
+                }
+                // The directory changed under us (a version moved, a node vanished or
+                // appeared): read it again and start over.
+                Err(zk::Error::BadVersion | zk::Error::NoNode | zk::Error::NodeExists) => {
+                    conflict = true;
+                    break;
+                }
+                Err(e) if retry::is_unknown_outcome(&e) => {
+                    // Whether it applied shows in the directory: start over, and the nodes we
+                    // created (if it applied) are this session's, so they are not stale: find
+                    // them by id instead of creating more.
+                    Stats::bump(&shared.stats.create_unknown_outcomes);
+                    if let Some(found) = find_all(client, lock, contenders).await? {
+                        return Ok(Recreated { nodes: found, foreign_seen });
+                    }
+                    conflict = true;
+                    break;
+                }
+                Err(e) => return Err(Error::zk("multi", lock, e)),
+            }
+        }
+        if !conflict {
+            return Ok(Recreated { nodes, foreign_seen });
+        }
+        backoff.wait().await;
+    }
+    Err(Error::zk("reanchor", lock, zk::Error::BadVersion))
+}
+
+/// The nodes of all `contenders` made by this session, if every one of them has one.
+async fn find_all(
+    client: &zk::Client,
+    lock: &str,
+    contenders: &[ContenderSpec],
+) -> Result<Option<Vec<(String, zk::Stat)>>, Error> {
+    let children = retry::idempotent(|| client.list_children(lock)).await.map_err(|e| Error::zk("list", lock, e))?;
+    let mut found = Vec::with_capacity(contenders.len());
+    for spec in contenders {
+        let Some(name) = recipe::find_node(&children, &spec.id) else { return Ok(None) };
+        let stat = stat_of(client, &format!("{lock}/{name}")).await?;
+        if stat.ephemeral_owner != client.session_id().0 {
+            return Ok(None);
+        }
+        found.push((name.to_string(), stat));
+    }
+    Ok(Some(found))
+}
+
+async fn stat_of(client: &zk::Client, path: &str) -> Result<zk::Stat, Error> {
+    match retry::idempotent(|| client.check_stat(path)).await {
+        Ok(Some(stat)) => Ok(stat),
+        Ok(None) => Err(Error::zk("stat", path, zk::Error::NoNode)),
+        Err(e) => Err(Error::zk("stat", path, e)),
+    }
+}
+
+/// Records in the directory's data that a foreign node was seen there. Idempotent.
+pub(super) async fn mark_foreign(client: &zk::Client, lock: &str) -> Result<(), zk::Error> {
+    loop {
+        let (body, stat) = retry::idempotent(|| client.get_data(lock)).await?;
+        if DirMarker::parse(&body).foreign_seen {
+            return Ok(());
+        }
+        let marker = DirMarker { foreign_seen: true }.to_bytes();
+        match retry::idempotent(|| client.set_data(lock, &marker, Some(stat.version))).await {
+            Ok(_) => return Ok(()),
+            Err(zk::Error::BadVersion) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marker_reads_empty_as_ours_and_strangers_data_as_foreign() {
+        assert!(!DirMarker::parse(b"").foreign_seen);
+        assert!(!DirMarker::parse(br#"{"foreignSeen":false}"#).foreign_seen);
+        assert!(DirMarker::parse(br#"{"foreignSeen":true}"#).foreign_seen);
+        assert!(DirMarker::parse(b"10.0.0.7").foreign_seen);
+    }
+}

@@ -1,0 +1,93 @@
+//! What zklock writes into a contender's znode, and how a revocation request written there (by
+//! us or by another ZooKeeper client) is recognised.
+
+use serde::{Deserialize, Serialize};
+
+use crate::recipe::Mode;
+
+/// Raw request some clients write to ask a holder to let go (the ZooKeeper recipe's wording).
+const RAW_UNLOCK: &[u8] = b"unlock";
+/// What Apache Curator's `Revoker.attemptRevoke` writes into the holder's node.
+const CURATOR_REVOKE: &[u8] = b"__REVOKE__";
+
+/// The JSON in every contender node zklock creates. Readable by anybody who lists the queue
+/// (`zkCli get`), so it says who the contender is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeData {
+    /// Always "zklock": tells our nodes' data from anybody else's.
+    pub owner: String,
+    pub id: String,
+    pub mode: Mode,
+    /// Free text naming the contender, e.g. the claim `namespace/name`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoke: Option<RevokeRequest>,
+}
+
+pub const OWNER: &str = "zklock";
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RevokeRequest {
+    pub reason: String,
+}
+
+impl NodeData {
+    pub fn new(id: &str, mode: Mode, description: &str) -> Self {
+        NodeData { owner: OWNER.into(), id: id.into(), mode, description: description.into(), revoke: None }
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // Serialising a struct of strings and a unit enum cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// The revocation request carried by a node's data, if any: our JSON `revoke` field, the raw
+/// `unlock` of the ZooKeeper recipe, or Curator's `__REVOKE__`.
+pub fn revoke_request(data: &[u8]) -> Option<String> {
+    let trimmed = data.trim_ascii();
+    if trimmed == RAW_UNLOCK {
+        return Some("unlock requested by another ZooKeeper client".into());
+    }
+    if trimmed == CURATOR_REVOKE {
+        return Some("revocation requested by an Apache Curator client".into());
+    }
+    let parsed: NodeData = serde_json::from_slice(trimmed).ok()?;
+    parsed.revoke.map(|r| r.reason)
+}
+
+/// The data to write into a node to ask its holder to let go. Our own nodes keep their
+/// description and gain a `revoke` field; other nodes get Curator's marker, which Curator
+/// holders understand and which we recognise too.
+pub fn with_revoke_request(current: &[u8], reason: &str) -> Vec<u8> {
+    match serde_json::from_slice::<NodeData>(current) {
+        Ok(mut ours) if ours.owner == OWNER => {
+            ours.revoke = Some(RevokeRequest { reason: reason.into() });
+            ours.to_bytes()
+        }
+        _ => CURATOR_REVOKE.to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn revoke_requests_round_trip_and_foreign_markers_are_recognised() {
+        let data = NodeData::new("uid-1", Mode::Shared, "shop/a").to_bytes();
+        assert_eq!(revoke_request(&data), None);
+        let asked = with_revoke_request(&data, "maintenance");
+        assert_eq!(revoke_request(&asked).as_deref(), Some("maintenance"));
+        let back: NodeData = serde_json::from_slice(&asked).unwrap();
+        assert_eq!((back.id.as_str(), back.description.as_str()), ("uid-1", "shop/a"));
+
+        assert!(revoke_request(b"unlock\n").is_some());
+        assert!(revoke_request(b"__REVOKE__").is_some());
+        assert_eq!(revoke_request(b"10.0.0.7"), None, "Curator's default data is an address");
+        assert_eq!(with_revoke_request(b"10.0.0.7", "x"), b"__REVOKE__".to_vec());
+    }
+}

@@ -1,0 +1,49 @@
+//! The lock engine: ZooKeeper's lock recipe on one session, for many contenders.
+
+mod anchor;
+mod config;
+pub mod data;
+mod engine;
+mod retry;
+mod stats;
+
+pub use config::{TlsPem, ZkConfig};
+pub use engine::{
+    Contender, ContenderSpec, ContenderState, EngineEvent, LockEngine, LostReason, QueueEntry, SessionEvent,
+};
+pub use stats::StatsSnapshot;
+
+use zookeeper_client as zk;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot reach ZooKeeper at {connect}: {source} (check the connect string and that the ensemble is up)")]
+    Connect { connect: String, source: zk::Error },
+    #[error("the ZooKeeper session is lost; call reconnect() before enqueueing again")]
+    SessionLost,
+    #[error("contender id {0:?} must be 1-64 characters of [a-z0-9-] without \"lock-\" (a Kubernetes UID is)")]
+    BadContenderId(String),
+    #[error("lock path {0:?} must be an absolute ZooKeeper path like /zklock/locks/ns/name")]
+    BadLockPath(String),
+    #[error("{op} {path}: {source}")]
+    ZooKeeper { op: &'static str, path: String, source: zk::Error },
+    #[error("no contender with id {0:?}")]
+    UnknownContender(String),
+}
+
+impl Error {
+    fn zk(op: &'static str, path: &str, source: zk::Error) -> Self {
+        Error::ZooKeeper { op, path: path.to_string(), source }
+    }
+
+    /// A short label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Connect { .. } => "connect",
+            Error::SessionLost => "session_lost",
+            Error::BadContenderId(_) | Error::BadLockPath(_) => "bad_input",
+            Error::ZooKeeper { .. } => "zookeeper",
+            Error::UnknownContender(_) => "unknown_contender",
+        }
+    }
+}

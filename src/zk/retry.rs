@@ -1,0 +1,71 @@
+//! Retrying ZooKeeper calls through connection loss.
+//!
+//! The client reconnects by itself within the session; a call that fails with `ConnectionLoss`
+//! (or that the server does not answer in time) may or may not have been applied. Reads are
+//! simply repeated. Writes whose outcome matters (create, delete) handle the unknown outcome
+//! themselves and use [`is_unknown_outcome`] to tell it apart.
+
+use std::future::Future;
+use std::time::Duration;
+
+use zookeeper_client as zk;
+
+/// An answer the server may never give (a stuck connection) must not hang a contender forever.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+
+/// Errors after which the request may or may not have been applied: the connection failed
+/// under it. Besides `ConnectionLoss`, the client reports a reset connection as a `Custom` I/O
+/// error for requests in flight (seen when an ensemble member is killed).
+pub fn is_unknown_outcome(err: &zk::Error) -> bool {
+    matches!(
+        err,
+        zk::Error::ConnectionLoss
+            | zk::Error::Timeout
+            | zk::Error::Custom(_)
+            | zk::Error::UnexpectedError(_)
+            | zk::Error::SessionMoved
+    )
+}
+
+/// Errors that end the session: no retry can succeed.
+pub fn is_session_end(err: &zk::Error) -> bool {
+    matches!(err, zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::AuthFailed)
+}
+
+/// Runs one call with a timeout; a timeout reads as `zk::Error::Timeout`.
+pub async fn timed<T>(call: impl Future<Output = Result<T, zk::Error>>) -> Result<T, zk::Error> {
+    tokio::time::timeout(CALL_TIMEOUT, call).await.unwrap_or(Err(zk::Error::Timeout))
+}
+
+/// Exponential backoff between attempts.
+pub struct Backoff(Duration);
+
+impl Backoff {
+    pub fn new() -> Self {
+        Backoff(FIRST_BACKOFF)
+    }
+
+    pub async fn wait(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Repeats an idempotent call (a read, or a write whose repetition is harmless) until it
+/// succeeds or fails for a reason other than a lost connection or throttling.
+pub async fn idempotent<T, F, Fut>(mut call: F) -> Result<T, zk::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, zk::Error>>,
+{
+    let mut backoff = Backoff::new();
+    loop {
+        match timed(call()).await {
+            Err(e) if is_unknown_outcome(&e) || e == zk::Error::Throttled => backoff.wait().await,
+            other => return other,
+        }
+    }
+}

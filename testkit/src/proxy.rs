@@ -1,0 +1,190 @@
+//! A loopback TCP proxy between a ZooKeeper client and server that injects the two faults the
+//! lock engine must survive:
+//!
+//! - [`Proxy::cut_after_next_create`]: forward the next contender create (EPHEMERAL_SEQUENTIAL)
+//!   to the server, drop its answer and cut the connection. The server applies the create; the
+//!   client sees a connection loss and cannot know whether it did.
+//! - [`Proxy::set_blackhole`]: close every connection and refuse new ones until turned off, long
+//!   enough for the session to expire.
+//!
+//! It reads the client's side of the ZooKeeper wire protocol just enough to spot creates:
+//! length-prefixed frames, the first one the session handshake, every later one a request
+//! header `(xid, opcode)` followed by the request body.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+const OP_CREATE: i32 = 1;
+const OP_CREATE2: i32 = 15;
+const OP_CREATE_CONTAINER: i32 = 19;
+const OP_CREATE_TTL: i32 = 21;
+const EPHEMERAL_SEQUENTIAL: i32 = 3;
+
+#[derive(Default)]
+struct Control {
+    cut_armed: AtomicBool,
+    blackhole: AtomicBool,
+    cuts: AtomicUsize,
+    connections: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// The proxy; it stops when dropped.
+pub struct Proxy {
+    addr: SocketAddr,
+    control: Arc<Control>,
+    acceptor: JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Listens on a free loopback port and forwards to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> Proxy {
+        let listener =
+            TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("proxy cannot bind to loopback: {e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("proxy has no address: {e}"));
+        let control = Arc::new(Control::default());
+        let ctl = control.clone();
+        let acceptor = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                if ctl.blackhole.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let ctl2 = ctl.clone();
+                let task = tokio::spawn(async move {
+                    if let Ok(server) = TcpStream::connect(upstream).await {
+                        relay(client, server, ctl2).await;
+                    }
+                });
+                let mut connections = ctl.connections.lock().unwrap_or_else(|p| p.into_inner());
+                connections.retain(|t| !t.is_finished());
+                connections.push(task);
+            }
+        });
+        Proxy { addr, control, acceptor }
+    }
+
+    /// The connect string for a client to use, with an optional chroot (`/name` or "").
+    pub fn connect_string(&self, chroot: &str) -> String {
+        format!("{}{chroot}", self.addr)
+    }
+
+    /// Cut the connection right after forwarding the next ephemeral sequential create.
+    pub fn cut_after_next_create(&self) {
+        self.control.cut_armed.store(true, Ordering::SeqCst);
+    }
+
+    /// How many connections were cut after a create.
+    pub fn cuts(&self) -> usize {
+        self.control.cuts.load(Ordering::SeqCst)
+    }
+
+    /// While on, every connection is closed and new ones are refused.
+    pub fn set_blackhole(&self, on: bool) {
+        self.control.blackhole.store(on, Ordering::SeqCst);
+        if on {
+            for task in self.control.connections.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+                task.abort();
+            }
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.acceptor.abort();
+        self.set_blackhole(true);
+    }
+}
+
+async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
+    let (mut client_rx, mut client_tx) = client.into_split();
+    let (mut server_rx, mut server_tx) = server.into_split();
+    let muted = Arc::new(AtomicBool::new(false));
+    let muted2 = muted.clone();
+    // Server to client: plain bytes, unless the answer to a cut create must be dropped.
+    let downstream = tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match server_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if muted2.load(Ordering::SeqCst) || client_tx.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    });
+    // Client to server: frame by frame.
+    let mut first = true;
+    loop {
+        let mut len = [0u8; 4];
+        if client_rx.read_exact(&mut len).await.is_err() {
+            break;
+        }
+        let n = i32::from_be_bytes(len).max(0) as usize;
+        let mut frame = vec![0u8; n];
+        if client_rx.read_exact(&mut frame).await.is_err() {
+            break;
+        }
+        let cut = !first && is_contender_create(&frame) && control.cut_armed.swap(false, Ordering::SeqCst);
+        first = false;
+        if cut {
+            muted.store(true, Ordering::SeqCst);
+        }
+        if server_tx.write_all(&len).await.is_err() || server_tx.write_all(&frame).await.is_err() {
+            break;
+        }
+        if cut {
+            // Give the server time to read and apply the request before the connection goes.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            control.cuts.fetch_add(1, Ordering::SeqCst);
+            break;
+        }
+    }
+    downstream.abort();
+}
+
+/// Whether a request frame is a create of an EPHEMERAL_SEQUENTIAL node.
+fn is_contender_create(frame: &[u8]) -> bool {
+    let mut r = Reader(frame);
+    let (Some(_xid), Some(op)) = (r.int(), r.int()) else { return false };
+    if ![OP_CREATE, OP_CREATE2, OP_CREATE_CONTAINER, OP_CREATE_TTL].contains(&op) {
+        return false;
+    }
+    // CreateRequest: path, data, acl vector, flags.
+    let flags = (|| {
+        r.buffer()?;
+        r.buffer()?;
+        let acls = r.int()?;
+        for _ in 0..acls.max(0) {
+            r.int()?;
+            r.buffer()?;
+            r.buffer()?;
+        }
+        r.int()
+    })();
+    flags == Some(EPHEMERAL_SEQUENTIAL)
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn int(&mut self) -> Option<i32> {
+        let (head, rest) = self.0.split_first_chunk::<4>()?;
+        self.0 = rest;
+        Some(i32::from_be_bytes(*head))
+    }
+
+    fn buffer(&mut self) -> Option<()> {
+        let n = self.int()?;
+        let n = usize::try_from(n).unwrap_or(0);
+        self.0 = self.0.get(n..)?;
+        Some(())
+    }
+}

@@ -1,0 +1,277 @@
+//! Real ZooKeeper servers on loopback ports with throw-away data directories.
+//!
+//! [`ZkServer::shared`] starts one standalone server per test process (or uses the ensemble
+//! named by `ZK_CONNECT`); [`ZkServer::chroot`] gives each test its own subtree so tests run in
+//! parallel. [`ZkServer::start`] and [`Ensemble::start`] give a test servers of its own, for
+//! restarts and failover.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
+pub const ZOOKEEPER_CONF: &str = "/etc/zookeeper/conf";
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Settings every harness server gets. `tickTime=500` allows session timeouts from 1 s to 10 s,
+/// so that expiry tests take seconds. `forceSync=no` keeps transaction logging off the disk's
+/// fsync path: test throughput should not depend on the machine's disk.
+const COMMON_CFG: &str = "tickTime=500\ninitLimit=20\nsyncLimit=10\nmaxClientCnxns=0\n\
+admin.enableServer=false\n4lw.commands.whitelist=*\nforceSync=no\npreAllocSize=4096\n\
+autopurge.purgeInterval=0\n";
+
+/// One server process (standalone, or one member of an ensemble).
+#[derive(Debug)]
+pub struct ZkServer {
+    connect: String,
+    client_port: u16,
+    dir: PathBuf,
+    process: Option<Child>,
+    /// Kept so that dropping the server removes its data directory.
+    _tmp: Option<TempDir>,
+}
+
+impl ZkServer {
+    /// The process-wide server: `ZKLOCK_TEST_ZK` (or `ZK_CONNECT`) if set, else a standalone
+    /// server started once.
+    pub fn shared() -> &'static ZkServer {
+        static SHARED: OnceLock<ZkServer> = OnceLock::new();
+        let given = std::env::var("ZKLOCK_TEST_ZK").or_else(|_| std::env::var("ZK_CONNECT"));
+        SHARED.get_or_init(|| match given {
+            Ok(connect) if !connect.is_empty() => {
+                let first = connect.split(['/', ',']).next().unwrap_or_default().to_string();
+                let version = four_letter(&first, "srvr").map(|s| version_of(&s)).unwrap_or_else(|e| {
+                    panic!("ZKLOCK_TEST_ZK/ZK_CONNECT={connect} but {first} does not answer `srvr`: {e}")
+                });
+                eprintln!("zookeeper {version} (given) at {connect}");
+                ZkServer { connect, client_port: 0, dir: PathBuf::new(), process: None, _tmp: None }
+            }
+            // The shared server outlives every test of the process; its watchdog (see `spawn`)
+            // stops it when the process exits.
+            _ => ZkServer::start(),
+        })
+    }
+
+    /// A standalone server of the caller's own.
+    pub fn start() -> ZkServer {
+        let tmp = TempDir::new("zklock-zk");
+        let port = free_port();
+        let dir = tmp.path().to_path_buf();
+        let cfg = format!("{COMMON_CFG}dataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n", dir.display());
+        std::fs::write(dir.join("zoo.cfg"), cfg).unwrap_or_else(|e| panic!("cannot write zoo.cfg: {e}"));
+        let mut server =
+            ZkServer { connect: format!("127.0.0.1:{port}"), client_port: port, dir, process: None, _tmp: Some(tmp) };
+        server.resume();
+        let version = four_letter(&server.connect, "srvr").map(|s| version_of(&s)).unwrap_or_default();
+        eprintln!("zookeeper {version} standalone at {}", server.connect);
+        server
+    }
+
+    /// `host:port[,...]` of the server (or ensemble), without chroot.
+    pub fn connect(&self) -> &str {
+        &self.connect
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        let first = self.connect.split(['/', ',']).next().unwrap_or_default();
+        first.parse().unwrap_or_else(|e| panic!("{first} is not host:port: {e}"))
+    }
+
+    /// A fresh subtree for one test: `connect/zklock-test-<uuid>`. The node is created here, so
+    /// the returned connect string is ready to use.
+    pub async fn chroot(&self) -> String {
+        let name = format!("/zklock-test-{}", uuid::Uuid::new_v4().simple());
+        let client = zookeeper_client::Client::connect(&self.connect)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to ZooKeeper at {}: {e}", self.connect));
+        let options = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+        client.create(&name, b"", &options).await.unwrap_or_else(|e| panic!("cannot create chroot {name}: {e}"));
+        format!("{}{name}", self.connect)
+    }
+
+    /// Stops the process (kill -9: the server gets no chance to tidy up), keeping its data.
+    pub fn kill(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            // TERM reaches the watchdog shell, whose trap kills the JVM with -9.
+            let _ = Command::new("kill").arg(process.id().to_string()).status();
+            let _ = process.wait();
+        }
+    }
+
+    /// Starts the process again on the same port and data, and waits until it serves.
+    pub fn resume(&mut self) {
+        assert!(self.process.is_none(), "server at {} is already running", self.connect);
+        self.process = Some(spawn(&self.dir.join("zoo.cfg"), &self.dir.join("zookeeper.log")));
+        wait_serving(&format!("127.0.0.1:{}", self.client_port), self.process.as_mut());
+    }
+
+    /// The data directory (holds `zoo.cfg` and `zookeeper.log`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for ZkServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A three-node ensemble on loopback ports.
+#[derive(Debug)]
+pub struct Ensemble {
+    pub servers: Vec<ZkServer>,
+}
+
+impl Ensemble {
+    pub fn start(size: usize) -> Ensemble {
+        let ports: Vec<(u16, u16, u16)> = (0..size).map(|_| (free_port(), free_port(), free_port())).collect();
+        let members: String = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer, election))| format!("server.{}=127.0.0.1:{peer}:{election}\n", i + 1))
+            .collect();
+        let mut servers: Vec<ZkServer> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (client, _, _))| {
+                let tmp = TempDir::new("zklock-ens");
+                let dir = tmp.path().to_path_buf();
+                std::fs::write(dir.join("myid"), format!("{}\n", i + 1)).unwrap_or_else(|e| panic!("myid: {e}"));
+                let cfg = format!(
+                    "{COMMON_CFG}dataDir={}\nclientPort={client}\nclientPortAddress=127.0.0.1\n{members}",
+                    dir.display()
+                );
+                std::fs::write(dir.join("zoo.cfg"), cfg).unwrap_or_else(|e| panic!("zoo.cfg: {e}"));
+                ZkServer {
+                    connect: format!("127.0.0.1:{client}"),
+                    client_port: *client,
+                    dir,
+                    process: None,
+                    _tmp: Some(tmp),
+                }
+            })
+            .collect();
+        // All members must run before any can serve: start them all, then wait.
+        for s in &mut servers {
+            s.process = Some(spawn(&s.dir.join("zoo.cfg"), &s.dir.join("zookeeper.log")));
+        }
+        for s in &mut servers {
+            wait_serving(&s.connect.clone(), s.process.as_mut());
+        }
+        let ensemble = Ensemble { servers };
+        eprintln!("zookeeper ensemble of {size} at {}", ensemble.connect());
+        ensemble
+    }
+
+    pub fn connect(&self) -> String {
+        self.servers.iter().map(|s| s.connect.as_str()).collect::<Vec<_>>().join(",")
+    }
+
+    /// The index of the member that is the leader now, if any answers so.
+    pub fn leader(&self) -> Option<usize> {
+        self.servers.iter().position(|s| {
+            s.process.is_some() && four_letter(&s.connect, "srvr").is_ok_and(|r| r.contains("Mode: leader"))
+        })
+    }
+}
+
+fn java_classpath() -> String {
+    if !Path::new(ZOOKEEPER_JAR).exists() {
+        panic!("ZooKeeper is not installed ({ZOOKEEPER_JAR} is missing): run `scripts/zookeeper.sh install`");
+    }
+    format!("{ZOOKEEPER_CONF}:{ZOOKEEPER_JAR}")
+}
+
+/// Starts a server under a small shell watchdog that kills it when this process exits, so
+/// that no test run leaves a ZooKeeper behind, whatever way it ends.
+fn spawn(cfg: &Path, log: &Path) -> Child {
+    let classpath = java_classpath();
+    let script = format!(
+        "java -Xmx256m -Dzookeeper.log.dir={dir} -cp '{classpath}' \
+         org.apache.zookeeper.server.quorum.QuorumPeerMain '{cfg}' >>'{log}' 2>&1 & zk=$!; \
+         trap 'kill -9 $zk 2>/dev/null' EXIT; trap 'kill -9 $zk 2>/dev/null; exit 0' TERM INT; \
+         while kill -0 {parent} 2>/dev/null && kill -0 $zk 2>/dev/null; do sleep 0.2; done",
+        dir = cfg.parent().map(|p| p.display().to_string()).unwrap_or_default(),
+        cfg = cfg.display(),
+        log = log.display(),
+        parent = std::process::id(),
+    );
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start ZooKeeper (is Java 17 installed?): {e}"))
+}
+
+fn wait_serving(connect: &str, mut process: Option<&mut Child>) {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        // `srvr` answers only once the server serves requests (not while it is still electing).
+        if four_letter(connect, "srvr").is_ok_and(|r| r.contains("Mode:")) {
+            return;
+        }
+        if let Some(p) = process.as_deref_mut() {
+            if let Ok(Some(status)) = p.try_wait() {
+                panic!("ZooKeeper at {connect} exited during start-up ({status}); see its zookeeper.log");
+            }
+        }
+        if Instant::now() > deadline {
+            panic!("ZooKeeper at {connect} did not start within {START_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends a four-letter command and returns the answer.
+pub fn four_letter(addr: &str, command: &str) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.write_all(command.as_bytes())?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    if answer.contains("not currently serving") || answer.is_empty() {
+        return Err(std::io::Error::other(format!("not serving: {answer:?}")));
+    }
+    Ok(answer)
+}
+
+fn version_of(srvr: &str) -> String {
+    srvr.lines()
+        .find_map(|l| l.strip_prefix("Zookeeper version: "))
+        .map(|v| v.split(['-', ',']).next().unwrap_or(v).to_string())
+        .unwrap_or_else(|| "(unknown version)".into())
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
+}
+
+/// A directory removed on drop.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(prefix: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&path).unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
+        TempDir(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

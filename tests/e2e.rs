@@ -1,0 +1,368 @@
+//! End to end: the zklock binary as operator, a real ZooKeeper, the Kubernetes API under test
+//! (kube-sandbox, or ZKLOCK_TEST_KUBECONFIG / ZKLOCK_TEST_ZK), and the real kubectl. Every test
+//! works in a namespace and ZooKeeper chroot of its own, and ends by checking the whole history
+//! of claim status changes against the invariants of DESIGN.md §4.
+
+mod e2e_support;
+
+use std::process::Command;
+use std::time::Instant;
+
+use e2e_support::*;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use zklock::api::{conditions, Phase};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_wait_gates_the_second_script_until_the_first_claim_is_deleted() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    let kubectl = zklock_testkit::kube::kubectl();
+    let kubeconfig = zklock_testkit::kube::kubeconfig();
+    let wait = |name: &str| {
+        Command::new(&kubectl)
+            .args(["--kubeconfig", &kubeconfig.display().to_string(), "-n", &env.ns])
+            .args(["wait", "--for=condition=Held", &format!("lockclaim/{name}"), "--timeout=60s"])
+            .spawn()
+            .expect("run kubectl")
+    };
+    env.claim("first", "deploy", json!({})).await;
+    let status = wait("first").wait().unwrap();
+    assert!(status.success(), "kubectl wait for the first claim failed");
+
+    env.claim("second", "deploy", json!({})).await;
+    let mut second = wait("second");
+    let waiting = env.wait_phase("second", Phase::Waiting).await;
+    assert_eq!(waiting.status.as_ref().unwrap().waiting_for.as_deref(), Some("first"));
+    assert_eq!(waiting.status.as_ref().unwrap().position, Some(1));
+    assert!(second.try_wait().unwrap().is_none(), "kubectl wait returned while the first claim held the lock");
+
+    let deleted_at = Instant::now();
+    env.delete_claim("first").await;
+    let status = tokio::task::spawn_blocking(move || second.wait().unwrap()).await.unwrap();
+    assert!(status.success(), "kubectl wait for the second claim failed");
+    assert!(deleted_at.elapsed() < PATIENCE);
+    env.wait_gone("first").await;
+    assert_eq!(env.history.grants("deploy"), vec!["first", "second"]);
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_exclusive_claims_are_granted_in_creation_order() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    let names: Vec<String> = (0..20).map(|i| format!("c{i:02}")).collect();
+    for name in &names {
+        env.claim(name, "order", json!({})).await;
+    }
+    for (i, name) in names.iter().enumerate() {
+        let held = env.wait_phase(name, Phase::Held).await;
+        let token: u64 = held.status.unwrap().fencing_token.unwrap().parse().unwrap();
+        assert!(token > 0);
+        for later in &names[i + 1..] {
+            assert_ne!(env.status(later).await, Some(Phase::Held), "{later} held before {name}");
+        }
+        env.delete_claim(name).await;
+    }
+    assert_eq!(env.history.grants("order"), names);
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_claims_hold_together_and_an_exclusive_one_waits_for_them() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    env.claim("r1", "report", json!({"mode": "Shared"})).await;
+    env.wait_phase("r1", Phase::Held).await;
+    env.claim("r2", "report", json!({"mode": "Shared"})).await;
+    env.wait_phase("r2", Phase::Held).await;
+    env.claim("w", "report", json!({"mode": "Exclusive"})).await;
+    let w = env.wait_phase("w", Phase::Waiting).await;
+    assert_eq!(w.status.unwrap().position, Some(2));
+    env.claim("r3", "report", json!({"mode": "Shared"})).await;
+    env.wait_phase("r3", Phase::Waiting).await;
+    env.delete_claim("r1").await;
+    env.delete_claim("r2").await;
+    env.wait_phase("w", Phase::Held).await;
+    assert_eq!(env.status("r3").await, Some(Phase::Waiting), "a shared claim after an exclusive one waits for it");
+    env.delete_claim("w").await;
+    env.wait_phase("r3", Phase::Held).await;
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_pods_deleted_failed_or_replaced_release_the_lock() {
+    let env = Env::new().await;
+    let op = env.operator();
+    // Deleted.
+    env.pod("worker-a").await;
+    env.claim("a", "jobs", json!({"holder": {"podName": "worker-a"}})).await;
+    let a = env.wait_phase("a", Phase::Held).await;
+    assert!(a.status.unwrap().holder_uid.is_some(), "bound to the pod's uid");
+    env.pod("worker-b").await;
+    env.claim("b", "jobs", json!({"holder": {"podName": "worker-b"}})).await;
+    env.wait_phase("b", Phase::Waiting).await;
+    let deleted = Instant::now();
+    env.pods.delete("worker-a", &DeleteParams::default()).await.unwrap();
+    env.wait_phase("b", Phase::Held).await;
+    let pod_to_held = deleted.elapsed();
+    let a = env.wait_phase("a", Phase::Released).await;
+    assert_eq!(condition(&a, conditions::FINISHED).unwrap().1, "HolderGone");
+
+    // Failed.
+    env.pod("worker-c").await;
+    env.claim("c", "jobs", json!({"holder": {"podName": "worker-c"}})).await;
+    env.wait_phase("c", Phase::Waiting).await;
+    let failed = json!({"status": {"phase": "Failed"}});
+    env.pods.patch_status("worker-b", &PatchParams::default(), &Patch::Merge(&failed)).await.unwrap();
+    env.wait_phase("c", Phase::Held).await;
+    env.wait_phase("b", Phase::Released).await;
+
+    // Replaced: same name, new uid (a StatefulSet restart) does not inherit the lock.
+    env.claim("d", "jobs", json!({})).await;
+    env.wait_phase("d", Phase::Waiting).await;
+    env.pods.delete("worker-c", &DeleteParams::default()).await.unwrap();
+    env.pod("worker-c").await;
+    let c = env.wait("c", "released", |c| phase_of(c) == Some(Phase::Released)).await;
+    assert!(condition(&c, conditions::FINISHED).unwrap().2.contains("worker-c"));
+    env.wait_phase("d", Phase::Held).await;
+    eprintln!("holder pod deleted -> next Held: {pod_to_held:?}");
+    assert!(op.ready().await);
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocation_annotates_the_pod_and_forces_release_after_the_grace_period() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    env.pod("holder").await;
+    env.claim("a", "maint", json!({"holder": {"podName": "holder"}, "revocationGracePeriodSeconds": 2})).await;
+    env.wait_phase("a", Phase::Held).await;
+    env.claim("b", "maint", json!({})).await;
+    env.wait_phase("b", Phase::Waiting).await;
+    env.annotate("a", "zklock.io/revoke", "database maintenance").await;
+    let a = env
+        .wait("a", "revoke requested", |c| condition(c, conditions::REVOKE_REQUESTED).is_some_and(|c| c.0 == "True"))
+        .await;
+    assert_eq!(phase_of(&a), Some(Phase::Held), "the holder keeps the lock during the grace period");
+    let pod = env.pods.get("holder").await.unwrap();
+    assert_eq!(
+        pod.metadata.annotations.unwrap_or_default().get("revoke.zklock.io/a").map(String::as_str),
+        Some("database maintenance")
+    );
+    let a = env.wait_phase("a", Phase::Revoked).await;
+    assert!(condition(&a, conditions::FINISHED).unwrap().2.contains("grace period"));
+    env.wait_phase("b", Phase::Held).await;
+    // A waiting claim that is revoked simply leaves the queue.
+    env.claim("c", "maint", json!({})).await;
+    env.wait_phase("c", Phase::Waiting).await;
+    env.annotate("c", "zklock.io/revoke", "not needed").await;
+    env.wait_phase("c", Phase::Revoked).await;
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_and_leases() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    env.claim("holder", "t", json!({"leaseDurationSeconds": 4})).await;
+    env.wait_phase("holder", Phase::Held).await;
+    // Try once on a busy lock: Expired at once.
+    env.claim("once", "t", json!({"acquireTimeoutSeconds": 0})).await;
+    let once = env.wait_phase("once", Phase::Expired).await;
+    assert!(condition(&once, conditions::FINISHED).unwrap().2.contains("busy"));
+    // An acquire timeout that runs out while waiting (this also lets two seconds of the lease
+    // pass, so that a renewal shows in the second-granular lease expiry).
+    env.claim("late", "t", json!({"acquireTimeoutSeconds": 2})).await;
+    env.wait_phase("late", Phase::Waiting).await;
+    env.wait_phase("late", Phase::Expired).await;
+    // Renewal restarts the lease timer; without more renewals the lease then runs out.
+    let before = env.claims.get("holder").await.unwrap().status.unwrap().lease_expires_at.unwrap();
+    env.annotate("holder", "zklock.io/renew", "1").await;
+    let renewed = env
+        .wait("holder", "renewed", |c| {
+            c.status.as_ref().and_then(|s| s.lease_expires_at.clone()).is_some_and(|t| t.0 > before.0)
+        })
+        .await;
+    assert_eq!(phase_of(&renewed), Some(Phase::Held));
+    let released = env.wait_phase("holder", Phase::Released).await;
+    assert_eq!(condition(&released, conditions::FINISHED).unwrap().1, "LeaseExpired");
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_input_ends_invalid_with_a_helpful_message_and_the_operator_stays_healthy() {
+    let env = Env::new().await;
+    let op = env.operator();
+    // Refused at admission by the schema (when the server enforces it) or Invalid.
+    for (name, spec, needle) in [
+        ("bad-name", json!({"lockName": "Not_A_Name"}), "lockName"),
+        ("bad-number", json!({"lockName": "x", "leaseDurationSeconds": -4}), "leaseDurationSeconds"),
+        ("bad-mode", json!({"lockName": "x", "mode": "Sometimes"}), "mode"),
+    ] {
+        let claim: zklock::api::LockClaim = match serde_json::from_value(json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim", "metadata": {"name": name}, "spec": spec
+        })) {
+            Ok(c) => c,
+            // An unknown mode cannot even be expressed in the typed client: send it raw.
+            Err(_) => {
+                let dynamic: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(
+                    env.client.clone(),
+                    &env.ns,
+                    &kube::api::ApiResource::erase::<zklock::api::LockClaim>(&()),
+                );
+                let obj: kube::api::DynamicObject = serde_json::from_value(json!({
+                    "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim", "metadata": {"name": name}, "spec": spec
+                }))
+                .unwrap();
+                let err = dynamic.create(&Default::default(), &obj).await.expect_err("an unknown mode is refused");
+                assert!(err.to_string().contains(needle), "{err}");
+                continue;
+            }
+        };
+        match env.claims.create(&Default::default(), &claim).await {
+            Err(e) => assert!(e.to_string().contains(needle), "refusal names the field: {e}"),
+            Ok(_) => {
+                let c = env.wait_phase(name, Phase::Invalid).await;
+                assert!(condition(&c, conditions::INVALID).unwrap().2.contains(needle));
+            }
+        }
+    }
+    // Accepted by the schema, but not servable: Invalid with a message that says what to fix.
+    env.claim("other-ns", "x", json!({"holder": {"podName": "p", "namespace": "elsewhere"}})).await;
+    let c = env.wait_phase("other-ns", Phase::Invalid).await;
+    assert!(condition(&c, conditions::INVALID).unwrap().2.contains("own namespace"));
+    env.claim("reserved", "zookeeper", json!({})).await;
+    env.wait_phase("reserved", Phase::Invalid).await;
+    // The spec cannot change after creation.
+    let patch = json!({"spec": {"lockName": "other"}});
+    let refused = env.claims.patch("reserved", &PatchParams::default(), &Patch::Merge(&patch)).await;
+    if let Err(e) = refused {
+        assert!(e.to_string().contains("immutable"), "{e}");
+    }
+    // The operator is still healthy and serving.
+    env.claim("fine", "x", json!({})).await;
+    env.wait_phase("fine", Phase::Held).await;
+    assert!(op.ready().await);
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_pod_that_never_appears_turns_the_claim_invalid() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    env.claim("ghost", "g", json!({"holder": {"podName": "does-not-exist"}})).await;
+    let c = env.wait_phase("ghost", Phase::Pending).await;
+    assert_eq!(condition(&c, conditions::HELD).unwrap().1, "HolderPodNotFound");
+    // A pod that appears within the window is bound.
+    env.claim("late-pod", "g2", json!({"holder": {"podName": "appears-later"}})).await;
+    env.wait_phase("late-pod", Phase::Pending).await;
+    env.pod("appears-later").await;
+    env.wait_phase("late-pod", Phase::Held).await;
+    let c = env.wait_phase("ghost", Phase::Invalid).await;
+    assert!(condition(&c, conditions::INVALID).unwrap().2.contains("does not exist"));
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_queue_keeps_the_holder_and_the_order() {
+    let env = Env::new().await;
+    let mut op = env.operator();
+    for name in ["a", "b", "c", "d"] {
+        env.claim(name, "q", json!({})).await;
+        env.wait(name, "queued", |c| matches!(phase_of(c), Some(Phase::Held | Phase::Waiting))).await;
+    }
+    let token = env.claims.get("a").await.unwrap().status.unwrap().fencing_token;
+    op.kill9();
+    let restarted = Instant::now();
+    op.restart();
+    // A claim created while the operator is down or starting waits its turn behind the others.
+    env.claim("e", "q", json!({})).await;
+    env.wait_phase("e", Phase::Waiting).await;
+    eprintln!("operator kill -9 -> restarted and admitting again: {:?}", restarted.elapsed());
+    let a = env.claims.get("a").await.unwrap();
+    assert_eq!(phase_of(&a), Some(Phase::Held), "the holder stays held");
+    assert_eq!(a.status.unwrap().fencing_token, token, "with the same fencing token");
+    for name in ["a", "b", "c", "d", "e"] {
+        env.wait_phase(name, Phase::Held).await;
+        env.delete_claim(name).await;
+    }
+    assert_eq!(env.history.grants("q"), vec!["a", "b", "c", "d", "e"]);
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_restart_recovers_claims_without_double_grants() {
+    let mut zk = zklock_testkit::ZkServer::start();
+    let env = Env::with_zk(zk.chroot().await).await;
+    let op = Operator::start(&env, &["--zk-session-timeout", "2s"]);
+    env.claim("a", "z", json!({})).await;
+    env.wait_phase("a", Phase::Held).await;
+    env.claim("b", "z", json!({})).await;
+    env.wait_phase("b", Phase::Waiting).await;
+    // Down for longer than the session timeout: the session is lost, a new one re-anchors.
+    zk.kill();
+    until("the operator to notice ZooKeeper is gone", || async {
+        op.metric("zklock_zookeeper_session_connected").await == 0.0
+    })
+    .await;
+    zk.resume();
+    env.claim("c", "z", json!({})).await;
+    env.wait_phase("c", Phase::Waiting).await;
+    let a = env.wait("a", "held or lost", |c| matches!(phase_of(c), Some(Phase::Held | Phase::Lost))).await;
+    assert_eq!(phase_of(&a), Some(Phase::Held), "a zklock-only lock keeps its holder across a session loss");
+    env.delete_claim("a").await;
+    env.wait_phase("b", Phase::Held).await;
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_replica_takes_over_without_changing_the_holder() {
+    let env = Env::new().await;
+    let mut first = env.operator();
+    until("the first replica to lead", || async { first.metric("zklock_leader").await == 1.0 }).await;
+    let second = env.operator();
+    env.claim("a", "ha", json!({})).await;
+    let held = env.wait_phase("a", Phase::Held).await;
+    env.claim("b", "ha", json!({})).await;
+    env.wait_phase("b", Phase::Waiting).await;
+    assert_eq!(second.metric("zklock_leader").await, 0.0, "only one replica leads");
+    assert!(second.ready().await, "a standby replica is ready (it serves as soon as it leads)");
+
+    first.kill9();
+    let killed = Instant::now();
+    until("the standby to lead and re-anchor", || async {
+        second.metric("zklock_leader").await == 1.0 && second.ready().await
+    })
+    .await;
+    let failover = killed.elapsed();
+    let a = env.claims.get("a").await.unwrap();
+    assert_eq!(phase_of(&a), Some(Phase::Held), "the holder did not change");
+    assert_eq!(a.status.unwrap().fencing_token, held.status.unwrap().fencing_token);
+    env.delete_claim("a").await;
+    env.wait_phase("b", Phase::Held).await;
+    eprintln!(
+        "leader killed -> standby leading and re-anchored: {failover:?}; first grant after {:?}",
+        killed.elapsed()
+    );
+    env.history.check();
+}
+
+/// Polls `f` every 100 ms until it holds.
+async fn until<F, Fut>(what: &str, f: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            tick.tick().await;
+            if f().await {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+}

@@ -1,0 +1,386 @@
+//! End-to-end harness: the real `zklock` binary as the operator, real ZooKeeper, the Kubernetes
+//! API under test (kube-sandbox, or `ZKLOCK_TEST_KUBECONFIG`), and a history of every claim
+//! status change, checked against the invariants of DESIGN.md §4.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::await_condition;
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use serde_json::{json, Value};
+use zklock::api::{conditions, LockClaim, Phase};
+
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+pub struct Env {
+    pub client: kube::Client,
+    pub ns: String,
+    /// ZooKeeper connect string with this test's chroot.
+    pub zk: String,
+    pub claims: Api<LockClaim>,
+    pub pods: Api<Pod>,
+    pub history: History,
+    _history_task: tokio::task::JoinHandle<()>,
+}
+
+impl Env {
+    pub async fn new() -> Env {
+        Self::with_zk(zklock_testkit::ZkServer::shared().chroot().await).await
+    }
+
+    pub async fn with_zk(zk: String) -> Env {
+        let client = zklock_testkit::kube::client().await;
+        install_crd(&client).await;
+        let ns = format!("zklock-e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+        namespaces.create(&PostParams::default(), &namespace).await.expect("create the test namespace");
+        let claims: Api<LockClaim> = Api::namespaced(client.clone(), &ns);
+        let history = History::default();
+        let task = tokio::spawn(history.clone().record(claims.clone()));
+        Env { pods: Api::namespaced(client.clone(), &ns), client, ns, zk, claims, history, _history_task: task }
+    }
+
+    pub fn operator(&self) -> Operator {
+        Operator::start(self, &[])
+    }
+
+    pub async fn claim(&self, name: &str, lock: &str, extra: Value) -> LockClaim {
+        let mut spec = json!({ "lockName": lock });
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+            spec.extend(extra.clone());
+        }
+        let claim: LockClaim = serde_json::from_value(json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim",
+            "metadata": { "name": name }, "spec": spec,
+        }))
+        .expect("claim json");
+        self.claims.create(&PostParams::default(), &claim).await.unwrap_or_else(|e| panic!("create claim {name}: {e}"))
+    }
+
+    pub async fn pod(&self, name: &str) -> Pod {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": { "containers": [{ "name": "main", "image": "busybox:1.36" }] },
+        }))
+        .unwrap();
+        self.pods.create(&PostParams::default(), &pod).await.unwrap_or_else(|e| panic!("create pod {name}: {e}"))
+    }
+
+    pub async fn delete_claim(&self, name: &str) {
+        self.claims.delete(name, &DeleteParams::default()).await.unwrap_or_else(|e| panic!("delete claim {name}: {e}"));
+    }
+
+    /// Waits until claim `name` satisfies `f`; returns it.
+    pub async fn wait(&self, name: &str, what: &str, f: impl Fn(&LockClaim) -> bool) -> LockClaim {
+        let cond = move |c: Option<&LockClaim>| c.is_some_and(&f);
+        match tokio::time::timeout(PATIENCE, await_condition(self.claims.clone(), name, cond)).await {
+            Ok(Ok(Some(c))) => c,
+            other => {
+                let now = self.claims.get_opt(name).await.ok().flatten();
+                panic!("waiting for {name} to be {what}: {other:?}; it is {:?}", now.map(|c| c.status));
+            }
+        }
+    }
+
+    pub async fn wait_phase(&self, name: &str, phase: Phase) -> LockClaim {
+        self.wait(name, phase.as_str(), |c| phase_of(c) == Some(phase)).await
+    }
+
+    pub async fn status(&self, name: &str) -> Option<Phase> {
+        self.claims.get(name).await.ok().and_then(|c| phase_of(&c))
+    }
+
+    /// Waits until the claim is gone from the API (its finalizer removed).
+    pub async fn wait_gone(&self, name: &str) {
+        let Some(uid) = self.claims.get_opt(name).await.ok().flatten().and_then(|c| c.uid()) else { return };
+        let gone = await_condition(self.claims.clone(), name, kube::runtime::conditions::is_deleted(&uid));
+        tokio::time::timeout(PATIENCE, gone)
+            .await
+            .unwrap_or_else(|_| panic!("{name} was not deleted within {PATIENCE:?}"))
+            .expect("watch");
+    }
+
+    pub async fn annotate(&self, name: &str, key: &str, value: &str) {
+        let patch = json!({ "metadata": { "annotations": { key: value } } });
+        self.claims.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("annotate claim");
+    }
+}
+
+pub fn phase_of(c: &LockClaim) -> Option<Phase> {
+    c.status.as_ref().and_then(|s| s.phase)
+}
+
+pub fn condition(c: &LockClaim, type_: &str) -> Option<(String, String, String)> {
+    let st = c.status.as_ref()?;
+    conditions::get(&st.conditions, type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// Creates (or updates) the LockClaim CRD from `crds/` and waits until it is served.
+pub async fn install_crd(client: &kube::Client) {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/crds/lockclaims.zklock.io.yaml")).unwrap();
+    let mut crd: CustomResourceDefinition = serde_yaml::from_str(&text).unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    match crds.get_opt("lockclaims.zklock.io").await.expect("read CRDs") {
+        None => match crds.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("create the CRD: {e}"),
+        },
+        Some(current) if current.spec == crd.spec => {}
+        Some(current) => {
+            crd.metadata.resource_version = current.metadata.resource_version;
+            crds.replace("lockclaims.zklock.io", &PostParams::default(), &crd).await.expect("update the CRD");
+        }
+    }
+    let established = await_condition(crds, "lockclaims.zklock.io", kube::runtime::conditions::is_crd_established());
+    tokio::time::timeout(PATIENCE, established).await.expect("the CRD is not established").expect("watch CRD");
+}
+
+/// The operator as a separate process: the real binary with real flags.
+pub struct Operator {
+    child: Option<Child>,
+    args: Vec<String>,
+    pub metrics: String,
+    pub log: PathBuf,
+}
+
+impl Operator {
+    pub fn start(env: &Env, extra: &[&str]) -> Operator {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut args: Vec<String> = [
+            "run",
+            "--zk-connect",
+            &env.zk,
+            "--watch-namespace",
+            &env.ns,
+            "--lease-namespace",
+            &env.ns,
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let log = std::env::temp_dir().join(format!("zklock-operator-{}-{port}.log", env.ns));
+        let mut op = Operator { child: None, args, metrics: format!("127.0.0.1:{port}"), log };
+        op.spawn();
+        op
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_zklock"))
+            .args(&self.args)
+            .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())
+            .env("RUST_LOG", "info,zklock=debug")
+            .env("HOSTNAME", format!("op-{}", uuid::Uuid::new_v4().simple()))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start the zklock binary");
+        self.child = Some(child);
+    }
+
+    /// kill -9: no shutdown, no lease release, no session close.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, and wait for a clean exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("operator running");
+        let _ = Command::new("kill").arg(child.id().to_string()).status();
+        child.wait().expect("wait for the operator")
+    }
+
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Reads one sample of the operator's /metrics (0 when absent).
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = http_get(&self.metrics, "/metrics").await.unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    pub async fn ready(&self) -> bool {
+        http_get(&self.metrics, "/readyz").await.is_some_and(|b| b.contains("ready") && !b.contains("not"))
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!("--- operator log {} ---\n{}", self.log.display(), self.logs());
+        }
+    }
+}
+
+/// A tiny HTTP/1.0 GET (the operator's own endpoints only).
+pub async fn http_get(addr: &str, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await.ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.ok()?;
+    if !body.starts_with("HTTP/1.0 200") && !body.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    body.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
+
+/// Every status change of every claim of a namespace, in the order the API serialised them.
+#[derive(Clone, Default)]
+pub struct History {
+    inner: Arc<Mutex<Vec<Record>>>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Record {
+    pub name: String,
+    pub uid: String,
+    pub lock: String,
+    pub exclusive: bool,
+    pub phase: Option<Phase>,
+    pub held_condition: bool,
+    pub finished_condition: bool,
+    pub fencing: Option<String>,
+    pub deleting: bool,
+    pub gone: bool,
+}
+
+impl History {
+    async fn record(self, claims: Api<LockClaim>) {
+        let mut stream = watcher(claims, watcher::Config::default()).boxed();
+        while let Some(event) = stream.next().await {
+            let (claim, gone) = match event {
+                Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c)) => (c, false),
+                Ok(watcher::Event::Delete(c)) => (c, true),
+                _ => continue,
+            };
+            let st = claim.status.clone().unwrap_or_default();
+            let record = Record {
+                name: claim.name_any(),
+                uid: claim.uid().unwrap_or_default(),
+                lock: claim.spec.lock_name.clone(),
+                exclusive: claim.spec.mode == zklock::recipe::Mode::Exclusive,
+                phase: st.phase,
+                held_condition: conditions::is_true(&st.conditions, conditions::HELD),
+                finished_condition: conditions::is_true(&st.conditions, conditions::FINISHED),
+                fencing: st.fencing_token.clone(),
+                deleting: claim.metadata.deletion_timestamp.is_some(),
+                gone,
+            };
+            let mut records = self.inner.lock().unwrap();
+            let last = records.iter().rev().find(|r| r.uid == record.uid);
+            if last != Some(&record) {
+                records.push(record);
+            }
+        }
+    }
+
+    pub fn records(&self) -> Vec<Record> {
+        self.inner.lock().unwrap().clone()
+    }
+
+    /// The claims granted the lock, in grant order.
+    pub fn grants(&self, lock: &str) -> Vec<String> {
+        let mut seen = vec![];
+        for r in self.records() {
+            if r.lock == lock && r.phase == Some(Phase::Held) && !seen.contains(&r.name) {
+                seen.push(r.name.clone());
+            }
+        }
+        seen
+    }
+
+    /// Checks DESIGN.md §4 (mutual exclusion, fencing) and the status conventions over the
+    /// whole history; panics with the offending records.
+    pub fn check(&self) {
+        let records = self.records();
+        let mut holding: HashMap<String, BTreeMap<String, (bool, Option<String>)>> = HashMap::new();
+        let mut last_token: HashMap<String, u64> = HashMap::new();
+        let mut last_phase: HashMap<String, Phase> = HashMap::new();
+        for (i, r) in records.iter().enumerate() {
+            let held = r.phase == Some(Phase::Held) && !r.deleting && !r.gone;
+            assert_eq!(
+                r.held_condition,
+                r.phase == Some(Phase::Held),
+                "record {i}: Held condition must be True exactly while the phase is Held: {r:?}"
+            );
+            if let Some(p) = r.phase {
+                assert_eq!(
+                    r.finished_condition,
+                    p.is_terminal(),
+                    "record {i}: Finished must mark terminal phases: {r:?}"
+                );
+                if let Some(before) = last_phase.get(&r.uid) {
+                    assert!(
+                        !before.is_terminal() || *before == p,
+                        "record {i}: {} left terminal phase {before:?} for {p:?}",
+                        r.name
+                    );
+                }
+                last_phase.insert(r.uid.clone(), p);
+            }
+            let lock = holding.entry(r.lock.clone()).or_default();
+            let was_held = lock.contains_key(&r.uid);
+            if held {
+                lock.insert(r.uid.clone(), (r.exclusive, r.fencing.clone()));
+            } else {
+                lock.remove(&r.uid);
+            }
+            if held && !was_held {
+                let token: u64 = r
+                    .fencing
+                    .as_deref()
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or_else(|| panic!("record {i}: Held without a fencing token: {r:?}"));
+                if let Some(prev) = last_token.get(&r.lock) {
+                    // Shared holders granted together may be recorded in any order.
+                    let together = lock.len() > 1 && lock.values().all(|(excl, _)| !excl);
+                    assert!(
+                        together || token > *prev,
+                        "record {i}: fencing token {token} after {prev} on {}\nhistory: {:#?}",
+                        r.lock,
+                        &records[..=i]
+                    );
+                }
+                let max = last_token.entry(r.lock.clone()).or_insert(0);
+                *max = (*max).max(token);
+            }
+            let exclusive_count = lock.values().filter(|(excl, _)| *excl).count();
+            assert!(
+                exclusive_count == 0 || lock.len() == 1,
+                "record {i}: mutual exclusion violated on lock {}: holders {:?}\nhistory: {:#?}",
+                r.lock,
+                lock.keys().collect::<Vec<_>>(),
+                &records[..=i]
+            );
+        }
+    }
+}

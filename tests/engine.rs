@@ -1,0 +1,323 @@
+//! The lock engine against a real ZooKeeper server (started once for this test binary; each
+//! test works in a chroot of its own).
+
+mod support;
+
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use support::*;
+use zklock::recipe::Mode;
+use zklock::zk::{ContenderState, LockEngine, LostReason, ZkConfig};
+use zklock_testkit::proxy::Proxy;
+use zklock_testkit::ZkServer;
+use zookeeper_client as zkc;
+
+const LOCK: &str = "/locks/ns/db";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_contenders_never_overlap() {
+    let connect = chroot().await;
+    let checker = Arc::new(raw_client(&connect).await);
+    let engines = futures_join(4, |_| engine(&connect)).await;
+    // A global clock orders every start and end record across all contenders.
+    let clock = Arc::new(AtomicI64::new(0));
+    let holding = Arc::new(AtomicUsize::new(0));
+    let records: Arc<Mutex<Vec<(i64, i64, i64)>>> = Arc::default();
+    let mut tasks = vec![];
+    for i in 0..20 {
+        let engine = engines[i % engines.len()].clone();
+        let (clock, holding, records, checker) = (clock.clone(), holding.clone(), records.clone(), checker.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut c = enqueue(&engine, LOCK, Mode::Exclusive).await;
+            let token = held(&mut c).await;
+            let start = clock.fetch_add(1, Ordering::SeqCst);
+            let others = holding.fetch_add(1, Ordering::SeqCst);
+            // The work under the lock: a marker node that only one holder at a time can create.
+            let marker = checker.create("/marker", b"", &zkc::CreateMode::Ephemeral.with_acls(zkc::Acls::anyone_all()));
+            let created = marker.await.is_ok();
+            let deleted = checker.delete("/marker", None).await.is_ok();
+            holding.fetch_sub(1, Ordering::SeqCst);
+            let end = clock.fetch_add(1, Ordering::SeqCst);
+            records.lock().unwrap().push((start, end, token));
+            engine.release(&c.id).await.expect("release");
+            (others, created && deleted)
+        }));
+    }
+    for task in tasks {
+        let (others, marker_ok) = within("a contender", task).await.expect("contender task");
+        assert_eq!(others, 0, "another contender held the lock at the same time");
+        assert!(marker_ok, "the marker node showed two holders");
+    }
+    let mut records = records.lock().unwrap().clone();
+    assert_eq!(records.len(), 20);
+    records.sort();
+    for pair in records.windows(2) {
+        assert!(pair[0].1 < pair[1].0, "intervals overlap: {:?} and {:?}", pair[0], pair[1]);
+        assert!(pair[0].2 < pair[1].2, "fencing tokens must increase: {:?} then {:?}", pair[0], pair[1]);
+    }
+}
+
+async fn futures_join<T, F: std::future::Future<Output = T>>(n: usize, f: impl Fn(usize) -> F) -> Vec<T> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        out.push(f(i).await);
+    }
+    out
+}
+
+#[tokio::test]
+async fn shared_holders_are_granted_together_and_wait_for_an_earlier_exclusive() {
+    let connect = chroot().await;
+    let engine = engine(&connect).await;
+    let mut r1 = enqueue(&engine, LOCK, Mode::Shared).await;
+    let mut r2 = enqueue(&engine, LOCK, Mode::Shared).await;
+    let mut w3 = enqueue(&engine, LOCK, Mode::Exclusive).await;
+    let mut r4 = enqueue(&engine, LOCK, Mode::Shared).await;
+    held(&mut r1).await;
+    held(&mut r2).await;
+    assert!(matches!(w3.state(), ContenderState::Waiting { ahead: 2, .. }), "{:?}", w3.state());
+    match r4.state() {
+        ContenderState::Waiting { watching, ahead } => {
+            assert!(w3.node.ends_with(&watching), "a shared waiter watches the exclusive node before it");
+            assert_eq!(ahead, 3);
+        }
+        other => panic!("r4 must wait behind the exclusive w3, is {other:?}"),
+    }
+    // w3 watches r2, the node right before it, so r1 leaving does not wake it.
+    assert!(matches!(w3.state(), ContenderState::Waiting { watching, .. } if r2.node.ends_with(&watching)));
+    let woken = engine.stats().predecessor_notifications;
+    engine.release(&r1.id).await.unwrap();
+    // ZooKeeper delivers a session's watch events before the answers to its later requests,
+    // so after this round trip any wake-up caused by the release has arrived.
+    engine.queue(LOCK).await.unwrap();
+    tokio::task::yield_now().await;
+    assert_eq!(engine.stats().predecessor_notifications, woken, "r1's release woke a waiter");
+    assert!(is_waiting(&w3.state()));
+    engine.release(&r2.id).await.unwrap();
+    held(&mut w3).await;
+    assert!(is_waiting(&r4.state()), "r4 waits while the exclusive w3 holds");
+    engine.release(&w3.id).await.unwrap();
+    held(&mut r4).await;
+    engine.release(&r4.id).await.unwrap();
+}
+
+#[tokio::test]
+async fn grants_follow_queue_order() {
+    let connect = chroot().await;
+    let engine = engine(&connect).await;
+    let mut queue = vec![];
+    for i in 0..12 {
+        queue.push(enqueue(&engine, LOCK, if i % 3 == 2 { Mode::Shared } else { Mode::Exclusive }).await);
+    }
+    let mut tokens = vec![];
+    for i in 0..queue.len() {
+        tokens.push(held(&mut queue[i]).await);
+        for later in &queue[i + 1..] {
+            assert!(!later.state().is_held(), "{} was granted before {}", later.id, queue[i].id);
+        }
+        engine.release(&queue[i].id).await.unwrap();
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "fencing tokens must increase: {tokens:?}");
+}
+
+#[tokio::test]
+async fn one_release_wakes_exactly_one_of_200_waiters() {
+    let connect = chroot().await;
+    let engine = engine(&connect).await;
+    let mut queue = vec![];
+    for _ in 0..200 {
+        queue.push(enqueue(&engine, LOCK, Mode::Exclusive).await);
+    }
+    held(&mut queue[0]).await;
+    for c in &mut queue[1..] {
+        wait_state(c, "a waiter", is_waiting).await;
+    }
+    let base = engine.stats();
+    for i in 0..queue.len() - 1 {
+        engine.release(&queue[i].id).await.unwrap();
+        held(&mut queue[i + 1]).await;
+        let now = engine.stats();
+        let woken = now.predecessor_notifications - base.predecessor_notifications;
+        assert_eq!(woken, i as u64 + 1, "release {i} woke {} waiters in all", woken - i as u64);
+        assert_eq!(now.children_reads - base.children_reads, i as u64 + 1, "re-reads of the directory");
+    }
+    // Nobody else woke up afterwards either.
+    for c in &queue[queue.len() - 1..] {
+        assert!(c.state().is_held());
+    }
+    assert_eq!(engine.stats().predecessor_notifications - base.predecessor_notifications, 199);
+}
+
+#[tokio::test]
+async fn revocation_requests_reach_the_holder_whoever_writes_them() {
+    let connect = chroot().await;
+    let engine = engine(&connect).await;
+    let raw = raw_client(&connect).await;
+    let mut a = enqueue(&engine, LOCK, Mode::Exclusive).await;
+    let token = held(&mut a).await;
+    let mut b = enqueue(&engine, LOCK, Mode::Exclusive).await;
+    wait_state(&mut b, "b to wait", is_waiting).await;
+
+    engine.request_revocation(&a.node, "maintenance window").await.unwrap();
+    let s = wait_state(&mut a, "a revoke request", |s| matches!(s, ContenderState::RevokeRequested { .. })).await;
+    assert_eq!(s, ContenderState::RevokeRequested { reason: "maintenance window".into(), fencing_token: Some(token) });
+    // The description survives in the node's data.
+    let (body, _) = raw.get_data(&a.node).await.unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["owner"], "zklock");
+    assert_eq!(body["revoke"]["reason"], "maintenance window");
+    assert!(is_waiting(&b.state()), "a revoke request alone does not move the queue");
+
+    // A waiter asked to leave learns it too; raw `unlock` and Curator's marker both count.
+    raw.set_data(&b.node, b"unlock", None).await.unwrap();
+    wait_state(&mut b, "b revoke request", |s| {
+        matches!(s, ContenderState::RevokeRequested { fencing_token: None, .. })
+    })
+    .await;
+    engine.release(&a.id).await.unwrap();
+    let s = wait_state(&mut b, "b held, still revoked", |s| s.is_held()).await;
+    assert!(matches!(s, ContenderState::RevokeRequested { .. }), "the request is sticky: {s:?}");
+    let mut c = enqueue(&engine, LOCK, Mode::Exclusive).await;
+    raw.set_data(&c.node, b"__REVOKE__", None).await.unwrap();
+    wait_state(&mut c, "c revoke request", |s| matches!(s, ContenderState::RevokeRequested { .. })).await;
+    assert_eq!(engine.stats().revocations_written, 1);
+}
+
+#[tokio::test]
+async fn a_node_deleted_by_someone_else_turns_its_contender_lost() {
+    let connect = chroot().await;
+    let engine = engine(&connect).await;
+    let raw = raw_client(&connect).await;
+    let mut a = enqueue(&engine, LOCK, Mode::Exclusive).await;
+    held(&mut a).await;
+    let mut b = enqueue(&engine, LOCK, Mode::Exclusive).await;
+    let mut c = enqueue(&engine, LOCK, Mode::Exclusive).await;
+    wait_state(&mut c, "c waits", is_waiting).await;
+
+    // Deleting a waiter's node: it is lost, and the one behind it now waits for a.
+    raw.delete(&b.node, None).await.unwrap();
+    let s = wait_state(&mut b, "b lost", |s| s.is_final()).await;
+    assert_eq!(s, ContenderState::Lost { why: LostReason::DeletedByOther });
+    let s = wait_state(&mut c, "c to watch a", |s| matches!(s, ContenderState::Waiting { ahead: 1, .. })).await;
+    assert!(matches!(s, ContenderState::Waiting { watching, .. } if a.node.ends_with(&watching)));
+
+    // Deleting the holder's node: it is lost, and the next in line holds.
+    raw.delete(&a.node, None).await.unwrap();
+    let s = wait_state(&mut a, "a lost", |s| s.is_final()).await;
+    assert_eq!(s, ContenderState::Lost { why: LostReason::DeletedByOther });
+    held(&mut c).await;
+    assert!(engine.state(&a.id).is_none() && engine.state(&b.id).is_none(), "lost contenders are forgotten");
+    assert!(!engine.release(&a.id).await.unwrap(), "releasing a lost contender is a no-op");
+}
+
+#[tokio::test]
+async fn no_znodes_remain_after_every_contender_released() {
+    let connect = chroot().await;
+    let engine = engine(&connect).await;
+    let raw = raw_client(&connect).await;
+    let mut all = vec![];
+    for (i, lock) in ["/locks/a/x", "/locks/a/y", "/locks/b/x"].iter().enumerate() {
+        for j in 0..5 {
+            all.push(enqueue(&engine, lock, if (i + j) % 2 == 0 { Mode::Shared } else { Mode::Exclusive }).await);
+        }
+    }
+    assert_eq!(engine.stats().creates, 15);
+    // Release in an order that mixes holders and waiters.
+    all.reverse();
+    for c in &all {
+        assert!(engine.release(&c.id).await.unwrap());
+    }
+    for lock in ["/locks/a/x", "/locks/a/y", "/locks/b/x"] {
+        assert_eq!(children(&raw, lock).await, Vec::<String>::new(), "{lock} still has nodes");
+    }
+    assert_eq!(engine.stats().deletes, 15);
+    for c in &all {
+        assert_eq!(c.state(), ContenderState::Released);
+    }
+}
+
+#[tokio::test]
+async fn a_lost_create_answer_yields_exactly_one_node() {
+    let server = ZkServer::shared();
+    let connect = server.chroot().await;
+    let chroot = &connect[connect.find('/').unwrap()..];
+    let proxy = Proxy::start(server.addr()).await;
+    let engine = engine(&proxy.connect_string(chroot)).await;
+    let raw = raw_client(&connect).await;
+    // The directory exists first, so that the cut create is the contender's own.
+    let _warm = enqueue(&engine, LOCK, Mode::Exclusive).await;
+    engine.release(&_warm.id).await.unwrap();
+
+    proxy.cut_after_next_create();
+    let mut c = within("enqueue through a cut connection", engine.enqueue(spec(LOCK, Mode::Exclusive))).await.unwrap();
+    assert_eq!(proxy.cuts(), 1, "the proxy cut the connection after the create");
+    let stats = engine.stats();
+    assert_eq!(stats.create_unknown_outcomes, 1);
+    assert_eq!(stats.nodes_adopted, 1, "the node was found by its contender id");
+    let mine: Vec<String> = children(&raw, LOCK).await.into_iter().filter(|n| n.contains(&c.id)).collect();
+    assert_eq!(mine.len(), 1, "exactly one node for the contender: {mine:?}");
+    assert!(c.node.ends_with(&mine[0]));
+    held(&mut c).await;
+}
+
+#[tokio::test]
+async fn an_earlier_sessions_node_with_the_same_id_is_removed() {
+    let connect = chroot().await;
+    let engine = engine(&connect).await;
+    let raw = raw_client(&connect).await;
+    let spec = spec(LOCK, Mode::Exclusive);
+    raw.mkdir(LOCK, &zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all())).await.unwrap();
+    let stale = format!("{LOCK}/{}", zklock::recipe::node_prefix(&spec.id, spec.mode));
+    let options = zkc::CreateMode::EphemeralSequential.with_acls(zkc::Acls::anyone_all());
+    raw.create(&stale, b"", &options).await.unwrap();
+    let mut c = engine.enqueue(spec).await.unwrap();
+    held(&mut c).await;
+    assert_eq!(engine.stats().duplicates_deleted, 1);
+    assert_eq!(children(&raw, LOCK).await.len(), 1);
+}
+
+#[tokio::test]
+async fn session_expiry_turns_every_contender_lost_and_a_new_session_works() {
+    let server = ZkServer::shared();
+    let connect = server.chroot().await;
+    let chroot = &connect[connect.find('/').unwrap()..];
+    let proxy = Proxy::start(server.addr()).await;
+    let config = ZkConfig::new(proxy.connect_string(chroot)).with_session_timeout(Duration::from_secs(2));
+    let (engine, mut events) = LockEngine::connect_with_events(config).await.unwrap();
+    let raw = raw_client(&connect).await;
+    let mut a = enqueue(&engine, LOCK, Mode::Exclusive).await;
+    held(&mut a).await;
+    let mut b = enqueue(&engine, LOCK, Mode::Shared).await;
+    wait_state(&mut b, "b waits", is_waiting).await;
+
+    proxy.set_blackhole(true);
+    for c in [&mut a, &mut b] {
+        let s = wait_state(c, "lost after expiry", |s| s.is_final()).await;
+        assert_eq!(s, ContenderState::Lost { why: LostReason::SessionExpired });
+    }
+    assert!(engine.enqueue(spec(LOCK, Mode::Exclusive)).await.is_err(), "no enqueue without a session");
+    // The server expired the session too: its ephemeral nodes are gone.
+    within("the server to drop the nodes", async {
+        loop {
+            let (left, _, watcher) = raw.get_and_watch_children(LOCK).await.unwrap();
+            if left.is_empty() {
+                break;
+            }
+            watcher.changed().await;
+        }
+    })
+    .await;
+
+    proxy.set_blackhole(false);
+    engine.reconnect().await.unwrap();
+    let mut c = enqueue(&engine, LOCK, Mode::Exclusive).await;
+    held(&mut c).await;
+    assert!(!engine.release(&a.id).await.unwrap(), "a is gone with its session");
+    let mut saw_lost = false;
+    while let Ok(event) = events.try_recv() {
+        saw_lost |= matches!(event, zklock::zk::EngineEvent::Session(zklock::zk::SessionEvent::Lost { .. }));
+    }
+    assert!(saw_lost, "the event stream reports the session loss");
+}

@@ -1,0 +1,82 @@
+//! Re-anchoring on a new session: the nodes of live contenders come back in the recorded order,
+//! holders first, and the lock directory remembers whether foreign clients use it.
+
+mod support;
+
+use support::*;
+use zklock::recipe::Mode;
+use zklock::zk::ContenderState;
+use zookeeper_client as zkc;
+
+const LOCK: &str = "/locks/ns/anchored";
+
+#[tokio::test]
+async fn a_new_session_recreates_the_queue_in_order_and_replaces_the_old_nodes() {
+    let connect = chroot().await;
+    let old = engine(&connect).await;
+    let raw = raw_client(&connect).await;
+    let mut h = enqueue(&old, LOCK, Mode::Exclusive).await;
+    held(&mut h).await;
+    let w1 = enqueue(&old, LOCK, Mode::Shared).await;
+    let w2 = enqueue(&old, LOCK, Mode::Exclusive).await;
+    let old_nodes = children(&raw, LOCK).await;
+    assert_eq!(old_nodes.len(), 3);
+
+    // A new process: its own session, while the old session still lives.
+    let new = engine(&connect).await;
+    let specs: Vec<_> = [(&h, Mode::Exclusive), (&w1, Mode::Shared), (&w2, Mode::Exclusive)]
+        .iter()
+        .map(|(c, mode)| zklock::zk::ContenderSpec {
+            id: c.id.clone(),
+            lock: LOCK.into(),
+            mode: *mode,
+            description: "re-anchored".into(),
+        })
+        .collect();
+    let anchored = new.reanchor(LOCK, specs).await.unwrap();
+    assert!(!anchored.foreign_seen);
+    let [mut h2, mut w1b, mut w2b]: [_; 3] = anchored.contenders.try_into().unwrap();
+    held(&mut h2).await;
+    assert!(matches!(w1b.state(), ContenderState::Waiting { ahead: 1, .. }), "{:?}", w1b.state());
+    assert!(matches!(w2b.state(), ContenderState::Waiting { ahead: 2, .. }), "{:?}", w2b.state());
+    let now = children(&raw, LOCK).await;
+    assert_eq!(now.len(), 3, "old nodes replaced, not added to: {now:?}");
+    assert!(now.iter().all(|n| !old_nodes.contains(n)));
+
+    // The old session's contenders saw their nodes deleted; the old process going away changes
+    // nothing for the new one.
+    drop(old);
+    new.release(&h2.id).await.unwrap();
+    held(&mut w1b).await;
+    new.release(&w1b.id).await.unwrap();
+    held(&mut w2b).await;
+}
+
+#[tokio::test]
+async fn a_foreign_node_is_remembered_and_can_overtake_a_holder_across_sessions() {
+    let connect = chroot().await;
+    let old = engine(&connect).await;
+    let raw = raw_client(&connect).await;
+    let mut h = enqueue(&old, LOCK, Mode::Exclusive).await;
+    held(&mut h).await;
+    // A Curator-style contender queues behind the holder.
+    let foreign = zkc::CreateMode::EphemeralSequential.with_acls(zkc::Acls::anyone_all());
+    raw.create(&format!("{LOCK}/_c_0d1e-lock-"), b"10.0.0.7", &foreign).await.unwrap();
+    // The engine marks the directory once it sees the stranger.
+    let w = enqueue(&old, LOCK, Mode::Exclusive).await;
+    let (marker, _) = raw.get_data(LOCK).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&marker), r#"{"foreignSeen":true}"#);
+
+    let new = engine(&connect).await;
+    let spec = |id: &str| zklock::zk::ContenderSpec {
+        id: id.into(),
+        lock: LOCK.into(),
+        mode: Mode::Exclusive,
+        description: String::new(),
+    };
+    let anchored = new.reanchor(LOCK, vec![spec(&h.id), spec(&w.id)]).await.unwrap();
+    assert!(anchored.foreign_seen, "the directory's marker says foreign clients use it");
+    // The foreign node kept its place; the holder's new node comes after it.
+    let h2 = &anchored.contenders[0];
+    assert!(matches!(h2.state(), ContenderState::Waiting { ahead: 1, .. }), "{:?}", h2.state());
+}
