@@ -167,6 +167,7 @@ fn route(
             let doc = discovery::resource_list(&st.registry, g, v).ok_or_else(ApiError::no_route)?;
             discovery_get(Ok(json_response(200, &doc, &[])))
         }
+        ["openapi", "v2"] if accept.contains("protobuf") => discovery_get(Ok(openapi::v2_protobuf())),
         ["openapi", "v2"] => discovery_get(Ok(json_response(200, &openapi::v2(), &[]))),
         ["openapi", "v3"] => {
             let st = shared.lock();

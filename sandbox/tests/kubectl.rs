@@ -131,6 +131,16 @@ async fn kubectl_workflow() {
         .await;
     assert_eq!(got, "5 hello Ready 2");
 
+    // A kind the server does not serve fails at REST mapping, not in client-side validation.
+    let unknown = write(
+        "unknown.yaml",
+        format!("apiVersion: nosuch.zklock-test.io/v1\nkind: Nothing\nmetadata:\n  name: x\n  namespace: {ns}\n"),
+    );
+    let out = k.run(&["apply", "-f", &unknown]).await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no matches for kind \"Nothing\""), "{err}");
+
     // Schema violations come back as kubectl errors naming the field.
     let bad = write("bad.yaml", widget_yaml(1000));
     let out = k.run(&["apply", "-f", &bad]).await;
