@@ -623,14 +623,17 @@ fn apply_update(
     if q.dry_run() {
         return Ok(Written { code: 200, object: convert::to_external(def, new), warnings });
     }
+    if is_terminating(&current) && finalizers(&new).is_empty() && !namespace_pending(def, &new) {
+        // As kube-apiserver: an update that empties the finalizers of an object being deleted
+        // is not written; the object is deleted instead (one DELETED event, no MODIFIED).
+        let gone = finish_delete(st, def, &k).ok_or_else(|| ApiError::not_found(&def.group, &def.plural, &name))?;
+        return Ok(Written { code: 200, object: convert::to_external(def, gone), warnings });
+    }
     let gr = def.group_resource();
     let stored =
         st.store.replace(&gr, k.clone(), new).ok_or_else(|| ApiError::not_found(&def.group, &def.plural, &name))?;
     if def.group == "apiextensions.k8s.io" {
         crd_changed(st, &stored);
-    }
-    if is_terminating(&stored) && finalizers(&stored).is_empty() && !namespace_pending(def, &stored) {
-        finish_delete(st, def, &k);
     }
     Ok(Written { code: 200, object: convert::to_external(def, stored), warnings })
 }

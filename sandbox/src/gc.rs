@@ -180,11 +180,10 @@ fn delete(st: &mut State, gr: &GroupResource, k: &ObjKey) {
     let _ = api::delete(st, &def, ns.as_deref(), &k.1, &background());
 }
 
-/// Removes one finalizer; deletes the object when it was the last one.
+/// Removes one finalizer; when it was the last one the object is deleted instead of updated,
+/// as kube-apiserver does for an update that empties the finalizers of a deleting object.
 fn remove_finalizer(st: &mut State, gr: &GroupResource, k: &ObjKey, f: &str) {
-    let Some(mut obj) = st.store.get(gr, k).cloned() else {
-        return;
-    };
+    let Some(mut obj) = st.store.get(gr, k).cloned() else { return };
     let mut empty = false;
     if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
         if let Some(a) = m.get_mut("finalizers").and_then(Value::as_array_mut) {
@@ -197,13 +196,17 @@ fn remove_finalizer(st: &mut State, gr: &GroupResource, k: &ObjKey, f: &str) {
     }
     let ns_waiting =
         is_namespace(gr) && obj.pointer("/spec/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
-    st.store.replace(gr, k.clone(), obj);
-    if empty && !ns_waiting {
-        if let Some(def) = st.registry.any_version(gr) {
-            api::finish_delete(st, &def, k);
-        } else {
-            st.store.remove(gr, k);
+    if empty && !ns_waiting && terminating(&obj) {
+        match st.registry.any_version(gr) {
+            Some(def) => {
+                api::finish_delete(st, &def, k);
+            }
+            None => {
+                st.store.remove(gr, k);
+            }
         }
+    } else {
+        st.store.replace(gr, k.clone(), obj);
     }
 }
 
