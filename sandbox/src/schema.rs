@@ -133,13 +133,6 @@ fn uint(s: &Value, key: &str) -> Option<u64> {
     s.get(key).and_then(Value::as_u64)
 }
 
-fn show(v: &Value) -> String {
-    match v {
-        Value::String(s) => format!("{s:?}"),
-        other => other.to_string(),
-    }
-}
-
 /// Validates `v` against `schema`; `path` is the field path (`spec.items[0].name`).
 pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError>) {
     let int_or_string = schema.get("x-kubernetes-int-or-string").and_then(Value::as_bool) == Some(true);
@@ -354,7 +347,6 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             errs.push(FieldError::invalid(path, v, &format!("{path} in body must not validate the schema (not)")));
         }
     }
-    let _ = show;
 }
 
 fn fmt_num(x: f64) -> String {
