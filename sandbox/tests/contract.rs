@@ -915,6 +915,30 @@ async fn table_output_uses_printer_columns() {
     assert_eq!(row["cells"][1], 7);
     assert_eq!(row["cells"][2], "Ready");
     assert_eq!(row["object"]["metadata"]["name"], "t1");
+    // `kubectl get -w`: watch events carry one-row Tables.
+    let rv = t["metadata"]["resourceVersion"].as_str().expect("list rv").to_string();
+    let req = http::Request::get(format!(
+        "/apis/{}/v1/namespaces/{}/widgets?watch=true&resourceVersion={rv}&timeoutSeconds=10",
+        crd.group, ns.name
+    ))
+    .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io,application/json")
+    .body(vec![])
+    .expect("req");
+    let mut events = env.client.request_events::<Value>(req).await.expect("table watch").boxed();
+    api.patch("t1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": 8}}))).await.expect("patch");
+    let modified = loop {
+        let ev = tokio::time::timeout(Duration::from_secs(10), events.next())
+            .await
+            .expect("an event in time")
+            .expect("stream open")
+            .expect("event decodes");
+        if let WatchEvent::Modified(v) = ev {
+            break v;
+        }
+    };
+    assert_eq!(modified["kind"], "Table", "{modified}");
+    assert_eq!(modified["rows"][0]["cells"][0], "t1");
+    assert_eq!(modified["rows"][0]["cells"][1], 8);
     remove_crd(&env.client, &crd).await;
 }
 
