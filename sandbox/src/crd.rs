@@ -78,7 +78,9 @@ pub fn validate(crd: &Value) -> Vec<FieldError> {
                         "must be object at the root",
                     ))
                 }
-                _ => {}
+                Some(sch) => {
+                    crate::cel::check_rules(sch, &format!("spec.versions[{i}].schema.openAPIV3Schema"), &mut errs)
+                }
             }
         }
     }

@@ -31,6 +31,15 @@ fn has_finalizer(obj: &Value, f: &str) -> bool {
     obj.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == f))
 }
 
+fn blocks_owner(dependent: &Value, owner_uid: &str) -> bool {
+    dependent.pointer("/metadata/ownerReferences").and_then(Value::as_array).is_some_and(|refs| {
+        refs.iter().any(|r| {
+            r.get("uid").and_then(Value::as_str) == Some(owner_uid)
+                && r.get("blockOwnerDeletion").and_then(Value::as_bool) == Some(true)
+        })
+    })
+}
+
 fn is_namespace(gr: &GroupResource) -> bool {
     gr.group.is_empty() && gr.resource == "namespaces"
 }
@@ -111,6 +120,19 @@ fn on_event(st: &mut State, ev: &StoredEvent, pending: &mut BTreeSet<Item>) {
             if needs_work(&ev.gr, &ev.object) {
                 pending.insert((ev.gr.clone(), ev.key.clone()));
             }
+            // A dependent whose owners do not exist (never did, or are already gone) is
+            // collected like one whose owner was just deleted.
+            let refs = ev.object.pointer("/metadata/ownerReferences").and_then(Value::as_array);
+            let uids: Vec<String> = refs
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r.get("uid").and_then(Value::as_str).map(String::from))
+                .collect();
+            if !uids.is_empty() && uids.iter().all(|u| st.store.lookup_uid(u).is_none()) {
+                if let Some(u) = uids.first() {
+                    owner_gone(st, u);
+                }
+            }
         }
     }
 }
@@ -119,7 +141,9 @@ fn on_event(st: &mut State, ev: &StoredEvent, pending: &mut BTreeSet<Item>) {
 /// are deleted (background propagation, their own finalizers respected).
 fn owner_gone(st: &mut State, owner_uid: &str) {
     for (gr, k) in st.store.dependents_of(owner_uid) {
-        let Some(obj) = st.store.get(&gr, &k).cloned() else { continue };
+        let Some(obj) = st.store.get(&gr, &k).cloned() else {
+            continue;
+        };
         let refs = obj.pointer("/metadata/ownerReferences").and_then(Value::as_array).cloned().unwrap_or_default();
         let others_alive = refs
             .iter()
@@ -134,7 +158,9 @@ fn owner_gone(st: &mut State, owner_uid: &str) {
 }
 
 fn drop_owner_ref(st: &mut State, gr: &GroupResource, k: &ObjKey, owner_uid: &str) {
-    let Some(mut obj) = st.store.get(gr, k).cloned() else { return };
+    let Some(mut obj) = st.store.get(gr, k).cloned() else {
+        return;
+    };
     if let Some(refs) = obj.pointer_mut("/metadata/ownerReferences").and_then(Value::as_array_mut) {
         refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(owner_uid));
         if refs.is_empty() {
@@ -147,12 +173,15 @@ fn drop_owner_ref(st: &mut State, gr: &GroupResource, k: &ObjKey, owner_uid: &st
 }
 
 fn delete(st: &mut State, gr: &GroupResource, k: &ObjKey) {
-    let Some(def) = st.registry.any_version(gr) else { return };
+    let Some(def) = st.registry.any_version(gr) else {
+        return;
+    };
     let ns = if def.namespaced { Some(k.0.clone()) } else { None };
     let _ = api::delete(st, &def, ns.as_deref(), &k.1, &background());
 }
 
-/// Removes one finalizer; deletes the object when it was the last one.
+/// Removes one finalizer; when it was the last one the object is deleted instead of updated,
+/// as kube-apiserver does for an update that empties the finalizers of a deleting object.
 fn remove_finalizer(st: &mut State, gr: &GroupResource, k: &ObjKey, f: &str) {
     let Some(mut obj) = st.store.get(gr, k).cloned() else { return };
     let mut empty = false;
@@ -167,20 +196,26 @@ fn remove_finalizer(st: &mut State, gr: &GroupResource, k: &ObjKey, f: &str) {
     }
     let ns_waiting =
         is_namespace(gr) && obj.pointer("/spec/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
-    st.store.replace(gr, k.clone(), obj);
-    if empty && !ns_waiting {
-        if let Some(def) = st.registry.any_version(gr) {
-            api::finish_delete(st, &def, k);
-        } else {
-            st.store.remove(gr, k);
+    if empty && !ns_waiting && terminating(&obj) {
+        match st.registry.any_version(gr) {
+            Some(def) => {
+                api::finish_delete(st, &def, k);
+            }
+            None => {
+                st.store.remove(gr, k);
+            }
         }
+    } else {
+        st.store.replace(gr, k.clone(), obj);
     }
 }
 
 /// One step of work on a terminating object; true when nothing is left to do.
 fn progress(st: &mut State, item: &Item) -> bool {
     let (gr, k) = item;
-    let Some(obj) = st.store.get(gr, k).cloned() else { return true };
+    let Some(obj) = st.store.get(gr, k).cloned() else {
+        return true;
+    };
     if !terminating(&obj) {
         return true;
     }
@@ -193,15 +228,16 @@ fn progress(st: &mut State, item: &Item) -> bool {
         return false;
     }
     if has_finalizer(&obj, FOREGROUND) {
+        // All dependents are deleted; the owner waits only for those that block it.
         let deps = st.store.dependents_of(&u);
-        if deps.is_empty() {
-            remove_finalizer(st, gr, k, FOREGROUND);
-            return false;
-        }
+        let blocking = deps.iter().any(|(dgr, dk)| st.store.get(dgr, dk).is_some_and(|d| blocks_owner(d, &u)));
         for (dgr, dk) in deps {
             if st.store.get(&dgr, &dk).is_some_and(|d| !terminating(d)) {
                 delete(st, &dgr, &dk);
             }
+        }
+        if !blocking {
+            remove_finalizer(st, gr, k, FOREGROUND);
         }
         return false;
     }

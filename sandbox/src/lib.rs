@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod api;
+mod cel;
 mod convert;
 mod crd;
 mod discovery;
@@ -20,6 +21,7 @@ mod lifecycle;
 mod meta;
 mod openapi;
 mod patch;
+mod protobuf;
 mod query;
 mod registry;
 mod schema;
@@ -131,7 +133,9 @@ impl Sandbox {
 }
 
 fn bootstrap(st: &mut state::State) {
-    let Some(def) = st.registry.lookup("", "v1", "namespaces") else { return };
+    let Some(def) = st.registry.lookup("", "v1", "namespaces") else {
+        return;
+    };
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
         let body = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
         let _ = api::create(st, &def, None, body, &query::Query::default());

@@ -23,17 +23,17 @@ pub fn prepare_create(def: &ResourceDef, obj: &mut Value) {
                 }
             }
         }
-        ("", "secrets") => {
-            if obj.get("type").and_then(Value::as_str).is_none_or(str::is_empty) {
-                obj["type"] = json!("Opaque");
-            }
+        ("", "secrets") if obj.get("type").and_then(Value::as_str).is_none_or(str::is_empty) => {
+            obj["type"] = json!("Opaque");
         }
         _ => {}
     }
 }
 
 fn default_pod_spec(obj: &mut Value) {
-    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else { return };
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
     for (k, v) in [
         ("restartPolicy", json!("Always")),
         ("terminationGracePeriodSeconds", json!(30)),
@@ -109,10 +109,8 @@ pub fn validate(def: &ResourceDef, obj: &Value) -> Vec<FieldError> {
                 errs.push(FieldError::not_supported("type", &ty, &[json!("Normal"), json!("Warning")]));
             }
         }
-        ("", "events") => {
-            if obj.get("involvedObject").is_none_or(Value::is_null) {
-                errs.push(FieldError::required("involvedObject", ""));
-            }
+        ("", "events") if obj.get("involvedObject").is_none_or(Value::is_null) => {
+            errs.push(FieldError::required("involvedObject", ""));
         }
         ("coordination.k8s.io", "leases") => {
             if let Some(d) = obj.pointer("/spec/leaseDurationSeconds").and_then(Value::as_i64) {

@@ -11,23 +11,19 @@ const DNS1123_SUBDOMAIN: &str = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 const QUALIFIED_NAME: &str = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]";
 const LABEL_VALUE: &str = "(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?";
 
-fn anchored(cell: &'static OnceLock<Regex>, pat: &str) -> &'static Regex {
-    cell.get_or_init(|| Regex::new(&format!("^{pat}$")).unwrap_or_else(|_| unreachable_regex()))
-}
-
-/// The patterns above are constants; a regex that never matches keeps this panic-free.
-fn unreachable_regex() -> Regex {
-    Regex::new("[^\\s\\S]").unwrap_or_else(|_| unreachable!())
+/// The patterns are constants, so compilation cannot fail; if it ever did, nothing would match.
+fn anchored(cell: &'static OnceLock<Option<Regex>>, pat: &str) -> Option<&'static Regex> {
+    cell.get_or_init(|| Regex::new(&format!("^{pat}$")).ok()).as_ref()
 }
 
 pub fn is_dns1123_label(s: &str) -> bool {
-    static R: OnceLock<Regex> = OnceLock::new();
-    s.len() <= 63 && anchored(&R, DNS1123_LABEL).is_match(s)
+    static R: OnceLock<Option<Regex>> = OnceLock::new();
+    s.len() <= 63 && anchored(&R, DNS1123_LABEL).is_some_and(|r| r.is_match(s))
 }
 
 pub fn is_dns1123_subdomain(s: &str) -> bool {
-    static R: OnceLock<Regex> = OnceLock::new();
-    s.len() <= 253 && anchored(&R, DNS1123_SUBDOMAIN).is_match(s)
+    static R: OnceLock<Option<Regex>> = OnceLock::new();
+    s.len() <= 253 && anchored(&R, DNS1123_SUBDOMAIN).is_some_and(|r| r.is_match(s))
 }
 
 pub fn dns1123_label_message() -> String {
@@ -92,8 +88,8 @@ pub fn validate_path_segment(name: &str, field: &str) -> Vec<FieldError> {
 
 /// `prefix/name` label and annotation keys.
 fn validate_qualified_name(key: &str, field: &str) -> Option<FieldError> {
-    static R: OnceLock<Regex> = OnceLock::new();
-    let re = anchored(&R, QUALIFIED_NAME);
+    static R: OnceLock<Option<Regex>> = OnceLock::new();
+    let matches = |x: &str| anchored(&R, QUALIFIED_NAME).is_some_and(|r| r.is_match(x));
     let (prefix, name) = match key.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
@@ -104,7 +100,7 @@ fn validate_qualified_name(key: &str, field: &str) -> Option<FieldError> {
             return Some(FieldError::invalid(field, &v, "prefix part must be a lowercase RFC 1123 subdomain"));
         }
     }
-    if name.is_empty() || name.len() > 63 || !re.is_match(name) {
+    if name.is_empty() || name.len() > 63 || !matches(name) {
         return Some(FieldError::invalid(
             field,
             &v,
@@ -115,8 +111,8 @@ fn validate_qualified_name(key: &str, field: &str) -> Option<FieldError> {
 }
 
 pub fn validate_labels(labels: &Value, field: &str) -> Vec<FieldError> {
-    static R: OnceLock<Regex> = OnceLock::new();
-    let re = anchored(&R, LABEL_VALUE);
+    static R: OnceLock<Option<Regex>> = OnceLock::new();
+    let matches = |x: &str| anchored(&R, LABEL_VALUE).is_some_and(|r| r.is_match(x));
     let mut errs = Vec::new();
     let Some(map) = labels.as_object() else {
         if !labels.is_null() {
@@ -129,9 +125,9 @@ pub fn validate_labels(labels: &Value, field: &str) -> Vec<FieldError> {
             errs.push(e);
         }
         match v.as_str() {
-            Some(s) if s.len() <= 63 && re.is_match(s) => {}
+            Some(s) if s.len() <= 63 && matches(s) => {}
             _ => errs.push(FieldError::invalid(
-                format!("{field}"),
+                field,
                 v,
                 "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')",
             )),

@@ -5,6 +5,18 @@
 use crate::registry::{Registry, ResourceDef};
 use serde_json::{json, Map, Value};
 
+/// kubectl reads /openapi/v2 only as protobuf (gnostic's openapi_v2.Document). An empty
+/// document makes its client-side validation skip kinds it has no schema for, so an unserved
+/// kind ends in "no matches for kind", as on a cluster without that API.
+pub fn v2_protobuf() -> axum::response::Response {
+    // Document { swagger (field 1) = "2.0" }
+    let body: Vec<u8> = vec![0x0a, 0x03, b'2', b'.', b'0'];
+    let mut r = axum::response::Response::new(axum::body::Body::from(body));
+    r.headers_mut()
+        .insert(axum::http::header::CONTENT_TYPE, axum::http::HeaderValue::from_static("application/octet-stream"));
+    r
+}
+
 pub fn v2() -> Value {
     json!({"swagger": "2.0", "info": {"title": "Kubernetes", "version": crate::discovery::GIT_VERSION}, "paths": {}, "definitions": {}})
 }

@@ -119,6 +119,13 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value, PatchError> {
     }
 }
 
+fn parent_exists(doc: &Value, path: &str) -> bool {
+    match path.rfind('/') {
+        Some(i) => doc.pointer(&path[..i]).is_some_and(|p| p.is_object() || p.is_array()),
+        None => false,
+    }
+}
+
 fn get(doc: &Value, path: &str) -> Result<Value, PatchError> {
     doc.pointer(path).cloned().ok_or_else(|| PatchError(format!("doc is missing path: {path:?}: missing value")))
 }
@@ -154,13 +161,12 @@ pub fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
             }
             "test" => {
                 let want = value()?;
-                // As evanphx/json-patch (kube-apiserver's) does: a missing member of an
-                // existing object tests equal to null; kube-rs's finalizer helper relies on it.
-                let parent_exists =
-                    path.rfind('/').is_some_and(|i| doc.pointer(&path[..i]).is_some_and(Value::is_object));
-                let got = match get(doc, path) {
-                    Err(_) if parent_exists => Value::Null,
-                    other => other?,
+                // As in the json-patch library kube-apiserver uses, a missing member tests
+                // equal to null (kube-runtime's finalizer helper relies on this).
+                let got = match doc.pointer(path) {
+                    Some(v) => v.clone(),
+                    None if want.is_null() && parent_exists(doc, path) => Value::Null,
+                    None => return Err(PatchError(format!("doc is missing path: {path:?}: missing value"))),
                 };
                 if got != want {
                     return Err(PatchError(format!("testing value {path} failed: test failed")));
@@ -227,7 +233,9 @@ pub fn strategic_merge(target: &mut Value, patch: &Value) -> Result<(), PatchErr
     if !target.is_object() {
         *target = Value::Object(Map::new());
     }
-    let Value::Object(t) = target else { return Ok(()) };
+    let Value::Object(t) = target else {
+        return Ok(());
+    };
     for (k, v) in p {
         if k == "$patch" || k == "$retainKeys" || k.starts_with("$setElementOrder/") {
             continue;

@@ -29,7 +29,7 @@ pub fn apply_defaults(schema: &Value, v: &mut Value) {
         Value::Object(m) => {
             if let Some(Value::Object(props)) = schema.get("properties") {
                 for (k, ps) in props {
-                    let absent = matches!(m.get(k), None)
+                    let absent = m.get(k).is_none()
                         || (m.get(k) == Some(&Value::Null)
                             && ps.get("nullable").and_then(Value::as_bool) != Some(true));
                     if absent {
@@ -131,13 +131,6 @@ fn num(s: &Value, key: &str) -> Option<f64> {
 
 fn uint(s: &Value, key: &str) -> Option<u64> {
     s.get(key).and_then(Value::as_u64)
-}
-
-fn show(v: &Value) -> String {
-    match v {
-        Value::String(s) => format!("{s:?}"),
-        other => other.to_string(),
-    }
 }
 
 /// Validates `v` against `schema`; `path` is the field path (`spec.items[0].name`).
@@ -354,7 +347,6 @@ pub fn validate(schema: &Value, v: &Value, path: &str, errs: &mut Vec<FieldError
             errs.push(FieldError::invalid(path, v, &format!("{path} in body must not validate the schema (not)")));
         }
     }
-    let _ = show;
 }
 
 fn fmt_num(x: f64) -> String {

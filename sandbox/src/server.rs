@@ -62,7 +62,7 @@ fn text(code: StatusCode, s: &'static str) -> Response {
     r
 }
 
-fn header_str<'a>(h: &'a HeaderMap, name: header::HeaderName) -> &'a str {
+fn header_str(h: &HeaderMap, name: header::HeaderName) -> &str {
     h.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
 }
 
@@ -167,6 +167,7 @@ fn route(
             let doc = discovery::resource_list(&st.registry, g, v).ok_or_else(ApiError::no_route)?;
             discovery_get(Ok(json_response(200, &doc, &[])))
         }
+        ["openapi", "v2"] if accept.contains("protobuf") => discovery_get(Ok(openapi::v2_protobuf())),
         ["openapi", "v2"] => discovery_get(Ok(json_response(200, &openapi::v2(), &[]))),
         ["openapi", "v3"] => {
             let st = shared.lock();
@@ -228,7 +229,14 @@ fn parse_body(def: &ResourceDef, headers: &HeaderMap, body: &[u8]) -> Result<Val
     let ct = header_str(headers, header::CONTENT_TYPE);
     let parsed: Result<Value, String> = if ct.starts_with("application/yaml") || ct.starts_with("application/x-yaml") {
         serde_yaml::from_slice::<Value>(body).map_err(|e| e.to_string())
-    } else if ct.starts_with("application/vnd.kubernetes.protobuf") || ct.starts_with("application/cbor") {
+    } else if ct.starts_with("application/vnd.kubernetes.protobuf") {
+        return crate::protobuf::decode(body).ok_or_else(|| {
+            ApiError::unsupported_media_type(format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (kube-sandbox decodes protobuf only for v1 Namespace, ConfigMap, Secret and ServiceAccount, not {})",
+                def.kind
+            ))
+        });
+    } else if ct.starts_with("application/cbor") {
         return Err(ApiError::unsupported_media_type(format!(
             "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (kube-sandbox does not decode {ct})"
         )));
@@ -266,7 +274,7 @@ fn resource(
     let accept = header_str(headers, header::ACCEPT);
     let table = if table::wants_table(accept) { Some(TableOptions::from_query(q)) } else { None };
     if let Some(ns) = ns {
-        if crate::meta::validate_path_segment(ns, "metadata.namespace").len() > 0 {
+        if !crate::meta::validate_path_segment(ns, "metadata.namespace").is_empty() {
             return Err(ApiError::no_route());
         }
     }

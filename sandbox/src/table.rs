@@ -60,7 +60,9 @@ fn name_of(o: &Value) -> Value {
     s(o, "/metadata/name")
 }
 
-fn builtin_columns(def: &ResourceDef) -> (Vec<Value>, fn(&Value) -> Vec<Value>) {
+type Cells = fn(&Value) -> Vec<Value>;
+
+fn builtin_columns(def: &ResourceDef) -> (Vec<Value>, Cells) {
     match (def.group.as_str(), def.plural.as_str()) {
         ("", "namespaces") => (
             vec![name_col(), col("Status", "string", "", "The status of the namespace", 0), age_col()],
@@ -162,7 +164,10 @@ pub fn jsonpath(obj: &Value, path: &str) -> Option<Value> {
                     .iter()
                     .find(|e| match e.get(k.trim()) {
                         Some(Value::String(s)) => s == want,
-                        Some(other) => other.to_string() == want,
+                        Some(other) => {
+                            let shown = other.to_string();
+                            shown == want
+                        }
                         None => false,
                     })?
                     .clone();
@@ -178,7 +183,9 @@ pub fn jsonpath(obj: &Value, path: &str) -> Option<Value> {
 }
 
 fn custom_cell(c: &PrinterColumn, obj: &Value) -> Value {
-    let Some(v) = jsonpath(obj, &c.json_path) else { return Value::Null };
+    let Some(v) = jsonpath(obj, &c.json_path) else {
+        return Value::Null;
+    };
     match c.type_.as_str() {
         "date" => match v.as_str().and_then(parse_rfc3339) {
             Some(t) => json!(human_duration(unix_now() - t)),
@@ -199,7 +206,8 @@ fn custom_cell(c: &PrinterColumn, obj: &Value) -> Value {
 
 /// Renders external-form objects as a Table.
 pub fn table(def: &ResourceDef, objects: &[Value], opts: &TableOptions, list_meta: Option<Value>) -> Value {
-    let (columns, cells): (Vec<Value>, Box<dyn Fn(&Value) -> Vec<Value>>) = if def.is_custom() {
+    type RowCells = Box<dyn Fn(&Value) -> Vec<Value>>;
+    let (columns, cells): (Vec<Value>, RowCells) = if def.is_custom() {
         let mut cols = vec![name_col()];
         cols.extend(def.printer_columns.iter().map(|c| col(&c.name, &c.type_, &c.format, &c.description, c.priority)));
         let pcs = def.printer_columns.clone();

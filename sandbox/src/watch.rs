@@ -248,12 +248,15 @@ pub fn params(
         None | Some("0") => None,
         Some(r) => Some(api::parse_rv(r)?),
     };
-    let timeout = match q.get("timeoutSeconds") {
-        Some(t) => Duration::from_secs(
-            t.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {t}")))?,
-        ),
-        // kube-apiserver's default is a random time between 30 and 60 minutes.
-        None => Duration::from_secs(1800 + (crate::meta::unix_now() as u64 % 1800)),
+    // 0 or unset: kube-apiserver picks a random time between 30 and 60 minutes.
+    let secs = match q.get("timeoutSeconds") {
+        Some(t) => t.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {t}")))?,
+        None => 0,
+    };
+    let timeout = if secs == 0 {
+        Duration::from_secs(1800 + (crate::meta::unix_now() as u64 % 1800))
+    } else {
+        Duration::from_secs(secs)
     };
     Ok(WatchParams {
         rv,

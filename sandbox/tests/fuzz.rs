@@ -23,6 +23,9 @@ impl Rng {
     fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
         &xs[self.below(xs.len())]
     }
+    fn word(&mut self, xs: &[&'static str]) -> &'static str {
+        xs[self.below(xs.len())]
+    }
     fn chance(&mut self, pct: u64) -> bool {
         self.next() % 100 < pct
     }
@@ -162,20 +165,20 @@ fn random_request(r: &mut Rng) -> Option<http::Request<Vec<u8>>> {
         path.push_str(prefix);
         if namespaced && r.chance(85) {
             path.push_str("/namespaces/");
-            path.push_str(*r.pick(&["default", "fuzz", "fuzz", "nope"]));
+            path.push_str(r.word(&["default", "fuzz", "fuzz", "nope"]));
         }
         path.push('/');
         path.push_str(plural);
         if r.chance(70) {
             path.push('/');
-            path.push_str(*r.pick(&["f1", "f1", "f2", "fuzz", "default", "Bad", "a.b", "widgets.fuzz.zklock-test.io"]));
+            path.push_str(r.word(&["f1", "f1", "f2", "fuzz", "default", "Bad", "a.b", "widgets.fuzz.zklock-test.io"]));
             if r.chance(30) {
                 path.push('/');
-                path.push_str(*r.pick(&["status", "finalize", "scale", "x"]));
+                path.push_str(r.word(&["status", "finalize", "scale", "x"]));
             }
         }
     } else {
-        path.push_str(*r.pick(&[
+        path.push_str(r.word(&[
             "/api/v1",
             "/apis/coordination.k8s.io/v1",
             "/apis/fuzz.zklock-test.io/v1",
@@ -184,7 +187,7 @@ fn random_request(r: &mut Rng) -> Option<http::Request<Vec<u8>>> {
         ]));
         for _ in 0..r.below(5) {
             path.push('/');
-            path.push_str(*r.pick(SEGMENTS));
+            path.push_str(r.word(SEGMENTS));
         }
     }
     let mut q = Vec::new();

@@ -39,6 +39,11 @@ impl Kubectl {
         self.cmd(args).output().await.unwrap_or_else(|e| panic!("running kubectl {args:?}: {e}"))
     }
 
+    /// One field of one object, through `-o jsonpath`.
+    async fn field(&self, resource: &str, name: &str, ns: &str, path: &str) -> String {
+        self.ok(&["get", resource, name, "-n", ns, "-o", &format!("jsonpath={path}")]).await
+    }
+
     /// Runs kubectl and returns stdout; panics with stderr if it failed.
     async fn ok(&self, args: &[&str]) -> String {
         let out = self.run(args).await;
@@ -63,7 +68,6 @@ async fn kubectl_workflow() {
         std::fs::write(&p, text).expect("write manifest");
         p.to_string_lossy().to_string()
     };
-    let ns_file = write("ns.yaml", format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n"));
     let crd_file = write("crd.json", serde_json::to_string_pretty(&manifest).expect("crd json"));
     let widget_yaml = |size: u32| {
         format!(
@@ -73,7 +77,15 @@ async fn kubectl_workflow() {
     };
     let w_file = write("w1.yaml", widget_yaml(3));
 
-    k.ok(&["apply", "-f", &ns_file]).await;
+    // Imperative creates go through kubectl's typed clients (protobuf request bodies).
+    k.ok(&["create", "namespace", &ns]).await;
+    k.ok(&["create", "configmap", "gen", "-n", &ns, "--from-literal=a=1", "--from-literal=b=2"]).await;
+    k.ok(&["create", "secret", "generic", "sec", "-n", &ns, "--from-literal=pw=hunter2", "--type=zklock.io/test"])
+        .await;
+    k.ok(&["create", "serviceaccount", "robot", "-n", &ns]).await;
+    assert_eq!(k.field("configmap", "gen", &ns, "{.data.a}{.data.b}").await, "12");
+    assert_eq!(k.field("secret", "sec", &ns, "{.type} {.data.pw}").await, "zklock.io/test aHVudGVyMg==");
+    assert_eq!(k.field("serviceaccount", "robot", &ns, "{.metadata.name}").await, "robot");
     k.ok(&["apply", "-f", &crd_file]).await;
     k.ok(&["wait", "--for=condition=Established", &format!("crd/{}", crd.name), "--timeout=30s"]).await;
     let out = k.ok(&["apply", "-f", &w_file]).await;
@@ -119,6 +131,16 @@ async fn kubectl_workflow() {
         .await;
     assert_eq!(got, "5 hello Ready 2");
 
+    // A kind the server does not serve fails at REST mapping, not in client-side validation.
+    let unknown = write(
+        "unknown.yaml",
+        format!("apiVersion: nosuch.zklock-test.io/v1\nkind: Nothing\nmetadata:\n  name: x\n  namespace: {ns}\n"),
+    );
+    let out = k.run(&["apply", "-f", &unknown]).await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no matches for kind \"Nothing\""), "{err}");
+
     // Schema violations come back as kubectl errors naming the field.
     let bad = write("bad.yaml", widget_yaml(1000));
     let out = k.run(&["apply", "-f", &bad]).await;
@@ -140,12 +162,19 @@ async fn kubectl_workflow() {
     k.ok(&["delete", &resource, "w1", "-n", &ns, "--wait=false"]).await;
     let ts = k.ok(&["get", &resource, "w1", "-n", &ns, "-o", "jsonpath={.metadata.deletionTimestamp}"]).await;
     assert!(!ts.is_empty(), "deletionTimestamp set while the finalizer holds");
+    // --cascade=foreground makes kubectl's DELETE a write (foregroundDeletion is added, then
+    // dropped by the garbage collector), so a new resourceVersion shows the waiter is in place.
+    let before = k.field(&resource, "w1", &ns, "{.metadata.resourceVersion}").await;
     let deleter = k
-        .cmd(&["delete", &resource, "w1", "-n", &ns, "--wait=true", "--timeout=30s"])
+        .cmd(&["delete", &resource, "w1", "-n", &ns, "--cascade=foreground", "--wait=true", "--timeout=30s"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn kubectl delete");
+    eventually(30, "kubectl delete issued", || async {
+        (k.field(&resource, "w1", &ns, "{.metadata.resourceVersion}").await != before).then_some(())
+    })
+    .await;
     k.ok(&[
         "patch",
         &resource,
@@ -154,7 +183,7 @@ async fn kubectl_workflow() {
         &ns,
         "--type=json",
         "-p",
-        r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+        r#"[{"op":"remove","path":"/metadata/finalizers/0"}]"#,
     ])
     .await;
     let deleted = deleter.wait_with_output().await.expect("kubectl delete");

@@ -175,8 +175,13 @@ pub fn crd_manifest(scope: &str) -> (Crd, Value) {
 
 /// Creates the CRD and waits until it is Established and its resource is served.
 pub async fn install_crd(client: &Client, scope: &str) -> Crd {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let (crd, manifest) = crd_manifest(scope);
+    install_crd_manifest(client, crd, manifest).await
+}
+
+/// Creates a CRD from a (possibly modified) `crd_manifest` and waits until it is served.
+pub async fn install_crd_manifest(client: &Client, crd: Crd, manifest: Value) -> Crd {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let api: kube::Api<CustomResourceDefinition> = kube::Api::all(client.clone());
     let obj: CustomResourceDefinition = serde_json::from_value(manifest).expect("crd json");
     api.create(&Default::default(), &obj).await.expect("create CRD");
