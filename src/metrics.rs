@@ -44,6 +44,7 @@ pub struct Metrics {
     pub acquire_wait: Histogram,
     pub handoff: Histogram,
     pub zk_session_connected: Gauge,
+    pub zk_sessions_lost: Counter,
     pub leader: Gauge,
     pub reconciles: Counter,
     pub reconcile_errors: Family<ErrorLabel, Counter>,
@@ -70,6 +71,12 @@ impl Default for Metrics {
             "1 while the ZooKeeper session is connected",
             zk_session_connected.clone(),
         );
+        let zk_sessions_lost = Counter::default();
+        registry.register(
+            "zookeeper_sessions_lost",
+            "ZooKeeper sessions that ended (each is followed by re-anchoring)",
+            zk_sessions_lost.clone(),
+        );
         let leader = Gauge::default();
         registry.register("leader", "1 while this replica is the leader", leader.clone());
         let reconciles = Counter::default();
@@ -94,6 +101,7 @@ impl Default for Metrics {
             acquire_wait,
             handoff,
             zk_session_connected,
+            zk_sessions_lost,
             leader,
             reconciles,
             reconcile_errors,

@@ -302,10 +302,8 @@ async fn zookeeper_restart_recovers_claims_without_double_grants() {
     env.wait_phase("b", Phase::Waiting).await;
     // Down for longer than the session timeout: the session is lost, a new one re-anchors.
     zk.kill();
-    until("the operator to notice ZooKeeper is gone", || async {
-        op.metric("zklock_zookeeper_session_connected").await == 0.0
-    })
-    .await;
+    until("the operator's session to end", || async { op.metric("zklock_zookeeper_sessions_lost_total").await >= 1.0 })
+        .await;
     zk.resume();
     env.claim("c", "z", json!({})).await;
     env.wait_phase("c", Phase::Waiting).await;
@@ -366,4 +364,44 @@ where
     })
     .await
     .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_written_into_the_znode_by_another_client_is_followed() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    env.claim("a", "r", json!({"revocationGracePeriodSeconds": 1})).await;
+    let a = env.wait_phase("a", Phase::Held).await;
+    let znode = a.status.unwrap().znode.unwrap();
+    let raw = zookeeper_client::Client::connect(&env.zk).await.unwrap();
+    raw.set_data(&znode, b"__REVOKE__", None).await.unwrap();
+    let a = env
+        .wait("a", "revoke requested", |c| condition(c, conditions::REVOKE_REQUESTED).is_some_and(|c| c.0 == "True"))
+        .await;
+    assert!(condition(&a, conditions::REVOKE_REQUESTED).unwrap().2.contains("Curator"));
+    env.wait_phase("a", Phase::Revoked).await;
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_loss_on_a_lock_shared_with_foreign_clients_turns_the_holder_lost() {
+    let mut zk = zklock_testkit::ZkServer::start();
+    let env = Env::with_zk(zk.chroot().await).await;
+    let op = Operator::start(&env, &["--zk-session-timeout", "2s"]);
+    env.claim("a", "shared-with-java", json!({})).await;
+    let a = env.wait_phase("a", Phase::Held).await;
+    // A Curator-style contender queues behind the holder (persistent, so that it outlives the
+    // outage below whatever happens to this client's own session).
+    let dir = a.status.unwrap().znode.unwrap().rsplit_once('/').unwrap().0.to_string();
+    let raw = zookeeper_client::Client::connect(&env.zk).await.unwrap();
+    let options = zookeeper_client::CreateMode::PersistentSequential.with_acls(zookeeper_client::Acls::anyone_all());
+    raw.create(&format!("{dir}/_c_0d1e-lock-"), b"10.0.0.7", &options).await.unwrap();
+    drop(raw);
+    zk.kill();
+    until("the operator's session to end", || async { op.metric("zklock_zookeeper_sessions_lost_total").await >= 1.0 })
+        .await;
+    zk.resume();
+    let a = env.wait_phase("a", Phase::Lost).await;
+    assert_eq!(condition(&a, conditions::FINISHED).unwrap().1, "SessionLost");
+    env.history.check();
 }

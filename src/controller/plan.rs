@@ -146,6 +146,14 @@ pub fn plan(input: Inputs<'_>) -> Plan {
     };
     let held_now = state.is_some_and(ContenderState::is_held);
 
+    // While a new session is being re-anchored, a claim that was queued may not be back yet:
+    // leave its status alone (never turn Held into anything but a final phase).
+    if !admitting && matches!(recorded, Some(Phase::Held | Phase::Waiting)) && !held_now {
+        plan.status = claim.status.clone().unwrap_or_default();
+        plan.requeue_after = Some(Duration::from_secs(1));
+        return plan;
+    }
+
     // Re-anchoring found that a recorded holder cannot prove it kept the lock.
     if let Some(why) = anchor_verdict {
         plan.finish(Phase::Lost, "SessionLost", why, generation, &now_t);
@@ -451,6 +459,28 @@ mod tests {
         let p = run(&c, HolderView::NotRequested, tracked(waiting), t(2));
         assert_eq!(p.status.phase, Some(Phase::Lost));
         assert!(p.release && conditions::is_true(&p.status.conditions, FINISHED));
+    }
+
+    #[test]
+    fn nothing_is_demoted_while_a_new_session_is_re_anchored() {
+        let c = claim(spec());
+        let p = run(&c, HolderView::NotRequested, tracked(ContenderState::Held { fencing_token: 1 }), t(1));
+        let c = with_status(c, &p);
+        let spec = validate(&c).unwrap();
+        let waiting = ContenderState::Waiting { ahead: 1, watching: "_c_x-lock-0000000009".into() };
+        for contender in [tracked(waiting), ContenderView::Untracked] {
+            let p = plan(Inputs {
+                claim: &c,
+                spec: &spec,
+                holder: HolderView::NotRequested,
+                contender,
+                admitting: false,
+                anchor_verdict: None,
+                now: t(2),
+            });
+            assert_eq!(p.status, c.status.clone().unwrap(), "status untouched until re-anchored");
+            assert!(!p.release && !p.enqueue && p.events.is_empty());
+        }
     }
 
     #[test]
