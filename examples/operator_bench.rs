@@ -321,20 +321,49 @@ impl Bench {
     }
 
     async fn throughput(&self, locks: usize, concurrency: usize) -> Result<f64, Error> {
+        // One watch of the namespace tells every worker when its claim is Held and when it is
+        // gone: a watch per claim would load the API server more than the operator does.
+        let seen = Arc::new(Seen::default());
+        let follower = {
+            let seen = seen.clone();
+            let stream = watcher(self.claims.clone(), watcher::Config::default());
+            tokio::spawn(async move {
+                let mut stream = std::pin::pin!(stream);
+                while let Some(event) = stream.next().await {
+                    let mut sets = seen.sets.lock().unwrap_or_else(|p| p.into_inner());
+                    match event {
+                        Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c)) => {
+                            if c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held) {
+                                sets.0.insert(c.metadata.name.unwrap_or_default());
+                            }
+                        }
+                        Ok(watcher::Event::Delete(c)) => {
+                            sets.1.insert(c.metadata.name.unwrap_or_default());
+                        }
+                        _ => continue,
+                    }
+                    drop(sets);
+                    seen.changed.notify_waiters();
+                }
+            })
+        };
         let start = Instant::now();
         let results: Vec<Result<(), Error>> = futures::stream::iter(0..locks)
-            .map(|i| async move {
-                let name = format!("t{i}");
-                self.create(&name, &format!("lock-{i}"), None).await?;
-                self.wait_phase(&name, Phase::Held).await?;
-                let uid = self.claims.get(&name).await?.metadata.uid.unwrap_or_default();
-                self.claims.delete(&name, &DeleteParams::default()).await?;
-                await_condition(self.claims.clone(), &name, kube::runtime::conditions::is_deleted(&uid)).await?;
-                Ok(())
+            .map(|i| {
+                let seen = seen.clone();
+                async move {
+                    let name = format!("t{i}");
+                    self.create(&name, &format!("lock-{i}"), None).await?;
+                    seen.wait(|sets| sets.0.contains(&name)).await;
+                    self.claims.delete(&name, &DeleteParams::default()).await?;
+                    seen.wait(|sets| sets.1.contains(&name)).await;
+                    Ok(())
+                }
             })
             .buffer_unordered(concurrency)
             .collect()
             .await;
+        follower.abort();
         for r in results {
             r?;
         }
@@ -399,6 +428,27 @@ fn rss(pid: u32) -> Result<u64, Error> {
         .and_then(|v| v.parse().ok())
         .ok_or("no VmRSS")?;
     Ok(kb * 1024)
+}
+
+/// Claims seen Held, and claims seen deleted.
+#[derive(Default)]
+struct Seen {
+    sets: std::sync::Mutex<Sets>,
+    changed: tokio::sync::Notify,
+}
+
+type Sets = (std::collections::HashSet<String>, std::collections::HashSet<String>);
+
+impl Seen {
+    async fn wait(&self, done: impl Fn(&Sets) -> bool) {
+        loop {
+            let notified = self.changed.notified();
+            if done(&self.sets.lock().unwrap_or_else(|p| p.into_inner())) {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 struct HandoffResult {
