@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::Api;
 use tokio_util::sync::CancellationToken;
 
@@ -62,7 +61,6 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
     let lease_namespace = options.lease_namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
     let mut lease =
         LeaseLock::new(Api::<Lease>::namespaced(client.clone(), &lease_namespace), LEASE_NAME, &options.identity);
-    let reporter = Reporter { controller: "zklock".into(), instance: Some(options.identity.clone()) };
 
     while !shutdown.is_cancelled() {
         if options.leader_election {
@@ -91,7 +89,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
             zk_root: options.zk_root.clone(),
             namespaces: options.namespaces.clone(),
             metrics: metrics.clone(),
-            recorder: Recorder::new(client.clone(), reporter.clone()),
+            events: crate::controller::events::EventWriter::new(client.clone(), &options.identity),
             ready: health.ready.clone(),
         };
         let controller = crate::controller::run(setup, engine, events, stop.clone().cancelled_owned());

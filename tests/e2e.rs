@@ -326,8 +326,9 @@ async fn a_standby_replica_takes_over_without_changing_the_holder() {
     let held = env.wait_phase("a", Phase::Held).await;
     env.claim("b", "ha", json!({})).await;
     env.wait_phase("b", Phase::Waiting).await;
+    // A standby replica is ready (it serves as soon as it leads), and does not lead.
+    until("the standby to be ready", || async { second.ready().await }).await;
     assert_eq!(second.metric("zklock_leader").await, 0.0, "only one replica leads");
-    assert!(second.ready().await, "a standby replica is ready (it serves as soon as it leads)");
 
     first.kill9();
     let killed = Instant::now();

@@ -7,6 +7,7 @@
 
 pub mod anchor;
 mod background;
+pub mod events;
 pub mod plan;
 mod reconcile;
 pub mod registry;
@@ -17,7 +18,6 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::ObjectRef;
 
 use kube::runtime::{reflector, watcher, WatchStreamExt};
@@ -69,7 +69,7 @@ pub struct Context {
     pub namespaces: Vec<String>,
     pub registry: Registry,
     pub metrics: Arc<Metrics>,
-    pub recorder: Recorder,
+    pub events: events::EventWriter,
     /// False until the session is re-anchored: nothing new is enqueued before.
     admitting: AtomicBool,
     /// One trigger channel per controller: per watched namespace, or one for all (`None`).
@@ -114,7 +114,7 @@ pub struct Setup {
     pub zk_root: String,
     pub namespaces: Vec<String>,
     pub metrics: Arc<Metrics>,
-    pub recorder: Recorder,
+    pub events: events::EventWriter,
     /// Set once re-anchoring is done (the readiness probe).
     pub ready: Arc<AtomicBool>,
 }
@@ -127,7 +127,7 @@ pub async fn run(
     engine_events: mpsc::UnboundedReceiver<crate::zk::EngineEvent>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), Error> {
-    let Setup { client, zk_root, namespaces, metrics, recorder, ready } = setup;
+    let Setup { client, zk_root, namespaces, metrics, events, ready } = setup;
     // One controller per watched namespace (each with its own cache), or one for all.
     let scopes: Vec<Option<String>> =
         if namespaces.is_empty() { vec![None] } else { namespaces.iter().cloned().map(Some).collect() };
@@ -145,7 +145,7 @@ pub async fn run(
         namespaces,
         registry: Registry::default(),
         metrics,
-        recorder,
+        events,
         admitting: AtomicBool::new(false),
         triggers,
     });
@@ -158,17 +158,23 @@ pub async fn run(
         let (reader, writer) = reflector::store();
         let seen = ctx.clone();
         // The claim watch delivers new claims in creation order: note it before reconciling.
-        let claims = reflector(writer, watcher::watcher(api, watcher::Config::default())).applied_objects().inspect_ok(
-            move |claim: &LockClaim| {
-                if let Some(uid) = claim.metadata.uid.as_deref() {
-                    let phase = claim.status.as_ref().and_then(|s| s.phase);
-                    let pending = matches!(phase, None | Some(crate::api::Phase::Pending));
-                    let lock = claim.metadata.namespace.as_deref().map(|ns| seen.lock_path(ns, &claim.spec.lock_name));
-                    let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
-                    seen.registry.first_seen(uid, lock.as_deref(), created, pending);
-                }
-            },
-        );
+        // The cache keeps every claim: drop what the operator never reads (managed fields, the
+        // last-applied copy kubectl keeps) so that it costs little per claim.
+        let slim = watcher::watcher(api, watcher::Config::default()).modify(|claim: &mut LockClaim| {
+            claim.metadata.managed_fields = None;
+            if let Some(a) = claim.metadata.annotations.as_mut() {
+                a.remove("kubectl.kubernetes.io/last-applied-configuration");
+            }
+        });
+        let claims = reflector(writer, slim).applied_objects().inspect_ok(move |claim: &LockClaim| {
+            if let Some(uid) = claim.metadata.uid.as_deref() {
+                let phase = claim.status.as_ref().and_then(|s| s.phase);
+                let pending = matches!(phase, None | Some(crate::api::Phase::Pending));
+                let lock = claim.metadata.namespace.as_deref().map(|ns| seen.lock_path(ns, &claim.spec.lock_name));
+                let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
+                seen.registry.first_seen(uid, lock.as_deref(), created, pending);
+            }
+        });
         Controller::for_stream(claims, reader)
             .reconcile_on(stream_of(rx))
             .graceful_shutdown_on(shutdown.clone())

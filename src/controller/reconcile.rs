@@ -6,7 +6,6 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::runtime::finalizer::{finalizer, Event as Finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
@@ -182,14 +181,8 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, plan: 
     ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
     let reference = claim.object_ref(&());
     for event in &plan.events {
-        let event = KubeEvent {
-            type_: if event.warning { EventType::Warning } else { EventType::Normal },
-            reason: event.reason.into(),
-            note: Some(event.note.clone()),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        let published = ctx.metrics.api_call("publish_event", true, ctx.recorder.publish(&event, &reference)).await;
+        let publish = ctx.events.publish(&reference, event.warning, event.reason, &event.note);
+        let published = ctx.metrics.api_call("publish_event", true, publish).await;
         if let Err(e) = published {
             // Events are for people; the claim's status carries the truth.
             tracing::info!(claim = %name, error = %e, "could not publish an event");
