@@ -1,6 +1,6 @@
 //! Figures for kube-sandbox: startup time and watch event latency (write → event).
 //!
-//! `cargo run --release -p kube-sandbox --example watch_latency [-- WRITES]`
+//! `cargo run --release -p kube-sandbox --example watch_latency [-- WRITES [OBJECTS]]`
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -109,9 +109,53 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ms(pct(&lat, 1.0))
     );
     println!("sequential write+event rate: {:.0}/s", writes as f64 / total.as_secs_f64());
+
+    // Scale: many objects in one namespace, as the operator's 10,000-claim runs create.
+    let objects: usize = std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(10_000);
+    let before = rss_kib();
+    let t = Instant::now();
+    let mut tasks = futures::stream::iter(0..objects)
+        .map(|i| {
+            let cms = cms.clone();
+            async move {
+                let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": format!("obj-{i}"), "labels": {"bench": "scale"}},
+                    "data": {"payload": "x".repeat(200)}
+                }))?;
+                cms.create(&PostParams::default(), &cm).await?;
+                Ok::<_, Box<dyn std::error::Error>>(())
+            }
+        })
+        .buffer_unordered(16);
+    while let Some(r) = tasks.next().await {
+        r?;
+    }
+    let created = t.elapsed();
+    let t = Instant::now();
+    let listed = cms.list(&kube::api::ListParams::default().labels("bench=scale")).await?.items.len();
+    let list_time = t.elapsed();
+    let after = rss_kib();
+    println!(
+        "{objects} objects: created at {:.0}/s (16 in flight), labelled list of {listed} in {}, process RSS +{} MiB",
+        objects as f64 / created.as_secs_f64(),
+        ms(list_time),
+        after.saturating_sub(before) / 1024
+    );
     let _ = std::fs::remove_dir_all(&dir);
     sb.shutdown().await;
     Ok(())
+}
+
+/// Resident set size of this process (client and in-process sandbox together), in KiB.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches(" kB").trim().to_string()))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Waits until the sandbox answers /version over TCP (a bare HTTP/1.1 request, no client setup).

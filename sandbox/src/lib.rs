@@ -125,10 +125,14 @@ impl Sandbox {
         kubeconfig::render(&self.url, &self.token)
     }
 
-    /// Ends open watches and stops serving.
+    /// Ends open watches and stops serving. Connections that still hold unsent data after a
+    /// grace period (a client that stopped reading) are abandoned rather than waited for.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
-        let _ = self.server.await;
+        let mut server = self.server;
+        if tokio::time::timeout(Duration::from_secs(3), &mut server).await.is_err() {
+            server.abort();
+        }
     }
 }
 

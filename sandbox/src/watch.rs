@@ -154,6 +154,16 @@ pub fn start(
     Ok(out)
 }
 
+/// Queues one encoded event for the client. A client that stops reading must not keep the
+/// watch (and with it a graceful server shutdown) alive past its timeout or the shutdown.
+async fn deliver(tx: &mpsc::Sender<Bytes>, b: Bytes, shutdown: &mut watch::Receiver<bool>, deadline: Instant) -> bool {
+    tokio::select! {
+        r = tx.send(b) => r.is_ok(),
+        _ = shutdown.changed() => false,
+        _ = tokio::time::sleep_until(deadline) => false,
+    }
+}
+
 async fn run(
     w: Watcher,
     mut rx: broadcast::Receiver<Arc<StoredEvent>>,
@@ -163,8 +173,10 @@ async fn run(
     failed: bool,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let start = Instant::now();
+    let deadline = start + w.p.timeout;
     for b in initial {
-        if tx.send(b).await.is_err() {
+        if !deliver(&tx, b, &mut shutdown, deadline).await {
             return;
         }
     }
@@ -172,8 +184,6 @@ async fn run(
         return;
     }
     let gr = w.def.group_resource();
-    let start = Instant::now();
-    let deadline = start + w.p.timeout;
     // kube-apiserver sends a bookmark ~2s before a watch times out, and about every minute.
     let mut next_bookmark = start + w.p.bookmark_interval;
     let pre_timeout = deadline.checked_sub(Duration::from_secs(2)).filter(|t| *t > start);
@@ -194,7 +204,7 @@ async fn run(
                         continue;
                     }
                     if let Some(b) = w.translate(&ev) {
-                        if tx.send(b).await.is_err() {
+                        if !deliver(&tx, b, &mut shutdown, deadline).await {
                             return;
                         }
                     }
@@ -211,7 +221,7 @@ async fn run(
                             last_rv = ev.rv;
                             if ev.gr == gr {
                                 if let Some(b) = w.translate(&ev) {
-                                    if tx.send(b).await.is_err() { return; }
+                                    if !deliver(&tx, b, &mut shutdown, deadline).await { return; }
                                 }
                             }
                         }
@@ -219,7 +229,7 @@ async fn run(
                         Err(_) => return,
                     }
                 }
-                if tx.send(w.bookmark(last_rv, false)).await.is_err() {
+                if !deliver(&tx, w.bookmark(last_rv, false), &mut shutdown, deadline).await {
                     return;
                 }
                 let now = Instant::now();

@@ -104,3 +104,33 @@ async fn bad_flags_are_usage_errors() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("usage"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_does_not_wait_for_a_stalled_watch_client() {
+    use tokio::io::AsyncWriteExt;
+    let sb = kube_sandbox::Sandbox::start(kube_sandbox::Options::default()).await.expect("start");
+    let dir = TempDir::new();
+    let kc = dir.0.join("kubeconfig");
+    std::fs::write(&kc, sb.kubeconfig()).expect("kubeconfig");
+    let client = client_for(&kc).await;
+    // A watcher that never reads its response.
+    let mut stalled = tokio::net::TcpStream::connect(sb.addr()).await.expect("connect");
+    stalled
+        .write_all(b"GET /api/v1/namespaces/default/configmaps?watch=true HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("send watch");
+    // Enough events to fill the socket buffers and the watch's queue.
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    let payload = "x".repeat(4096);
+    for i in 0..1500 {
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("fill-{i}")}, "data": {"p": payload}
+        }))
+        .expect("configmap");
+        cms.create(&Default::default(), &cm).await.expect("create");
+    }
+    tokio::time::timeout(Duration::from_secs(15), sb.shutdown())
+        .await
+        .expect("shutdown finishes despite the stalled client");
+    drop(stalled);
+}
