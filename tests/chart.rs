@@ -60,7 +60,10 @@ fn values_schema_rejects_bad_values() {
         (&["replicaCount=-1"], &["/replicaCount", "minimum"]),
         (&["replicaCount=0"], &["/replicaCount", "minimum"]),
         (&["zookeeper.bundled.enabled=false"], &["/zookeeper/connectString", "minLength"]),
-        (&["zookeeper.bundled.enabled=false", "zookeeper.connectString=zk:2181/chroot"], &["/zookeeper/connectString", "pattern"]),
+        (
+            &["zookeeper.bundled.enabled=false", "zookeeper.connectString=zk:2181/chroot"],
+            &["/zookeeper/connectString", "pattern"],
+        ),
         (&["zookeeper.connectString=zk:2181"], &["/zookeeper/connectString", "maxLength"]),
         (&["logFormat=xml"], &["/logFormat", "json", "text"]),
         (&["zookeeper.bundled.replicas=2"], &["/zookeeper/bundled/replicas", "1, 3"]),
@@ -81,7 +84,10 @@ fn values_schema_rejects_bad_values() {
             Ok(_) => panic!("the schema accepted {sets:?}"),
             Err(e) => e,
         };
-        assert!(error.contains("values don't meet the specifications of the schema"), "{sets:?}: not a schema error: {error}");
+        assert!(
+            error.contains("values don't meet the specifications of the schema"),
+            "{sets:?}: not a schema error: {error}"
+        );
         for word in *expected {
             assert!(error.contains(word), "{sets:?}: the error does not mention {word:?}:\n{error}");
         }
@@ -176,16 +182,21 @@ fn check_documents(label: &str, docs: &[Value], values: &Value) {
         assert!(ns_ok, "{label}: {} {name}: namespace set exactly on namespaced kinds", kind(doc));
         let key = format!("{}/{}/{}", kind(doc), doc["metadata"]["namespace"].as_str().unwrap_or(""), name);
         assert!(seen.insert(key.clone()), "{label}: {key} rendered twice");
-        let wildcard = doc["rules"].as_array().into_iter().flatten().any(|r| {
-            ["apiGroups", "resources", "verbs"].iter().any(|k| strings(&r[k]).iter().any(|s| s == "*"))
-        });
+        let wildcard = doc["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| ["apiGroups", "resources", "verbs"].iter().any(|k| strings(&r[k]).iter().any(|s| s == "*")));
         assert!(!wildcard, "{label}: {key} has a wildcard rule");
     }
 
     // The operator.
     let deployment = find(docs, "Deployment")[0];
     let template = &deployment["spec"]["template"];
-    assert!(labels_match(&deployment["spec"]["selector"]["matchLabels"], &template["metadata"]["labels"]), "{label}: Deployment selector");
+    assert!(
+        labels_match(&deployment["spec"]["selector"]["matchLabels"], &template["metadata"]["labels"]),
+        "{label}: Deployment selector"
+    );
     assert_eq!(deployment["spec"]["replicas"], values["replicaCount"], "{label}: replicas");
     check_pod_spec(label, "operator", &template["spec"]);
     let spread = template["spec"]["topologySpreadConstraints"].as_array().expect("topology spread");
@@ -194,7 +205,10 @@ fn check_documents(label: &str, docs: &[Value], values: &Value) {
     let args = operator_args(docs);
     let env: Vec<&Value> = container["env"].as_array().unwrap().iter().collect();
     let pod_name = env.iter().find(|e| e["name"] == "POD_NAME").expect("POD_NAME");
-    assert_eq!(pod_name["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name", "{label}: identity from the downward API");
+    assert_eq!(
+        pod_name["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name",
+        "{label}: identity from the downward API"
+    );
     let port = values["metrics"]["port"].as_u64().unwrap();
     assert_eq!(args["--metrics-addr"], [format!("0.0.0.0:{port}")], "{label}");
     assert_eq!(container["ports"][0]["containerPort"].as_u64(), Some(port), "{label}");
@@ -213,12 +227,17 @@ fn check_documents(label: &str, docs: &[Value], values: &Value) {
         let services: Vec<&str> = find(docs, "Service").into_iter().map(name).collect();
         let host = connect.split(':').next().unwrap();
         let service = host.split('.').next().unwrap();
-        assert!(services.contains(&service) && host.ends_with(&format!(".{NS}.svc")), "{label}: {connect} is no bundled Service");
+        assert!(
+            services.contains(&service) && host.ends_with(&format!(".{NS}.svc")),
+            "{label}: {connect} is no bundled Service"
+        );
         assert!(connect.ends_with(&format!(":2181{chroot}")), "{label}: {connect}");
     } else {
         assert_eq!(connect, &format!("{}{chroot}", zk["connectString"].as_str().unwrap()), "{label}");
     }
-    for (flag, secret) in [("--zk-auth-file", &zk["auth"]["existingSecret"]), ("--zk-tls-ca", &zk["tls"]["existingSecret"])] {
+    for (flag, secret) in
+        [("--zk-auth-file", &zk["auth"]["existingSecret"]), ("--zk-tls-ca", &zk["tls"]["existingSecret"])]
+    {
         if let Some(file) = args.get(flag) {
             let volumes = template["spec"]["volumes"].as_array().expect("volumes");
             let mounts = container["volumeMounts"].as_array().expect("mounts");
@@ -240,11 +259,20 @@ fn check_documents(label: &str, docs: &[Value], values: &Value) {
             "PodDisruptionBudget" => &doc["spec"]["selector"]["matchLabels"],
             _ => &doc["spec"]["podSelector"]["matchLabels"],
         };
-        assert!(pod_labels.iter().any(|l| labels_match(selector, l)), "{label}: {} {} selects no pod", kind(doc), name(doc));
+        assert!(
+            pod_labels.iter().any(|l| labels_match(selector, l)),
+            "{label}: {} {} selects no pod",
+            kind(doc),
+            name(doc)
+        );
     }
     if let Some(monitor) = find(docs, "ServiceMonitor").first() {
-        let service = find(docs, "Service").into_iter().find(|s| name(s).ends_with("-metrics")).expect("metrics Service");
-        assert!(labels_match(&monitor["spec"]["selector"]["matchLabels"], &service["metadata"]["labels"]), "{label}: ServiceMonitor");
+        let service =
+            find(docs, "Service").into_iter().find(|s| name(s).ends_with("-metrics")).expect("metrics Service");
+        assert!(
+            labels_match(&monitor["spec"]["selector"]["matchLabels"], &service["metadata"]["labels"]),
+            "{label}: ServiceMonitor"
+        );
         assert_eq!(monitor["spec"]["endpoints"][0]["port"], service["spec"]["ports"][0]["name"], "{label}");
     }
 
@@ -255,14 +283,19 @@ fn check_documents(label: &str, docs: &[Value], values: &Value) {
         let replicas = zk["bundled"]["replicas"].as_u64().unwrap();
         assert_eq!(sts["spec"]["replicas"].as_u64(), Some(replicas));
         check_pod_spec(label, "zookeeper", &sts["spec"]["template"]["spec"]);
-        let headless = find(docs, "Service").into_iter().find(|s| name(s) == sts["spec"]["serviceName"]).expect("headless");
+        let headless =
+            find(docs, "Service").into_iter().find(|s| name(s) == sts["spec"]["serviceName"]).expect("headless");
         assert_eq!(headless["spec"]["clusterIP"], "None");
         assert_eq!(headless["spec"]["publishNotReadyAddresses"], true);
         let config = find(docs, "ConfigMap")[0]["data"]["zoo.cfg"].as_str().unwrap();
         let servers = config.lines().filter(|l| l.starts_with("server.")).count() as u64;
         assert_eq!(servers, if replicas == 1 { 0 } else { replicas }, "{label}: zoo.cfg servers\n{config}");
         let claims = sts["spec"]["volumeClaimTemplates"].as_array().map_or(0, Vec::len);
-        assert_eq!(claims, usize::from(zk["bundled"]["persistence"]["enabled"] == true), "{label}: PVCs iff persistence");
+        assert_eq!(
+            claims,
+            usize::from(zk["bundled"]["persistence"]["enabled"] == true),
+            "{label}: PVCs iff persistence"
+        );
         assert_eq!(find(docs, "PodDisruptionBudget").iter().filter(|p| name(p).ends_with("-zookeeper")).count(), 1);
     }
     assert_eq!(
@@ -309,12 +342,36 @@ fn effective_values(values: Option<&std::path::Path>) -> Value {
     merged
 }
 
+/// The pod a Deployment or StatefulSet would make, for a server-side check of the pod spec
+/// (the API under test serves pods, not the workload kinds). A StatefulSet's claim templates
+/// become persistentVolumeClaim volumes, as the controller would mount them.
+fn pod_of_template(doc: &Value) -> Option<Value> {
+    if !matches!(kind(doc), "Deployment" | "StatefulSet") {
+        return None;
+    }
+    let template = &doc["spec"]["template"];
+    let mut spec = template["spec"].clone();
+    for claim in doc["spec"]["volumeClaimTemplates"].as_array().into_iter().flatten() {
+        let name = claim["metadata"]["name"].clone();
+        let volume = serde_json::json!({ "name": name, "persistentVolumeClaim": { "claimName": format!("{}-{}-0", name.as_str().unwrap(), self::name(doc)) } });
+        spec["volumes"].as_array_mut().unwrap().push(volume);
+    }
+    Some(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": format!("{}-0", name(doc)), "namespace": doc["metadata"]["namespace"], "labels": template["metadata"]["labels"] },
+        "spec": spec,
+    }))
+}
+
 #[test]
 fn rendered_manifests_are_valid() {
     // Namespaces the manifests go to, so that server-side dry-run can check namespaced objects.
     let mut served = BTreeSet::new();
     let mut checked_by_yaml = BTreeSet::new();
-    let (ok, out) = kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(&std::fs::read_to_string(chart().join("crds/lockclaims.zklock.io.yaml")).unwrap()));
+    let (ok, out) = kubectl(
+        &["apply", "--dry-run=server", "-f", "-"],
+        Some(&std::fs::read_to_string(chart().join("crds/lockclaims.zklock.io.yaml")).unwrap()),
+    );
     assert!(ok, "the chart's CRD, server-side dry-run: {out}");
     for ns in [NS, "team-a", "team-b"] {
         let (ok, out) = kubectl(&["create", "namespace", ns], None);
@@ -328,7 +385,7 @@ fn rendered_manifests_are_valid() {
         listing.push_str(&format!("{label}:\n"));
         for doc in &docs {
             let yaml = serde_yaml::to_string(doc).unwrap();
-            let (ok, out) = kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(&yaml));
+            let (ok, out) = kubectl(&["apply", "--dry-run=server", "--validate=strict", "-f", "-"], Some(&yaml));
             let what = format!("{} {}", kind(doc), name(doc));
             let how = if ok {
                 served.insert(kind(doc).to_string());
@@ -340,6 +397,12 @@ fn rendered_manifests_are_valid() {
                 panic!("{label}: {what} rejected by the API server (dry-run):\n{out}\n{yaml}");
             };
             listing.push_str(&format!("  {what:<55} {how}\n"));
+            if let Some(pod) = pod_of_template(doc) {
+                let yaml = serde_yaml::to_string(&pod).unwrap();
+                let (ok, out) = kubectl(&["apply", "--dry-run=server", "--validate=strict", "-f", "-"], Some(&yaml));
+                assert!(ok, "{label}: the pod template of {what} rejected by the API server (dry-run):\n{out}\n{yaml}");
+                listing.push_str(&format!("  {:<55} server dry-run (as a Pod)\n", format!("{what} pod template")));
+            }
         }
     }
     eprintln!("{listing}server-side dry-run: {served:?}\nYAML-level checks only (not served by the API under test): {checked_by_yaml:?}");
@@ -348,16 +411,13 @@ fn rendered_manifests_are_valid() {
 
 #[test]
 fn notes_show_how_to_take_a_first_lock() {
-    let out = helm()
-        .args(["install", "zklock"])
-        .arg(chart())
-        .args(["--namespace", NS, "--dry-run=client"])
-        .output()
-        .unwrap();
+    let out =
+        helm().args(["install", "zklock"]).arg(chart()).args(["--namespace", NS, "--dry-run=client"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     let notes = text.split("NOTES:").nth(1).expect("NOTES");
-    for needle in ["kind: LockClaim", "kubectl wait --for=condition=Held lockclaim/my-first-claim", "zklock.io/release"] {
+    for needle in ["kind: LockClaim", "kubectl wait --for=condition=Held lockclaim/my-first-claim", "zklock.io/release"]
+    {
         assert!(notes.contains(needle), "NOTES lacks {needle:?}:\n{notes}");
     }
 }
