@@ -167,7 +167,7 @@ fn labels_match(selector: &Value, labels: &Value) -> bool {
 }
 
 /// YAML-level checks of what the sandbox does not serve (apps, policy, rbac, networking, ...).
-fn check_documents(label: &str, docs: &[Value], values: &Value) {
+fn check_documents(label: &str, docs: &[Value], values: &Value, ns: &str) {
     let cluster_scoped = ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Namespace"];
     let mut seen = BTreeSet::new();
     for doc in docs {
@@ -213,7 +213,7 @@ fn check_documents(label: &str, docs: &[Value], values: &Value) {
     assert_eq!(args["--metrics-addr"], [format!("0.0.0.0:{port}")], "{label}");
     assert_eq!(container["ports"][0]["containerPort"].as_u64(), Some(port), "{label}");
     if values["leaderElection"]["enabled"] == true {
-        assert_eq!(args["--lease-namespace"], [NS], "{label}: the Lease lives in the release namespace");
+        assert_eq!(args["--lease-namespace"], [ns], "{label}: the Lease lives in the release namespace");
     } else {
         assert!(args.contains_key("--no-leader-election") && values["replicaCount"] == 1, "{label}");
     }
@@ -228,7 +228,7 @@ fn check_documents(label: &str, docs: &[Value], values: &Value) {
         let host = connect.split(':').next().unwrap();
         let service = host.split('.').next().unwrap();
         assert!(
-            services.contains(&service) && host.ends_with(&format!(".{NS}.svc")),
+            services.contains(&service) && host.ends_with(&format!(".{ns}.svc")),
             "{label}: {connect} is no bundled Service"
         );
         assert!(connect.ends_with(&format!(":2181{chroot}")), "{label}: {connect}");
@@ -373,15 +373,16 @@ fn rendered_manifests_are_valid() {
         Some(&std::fs::read_to_string(chart().join("crds/lockclaims.zklock.io.yaml")).unwrap()),
     );
     assert!(ok, "the chart's CRD, server-side dry-run: {out}");
-    for ns in [NS, "team-a", "team-b"] {
-        let (ok, out) = kubectl(&["create", "namespace", ns], None);
-        assert!(ok || out.contains("AlreadyExists"), "create namespace {ns}: {out}");
-    }
+    // A release namespace of its own (the API under test may be a real cluster).
+    let ns = format!("zklock-chart-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    let (ok, out) = kubectl(&["create", "namespace", &ns], None);
+    assert!(ok, "create namespace {ns}: {out}");
     let mut listing = String::new();
     for (label, values) in value_sets() {
-        let rendered = render(NS, values.as_deref(), &[]).unwrap_or_else(|e| panic!("helm template with {label}: {e}"));
+        let rendered =
+            render(&ns, values.as_deref(), &[]).unwrap_or_else(|e| panic!("helm template with {label}: {e}"));
         let docs = documents(&rendered);
-        check_documents(&label, &docs, &effective_values(values.as_deref()));
+        check_documents(&label, &docs, &effective_values(values.as_deref()), &ns);
         listing.push_str(&format!("{label}:\n"));
         for doc in &docs {
             let yaml = serde_yaml::to_string(doc).unwrap();
@@ -420,4 +421,48 @@ fn notes_show_how_to_take_a_first_lock() {
     {
         assert!(notes.contains(needle), "NOTES lacks {needle:?}:\n{notes}");
     }
+}
+
+#[test]
+fn example_manifests_fit_the_chart() {
+    // The chart's CRD installed (as `helm install` does from crds/), the examples' claims pass
+    // server-side validation in a namespace the default install serves.
+    let crd = chart().join("crds/lockclaims.zklock.io.yaml");
+    let (ok, out) = kubectl(&["apply", "-f", crd.to_str().unwrap()], None);
+    assert!(ok, "{out}");
+    let (ok, out) =
+        kubectl(&["wait", "--for=condition=Established", "crd/lockclaims.zklock.io", "--timeout=60s"], None);
+    assert!(ok, "{out}");
+    let ns = format!("zklock-examples-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    let (ok, out) = kubectl(&["create", "namespace", &ns], None);
+    assert!(ok, "{out}");
+    let examples = root().join("examples/manifests");
+    for file in ["claim.yaml", "shared-locks.yaml"] {
+        let path = examples.join(file);
+        let (ok, out) =
+            kubectl(&["apply", "--dry-run=server", "--validate=strict", "-n", &ns, "-f", path.to_str().unwrap()], None);
+        assert!(ok, "{file}: {out}");
+    }
+    // The gated Job's ServiceAccount may do what its init container's kubectl apply + wait do.
+    let job = std::fs::read_to_string(examples.join("job-gated.yaml")).unwrap();
+    let docs = documents(&job);
+    let role = find(&docs, "Role")[0];
+    let verbs = strings(&role["rules"][0]["verbs"]);
+    for verb in ["get", "list", "watch", "create"] {
+        assert!(verbs.iter().any(|v| v == verb), "job-gated.yaml: the Role lacks {verb}");
+    }
+    let script = docs.iter().find(|d| kind(d) == "Job").unwrap()["spec"]["template"]["spec"]["initContainers"][0]
+        ["command"][2]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let claim_yaml: String = script
+        .lines()
+        .skip_while(|l| !l.contains("apiVersion:"))
+        .take_while(|l| !l.trim().starts_with("CLAIM"))
+        .map(|l| format!("{}\n", l.replace("$POD_NAME", "migrate-abcde")))
+        .collect();
+    let (ok, out) =
+        kubectl(&["apply", "--dry-run=server", "--validate=strict", "-n", &ns, "-f", "-"], Some(&claim_yaml));
+    assert!(ok, "the claim job-gated.yaml's init container makes: {out}\n{claim_yaml}");
 }
