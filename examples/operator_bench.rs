@@ -152,7 +152,7 @@ impl Bench {
             metrics: format!("127.0.0.1:{port}"),
         };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !bench.get("/readyz").await.is_some_and(|b| b.trim() == "ready") {
+        while bench.get("/readyz").await.is_none_or(|b| b.trim() != "ready") {
             if Instant::now() > deadline {
                 return Err("the operator did not become ready".into());
             }

@@ -11,6 +11,9 @@ use kube::runtime::reflector::ObjectRef;
 
 use crate::api::{LockClaim, Phase};
 
+/// One lock's admission gate: (creation second, first seen) → (claim UID, since when).
+type Gate = BTreeMap<(i64, u64), (String, Instant)>;
+
 /// How long a claim that asked to be enqueued holds back the claims created after it.
 pub const GATE_PATIENCE: Duration = Duration::from_secs(5);
 
@@ -35,7 +38,7 @@ struct Inner {
     /// Lock path → claims ready to be enqueued, by (creation second, first seen): the gate that
     /// makes claims created in quick succession enter the queue in creation order even though
     /// they are reconciled concurrently.
-    gate: HashMap<String, BTreeMap<(i64, u64), (String, Instant)>>,
+    gate: HashMap<String, Gate>,
 }
 
 struct Claim {
