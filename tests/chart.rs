@@ -91,7 +91,7 @@ fn values_schema_rejects_bad_values() {
         for word in *expected {
             assert!(error.contains(word), "{sets:?}: the error does not mention {word:?}:\n{error}");
         }
-        let first = error.lines().filter(|l| l.trim_start().starts_with("- at")).next_back().unwrap_or("").trim();
+        let first = error.lines().rfind(|l| l.trim_start().starts_with("- at")).unwrap_or("").trim();
         table.push_str(&format!("{:<70} {first}\n", sets.join(" ")));
     }
     eprintln!("schema rejections:\n{table}");
@@ -103,7 +103,7 @@ fn run_flags() -> BTreeSet<String> {
     let help = String::from_utf8(out.stdout).unwrap();
     help.lines()
         .filter_map(|l| l.trim_start().strip_prefix("--"))
-        .map(|l| format!("--{}", l.split(|c: char| c == ' ' || c == '=' || c == '<').next().unwrap()))
+        .map(|l| format!("--{}", l.split([' ', '=', '<']).next().unwrap()))
         .filter(|f| f != "--help" && f != "--version")
         .collect()
 }
