@@ -147,13 +147,17 @@ fn check_pod_spec(label: &str, what: &str, spec: &Value) {
     let pod = &spec["securityContext"];
     assert_eq!(pod["runAsNonRoot"], true, "{label} {what}: runAsNonRoot");
     assert_eq!(pod["seccompProfile"]["type"], "RuntimeDefault", "{label} {what}: seccomp");
-    for c in spec["containers"].as_array().unwrap() {
+    let init = spec["initContainers"].as_array().cloned().unwrap_or_default();
+    for c in spec["containers"].as_array().unwrap().iter().chain(&init) {
         let sc = &c["securityContext"];
         assert_eq!(sc["readOnlyRootFilesystem"], true, "{label} {what}: read-only root filesystem");
         assert_eq!(sc["allowPrivilegeEscalation"], false, "{label} {what}: no privilege escalation");
         assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]), "{label} {what}: drop ALL capabilities");
         assert!(c["resources"]["requests"].is_object(), "{label} {what}: resource requests");
         assert!(c["resources"]["limits"]["memory"].is_string(), "{label} {what}: a memory limit");
+        if init.contains(c) {
+            continue;
+        }
         for probe in ["readinessProbe", "livenessProbe"] {
             let port = &c[probe]["httpGet"]["port"];
             let ports: Vec<&Value> = c["ports"].as_array().unwrap().iter().map(|p| &p["name"]).collect();
