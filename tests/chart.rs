@@ -170,6 +170,59 @@ fn labels_match(selector: &Value, labels: &Value) -> bool {
     selector.as_object().is_some_and(|s| !s.is_empty() && s.iter().all(|(k, v)| &labels[k] == v))
 }
 
+/// Paths of `original` that do not survive `typed` (unknown fields, or values of another type).
+fn lost_fields(original: &Value, typed: &Value, path: &str, lost: &mut Vec<String>) {
+    match (original, typed) {
+        (Value::Object(o), Value::Object(t)) => {
+            for (k, v) in o {
+                match t.get(k) {
+                    Some(tv) => lost_fields(v, tv, &format!("{path}.{k}"), lost),
+                    None => lost.push(format!("{path}.{k}")),
+                }
+            }
+        }
+        (Value::Array(o), Value::Array(t)) if o.len() == t.len() => {
+            for (i, (v, tv)) in o.iter().zip(t).enumerate() {
+                lost_fields(v, tv, &format!("{path}[{i}]"), lost);
+            }
+        }
+        (Value::Number(o), Value::Number(t)) if o.as_f64() == t.as_f64() => {}
+        (o, t) if o == t => {}
+        (o, t) => lost.push(format!("{path}: {o} became {t}")),
+    }
+}
+
+/// Strict schema check of a built-in kind: it must deserialize into the k8s-openapi type, and
+/// every field must survive the round trip (k8s-openapi drops unknown fields). Returns false for
+/// kinds without a type here.
+fn typed_round_trip(doc: &Value) -> Result<bool, String> {
+    use k8s_openapi::api::{apps, core, networking, policy, rbac};
+    fn trip<T: serde::de::DeserializeOwned + serde::Serialize>(doc: &Value) -> Result<bool, String> {
+        let typed: T = serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?;
+        let mut lost = vec![];
+        lost_fields(doc, &serde_json::to_value(&typed).unwrap(), "", &mut lost);
+        if lost.is_empty() {
+            Ok(true)
+        } else {
+            Err(format!("unknown or mistyped fields: {lost:?}"))
+        }
+    }
+    match kind(doc) {
+        "Deployment" => trip::<apps::v1::Deployment>(doc),
+        "StatefulSet" => trip::<apps::v1::StatefulSet>(doc),
+        "Service" => trip::<core::v1::Service>(doc),
+        "ServiceAccount" => trip::<core::v1::ServiceAccount>(doc),
+        "ConfigMap" => trip::<core::v1::ConfigMap>(doc),
+        "PodDisruptionBudget" => trip::<policy::v1::PodDisruptionBudget>(doc),
+        "NetworkPolicy" => trip::<networking::v1::NetworkPolicy>(doc),
+        "Role" => trip::<rbac::v1::Role>(doc),
+        "RoleBinding" => trip::<rbac::v1::RoleBinding>(doc),
+        "ClusterRole" => trip::<rbac::v1::ClusterRole>(doc),
+        "ClusterRoleBinding" => trip::<rbac::v1::ClusterRoleBinding>(doc),
+        _ => Ok(false),
+    }
+}
+
 /// YAML-level checks of what the sandbox does not serve (apps, policy, rbac, networking, ...).
 fn check_documents(label: &str, docs: &[Value], values: &Value, ns: &str) {
     let cluster_scoped = ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Namespace"];
@@ -185,6 +238,8 @@ fn check_documents(label: &str, docs: &[Value], values: &Value, ns: &str) {
         };
         assert!(ns_ok, "{label}: {} {name}: namespace set exactly on namespaced kinds", kind(doc));
         let key = format!("{}/{}/{}", kind(doc), doc["metadata"]["namespace"].as_str().unwrap_or(""), name);
+        let typed = typed_round_trip(doc).unwrap_or_else(|e| panic!("{label}: {key}: {e}"));
+        assert!(typed || kind(doc) == "ServiceMonitor", "{label}: {key}: no schema check for this kind");
         assert!(seen.insert(key.clone()), "{label}: {key} rendered twice");
         let wildcard = doc["rules"]
             .as_array()
@@ -469,4 +524,17 @@ fn example_manifests_fit_the_chart() {
     let (ok, out) =
         kubectl(&["apply", "--dry-run=server", "--validate=strict", "-n", &ns, "-f", "-"], Some(&claim_yaml));
     assert!(ok, "the claim job-gated.yaml's init container makes: {out}\n{claim_yaml}");
+}
+
+#[test]
+fn the_schema_check_catches_unknown_and_mistyped_fields() {
+    let docs = documents(&render(NS, None, &[]).unwrap());
+    let deployment = find(&docs, "Deployment")[0].clone();
+    assert_eq!(typed_round_trip(&deployment), Ok(true));
+    let mut typo = deployment.clone();
+    typo["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = serde_json::json!({});
+    assert!(typed_round_trip(&typo).unwrap_err().contains("readinesProbe"));
+    let mut mistyped = deployment;
+    mistyped["spec"]["replicas"] = serde_json::json!("two");
+    assert!(typed_round_trip(&mistyped).is_err());
 }
