@@ -132,6 +132,22 @@ fn every_operator_flag_is_reachable_from_values() {
         let docs = documents(&render(NS, values.as_deref(), &[]).unwrap());
         let container = operator_container(&docs);
         assert_eq!(strings(&container["args"]).first().map(String::as_str), Some("run"), "{label}");
+        // The binary accepts the args as rendered: it gets past parsing (clap exits with 2 on a
+        // usage error) and stops at the first thing missing here (a mounted file, or the API).
+        let args = strings(&container["args"]);
+        let out = Command::new(env!("CARGO_BIN_EXE_zklock"))
+            .args(&args)
+            .env("KUBECONFIG", std::env::temp_dir().join("zklock-chart-no-kubeconfig"))
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(1)
+                && (stderr.contains("no Kubernetes API") || stderr.contains("cannot read --zk-")),
+            "{label}: zklock {args:?}: {:?}\n{stderr}",
+            out.status
+        );
         for flag in operator_args(&docs).keys() {
             assert!(known.contains(flag), "{label}: the chart passes {flag}, which `zklock run` does not know");
             used.insert(flag.clone());
