@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# The zklock operator image: one static (musl) release binary on distroless/static, running as
-# the non-root user 65532 (the chart also enforces runAsNonRoot and a read-only root filesystem).
+# The zklock operator image: one static (musl) release binary (~25 MB) on distroless/static,
+# running as the non-root user 65532 (the chart also enforces runAsNonRoot and a read-only root
+# filesystem).
 #   docker build -t ghcr.io/zklock/zklock:$(cargo metadata --no-deps --format-version 1 | jq -r '.packages[0].version') .
 # Multi-platform builds (buildx --platform linux/amd64,linux/arm64) build natively per platform.
 
