@@ -3,6 +3,8 @@
 # running as the non-root user 65532 (the chart also enforces runAsNonRoot and a read-only root
 # filesystem).
 #   docker build -t ghcr.io/zklock/zklock:$(cargo metadata --no-deps --format-version 1 | jq -r '.packages[0].version') .
+# musl's allocator: `operator_bench --quick` measured the same handoff latency and throughput as
+# the glibc build, with less memory (2 runs each on the development machine).
 # Multi-platform builds (buildx --platform linux/amd64,linux/arm64) build natively per platform.
 
 FROM rust:1-bookworm AS build
