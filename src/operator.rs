@@ -42,7 +42,7 @@ pub enum RunError {
 }
 
 pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), RunError> {
-    let client = kube::Client::try_default().await.map_err(|e| RunError::Kube(e.to_string()))?;
+    let client = crate::audit::client().await.map_err(RunError::Kube)?;
     // Fail at once, with a message that says what to fix, if ZooKeeper cannot be reached.
     ensure_chroot(&options.zk).await?;
     drop(options.zk.connect().await?);

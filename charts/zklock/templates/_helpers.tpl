@@ -1,0 +1,69 @@
+{{/* Name of the chart, overridable. */}}
+{{- define "zklock.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name: release-chart, unless the release name already contains the chart name. */}}
+{{- define "zklock.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "zklock.zookeeperName" -}}
+{{- printf "%s-zookeeper" (include "zklock.fullname" .) | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "zklock.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: zklock
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end -}}
+
+{{- define "zklock.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "zklock.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "zklock.zookeeperSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "zklock.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: zookeeper
+{{- end -}}
+
+{{- define "zklock.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "zklock.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "zklock.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The connect string the operator uses: the existing ensemble, or the bundled one's Service. */}}
+{{- define "zklock.zkConnect" -}}
+{{- $servers := .Values.zookeeper.connectString -}}
+{{- if .Values.zookeeper.bundled.enabled -}}
+{{- $servers = printf "%s.%s.svc:2181" (include "zklock.zookeeperName" .) .Release.Namespace -}}
+{{- end -}}
+{{- printf "%s%s" $servers .Values.zookeeper.chroot -}}
+{{- end -}}
+
+{{/* The Lease lives in the release namespace; its name is fixed in the operator. */}}
+{{- define "zklock.leaseName" -}}zklock-leader{{- end -}}

@@ -1,0 +1,353 @@
+//! The chart's RBAC grants exactly what the operator's API requests need.
+//!
+//! The real binary runs with the args and env of the chart's rendered Deployment (only the
+//! ZooKeeper address and the metrics port swapped for the test's), with `ZKLOCK_API_AUDIT` set,
+//! against kube-sandbox and a real ZooKeeper, through a scenario that takes every API path:
+//! leader election, claims with a holder pod, a waiter, revocation (pod annotation), a holder
+//! pod's death, events, finalizers, status, deletion, shutdown. Each logged request becomes
+//! (namespace, apiGroup, resource[/subresource], name, verb); every one must be allowed by the
+//! Roles/ClusterRoles the chart binds to the operator's ServiceAccount, and every permission the
+//! chart grants must have been used. Run for the default values (ClusterRole) and for
+//! `watchNamespaces` (Roles per namespace).
+
+mod chart_support;
+mod e2e_support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use chart_support::*;
+use e2e_support::{http_get, Env};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, PostParams};
+use kube::Api;
+use serde_json::{json, Value};
+use zklock::api::Phase;
+
+/// One API request as RBAC sees it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Request {
+    verb: String,
+    group: String,
+    resource: String,
+    namespace: Option<String>,
+    name: Option<String>,
+}
+
+/// Maps a logged `METHOD PATH[?QUERY]` line to the request's RBAC attributes.
+fn parse_request(line: &str) -> Request {
+    let (method, target) = line.split_once(' ').unwrap_or_else(|| panic!("bad audit line {line:?}"));
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, rest) = match segments.as_slice() {
+        ["api", _version, rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => panic!("{line:?}: not a resource request (the chart grants no non-resource URLs)"),
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
+        _ => (None, rest),
+    };
+    let (resource, name) = match rest {
+        [resource] => (resource.to_string(), None),
+        [resource, name] => (resource.to_string(), Some(name.to_string())),
+        [resource, name, sub] => (format!("{resource}/{sub}"), Some(name.to_string())),
+        _ => panic!("{line:?}: unexpected path"),
+    };
+    let watch = query.split('&').any(|kv| kv == "watch=true" || kv == "watch=1");
+    let verb = match (method, name.is_some()) {
+        ("GET", _) if watch => "watch",
+        ("GET", false) => "list",
+        ("GET", true) => "get",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => panic!("{line:?}: unexpected method"),
+    };
+    Request { verb: verb.into(), group: group.into(), resource, namespace, name }
+}
+
+/// The RBAC the chart binds to its operator's ServiceAccount.
+struct Grants {
+    /// (namespace of the binding or None for a ClusterRoleBinding, the role's rules)
+    bound: Vec<(Option<String>, String, Vec<Value>)>,
+}
+
+impl Grants {
+    fn from_rendered(docs: &[Value]) -> Grants {
+        let deployment = find(docs, "Deployment")[0];
+        let sa = deployment["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap().to_string();
+        let sa_ns = deployment["metadata"]["namespace"].as_str().unwrap().to_string();
+        let role = |kind_: &str, name_: &str, ns: Option<&str>| -> Vec<Value> {
+            let role = docs
+                .iter()
+                .find(|d| kind(d) == kind_ && name(d) == name_ && d["metadata"]["namespace"].as_str() == ns)
+                .unwrap_or_else(|| panic!("the chart binds {kind_} {name_} but does not render it"));
+            role["rules"].as_array().cloned().unwrap_or_default()
+        };
+        let mut bound = vec![];
+        for binding in docs.iter().filter(|d| matches!(kind(d), "RoleBinding" | "ClusterRoleBinding")) {
+            let ours =
+                binding["subjects"].as_array().into_iter().flatten().any(|s| {
+                    s["kind"] == "ServiceAccount" && s["name"] == sa.as_str() && s["namespace"] == sa_ns.as_str()
+                });
+            if !ours {
+                continue;
+            }
+            let ns = binding["metadata"]["namespace"].as_str();
+            let role_kind = binding["roleRef"]["kind"].as_str().unwrap();
+            let role_name = binding["roleRef"]["name"].as_str().unwrap();
+            let rules = role(role_kind, role_name, if role_kind == "Role" { ns } else { None });
+            bound.push((ns.map(String::from), format!("{} {role_kind}/{role_name}", kind(binding)), rules));
+        }
+        Grants { bound }
+    }
+
+    /// Which binding allows the request, if any (kube-apiserver's RBAC rule matching).
+    fn allows(&self, r: &Request) -> Option<String> {
+        self.bound.iter().find_map(|(binding_ns, what, rules)| {
+            let in_scope = match binding_ns {
+                None => true,
+                Some(ns) => r.namespace.as_deref() == Some(ns),
+            };
+            let ok = in_scope
+                && rules.iter().any(|rule| {
+                    let has = |key: &str, v: &str| strings(&rule[key]).iter().any(|x| x == v || x == "*");
+                    let names = strings(&rule["resourceNames"]);
+                    has("apiGroups", &r.group)
+                        && has("resources", &r.resource)
+                        && has("verbs", &r.verb)
+                        && (names.is_empty() || r.name.as_ref().is_some_and(|n| names.contains(n)))
+                });
+            ok.then(|| what.clone())
+        })
+    }
+
+    /// Every (group, resource, verb, resourceNames) the bound rules grant.
+    fn granted(&self) -> BTreeSet<(String, String, String, Vec<String>)> {
+        let mut all = BTreeSet::new();
+        for (_, _, rules) in &self.bound {
+            for rule in rules {
+                for g in strings(&rule["apiGroups"]) {
+                    for res in strings(&rule["resources"]) {
+                        for verb in strings(&rule["verbs"]) {
+                            all.insert((g.clone(), res.clone(), verb, strings(&rule["resourceNames"])));
+                        }
+                    }
+                }
+            }
+        }
+        all
+    }
+}
+
+/// Checks requests against the grants; returns the derived table, or what is missing/unused.
+fn check(requests: &[Request], grants: &Grants) -> Result<String, String> {
+    let mut counts: BTreeMap<(String, String, String, String), (usize, String)> = BTreeMap::new();
+    let mut denied = BTreeSet::new();
+    for r in requests {
+        let scope = if r.namespace.is_some() { "namespace" } else { "all namespaces" };
+        match grants.allows(r) {
+            Some(by) => {
+                let key = (r.group.clone(), r.resource.clone(), r.verb.clone(), scope.to_string());
+                counts.entry(key).or_insert((0, by)).0 += 1;
+            }
+            None => {
+                denied
+                    .insert(format!("{} {}/{} in {:?} (name {:?})", r.verb, r.group, r.resource, r.namespace, r.name));
+            }
+        }
+    }
+    let mut table =
+        format!("{:<20} {:<18} {:<7} {:<15} {:>6}  granted by\n", "apiGroup", "resource", "verb", "scope", "calls");
+    for ((group, resource, verb, scope), (n, by)) in &counts {
+        let group = if group.is_empty() { "\"\"" } else { group };
+        table.push_str(&format!("{group:<20} {resource:<18} {verb:<7} {scope:<15} {n:>6}  {by}\n"));
+    }
+    let unused: Vec<_> = grants
+        .granted()
+        .into_iter()
+        .filter(|(g, res, verb, names)| {
+            !requests.iter().any(|r| {
+                &r.group == g
+                    && &r.resource == res
+                    && &r.verb == verb
+                    && (names.is_empty() || r.name.as_ref().is_some_and(|n| names.contains(n)))
+            })
+        })
+        .collect();
+    if denied.is_empty() && unused.is_empty() {
+        Ok(table)
+    } else {
+        Err(format!(
+            "operator requests the chart does not grant: {denied:#?}\npermissions the chart grants but the operator never used: {unused:#?}\nderived so far:\n{table}"
+        ))
+    }
+}
+
+/// The operator as the chart runs it: the rendered Deployment's args and env.
+fn start_operator(docs: &[Value], env: &Env, audit: &std::path::Path, log: &std::path::Path) -> (Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let container = &find(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<String> = strings(&container["args"])
+        .into_iter()
+        .map(|a| {
+            if a.starts_with("--zk-connect=") {
+                format!("--zk-connect={}", env.zk)
+            } else if a.starts_with("--metrics-addr=") {
+                format!("--metrics-addr=127.0.0.1:{port}")
+            } else {
+                a
+            }
+        })
+        .collect();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zklock"));
+    cmd.args(&args);
+    for var in container["env"].as_array().unwrap() {
+        let name = var["name"].as_str().unwrap();
+        match (&var["value"], &var["valueFrom"]["fieldRef"]["fieldPath"]) {
+            (Value::String(v), _) => cmd.env(name, v),
+            (_, Value::String(p)) if p == "metadata.name" => cmd.env(name, "zklock-7d9f8-abcde"),
+            other => panic!("env {name}: {other:?} has no local equivalent"),
+        };
+    }
+    let log_file = std::fs::File::create(log).unwrap();
+    let child = cmd
+        .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())
+        .env(zklock::audit::ENV, audit)
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone().unwrap())
+        .stderr(log_file)
+        .spawn()
+        .expect("start zklock");
+    eprintln!("operator: zklock {}", args.join(" "));
+    (child, format!("127.0.0.1:{port}"))
+}
+
+async fn create_namespace(env: &Env, name: &str) {
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    let ns: Namespace = serde_json::from_value(json!({ "metadata": { "name": name } })).unwrap();
+    match namespaces.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("create namespace {name}: {e}"),
+    }
+}
+
+/// Every API path of the operator, once at least.
+async fn scenario(env: &Env) {
+    env.pod("holder-a").await;
+    env.claim("a", "maint", json!({ "holder": { "podName": "holder-a" }, "revocationGracePeriodSeconds": 1 })).await;
+    env.wait_phase("a", Phase::Held).await;
+    env.claim("b", "maint", json!({})).await;
+    env.wait_phase("b", Phase::Waiting).await;
+    // Revocation of a holder: condition, pod annotation, event, forced release.
+    env.annotate("a", "zklock.io/revoke", "chart rbac test").await;
+    env.wait_phase("a", Phase::Revoked).await;
+    env.wait_phase("b", Phase::Held).await;
+    env.delete_claim("b").await;
+    env.wait_gone("b").await;
+    // A holder pod that goes away.
+    env.pod("holder-c").await;
+    env.claim("c", "other", json!({ "holder": { "podName": "holder-c" } })).await;
+    env.wait_phase("c", Phase::Held).await;
+    env.pods.delete("holder-c", &DeleteParams::default()).await.unwrap();
+    env.wait_phase("c", Phase::Released).await;
+    for name in ["a", "c"] {
+        env.delete_claim(name).await;
+        env.wait_gone(name).await;
+    }
+}
+
+/// Renders the chart into a release namespace of its own, runs the scenario with the operator as
+/// the chart configures it, and checks the requests against the rendered RBAC.
+async fn derive_and_check(label: &str, watch_other: bool) -> String {
+    let env = Env::new().await;
+    let release_ns = format!("{}-rel", env.ns);
+    create_namespace(&env, &release_ns).await;
+    let other = format!("{}-other", env.ns);
+    let mut sets = vec![];
+    let watch = format!("watchNamespaces={{{},{other}}}", env.ns);
+    if watch_other {
+        create_namespace(&env, &other).await;
+        sets.push(watch.as_str());
+    }
+    let docs = documents(&render(&release_ns, None, &sets).expect("helm template"));
+    let grants = Grants::from_rendered(&docs);
+
+    let dir = std::env::temp_dir().join(format!("zklock-chart-rbac-{}", env.ns));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (audit, log) = (dir.join("api-requests.log"), dir.join("operator.log"));
+    let (mut child, metrics) = start_operator(&docs, &env, &audit, &log);
+    let ready = async {
+        while !http_get(&metrics, "/metrics").await.is_some_and(|m| m.contains("zklock_leader 1")) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(60), ready).await.is_err() {
+        panic!("{label}: the operator did not lead:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+    }
+    scenario(&env).await;
+    // SIGTERM: the operator gives the lease up.
+    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{label}: operator exit {status:?}:\n{}", std::fs::read_to_string(&log).unwrap());
+
+    let lines = std::fs::read_to_string(&audit).expect("the request log");
+    let requests: Vec<Request> = lines.lines().map(parse_request).collect();
+    assert!(requests.len() > 10, "{label}: too few requests logged: {lines}");
+    let lease_writes =
+        requests.iter().filter(|r| r.resource == "leases").all(|r| r.namespace.as_deref() == Some(&release_ns));
+    assert!(lease_writes, "{label}: the Lease must live in the release namespace");
+    match check(&requests, &grants) {
+        Ok(table) => format!("{label} (release namespace {release_ns}):\n{table}"),
+        Err(e) => panic!("{label}: {e}\noperator log: {}", log.display()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rendered_rbac_grants_exactly_the_operators_requests() {
+    // One after the other: an all-namespaces operator would also serve the other run's claims.
+    // Against a real cluster (ZKLOCK_TEST_KUBECONFIG) it would serve everybody's claims there,
+    // so only the namespace-scoped run goes.
+    let real_cluster = std::env::var("ZKLOCK_TEST_KUBECONFIG").is_ok_and(|v| !v.is_empty());
+    let cluster = if real_cluster {
+        "default values (ClusterRole): skipped against a real cluster\n".to_string()
+    } else {
+        derive_and_check("default values (ClusterRole)", false).await
+    };
+    let scoped = derive_and_check("watchNamespaces (Roles)", true).await;
+    eprintln!("permissions derived from the operator's requests:\n{cluster}\n{scoped}");
+}
+
+#[test]
+fn a_request_the_chart_does_not_grant_fails_the_check() {
+    let docs = documents(&render("zklock-system", None, &[]).unwrap());
+    let grants = Grants::from_rendered(&docs);
+    let lines = [
+        "GET /apis/zklock.io/v1alpha1/lockclaims?watch=true&resourceVersion=1",
+        "PATCH /apis/zklock.io/v1alpha1/namespaces/shop/lockclaims/a/status",
+        "GET /apis/coordination.k8s.io/v1/namespaces/zklock-system/leases/zklock-leader",
+    ];
+    let requests: Vec<Request> = lines.iter().map(|l| parse_request(l)).collect();
+    assert!(grants.allows(&requests[0]).is_some() && grants.allows(&requests[1]).is_some());
+    assert!(grants.allows(&requests[2]).is_some());
+    for line in [
+        "DELETE /api/v1/namespaces/shop/pods/worker",
+        "PUT /apis/zklock.io/v1alpha1/namespaces/shop/lockclaims/a",
+        "GET /apis/coordination.k8s.io/v1/namespaces/shop/leases/zklock-leader",
+        "PUT /apis/coordination.k8s.io/v1/namespaces/zklock-system/leases/someone-else",
+        "POST /api/v1/namespaces/shop/events",
+    ] {
+        let r = parse_request(line);
+        assert!(grants.allows(&r).is_none(), "{line} must not be granted");
+        let mut with = requests.clone();
+        with.push(r);
+        assert!(check(&with, &grants).is_err(), "{line}: the check must fail");
+    }
+    // And a grant nobody uses fails it too (here: everything but three requests is unused).
+    assert!(check(&requests, &grants).unwrap_err().contains("never used"));
+}

@@ -1,0 +1,92 @@
+//! Helpers for the chart tests: the real helm (`scripts/tools.sh` with `TOOLS_WITH_HELM=1`, or
+//! `ZKLOCK_HELM`), rendering, and the rendered documents as JSON values.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn chart() -> PathBuf {
+    root().join("charts/zklock")
+}
+
+pub fn helm_path() -> PathBuf {
+    let path = std::env::var("ZKLOCK_HELM").map(PathBuf::from).unwrap_or_else(|_| root().join(".tools/bin/helm"));
+    if !path.exists() {
+        panic!("helm not found at {}: run TOOLS_WITH_HELM=1 scripts/tools.sh (or set ZKLOCK_HELM)", path.display());
+    }
+    path
+}
+
+/// helm with its own config/cache dirs and no default cluster: nothing here reads
+/// ~/.kube/config or writes ~/.cache/helm.
+pub fn helm() -> Command {
+    let home = std::env::temp_dir().join(format!("zklock-helm-{}", std::process::id()));
+    let mut cmd = Command::new(helm_path());
+    cmd.env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .env("KUBECONFIG", home.join("no-kubeconfig"));
+    cmd
+}
+
+/// The value sets the tests render: the defaults, then every `charts/zklock/ci/*-values.yaml`.
+pub fn value_sets() -> Vec<(String, Option<PathBuf>)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(chart().join("ci"))
+        .expect("charts/zklock/ci")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with("-values.yaml"))
+        .collect();
+    files.sort();
+    let mut sets = vec![("default".to_string(), None)];
+    sets.extend(files.into_iter().map(|f| (f.file_name().unwrap().to_string_lossy().into_owned(), Some(f))));
+    sets
+}
+
+/// `helm template` with a values file and `--set` pairs; stdout, or stderr as the error.
+pub fn render(namespace: &str, values: Option<&Path>, sets: &[&str]) -> Result<String, String> {
+    let mut cmd = helm();
+    cmd.args(["template", "zklock"]).arg(chart()).args(["--namespace", namespace]);
+    if let Some(values) = values {
+        cmd.arg("--values").arg(values);
+    }
+    for set in sets {
+        cmd.args(["--set", set]);
+    }
+    let out = cmd.output().expect("run helm");
+    if out.status.success() {
+        Ok(String::from_utf8(out.stdout).unwrap())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// The documents of a multi-document YAML stream, as JSON values (empty documents dropped).
+pub fn documents(yaml: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|doc| Value::deserialize(doc).expect("rendered YAML parses"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+pub fn kind(doc: &Value) -> &str {
+    doc["kind"].as_str().unwrap_or_default()
+}
+
+pub fn name(doc: &Value) -> &str {
+    doc["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+pub fn find<'a>(docs: &'a [Value], kind_: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| kind(d) == kind_).collect()
+}
+
+pub fn strings(v: &Value) -> Vec<String> {
+    v.as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default()
+}
