@@ -157,5 +157,7 @@ pub fn validate_update(def: &ResourceDef, old: &Value, new: &Value) -> Vec<Field
 
 fn is_base64(s: &str) -> bool {
     let t = s.trim_end_matches('=');
-    s.len().is_multiple_of(4) && s.len() - t.len() <= 2 && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
+    s.len().is_multiple_of(4)
+        && s.len() - t.len() <= 2
+        && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
 }
