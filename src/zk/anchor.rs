@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use zookeeper_client as zk;
 
 use super::data::NodeData;
-use super::engine::{ContenderSpec, Shared};
+use super::engine::{stat_of, ContenderSpec, Shared};
 use super::retry::{self, Backoff};
 use super::stats::Stats;
 use super::{Error, ZkConfig};
@@ -174,14 +174,6 @@ async fn find_all(
         found.push((name.to_string(), stat));
     }
     Ok(Some(found))
-}
-
-async fn stat_of(client: &zk::Client, path: &str) -> Result<zk::Stat, Error> {
-    match retry::idempotent(|| client.check_stat(path)).await {
-        Ok(Some(stat)) => Ok(stat),
-        Ok(None) => Err(Error::zk("stat", path, zk::Error::NoNode)),
-        Err(e) => Err(Error::zk("stat", path, e)),
-    }
 }
 
 /// Records in the directory's data that a foreign node was seen there. Idempotent.

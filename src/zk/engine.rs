@@ -637,7 +637,7 @@ async fn find_own_node(client: &zk::Client, spec: &ContenderSpec) -> Result<Opti
     }
 }
 
-async fn stat_of(client: &zk::Client, path: &str) -> Result<zk::Stat, Error> {
+pub(super) async fn stat_of(client: &zk::Client, path: &str) -> Result<zk::Stat, Error> {
     match retry::idempotent(|| client.check_stat(path)).await {
         Ok(Some(stat)) => Ok(stat),
         Ok(None) => Err(Error::zk("stat", path, zk::Error::NoNode)),
