@@ -11,12 +11,11 @@
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::wait::await_condition;
@@ -195,57 +194,6 @@ impl Bench {
         Ok(())
     }
 
-    /// Counts every change to the namespace's claims and events: the operator's API writes.
-    fn count_writes(&self) -> (Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
-        let count = Arc::new(AtomicU64::new(0));
-        let claims = watcher(self.claims.clone(), watcher::Config::default())
-            .map_ok(|e| {
-                if std::env::var("BENCH_DEBUG").is_ok() {
-                    if let watcher::Event::Apply(c) | watcher::Event::Delete(c) = &e {
-                        eprintln!(
-                            "claim {} {:?} del={} fin={:?}",
-                            c.metadata.name.as_deref().unwrap_or(""),
-                            c.status.as_ref().and_then(|s| s.phase),
-                            c.metadata.deletion_timestamp.is_some(),
-                            c.metadata.finalizers
-                        );
-                    }
-                }
-                kind(e)
-            })
-            .boxed();
-        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
-        let events = watcher(events, watcher::Config::default())
-            .map_ok(|e| {
-                if std::env::var("BENCH_DEBUG").is_ok() {
-                    if let watcher::Event::Apply(ev) = &e {
-                        eprintln!("event {:?} {:?}", ev.reason, ev.involved_object.name);
-                    }
-                }
-                kind(e)
-            })
-            .boxed();
-        let c = count.clone();
-        let task = tokio::spawn(async move {
-            let mut all = futures::stream::select(claims, events);
-            let mut live = false;
-            let mut init_done = 0;
-            while let Some(event) = all.next().await {
-                match event {
-                    Ok(Kind::InitDone) => {
-                        init_done += 1;
-                        live = init_done >= 2;
-                    }
-                    Ok(Kind::Change) if live => {
-                        c.fetch_add(1, Ordering::Relaxed);
-                    }
-                    _ => {}
-                }
-            }
-        });
-        (count, task)
-    }
-
     async fn handoffs(&self, waiters: usize, handoffs: usize) -> Result<HandoffResult, Error> {
         let mut latency = Samples::default();
         let (mut writes, mut zk_events) = (0u64, 0f64);
@@ -260,9 +208,6 @@ impl Bench {
             next += waiters + 1;
             self.wait_phase(&format!("c{first}"), Phase::Held).await?;
             self.wait_phase(&format!("c{}", first + waiters), Phase::Waiting).await?;
-            let (count, task) = self.count_writes();
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            count.store(0, Ordering::Relaxed);
             let zk_before = self.metric("zklock_zookeeper_operations_total{op=\"predecessor_notification\"}").await;
             let writes_before = self.metric("zklock_kubernetes_writes_total").await;
             let round = waiters.min(handoffs - counted);
@@ -274,12 +219,7 @@ impl Bench {
             }
             // Let the last writes of the round (finalizer removals, events) land.
             tokio::time::sleep(Duration::from_millis(500)).await;
-            let seen_by_watch = count.load(Ordering::Relaxed);
-            task.abort();
             writes += (self.metric("zklock_kubernetes_writes_total").await - writes_before) as u64;
-            if std::env::var("BENCH_DEBUG").is_ok() {
-                eprintln!("round: {seen_by_watch} changes seen on claims and events (with the bench's own deletes)");
-            }
             zk_events +=
                 self.metric("zklock_zookeeper_operations_total{op=\"predecessor_notification\"}").await - zk_before;
             counted += round;
@@ -402,20 +342,6 @@ impl Bench {
         }
         let total = rss(self.operator.id())?;
         Ok((total.saturating_sub(baseline) as f64 / claims as f64, total))
-    }
-}
-
-enum Kind {
-    Change,
-    InitDone,
-    Other,
-}
-
-fn kind<K>(event: watcher::Event<K>) -> Kind {
-    match event {
-        watcher::Event::Apply(_) | watcher::Event::Delete(_) => Kind::Change,
-        watcher::Event::InitDone => Kind::InitDone,
-        _ => Kind::Other,
     }
 }
 
