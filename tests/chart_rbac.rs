@@ -283,8 +283,10 @@ async fn derive_and_check(label: &str, watch_other: bool) -> String {
     let (audit, log) = (dir.join("api-requests.log"), dir.join("operator.log"));
     let (mut child, metrics) = start_operator(&docs, &env, &audit, &log);
     let ready = async {
+        // Poll the condition (the operator leads) every 100 ms.
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
         while !http_get(&metrics, "/metrics").await.is_some_and(|m| m.contains("zklock_leader 1")) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tick.tick().await;
         }
     };
     if tokio::time::timeout(Duration::from_secs(60), ready).await.is_err() {

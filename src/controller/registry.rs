@@ -39,6 +39,9 @@ struct Inner {
     /// makes claims created in quick succession enter the queue in creation order even though
     /// they are reconciled concurrently.
     gate: HashMap<String, Gate>,
+    /// Claims per recorded phase, kept as phases change (the claims metric), so that no
+    /// reconcile has to count all claims.
+    counts: HashMap<Phase, i64>,
 }
 
 struct Claim {
@@ -46,6 +49,14 @@ struct Claim {
     lock: String,
     pod: Option<String>,
     phase: Option<Phase>,
+}
+
+impl Inner {
+    fn count(&mut self, phase: Option<Phase>, by: i64) {
+        if let Some(phase) = phase {
+            *self.counts.entry(phase).or_insert(0) += by;
+        }
+    }
 }
 
 impl Registry {
@@ -68,8 +79,12 @@ impl Registry {
     }
 
     pub fn set_phase(&self, uid: &str, phase: Option<Phase>) {
-        if let Some(c) = self.lock().claims.get_mut(uid) {
-            c.phase = phase;
+        let mut inner = self.lock();
+        let Some(c) = inner.claims.get_mut(uid) else { return };
+        let old = std::mem::replace(&mut c.phase, phase);
+        if old != phase {
+            inner.count(old, -1);
+            inner.count(phase, 1);
         }
     }
 
@@ -127,6 +142,7 @@ impl Registry {
             gate.retain(|_, (other, _)| other != uid);
         }
         if let Some(claim) = inner.claims.remove(uid) {
+            inner.count(claim.phase, -1);
             if let Some(pod) = claim.pod {
                 let key = (claim.object.namespace.unwrap_or_default(), pod);
                 if let Some(set) = inner.by_pod.get_mut(&key) {
@@ -171,13 +187,7 @@ impl Registry {
     }
 
     pub fn phase_counts(&self) -> HashMap<Phase, i64> {
-        let mut counts = HashMap::new();
-        for c in self.lock().claims.values() {
-            if let Some(phase) = c.phase {
-                *counts.entry(phase).or_insert(0) += 1;
-            }
-        }
-        counts
+        self.lock().counts.clone()
     }
 
     pub fn set_verdict(&self, uid: &str, why: String) {
