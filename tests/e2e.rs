@@ -43,6 +43,8 @@ async fn kubectl_wait_gates_the_second_script_until_the_first_claim_is_deleted()
     assert!(status.success(), "kubectl wait for the second claim failed");
     assert!(deleted_at.elapsed() < PATIENCE);
     env.wait_gone("first").await;
+    env.delete_claim("second").await;
+    env.history.await_gone("second").await;
     assert_eq!(env.history.grants("deploy"), vec!["first", "second"]);
     env.history.check();
 }
@@ -64,6 +66,7 @@ async fn twenty_exclusive_claims_are_granted_in_creation_order() {
         }
         env.delete_claim(name).await;
     }
+    env.history.await_gone("c19").await;
     assert_eq!(env.history.grants("order"), names);
     env.history.check();
 }
@@ -287,6 +290,7 @@ async fn kill_9_mid_queue_keeps_the_holder_and_the_order() {
         env.wait_phase(name, Phase::Held).await;
         env.delete_claim(name).await;
     }
+    env.history.await_gone("e").await;
     assert_eq!(env.history.grants("q"), vec!["a", "b", "c", "d", "e"]);
     env.history.check();
 }

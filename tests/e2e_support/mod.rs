@@ -257,6 +257,7 @@ pub async fn http_get(addr: &str, path: &str) -> Option<String> {
 #[derive(Clone, Default)]
 pub struct History {
     inner: Arc<Mutex<Vec<Record>>>,
+    recorded: Arc<tokio::sync::Notify>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -295,16 +296,37 @@ impl History {
                 deleting: claim.metadata.deletion_timestamp.is_some(),
                 gone,
             };
-            let mut records = self.inner.lock().unwrap();
-            let last = records.iter().rev().find(|r| r.uid == record.uid);
-            if last != Some(&record) {
-                records.push(record);
+            {
+                let mut records = self.inner.lock().unwrap();
+                let last = records.iter().rev().find(|r| r.uid == record.uid);
+                if last != Some(&record) {
+                    records.push(record);
+                }
             }
+            self.recorded.notify_waiters();
         }
     }
 
     pub fn records(&self) -> Vec<Record> {
         self.inner.lock().unwrap().clone()
+    }
+
+    /// Waits until the history has recorded claim `name` leaving the API. The watch delivers
+    /// events in resourceVersion order, so everything before that deletion is recorded too.
+    pub async fn await_gone(&self, name: &str) {
+        let seen = async {
+            loop {
+                // Registered before the check, so a record pushed in between still wakes us.
+                let next = self.recorded.notified();
+                if self.records().iter().any(|r| r.name == name && r.gone) {
+                    return;
+                }
+                next.await;
+            }
+        };
+        tokio::time::timeout(PATIENCE, seen)
+            .await
+            .unwrap_or_else(|_| panic!("the history never saw {name} deleted within {PATIENCE:?}"));
     }
 
     /// The claims granted the lock, in grant order.
