@@ -7,7 +7,9 @@
 //! handoff latency at 10 and 1,000 waiters, ZooKeeper watch events and API writes per handoff,
 //! holder-pod-deleted → next Held, uncontended acquire/release throughput over 1,000 locks next
 //! to Apache Curator's on the same ZooKeeper, and the operator's memory per claim at 10,000
-//! claims. `--quick` runs smaller sizes (for a smoke test).
+//! claims. `--quick` runs smaller sizes (for a smoke test); `--only handoff|pods|throughput|memory`
+//! runs one part. `ZKLOCK_BENCH_WRAP="heaptrack -o /tmp/op"` runs the operator under a wrapper
+//! command (a profiler); the RSS figure is then the wrapper's, not the operator's.
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
@@ -36,7 +38,14 @@ struct Sizes {
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
+    let parts = ["handoff", "pods", "throughput", "memory"];
+    if let Some(part) = only.as_deref().filter(|p| !parts.contains(p)) {
+        return Err(format!("--only {part}: expected one of {}", parts.join(", ")).into());
+    }
+    let runs = |part: &str| only.as_deref().is_none_or(|o| o == part);
     let sizes = if quick {
         Sizes { waiters: [5, 50], handoffs: 10, pod_rounds: 5, locks: 100, memory_claims: 500 }
     } else {
@@ -46,9 +55,34 @@ async fn main() -> Result<(), Error> {
     let client = zklock_testkit::kube::client().await;
     install_crd(&client).await?;
 
+    if runs("handoff") {
+        handoffs(&client, zk, &sizes).await?;
+    }
+    if runs("pods") {
+        let bench = Bench::start(&client, zk, "pods").await?;
+        let pods = bench.pod_deletions(sizes.pod_rounds).await?;
+        println!("holder pod deleted -> next Held: {}", pods.summary());
+    }
+    if runs("throughput") {
+        throughput(&client, zk, &sizes).await?;
+    }
+    if runs("memory") {
+        let bench = Bench::start(&client, zk, "memory").await?;
+        let (per_claim, total) = bench.memory(sizes.memory_claims).await?;
+        println!(
+            "operator memory at {} claims: {:.0} bytes per claim, {:.1} MiB total RSS",
+            sizes.memory_claims,
+            per_claim,
+            total as f64 / 1048576.0
+        );
+    }
+    Ok(())
+}
+
+async fn handoffs(client: &kube::Client, zk: &zklock_testkit::ZkServer, sizes: &Sizes) -> Result<(), Error> {
     let mut handoff_p50 = vec![];
     for waiters in sizes.waiters {
-        let bench = Bench::start(&client, zk, &format!("handoff-{waiters}")).await?;
+        let bench = Bench::start(client, zk, &format!("handoff-{waiters}")).await?;
         let result = bench.handoffs(waiters, sizes.handoffs).await?;
         println!(
             "handoff at {waiters:>4} waiters: {}  | ZooKeeper watch events/handoff {:.2}  API writes/handoff {:.2}",
@@ -65,11 +99,11 @@ async fn main() -> Result<(), Error> {
         handoff_p50[1].as_secs_f64() / handoff_p50[0].as_secs_f64()
     );
 
-    let bench = Bench::start(&client, zk, "pods").await?;
-    let pods = bench.pod_deletions(sizes.pod_rounds).await?;
-    println!("holder pod deleted -> next Held: {}", pods.summary());
+    Ok(())
+}
 
-    let bench = Bench::start(&client, zk, "throughput").await?;
+async fn throughput(client: &kube::Client, zk: &zklock_testkit::ZkServer, sizes: &Sizes) -> Result<(), Error> {
+    let bench = Bench::start(client, zk, "throughput").await?;
     let ours = bench.throughput(sizes.locks, 32).await?;
     let curator_connect = zk.chroot().await;
     let locks = sizes.locks.to_string();
@@ -84,15 +118,6 @@ async fn main() -> Result<(), Error> {
     println!("zklock operator throughput: {ours:.0} acquire+release/s ({} locks, 32 concurrent claims)", sizes.locks);
     print!("{curator}");
     println!("zklock / curator throughput: {:.2}", ours / curator_rate);
-
-    let bench = Bench::start(&client, zk, "memory").await?;
-    let (per_claim, total) = bench.memory(sizes.memory_claims).await?;
-    println!(
-        "operator memory at {} claims: {:.0} bytes per claim, {:.1} MiB total RSS",
-        sizes.memory_claims,
-        per_claim,
-        total as f64 / 1048576.0
-    );
     Ok(())
 }
 
@@ -135,7 +160,16 @@ impl Bench {
             .map(|dir| dir.join("zklock"))
             .filter(|p| p.exists())
             .ok_or("the zklock binary is missing next to this example: run `cargo build --release` first")?;
-        let operator = Command::new(binary)
+        let wrapper = std::env::var("ZKLOCK_BENCH_WRAP").unwrap_or_default();
+        let mut command = match wrapper.split_whitespace().collect::<Vec<_>>().split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(binary);
+                c
+            }
+            None => Command::new(binary),
+        };
+        let operator = command
             .args(["run", "--zk-connect", &zk.chroot().await, "--watch-namespace", &ns, "--lease-namespace", &ns])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())

@@ -79,6 +79,10 @@ struct RunArgs {
     /// Run without leader election (one replica only!)
     #[arg(long, env = "ZKLOCK_NO_LEADER_ELECTION")]
     no_leader_election: bool,
+    /// Claims reconciled at once. Bounds the operator's concurrent API requests (and so its
+    /// connections and memory) during bursts; handoffs are never queued behind more than this
+    #[arg(long, env = "ZKLOCK_MAX_CONCURRENT_RECONCILES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    max_concurrent_reconciles: u16,
     /// Log format
     #[arg(long, env = "ZKLOCK_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -147,6 +151,7 @@ impl RunArgs {
             namespaces: self.watch_namespace.into_iter().filter(|n| !n.is_empty()).collect(),
             lease_namespace: self.lease_namespace,
             leader_election: !self.no_leader_election,
+            concurrency: self.max_concurrent_reconciles,
             identity,
         })
     }

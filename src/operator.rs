@@ -26,6 +26,8 @@ pub struct Options {
     pub namespaces: Vec<String>,
     pub lease_namespace: Option<String>,
     pub leader_election: bool,
+    /// Claims reconciled at once.
+    pub concurrency: u16,
     pub identity: String,
 }
 
@@ -91,6 +93,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
             metrics: metrics.clone(),
             events: crate::controller::events::EventWriter::new(client.clone(), &options.identity),
             ready: health.ready.clone(),
+            concurrency: options.concurrency,
         };
         let controller = crate::controller::run(setup, engine, events, stop.clone().cancelled_owned());
         tokio::pin!(controller);

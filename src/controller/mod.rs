@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 
 use kube::runtime::{reflector, watcher, WatchStreamExt};
@@ -117,6 +117,8 @@ pub struct Setup {
     pub events: events::EventWriter,
     /// Set once re-anchoring is done (the readiness probe).
     pub ready: Arc<AtomicBool>,
+    /// Claims reconciled at once (per controller).
+    pub concurrency: u16,
 }
 
 /// Runs the controller until `shutdown` completes. The engine must hold a fresh session;
@@ -127,7 +129,7 @@ pub async fn run(
     engine_events: mpsc::UnboundedReceiver<crate::zk::EngineEvent>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), Error> {
-    let Setup { client, zk_root, namespaces, metrics, events, ready } = setup;
+    let Setup { client, zk_root, namespaces, metrics, events, ready, concurrency } = setup;
     // One controller per watched namespace (each with its own cache), or one for all.
     let scopes: Vec<Option<String>> =
         if namespaces.is_empty() { vec![None] } else { namespaces.iter().cloned().map(Some).collect() };
@@ -176,6 +178,7 @@ pub async fn run(
             }
         });
         Controller::for_stream(claims, reader)
+            .with_config(controller::Config::default().concurrency(concurrency))
             .reconcile_on(stream_of(rx))
             .graceful_shutdown_on(shutdown.clone())
             .run(reconcile::reconcile, error_policy, ctx.clone())
