@@ -118,7 +118,11 @@ pub enum Decision {
 
 /// Decides for the contender whose node is named `me` among `children`.
 pub fn decide<S: AsRef<str>>(children: &[S], me: &str) -> Decision {
-    let queue = queue(children);
+    decide_in(&queue(children), me)
+}
+
+/// [`decide`] on a queue already sorted by [`queue`] (to decide for many contenders at once).
+pub fn decide_in(queue: &[Child<'_>], me: &str) -> Decision {
     let Some(index) = queue.iter().position(|c| c.name == me) else {
         return Decision::Missing;
     };

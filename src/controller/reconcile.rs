@@ -78,7 +78,7 @@ async fn apply(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> {
         let description = format!("{namespace}/{}", claim.name_any());
         let enqueued = ctx
             .engine
-            .enqueue(ContenderSpec { id: uid.clone(), lock: lock.clone(), mode: spec.mode, description })
+            .enqueue_untracked(ContenderSpec { id: uid.clone(), lock: lock.clone(), mode: spec.mode, description })
             .await;
         if let Some(next) = ctx.registry.leave_gate(&lock, &uid) {
             ctx.trigger(next);
@@ -125,8 +125,9 @@ async fn holder_view(ctx: &Context, namespace: &str, pod: Option<&str>) -> Resul
 
 /// The claim's contender in the engine, with the claim it waits for named.
 fn contender_view(ctx: &Context, uid: &str) -> ContenderView {
-    let Some(handle) = ctx.engine.handle(uid) else { return ContenderView::Untracked };
-    let state = handle.state();
+    let (Some(state), Some(node)) = (ctx.engine.state(uid), ctx.engine.node(uid)) else {
+        return ContenderView::Untracked;
+    };
     let waiting_for = match &state {
         crate::zk::ContenderState::Waiting { watching, .. } => Some(
             recipe::parse_child(watching)
@@ -136,15 +137,15 @@ fn contender_view(ctx: &Context, uid: &str) -> ContenderView {
         ),
         _ => None,
     };
-    ContenderView::Tracked { state, node: handle.node, waiting_for }
+    ContenderView::Tracked { state, node, waiting_for }
 }
 
 async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, plan: Plan) -> Result<Action, Error> {
     let namespace = claim.namespace().unwrap_or_default();
     let name = claim.name_any();
     if let Some(reason) = &plan.write_revoke {
-        if let Some(handle) = ctx.engine.handle(uid) {
-            ctx.engine.request_revocation(&handle.node, reason).await?;
+        if let Some(node) = ctx.engine.node(uid) {
+            ctx.engine.request_revocation(&node, reason).await?;
         }
     }
     if let (Some(reason), Some(pod)) = (&plan.annotate_pod, claim.spec.holder.as_ref().map(|h| &h.pod_name)) {

@@ -1,22 +1,27 @@
 //! One ZooKeeper session, many contenders (one per claim UID).
 //!
-//! Each contender is an EPHEMERAL_SEQUENTIAL node in its lock directory and a small task that
-//! follows the recipe: read the children, decide (see [`crate::recipe`]), and if it has to wait,
-//! put a one-shot watch on the single node the recipe names — never a children watch on the
-//! directory, so a release wakes one waiter. A second one-shot watch on the contender's own node
-//! catches revocation requests and deletion by someone else.
+//! Each contender is an EPHEMERAL_SEQUENTIAL node in its lock directory, and an entry in the
+//! engine's book (see [`super::book`]): no task and no watch of its own, so that tens of
+//! thousands of them cost little. One persistent recursive watch per parent of lock directories
+//! (per namespace, for the operator) reports every deletion and data change below it. The
+//! recipe (see [`crate::recipe`]) names for each waiter the one node whose deletion can change
+//! its answer; only that node's deletion makes the engine read the directory again and decide
+//! for the waiters that watched it — so a release costs one event and one read, whatever the
+//! length of the queue. Data changes on our own nodes are revocation requests; their deletion
+//! by someone else loses the lock.
+//!
+//! Persistent watches are not caught up after a reconnection (ZOOKEEPER-4698): on every
+//! reconnection the engine reads each lock directory, and the data of its nodes, again.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use tokio::sync::{mpsc, watch};
-use tokio::task::AbortHandle;
+use tokio::sync::{mpsc, oneshot, watch, OnceCell};
 use zookeeper_client as zk;
 
 use super::anchor;
+use super::book::{Book, LockQueue, Member, NodeEvent};
 use super::data::{self, NodeData};
 use super::retry::{self, Backoff};
 use super::stats::{Stats, StatsSnapshot};
@@ -108,13 +113,50 @@ pub enum EngineEvent {
     Session(SessionEvent),
 }
 
-/// A contender's handle: its node and its stream of states.
-#[derive(Clone, Debug)]
+/// A contender's handle: its node and its stream of states. The engine keeps a state channel
+/// for a contender only while handles on it exist.
 pub struct Contender {
     pub id: String,
     /// Full path of the contender's node.
     pub node: String,
     states: watch::Receiver<ContenderState>,
+    shared: Weak<Shared>,
+}
+
+impl Clone for Contender {
+    fn clone(&self) -> Self {
+        Contender {
+            id: self.id.clone(),
+            node: self.node.clone(),
+            states: self.states.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for Contender {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Contender")
+            .field("id", &self.id)
+            .field("node", &self.node)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl Drop for Contender {
+    fn drop(&mut self) {
+        // The last handle gone: the contender's channel goes too (it is made again on demand).
+        // Handles are never dropped while the book is locked.
+        if let Some(shared) = self.shared.upgrade() {
+            let mut book = lock(&shared.book);
+            if let Some(member) = book.contenders.get_mut(self.id.as_str()) {
+                if member.watchers.as_ref().is_some_and(|tx| tx.receiver_count() <= 1) {
+                    member.watchers = None;
+                }
+            }
+        }
+    }
 }
 
 impl Contender {
@@ -134,8 +176,8 @@ impl Contender {
     }
 }
 
-/// The lock engine. Cheap to clone; dropping the last clone aborts every contender and closes
-/// the session (ZooKeeper then deletes the ephemeral nodes).
+/// The lock engine. Cheap to clone; dropping the last clone closes the session (ZooKeeper
+/// then deletes the ephemeral nodes) and stops its tasks.
 #[derive(Clone)]
 pub struct LockEngine {
     inner: Arc<Inner>,
@@ -145,14 +187,18 @@ struct Inner {
     config: ZkConfig,
     shared: Arc<Shared>,
     session: Mutex<Option<zk::Client>>,
+    /// Parent directories of lock directories, watched recursively: path → (session, set up).
+    parents: Mutex<HashMap<String, ParentWatch>>,
 }
 
-/// What contender tasks need from the engine, without keeping the engine (and so its session)
-/// alive.
+/// The session a parent directory's recursive watch belongs to, and whether it is set up.
+type ParentWatch = (i64, Arc<OnceCell<()>>);
+
+/// What the engine's tasks share, without keeping the engine (and so its session) alive.
 pub(super) struct Shared {
     pub(super) stats: Stats,
     events: Option<mpsc::UnboundedSender<EngineEvent>>,
-    contenders: Mutex<HashMap<String, Entry>>,
+    book: Mutex<Book>,
     /// Lock directories this engine has already marked as used by foreign clients.
     foreign_marked: Mutex<HashSet<String>>,
 }
@@ -165,41 +211,55 @@ impl Shared {
         }
     }
 
-    fn publish(&self, id: &str, states: &watch::Sender<ContenderState>, state: ContenderState) {
-        let changed = states.send_if_modified(|current| {
-            if *current == state {
-                false
-            } else {
-                *current = state.clone();
-                true
+    /// Publishes `state` for contender `id` if it differs from what was published.
+    fn publish(&self, id: &str, member: &mut Member, state: ContenderState) {
+        if member.published == state {
+            return;
+        }
+        member.published = state.clone();
+        if let Some(tx) = &member.watchers {
+            tx.send_replace(state.clone());
+        }
+        self.emit(EngineEvent::Contender { id: id.to_string(), state });
+    }
+
+    /// Publishes what the member's decision and revocation request add up to.
+    fn publish_current(&self, id: &str, member: &mut Member) {
+        let state = current_state(member);
+        self.publish(id, member, state);
+    }
+
+    /// Removes a contender from the book and publishes its final state.
+    fn remove(&self, book: &mut Book, id: &str, last: ContenderState) -> Option<Member> {
+        let (key, mut member) = book.contenders.remove_entry(id)?;
+        if let Some(q) = book.locks.get_mut(&member.lock) {
+            q.nodes.remove(&member.sequence);
+            if q.is_idle() {
+                book.locks.remove(&member.lock);
             }
-        });
-        if changed {
-            self.emit(EngineEvent::Contender { id: id.to_string(), state });
         }
-    }
-
-    /// Stops tracking contender `id` if its entry is still the one for `node`.
-    fn forget(&self, id: &str, node: &str) {
-        let mut contenders = lock(&self.contenders);
-        if contenders.get(id).is_some_and(|e| e.node == node) {
-            contenders.remove(id);
-        }
+        self.publish(&key, &mut member, last);
+        member.decided = None;
+        Some(member)
     }
 }
 
-struct Entry {
-    node: String,
-    session_id: i64,
-    states: Arc<watch::Sender<ContenderState>>,
-    task: AbortHandle,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        for entry in lock(&self.shared.contenders).values() {
-            entry.task.abort();
+/// The state a member's decision and revocation request add up to.
+fn current_state(member: &Member) -> ContenderState {
+    let token = member.fencing_token;
+    match (&member.decision, &member.revoke) {
+        (None, None) => ContenderState::Waiting { ahead: 0, watching: String::new() },
+        (None, Some(reason)) | (Some(Decision::Waiting { .. }), Some(reason)) => {
+            ContenderState::RevokeRequested { reason: reason.clone(), fencing_token: None }
         }
+        (Some(Decision::Held), None) => ContenderState::Held { fencing_token: token },
+        (Some(Decision::Held), Some(reason)) => {
+            ContenderState::RevokeRequested { reason: reason.clone(), fencing_token: Some(token) }
+        }
+        (Some(Decision::Waiting { watch, ahead }), None) => {
+            ContenderState::Waiting { ahead: *ahead, watching: watch.clone() }
+        }
+        (Some(Decision::Missing), _) => ContenderState::Lost { why: LostReason::DeletedByOther },
     }
 }
 
@@ -207,6 +267,14 @@ impl Drop for Inner {
 /// of which can panic; recovering the guard keeps the engine usable regardless.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The directory whose recursive watch covers lock directory `lock`.
+fn parent_of(lock: &str) -> &str {
+    match lock.rsplit_once('/') {
+        Some(("", _)) | None => "/",
+        Some((parent, _)) => parent,
+    }
 }
 
 impl LockEngine {
@@ -229,10 +297,11 @@ impl LockEngine {
                 shared: Arc::new(Shared {
                     stats: Stats::default(),
                     events,
-                    contenders: Mutex::new(HashMap::new()),
+                    book: Mutex::new(Book::default()),
                     foreign_marked: Mutex::new(HashSet::new()),
                 }),
                 session: Mutex::new(None),
+                parents: Mutex::new(HashMap::new()),
             }),
         };
         engine.reconnect().await?;
@@ -255,7 +324,7 @@ impl LockEngine {
     }
 
     fn client(&self) -> Result<zk::Client, Error> {
-        lock(&self.inner.session).clone().ok_or(Error::SessionLost)
+        self.inner.client()
     }
 
     /// The current session's id, if there is one.
@@ -274,93 +343,52 @@ impl LockEngine {
 
     /// The state of contender `id`, if the engine tracks it.
     pub fn state(&self, id: &str) -> Option<ContenderState> {
-        lock(&self.inner.shared.contenders).get(id).map(|e| e.states.borrow().clone())
+        lock(&self.inner.shared.book).contenders.get(id).map(|m| m.published.clone())
+    }
+
+    /// The full path of contender `id`'s node, if the engine tracks it.
+    pub fn node(&self, id: &str) -> Option<String> {
+        lock(&self.inner.shared.book).contenders.get(id).map(Member::path)
     }
 
     /// Puts a contender in the queue of its lock: creates its node (and the lock directory if
-    /// needed), decides once, and from then on follows the recipe in the background. Enqueueing
-    /// an id the engine already tracks returns the existing contender.
+    /// needed), decides once, and from then on follows the recipe. Enqueueing an id the engine
+    /// already tracks returns the existing contender.
     pub async fn enqueue(&self, spec: ContenderSpec) -> Result<Contender, Error> {
+        let id = spec.id.clone();
+        let handle = self.join(spec, true).await?;
+        handle.ok_or(Error::UnknownContender(id))
+    }
+
+    /// [`LockEngine::enqueue`] without a handle: the caller follows the contender through
+    /// [`LockEngine::state`] and the event stream (this keeps no state channel for it).
+    pub async fn enqueue_untracked(&self, spec: ContenderSpec) -> Result<(), Error> {
+        self.join(spec, false).await.map(drop)
+    }
+
+    async fn join(&self, spec: ContenderSpec, want_handle: bool) -> Result<Option<Contender>, Error> {
         if !recipe::is_contender_id(&spec.id) {
             return Err(Error::BadContenderId(spec.id));
         }
         if !is_lock_path(&spec.lock) {
             return Err(Error::BadLockPath(spec.lock));
         }
-        if let Some(existing) = self.handle(&spec.id) {
-            return Ok(existing);
+        if lock(&self.inner.shared.book).contenders.contains_key(spec.id.as_str()) {
+            return Ok(if want_handle { self.handle(&spec.id) } else { None });
         }
         let client = self.client()?;
-        let (name, stat) = create_node(&client, &self.inner.shared, &self.inner.config, &spec).await?;
-        self.track(client, spec, name, stat).await
-    }
-
-    /// Starts following the recipe for a node that exists: arms its watches, decides once,
-    /// and registers the contender.
-    async fn track(
-        &self,
-        client: zk::Client,
-        spec: ContenderSpec,
-        name: String,
-        stat: zk::Stat,
-    ) -> Result<Contender, Error> {
-        let shared = &self.inner.shared;
-        let mut tracker = Tracker {
-            shared: shared.clone(),
-            path: format!("{}/{name}", spec.lock),
-            name,
-            fencing_token: 0,
-            created_zxid: stat.czxid,
-            spec,
-            client,
-            // Replaced by the first decision before anybody can see it.
-            states: Arc::new(watch::channel(ContenderState::Released).0),
-            decision: Decision::Missing,
-            revoke: None,
-        };
-        let own = match tracker.start().await {
-            Ok(own) => own,
+        self.inner.watch_parent(&client, &spec.lock).await?;
+        let (lock_path, window) = self.inner.open_window(&spec.lock);
+        let created = create_node(&client, &self.inner.shared, &self.inner.config, &spec).await;
+        let registered = match created {
+            Ok((name, stat)) => self.inner.register(&client, &lock_path, window, vec![(spec, name, stat)], want_handle),
             Err(e) => {
-                // The node must not outlive a contender nobody tracks.
-                let _ = delete_until_confirmed(&tracker.client, shared, &tracker.path).await;
-                return Err(Error::zk("enqueue", &tracker.path, e));
+                self.inner.close_window(&lock_path, window);
+                return Err(e);
             }
         };
-        tracker.publish_current();
-        let handle =
-            Contender { id: tracker.spec.id.clone(), node: tracker.path.clone(), states: tracker.states.subscribe() };
-        let node = tracker.path.clone();
-        let client = tracker.client.clone();
-        // Spawned under the lock, so that a contender that ends at once cannot try to forget its
-        // entry before the entry is there.
-        let existing = {
-            let mut contenders = lock(&shared.contenders);
-            match contenders.get(&handle.id) {
-                Some(first) => Some(Contender {
-                    id: handle.id.clone(),
-                    node: first.node.clone(),
-                    states: first.states.subscribe(),
-                }),
-                None => {
-                    let entry = Entry {
-                        node: node.clone(),
-                        session_id: client.session_id().0,
-                        states: tracker.states.clone(),
-                        task: tokio::spawn(tracker.run(own)).abort_handle(),
-                    };
-                    contenders.insert(handle.id.clone(), entry);
-                    None
-                }
-            }
-        };
-        match existing {
-            None => Ok(handle),
-            // A concurrent enqueue of the same id won the race: keep its node, drop ours.
-            Some(existing) => {
-                delete_until_confirmed(&client, shared, &node).await.map_err(|e| Error::zk("delete", &node, e))?;
-                Ok(existing)
-            }
-        }
+        let mut joined = Inner::settle(registered).await;
+        Ok(joined.pop().flatten())
     }
 
     /// Re-anchors a lock after a new session (DESIGN.md §3): in one multi-op guarded by the
@@ -383,52 +411,66 @@ impl LockEngine {
             }
         }
         let client = self.client()?;
-        let created = anchor::recreate(&client, &self.inner.shared, &self.inner.config, lock_path, &contenders).await?;
-        let mut handles = Vec::with_capacity(created.nodes.len());
-        for (spec, (name, stat)) in contenders.into_iter().zip(created.nodes) {
-            handles.push(self.track(client.clone(), spec, name, stat).await?);
-        }
-        Ok(Reanchored { contenders: handles, foreign_seen: created.foreign_seen })
+        self.inner.watch_parent(&client, lock_path).await?;
+        let (lock_arc, window) = self.inner.open_window(lock_path);
+        let created =
+            match anchor::recreate(&client, &self.inner.shared, &self.inner.config, lock_path, &contenders).await {
+                Ok(created) => created,
+                Err(e) => {
+                    self.inner.close_window(&lock_arc, window);
+                    return Err(e);
+                }
+            };
+        let nodes = contenders.into_iter().zip(created.nodes).map(|(spec, (name, stat))| (spec, name, stat)).collect();
+        let registered = self.inner.register(&client, &lock_arc, window, nodes, true);
+        let handles = Inner::settle(registered).await;
+        Ok(Reanchored { contenders: handles.into_iter().flatten().collect(), foreign_seen: created.foreign_seen })
     }
 
     /// A handle on a contender the engine tracks.
     pub fn handle(&self, id: &str) -> Option<Contender> {
-        lock(&self.inner.shared.contenders).get(id).map(|e| Contender {
-            id: id.to_string(),
-            node: e.node.clone(),
-            states: e.states.subscribe(),
-        })
+        let mut book = lock(&self.inner.shared.book);
+        let member = book.contenders.get_mut(id)?;
+        Some(make_handle(&self.inner.shared, id, member))
     }
 
     /// Leaves the queue (or gives up the lock): deletes the node, retrying through connection
     /// loss until ZooKeeper confirms. The delete goes on even if the caller stops waiting.
     /// Returns false when the engine did not track `id` (already released or lost).
     pub async fn release(&self, id: &str) -> Result<bool, Error> {
-        let Some(entry) = lock(&self.inner.shared.contenders).remove(id) else {
-            return Ok(false);
-        };
-        entry.task.abort();
         let shared = self.inner.shared.clone();
-        let client = lock(&self.inner.session).clone().filter(|c| c.session_id().0 == entry.session_id);
+        // Out of the book first: the deletion event that follows is then nobody's loss.
+        let member = {
+            let mut book = lock(&shared.book);
+            let Some((key, member)) = book.contenders.remove_entry(id) else { return Ok(false) };
+            if let Some(q) = book.locks.get_mut(&member.lock) {
+                q.nodes.remove(&member.sequence);
+                if q.is_idle() {
+                    book.locks.remove(&member.lock);
+                }
+            }
+            (key, member)
+        };
+        let (key, mut member) = member;
+        let client = lock(&self.inner.session).clone().filter(|c| c.session_id().0 == member.session_id);
         let Some(client) = client else {
             // The node's session is over, and ephemeral nodes ended with it.
-            shared.publish(id, &entry.states, ContenderState::Released);
+            shared.publish(&key, &mut member, ContenderState::Released);
             return Ok(true);
         };
-        let node = entry.node.clone();
+        let path = member.path();
         let deleting = tokio::spawn(async move {
-            let result = delete_until_confirmed(&client, &shared, &node).await;
-            (result, shared)
+            let result = delete_until_confirmed(&client, &shared, &path).await;
+            if result.is_ok() {
+                shared.publish(&key, &mut member, ContenderState::Released);
+            }
+            result.map_err(|e| Error::zk("delete", &path, e))
         });
         match deleting.await {
-            Ok((result, shared)) => {
-                result.map_err(|e| Error::zk("delete", &entry.node, e))?;
-                shared.publish(id, &entry.states, ContenderState::Released);
-                Ok(true)
-            }
+            Ok(result) => result.map(|()| true),
             // The delete task does not panic; if the runtime is shutting down there is nothing
             // left to wait for.
-            Err(join) => Err(Error::zk("delete", &entry.node, zk::Error::UnexpectedError(join.to_string()))),
+            Err(join) => Err(Error::zk("delete", id, zk::Error::UnexpectedError(join.to_string()))),
         }
     }
 
@@ -476,18 +518,18 @@ impl LockEngine {
         };
         let queue = recipe::queue(&children);
         let mut changed = 0;
-        let contenders = lock(&self.inner.shared.contenders);
-        for child in queue.iter().filter(|c| c.ours.is_some()).take(limit.saturating_add(1)) {
-            let Some((id, _)) = child.ours else { continue };
-            let Some(entry) = contenders.get(id) else { continue };
-            let current = entry.states.borrow().clone();
-            if let ContenderState::Waiting { .. } = current {
-                if let Decision::Waiting { watch, ahead } = recipe::decide(&children, child.name) {
-                    let fresh = ContenderState::Waiting { ahead, watching: watch };
-                    if fresh != current {
-                        self.inner.shared.publish(id, &entry.states, fresh);
-                        changed += 1;
-                    }
+        let shared = &self.inner.shared;
+        let mut book = lock(&shared.book);
+        let ours = queue.iter().filter_map(|c| c.ours.map(|(id, _)| (id, c.name))).take(limit.saturating_add(1));
+        for (id, name) in ours {
+            let Some(member) = book.contenders.get_mut(id) else { continue };
+            let Some(Decision::Waiting { watch, ahead }) = &member.decision else { continue };
+            // Only the count: whom to watch is the event-driven part's business.
+            if let Decision::Waiting { watch: fresh_watch, ahead: fresh } = recipe::decide_in(&queue, name) {
+                if fresh_watch == *watch && fresh != *ahead {
+                    member.decision = Some(Decision::Waiting { watch: fresh_watch, ahead: fresh });
+                    shared.publish_current(id, member);
+                    changed += 1;
                 }
             }
         }
@@ -515,25 +557,169 @@ impl LockEngine {
     }
 }
 
-/// What [`LockEngine::reanchor`] did.
-#[derive(Debug)]
-pub struct Reanchored {
-    /// The recreated contenders, in the order given.
-    pub contenders: Vec<Contender>,
-    /// A node not made by zklock was seen in the directory, now or ever before.
-    pub foreign_seen: bool,
+fn make_handle(shared: &Arc<Shared>, id: &str, member: &mut Member) -> Contender {
+    let published = member.published.clone();
+    let node = member.path();
+    let tx = member.watchers.get_or_insert_with(|| watch::channel(published).0);
+    Contender { id: id.to_string(), node, states: tx.subscribe(), shared: Arc::downgrade(shared) }
 }
 
-/// One contender in a lock's queue, as [`LockEngine::queue`] reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct QueueEntry {
-    pub node: String,
-    pub sequence: u64,
-    pub id: Option<String>,
-    pub mode: Mode,
-}
+/// Nodes just made, registered but not yet decided: (id, told when decided, handle).
+type Registered = Vec<(Arc<str>, Option<oneshot::Receiver<()>>, Option<Contender>)>;
 
 impl Inner {
+    fn client(&self) -> Result<zk::Client, Error> {
+        lock(&self.session).clone().ok_or(Error::SessionLost)
+    }
+
+    /// Makes sure the parent of `lock_path` is watched recursively by this session before a
+    /// node is made in it: from then on, every deletion and data change in the lock directory
+    /// reaches the dispatcher.
+    async fn watch_parent(self: &Arc<Self>, client: &zk::Client, lock_path: &str) -> Result<(), Error> {
+        let parent = parent_of(lock_path);
+        let session_id = client.session_id().0;
+        let cell = {
+            let mut parents = lock(&self.parents);
+            match parents.get(parent) {
+                Some((sid, cell)) if *sid == session_id => cell.clone(),
+                _ => {
+                    let cell = Arc::new(OnceCell::new());
+                    parents.insert(parent.to_string(), (session_id, cell.clone()));
+                    cell
+                }
+            }
+        };
+        cell.get_or_try_init(|| async {
+            let watcher = retry::idempotent(|| client.watch(parent, zk::AddWatchMode::PersistentRecursive))
+                .await
+                .map_err(|e| Error::zk("addWatch", parent, e))?;
+            tokio::spawn(dispatch(Arc::downgrade(self), watcher, session_id, parent.to_string()));
+            Ok::<(), Error>(())
+        })
+        .await?;
+        Ok(())
+    }
+
+    fn open_window(&self, lock_path: &str) -> (Arc<str>, u64) {
+        let mut book = lock(&self.shared.book);
+        let key = match book.locks.get_key_value(lock_path) {
+            Some((k, _)) => k.clone(),
+            None => {
+                let k: Arc<str> = lock_path.into();
+                book.locks.insert(k.clone(), LockQueue::default());
+                k
+            }
+        };
+        let window = book.locks.get_mut(&key).map_or(0, LockQueue::open);
+        (key, window)
+    }
+
+    fn close_window(&self, lock_path: &str, window: u64) {
+        let mut book = lock(&self.shared.book);
+        if let Some(q) = book.locks.get_mut(lock_path) {
+            q.close(window);
+            if q.is_idle() {
+                book.locks.remove(lock_path);
+            }
+        }
+    }
+
+    /// Enters freshly made nodes in the book, asks for their first decision and closes the
+    /// create's window. A node whose contender id is tracked already (a concurrent enqueue of
+    /// the same id won) is deleted again.
+    fn register(
+        self: &Arc<Self>,
+        client: &zk::Client,
+        lock_path: &Arc<str>,
+        window: u64,
+        nodes: Vec<(ContenderSpec, String, zk::Stat)>,
+        want_handles: bool,
+    ) -> Registered {
+        let shared = &self.shared;
+        let session_id = client.session_id().0;
+        let mut registered = Vec::with_capacity(nodes.len());
+        let mut extra = vec![];
+        let mut data_changed = vec![];
+        let start = {
+            let mut book = lock(&shared.book);
+            for (spec, name, stat) in nodes {
+                if book.contenders.contains_key(spec.id.as_str()) {
+                    extra.push(format!("{lock_path}/{name}"));
+                    let handle = if want_handles {
+                        book.contenders.get_mut(spec.id.as_str()).map(|m| make_handle(shared, &spec.id, m))
+                    } else {
+                        None
+                    };
+                    registered.push((Arc::from(spec.id.as_str()), None, handle));
+                    continue;
+                }
+                let id: Arc<str> = spec.id.as_str().into();
+                let sequence = recipe::parse_child(&name).map_or(0, |c| c.sequence);
+                let (tx, rx) = oneshot::channel();
+                let mut member = Member {
+                    lock: lock_path.clone(),
+                    name: name.into_boxed_str(),
+                    sequence,
+                    session_id,
+                    created_zxid: stat.czxid,
+                    fencing_token: 0,
+                    decision: None,
+                    revoke: None,
+                    stale: true,
+                    reads_before: book.locks.get(lock_path).map_or(0, |q| q.reads),
+                    published: ContenderState::Waiting { ahead: 0, watching: String::new() },
+                    watchers: None,
+                    decided: Some(tx),
+                };
+                let handle = want_handles.then(|| make_handle(shared, &id, &mut member));
+                if let Some(q) = book.locks.get_mut(lock_path) {
+                    q.nodes.insert(sequence, id.clone());
+                    if q.seen_since(window, &member.name, NodeEvent::DataChanged) {
+                        data_changed.push((id.clone(), member.path()));
+                    }
+                }
+                book.contenders.insert(id.clone(), member);
+                registered.push((id, Some(rx), handle));
+            }
+            let q = book.locks.get_mut(lock_path);
+            let start = q.map(|q| {
+                let start = q.request_evaluation();
+                q.close(window);
+                start
+            });
+            start.unwrap_or(false)
+        };
+        if start {
+            tokio::spawn(evaluate(Arc::downgrade(self), lock_path.clone()));
+        }
+        for (id, path) in data_changed {
+            tokio::spawn(read_revocation(Arc::downgrade(self), id, path));
+        }
+        if !extra.is_empty() {
+            let client = client.clone();
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                for path in extra {
+                    let _ = delete_until_confirmed(&client, &shared, &path).await;
+                }
+            });
+        }
+        registered
+    }
+
+    /// Waits until every registered node has had its first decision.
+    async fn settle(registered: Registered) -> Vec<Option<Contender>> {
+        let mut handles = Vec::with_capacity(registered.len());
+        for (_, decided, handle) in registered {
+            if let Some(decided) = decided {
+                // Dropped unanswered when the contender ended first: its state says how.
+                let _ = decided.await;
+            }
+            handles.push(handle);
+        }
+        handles
+    }
+
     /// Every contender of `session_id` is lost: its nodes went with the session.
     fn lose_session(&self, session_id: i64) {
         {
@@ -542,17 +728,392 @@ impl Inner {
                 *session = None;
             }
         }
-        let lost: Vec<(String, Entry)> = {
-            let mut contenders = lock(&self.shared.contenders);
-            let ids: Vec<String> =
-                contenders.iter().filter(|(_, e)| e.session_id == session_id).map(|(id, _)| id.clone()).collect();
-            ids.into_iter().filter_map(|id| contenders.remove(&id).map(|e| (id, e))).collect()
-        };
-        for (id, entry) in lost {
-            entry.task.abort();
-            self.shared.publish(&id, &entry.states, ContenderState::Lost { why: LostReason::SessionExpired });
+        lock(&self.parents).retain(|_, (sid, _)| *sid != session_id);
+        {
+            let mut book = lock(&self.shared.book);
+            let ids: Vec<Arc<str>> =
+                book.contenders.iter().filter(|(_, m)| m.session_id == session_id).map(|(id, _)| id.clone()).collect();
+            for id in ids {
+                self.shared.remove(&mut book, &id, ContenderState::Lost { why: LostReason::SessionExpired });
+            }
         }
         self.shared.emit(EngineEvent::Session(SessionEvent::Lost { session_id }));
+    }
+
+    /// A node event from the recursive watch of session `session_id`.
+    fn on_node_event(self: &Arc<Self>, session_id: i64, path: &str, event: NodeEvent) {
+        let Some((dir, name)) = path.rsplit_once('/') else { return };
+        let shared = &self.shared;
+        let mut evaluate_lock = None;
+        let mut read_data = None;
+        {
+            let mut book = lock(&shared.book);
+            let Book { contenders, locks } = &mut *book;
+            let Some(lock_key) = locks.get_key_value(dir).map(|(k, _)| k.clone()) else { return };
+            let Some(q) = locks.get_mut(dir) else { return };
+            q.record(name, event);
+            let own = recipe::parse_child(name)
+                .and_then(|c| q.nodes.get(&c.sequence))
+                .filter(|id| contenders.get(&***id).is_some_and(|m| *m.name == *name && m.session_id == session_id))
+                .cloned();
+            match event {
+                NodeEvent::DataChanged => {
+                    if let Some(id) = own {
+                        Stats::bump(&shared.stats.own_node_notifications);
+                        read_data = Some((id, path.to_string()));
+                    }
+                }
+                NodeEvent::Deleted => {
+                    let mut woke = false;
+                    for id in q.nodes.values() {
+                        if let Some(m) = contenders.get_mut(id) {
+                            if m.session_id == session_id && m.watching() == Some(name) {
+                                m.stale = true;
+                                woke = true;
+                            }
+                        }
+                    }
+                    if woke {
+                        Stats::bump(&shared.stats.predecessor_notifications);
+                        if q.request_evaluation() {
+                            evaluate_lock = Some(lock_key.clone());
+                        }
+                    }
+                    if let Some(id) = own {
+                        Stats::bump(&shared.stats.own_node_notifications);
+                        shared.remove(&mut book, &id, ContenderState::Lost { why: LostReason::DeletedByOther });
+                    }
+                }
+            }
+        }
+        if let Some(lock_path) = evaluate_lock {
+            tokio::spawn(evaluate(Arc::downgrade(self), lock_path));
+        }
+        if let Some((id, path)) = read_data {
+            tokio::spawn(read_revocation(Arc::downgrade(self), id, path));
+        }
+    }
+
+    /// After a reconnection, events may have been lost: every lock under `parent` with
+    /// contenders of this session is read again in full.
+    fn resync(self: &Arc<Self>, session_id: i64, parent: &str) {
+        let prefix = format!("{}/", parent.trim_end_matches('/'));
+        let mut start = vec![];
+        {
+            let mut book = lock(&self.shared.book);
+            let Book { contenders, locks } = &mut *book;
+            for (path, q) in locks.iter_mut() {
+                let ours = q.nodes.values().any(|id| contenders.get(id).is_some_and(|m| m.session_id == session_id));
+                if path.starts_with(&prefix) && ours {
+                    q.full = true;
+                    if q.request_evaluation() {
+                        start.push(path.clone());
+                    }
+                }
+            }
+        }
+        for lock_path in start {
+            tokio::spawn(evaluate(Arc::downgrade(self), lock_path));
+        }
+    }
+}
+
+/// Follows one recursive watch: node deletions and data changes in every lock directory below
+/// `parent`, and the session's comings and goings.
+async fn dispatch(inner: Weak<Inner>, mut watcher: zk::PersistentWatcher, session_id: i64, parent: String) {
+    loop {
+        let event = watcher.changed().await;
+        let Some(inner) = inner.upgrade() else { return };
+        match event.event_type {
+            zk::EventType::Session => match event.session_state {
+                // The watcher must not be polled after a terminal state.
+                state if state.is_terminated() => return,
+                zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                    inner.resync(session_id, &parent)
+                }
+                _ => {}
+            },
+            zk::EventType::NodeDeleted => inner.on_node_event(session_id, &event.path, NodeEvent::Deleted),
+            zk::EventType::NodeDataChanged => inner.on_node_event(session_id, &event.path, NodeEvent::DataChanged),
+            _ => {}
+        }
+    }
+}
+
+/// Reads a contender's node for a revocation request (after its data changed).
+async fn read_revocation(inner: Weak<Inner>, id: Arc<str>, path: String) {
+    let Some(client) = inner.upgrade().and_then(|i| i.client().ok()) else { return };
+    let body = match retry::idempotent(|| client.get_data(&path)).await {
+        Ok((body, _)) => body,
+        // Gone: the deletion event says so. Session over: its monitor says so.
+        Err(_) => return,
+    };
+    let Some(inner) = inner.upgrade() else { return };
+    let shared = &inner.shared;
+    let mut book = lock(&shared.book);
+    if let Some(member) = book.contenders.get_mut(&id).filter(|m| m.path() == path) {
+        if member.revoke.is_none() {
+            member.revoke = data::revoke_request(&body);
+            shared.publish_current(&id, member);
+        }
+    }
+}
+
+/// Reads a lock directory and decides for the contenders that need it, until no new reason to
+/// read again came up meanwhile. One task per lock at a time.
+async fn evaluate(inner: Weak<Inner>, lock_path: Arc<str>) {
+    loop {
+        let Some(engine) = inner.upgrade() else { return };
+        let shared = engine.shared.clone();
+        let client = match engine.client() {
+            Ok(client) => client,
+            Err(_) => return stop_evaluating(&shared, &lock_path),
+        };
+        let session_id = client.session_id().0;
+        drop(engine);
+        let (window, full, number) = {
+            let mut book = lock(&shared.book);
+            let Some(q) = book.locks.get_mut(&lock_path) else { return };
+            q.dirty = false;
+            q.reads += 1;
+            (q.open(), std::mem::take(&mut q.full), q.reads)
+        };
+        Stats::bump(&shared.stats.children_reads);
+        let read = match retry::idempotent(|| client.get_children(&lock_path)).await {
+            Ok((children, stat)) => Ok((children, stat.pzxid)),
+            // No directory, no nodes: every contender in it is gone.
+            Err(zk::Error::NoNode) => Ok((vec![], 0)),
+            Err(e) => Err(e),
+        };
+        let (children, pzxid) = match read {
+            Ok(read) => read,
+            Err(e) => {
+                fail_lock(&shared, &lock_path, window, session_id, e);
+                return;
+            }
+        };
+        // Repairs that need ZooKeeper first; then read again.
+        match repair(&client, &shared, &lock_path, session_id, &children).await {
+            Ok(true) => {
+                close_and_continue(&shared, &lock_path, window);
+                continue;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                fail_lock(&shared, &lock_path, window, session_id, e);
+                return;
+            }
+        }
+        if full {
+            refresh_revocations(&client, &shared, &lock_path, session_id).await;
+        }
+        let again = apply(&shared, &lock_path, Read { window, number, session_id, pzxid, full }, &children);
+        if !again {
+            return;
+        }
+    }
+}
+
+fn close_and_continue(shared: &Shared, lock_path: &str, window: u64) {
+    let mut book = lock(&shared.book);
+    if let Some(q) = book.locks.get_mut(lock_path) {
+        q.close(window);
+    }
+}
+
+fn stop_evaluating(shared: &Shared, lock_path: &str) {
+    let mut book = lock(&shared.book);
+    if let Some(q) = book.locks.get_mut(lock_path) {
+        q.evaluating = false;
+        if q.is_idle() {
+            book.locks.remove(lock_path);
+        }
+    }
+}
+
+/// A read failed for good: unless the session ended (its monitor reports that), the
+/// contenders waiting for a decision cannot get one.
+fn fail_lock(shared: &Shared, lock_path: &str, window: u64, session_id: i64, e: zk::Error) {
+    let mut book = lock(&shared.book);
+    if let Some(q) = book.locks.get_mut(lock_path) {
+        q.close(window);
+    }
+    if !retry::is_session_end(&e) {
+        tracing::warn!(lock = %lock_path, error = %e, "cannot read the lock directory");
+        let stale: Vec<Arc<str>> = book
+            .locks
+            .get(lock_path)
+            .map(|q| q.nodes.values().cloned().collect::<Vec<Arc<str>>>())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|id| book.contenders.get(id).is_some_and(|m| m.stale && m.session_id == session_id))
+            .collect();
+        for id in stale {
+            shared.remove(&mut book, &id, ContenderState::Lost { why: LostReason::Failed(e.to_string()) });
+        }
+    }
+    drop(book);
+    stop_evaluating(shared, lock_path);
+}
+
+/// One read of a lock directory, as `apply` needs to know it.
+struct Read {
+    /// The window opened before the read was sent.
+    window: u64,
+    /// Its number among the directory's reads.
+    number: u64,
+    session_id: i64,
+    /// The directory's pzxid in the answer.
+    pzxid: i64,
+    /// Decide for every contender, not only the stale ones.
+    full: bool,
+}
+
+/// Applies one read of the directory; returns true when it must be read again.
+fn apply(shared: &Shared, lock_path: &str, read: Read, children: &[String]) -> bool {
+    let Read { window, number, session_id, pzxid, full } = read;
+    let queue = recipe::queue(children);
+    let mut book = lock(&shared.book);
+    let Book { contenders, locks } = &mut *book;
+    let Some(q) = locks.get_mut(lock_path) else { return false };
+    let mut missing = vec![];
+    for id in q.nodes.values() {
+        let Some(member) = contenders.get_mut(id) else { continue };
+        if member.session_id != session_id || !(member.stale || full) {
+            continue;
+        }
+        if member.reads_before >= number {
+            // Sent before the node was made: the next read (already asked for) decides.
+            q.dirty = true;
+            continue;
+        }
+        let decision = recipe::decide_in(&queue, &member.name);
+        match &decision {
+            Decision::Missing => {
+                missing.push(id.clone());
+                continue;
+            }
+            Decision::Held if member.fencing_token == 0 => {
+                // The fencing token is the zxid of the directory state in which the grant was
+                // decided: it is above the zxid that removed the previous holder, so tokens of
+                // successive holders strictly increase. (The node's czxid alone is not enough:
+                // nodes re-created together by one multi-op share one czxid.) Granted at once,
+                // it equals the node's czxid.
+                member.fencing_token = pzxid.max(member.created_zxid);
+            }
+            _ => {}
+        }
+        // The node to watch went away after the read was answered, before this task got
+        // here: the dispatcher could not know we would watch it. Read again.
+        let gone =
+            matches!(&decision, Decision::Waiting { watch, .. } if q.seen_since(window, watch, NodeEvent::Deleted));
+        member.stale = gone;
+        if gone {
+            q.dirty = true;
+        }
+        // A decision never goes back from Held: only the node's deletion ends a hold.
+        if member.decision != Some(Decision::Held) {
+            member.decision = Some(decision);
+        }
+        shared.publish_current(id, member);
+        if let Some(decided) = member.decided.take() {
+            let _ = decided.send(());
+        }
+    }
+    q.close(window);
+    let again = q.dirty;
+    if !again {
+        q.evaluating = false;
+    }
+    for id in missing {
+        shared.remove(&mut book, &id, ContenderState::Lost { why: LostReason::DeletedByOther });
+    }
+    if !again {
+        if let Some(q) = book.locks.get(lock_path) {
+            if q.is_idle() {
+                book.locks.remove(lock_path);
+            }
+        }
+    }
+    again
+}
+
+/// Before deciding: deletes second nodes carrying the id of one of our contenders, and marks
+/// the directory when a client other than zklock uses it. Returns true when it deleted a node
+/// (the directory must be read again).
+async fn repair(
+    client: &zk::Client,
+    shared: &Shared,
+    lock_path: &str,
+    session_id: i64,
+    children: &[String],
+) -> Result<bool, zk::Error> {
+    let queue = recipe::queue(children);
+    // (duplicate's path, its sequence, our contender's sequence)
+    let duplicates: Vec<(String, u64, u64)> = {
+        let book = lock(&shared.book);
+        queue
+            .iter()
+            .filter_map(|c| {
+                let (id, _) = c.ours?;
+                let member = book.contenders.get(id)?;
+                (member.session_id == session_id && *member.name != *c.name && *member.lock == *lock_path)
+                    .then(|| (format!("{lock_path}/{}", c.name), c.sequence, member.sequence))
+            })
+            .collect()
+    };
+    // A second node with our id. Ours wins over one of our own session (a create retried
+    // after a lost answer) and over an older one (left by an earlier session). A newer node of
+    // another session is a newer incarnation of this contender (re-anchored by a new leader):
+    // that one wins, and ours will be deleted by it.
+    let mut deleted = false;
+    for (path, sequence, mine) in duplicates {
+        let owner = match retry::idempotent(|| client.check_stat(&path)).await? {
+            Some(stat) => stat.ephemeral_owner,
+            None => continue,
+        };
+        if owner != session_id && sequence > mine {
+            continue;
+        }
+        tracing::warn!(node = %path, "deleting a second node of one contender");
+        match retry::idempotent(|| client.delete(&path, None)).await {
+            Ok(()) => Stats::bump(&shared.stats.duplicates_deleted),
+            Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(e),
+        }
+        deleted = true;
+    }
+    if !deleted && queue.iter().any(|c| c.ours.is_none()) && !lock(&shared.foreign_marked).contains(lock_path) {
+        // After a session gap, holders in this directory cannot be assumed to have kept the lock.
+        anchor::mark_foreign(client, lock_path).await?;
+        lock(&shared.foreign_marked).insert(lock_path.to_string());
+    }
+    Ok(deleted)
+}
+
+/// Reads every contender's node in the lock for revocation requests (after a reconnection).
+async fn refresh_revocations(client: &zk::Client, shared: &Shared, lock_path: &str, session_id: i64) {
+    let paths: Vec<(Arc<str>, String)> = {
+        let book = lock(&shared.book);
+        let Some(q) = book.locks.get(lock_path) else { return };
+        q.nodes
+            .values()
+            .filter_map(|id| {
+                book.contenders.get(id).filter(|m| m.session_id == session_id).map(|m| (id.clone(), m.path()))
+            })
+            .collect()
+    };
+    let reads = paths.iter().map(|(_, path)| retry::idempotent(move || client.get_data(path)));
+    let bodies = futures::future::join_all(reads).await;
+    let mut book = lock(&shared.book);
+    for ((id, path), body) in paths.iter().zip(bodies) {
+        let Ok((body, _)) = body else { continue };
+        if let Some(member) = book.contenders.get_mut(id).filter(|m| m.path() == *path) {
+            if member.revoke.is_none() {
+                member.revoke = data::revoke_request(&body);
+                shared.publish_current(id, member);
+            }
+        }
     }
 }
 
@@ -574,6 +1135,24 @@ async fn monitor_session(inner: Weak<Inner>, mut states: zk::StateWatcher, sessi
             }
         }
     }
+}
+
+/// What [`LockEngine::reanchor`] did.
+#[derive(Debug)]
+pub struct Reanchored {
+    /// The recreated contenders, in the order given.
+    pub contenders: Vec<Contender>,
+    /// A node not made by zklock was seen in the directory, now or ever before.
+    pub foreign_seen: bool,
+}
+
+/// One contender in a lock's queue, as [`LockEngine::queue`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueEntry {
+    pub node: String,
+    pub sequence: u64,
+    pub id: Option<String>,
+    pub mode: Mode,
 }
 
 fn is_lock_path(path: &str) -> bool {
@@ -656,248 +1235,5 @@ async fn delete_until_confirmed(client: &zk::Client, shared: &Shared, path: &str
         Err(zk::Error::NoNode) => Ok(()),
         Err(e) if retry::is_session_end(&e) => Ok(()),
         Err(e) => Err(e),
-    }
-}
-
-type WatchFuture = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
-
-fn boxed(watcher: zk::OneshotWatcher) -> WatchFuture {
-    Box::pin(watcher.changed())
-}
-
-/// One contender following the recipe.
-struct Tracker {
-    shared: Arc<Shared>,
-    client: zk::Client,
-    spec: ContenderSpec,
-    name: String,
-    path: String,
-    /// Set when the recipe first grants the lock (see `evaluate`).
-    fencing_token: i64,
-    created_zxid: i64,
-    states: Arc<watch::Sender<ContenderState>>,
-    decision: Decision,
-    revoke: Option<String>,
-}
-
-enum Step {
-    /// Read the children and decide again.
-    Continue,
-    /// The contender is over (lost, or its session ended).
-    Stop,
-}
-
-impl Tracker {
-    /// Arms the watch on our own node, then decides for the first time.
-    async fn start(&mut self) -> Result<WatchFuture, zk::Error> {
-        let own = self.watch_own().await?;
-        self.evaluate().await?;
-        Ok(own)
-    }
-
-    /// Reads our node's data (and any revocation request in it) and watches it again.
-    async fn watch_own(&mut self) -> Result<WatchFuture, zk::Error> {
-        let (body, _, watcher) = retry::idempotent(|| self.client.get_and_watch_data(&self.path)).await?;
-        if self.revoke.is_none() {
-            self.revoke = data::revoke_request(&body);
-        }
-        Ok(boxed(watcher))
-    }
-
-    async fn evaluate(&mut self) -> Result<(), zk::Error> {
-        loop {
-            Stats::bump(&self.shared.stats.children_reads);
-            let (children, dir) = retry::idempotent(|| self.client.get_children(&self.spec.lock)).await?;
-            self.decision = recipe::decide(&children, &self.name);
-            if self.decision == Decision::Held && self.fencing_token == 0 {
-                // The fencing token is the zxid of the directory state in which the grant was
-                // decided: it is above the zxid that removed the previous holder, so tokens of
-                // successive holders strictly increase. (The node's czxid alone is not enough:
-                // nodes re-created together by one multi-op share one czxid.) Granted at once,
-                // it equals the node's czxid.
-                self.fencing_token = dir.pzxid.max(self.created_zxid);
-            }
-            if self.decision == Decision::Missing {
-                // Our node is gone: whatever else carries our id is somebody else's business.
-                return Ok(());
-            }
-            let my_sequence = recipe::parse_child(&self.name).map_or(0, |c| c.sequence);
-            let duplicates: Vec<(String, u64)> = recipe::queue(&children)
-                .into_iter()
-                .filter(|c| c.name != self.name && c.ours.is_some_and(|(id, _)| id == self.spec.id))
-                .map(|c| (format!("{}/{}", self.spec.lock, c.name), c.sequence))
-                .collect();
-            if duplicates.is_empty() {
-                return self.mark_foreign_use(&children).await;
-            }
-            // A second node with our id. Ours wins over one of our own session (a create retried
-            // after a lost answer) and over an older one (left by an earlier session). A newer
-            // node of another session is a newer incarnation of this contender (re-anchored by
-            // a new leader): that one wins, and ours will be deleted by it.
-            let mut deleted = false;
-            for (path, sequence) in duplicates {
-                let owner = match retry::idempotent(|| self.client.check_stat(&path)).await? {
-                    Some(stat) => stat.ephemeral_owner,
-                    None => continue,
-                };
-                if owner != self.client.session_id().0 && sequence > my_sequence {
-                    continue;
-                }
-                tracing::warn!(node = %path, contender = %self.spec.id, "deleting a second node of one contender");
-                match retry::idempotent(|| self.client.delete(&path, None)).await {
-                    Ok(()) => Stats::bump(&self.shared.stats.duplicates_deleted),
-                    Err(zk::Error::NoNode) => {}
-                    Err(e) => return Err(e),
-                }
-                deleted = true;
-            }
-            if !deleted {
-                return self.mark_foreign_use(&children).await;
-            }
-        }
-    }
-
-    /// Records in the directory that a client other than zklock uses this lock (once per
-    /// directory and engine): after a session gap, holders there cannot be assumed to have kept
-    /// the lock.
-    async fn mark_foreign_use(&self, children: &[String]) -> Result<(), zk::Error> {
-        let lock_path = &self.spec.lock;
-        if lock(&self.shared.foreign_marked).contains(lock_path) {
-            return Ok(());
-        }
-        if recipe::queue(children).iter().any(|c| c.ours.is_none()) {
-            anchor::mark_foreign(&self.client, lock_path).await?;
-            lock(&self.shared.foreign_marked).insert(lock_path.clone());
-        }
-        Ok(())
-    }
-
-    /// The state the last decision and any revocation request add up to.
-    fn current_state(&self) -> ContenderState {
-        let token = self.fencing_token;
-        match (&self.decision, &self.revoke) {
-            (Decision::Held, None) => ContenderState::Held { fencing_token: token },
-            (Decision::Held, Some(reason)) => {
-                ContenderState::RevokeRequested { reason: reason.clone(), fencing_token: Some(token) }
-            }
-            (Decision::Waiting { .. }, Some(reason)) => {
-                ContenderState::RevokeRequested { reason: reason.clone(), fencing_token: None }
-            }
-            (Decision::Waiting { watch, ahead }, None) => {
-                ContenderState::Waiting { ahead: *ahead, watching: watch.clone() }
-            }
-            (Decision::Missing, _) => ContenderState::Lost { why: LostReason::DeletedByOther },
-        }
-    }
-
-    fn publish_current(&self) {
-        self.shared.publish(&self.spec.id, &self.states, self.current_state());
-    }
-
-    fn lose(&self, why: LostReason) {
-        self.shared.publish(&self.spec.id, &self.states, ContenderState::Lost { why });
-    }
-
-    async fn run(mut self, mut own: WatchFuture) {
-        loop {
-            self.publish_current();
-            let step = match self.decision.clone() {
-                Decision::Missing => Ok(Step::Stop),
-                Decision::Held => self.hold(&mut own).await,
-                Decision::Waiting { watch, .. } => {
-                    let watched = format!("{}/{watch}", self.spec.lock);
-                    self.wait_for_predecessor(&watched, &mut own).await
-                }
-            };
-            let step = match step {
-                Ok(Step::Continue) => self.evaluate().await.map(|()| Step::Continue),
-                other => other,
-            };
-            match step {
-                Ok(Step::Continue) => {}
-                Ok(Step::Stop) => break,
-                Err(e) => {
-                    self.on_error(e);
-                    break;
-                }
-            }
-        }
-        // Release and session loss remove the engine's entry themselves; a contender that
-        // ended on its own (node deleted, ZooKeeper refused) is removed here.
-        if self.states.borrow().is_final() {
-            self.shared.forget(&self.spec.id, &self.path);
-        }
-    }
-
-    /// Holds the lock until our node goes away; follows revocation requests meanwhile.
-    async fn hold(&mut self, own: &mut WatchFuture) -> Result<Step, zk::Error> {
-        loop {
-            let event = own.as_mut().await;
-            match self.on_own_event(event).await? {
-                Some(next) => *own = next,
-                None => return Ok(Step::Stop),
-            }
-        }
-    }
-
-    /// Waits until the watched node is gone, following events on our own node meanwhile.
-    async fn wait_for_predecessor(&mut self, watched: &str, own: &mut WatchFuture) -> Result<Step, zk::Error> {
-        loop {
-            let (stat, watcher) = retry::idempotent(|| self.client.check_and_watch_stat(watched)).await?;
-            if stat.is_none() {
-                return Ok(Step::Continue);
-            }
-            let mut predecessor = boxed(watcher);
-            loop {
-                tokio::select! {
-                    event = predecessor.as_mut() => {
-                        Stats::bump(&self.shared.stats.predecessor_notifications);
-                        match event.event_type {
-                            zk::EventType::NodeDeleted => return Ok(Step::Continue),
-                            zk::EventType::Session if event.session_state.is_terminated() => return Ok(Step::Stop),
-                            // Data changed (say, a revocation request for the holder): the node
-                            // is still there; watch it again.
-                            _ => break,
-                        }
-                    }
-                    event = own.as_mut() => match self.on_own_event(event).await? {
-                        Some(next) => *own = next,
-                        None => return Ok(Step::Stop),
-                    },
-                }
-            }
-        }
-    }
-
-    /// Handles an event on our own node; returns the re-armed watch, or `None` when the
-    /// contender is over.
-    async fn on_own_event(&mut self, event: zk::WatchedEvent) -> Result<Option<WatchFuture>, zk::Error> {
-        Stats::bump(&self.shared.stats.own_node_notifications);
-        match event.event_type {
-            zk::EventType::NodeDeleted => {
-                self.lose(LostReason::DeletedByOther);
-                Ok(None)
-            }
-            zk::EventType::Session if event.session_state.is_terminated() => Ok(None),
-            _ => match self.watch_own().await {
-                Ok(next) => {
-                    self.publish_current();
-                    Ok(Some(next))
-                }
-                Err(zk::Error::NoNode) => {
-                    self.lose(LostReason::DeletedByOther);
-                    Ok(None)
-                }
-                Err(e) => Err(e),
-            },
-        }
-    }
-
-    fn on_error(&self, e: zk::Error) {
-        // The session monitor reports session ends; anything else is this contender's own.
-        if !retry::is_session_end(&e) {
-            tracing::warn!(node = %self.path, error = %e, "contender failed");
-            self.lose(LostReason::Failed(e.to_string()));
-        }
     }
 }

@@ -1,6 +1,7 @@
 //! The lock engine: ZooKeeper's lock recipe on one session, for many contenders.
 
 mod anchor;
+mod book;
 mod config;
 pub mod data;
 mod engine;

@@ -1,0 +1,177 @@
+//! The engine's bookkeeping: which contenders it tracks, and per lock directory which of its
+//! nodes are ours and which node events arrived while a create or a read was in flight. Pure
+//! data, no I/O; the engine holds it under one mutex.
+//!
+//! Why the "windows": node events come from one recursive watch, handled by a dispatcher task,
+//! while creates and reads are answered to other tasks. ZooKeeper delivers an event before the
+//! answer to any later read, but the two tasks may handle them in either order. So a task that
+//! sends a create or a read first opens a window on the lock; the dispatcher records every node
+//! event seen while a window is open; and when the task applies its answer it also looks at the
+//! events recorded since it opened its window. Nothing that happened after the server answered
+//! is missed: either the dispatcher saw the contender already updated, or it recorded the event.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use tokio::sync::{oneshot, watch};
+
+use super::engine::ContenderState;
+use crate::recipe::Decision;
+
+#[derive(Default)]
+pub(super) struct Book {
+    pub contenders: HashMap<Arc<str>, Member>,
+    pub locks: HashMap<Arc<str>, LockQueue>,
+}
+
+/// One contender: its node, the last decision about it, and what was published.
+pub(super) struct Member {
+    pub lock: Arc<str>,
+    /// The node's name in the lock directory.
+    pub name: Box<str>,
+    pub sequence: u64,
+    pub session_id: i64,
+    pub created_zxid: i64,
+    /// Set when the recipe first grants the lock (see the engine's `apply`).
+    pub fencing_token: i64,
+    /// `None` until the first read of the directory after the node was made.
+    pub decision: Option<Decision>,
+    pub revoke: Option<String>,
+    /// Needs a fresh read of the directory: new, or the node it watched is gone.
+    pub stale: bool,
+    /// Reads of the directory started before the node was entered here: those may not show it
+    /// yet, and must not decide for it.
+    pub reads_before: u64,
+    pub published: ContenderState,
+    /// Only while somebody holds a handle on the contender (see `Contender`'s `Drop`).
+    pub watchers: Option<watch::Sender<ContenderState>>,
+    /// Told once the first decision is made (or dropped with the contender).
+    pub decided: Option<oneshot::Sender<()>>,
+}
+
+impl Member {
+    pub fn path(&self) -> String {
+        format!("{}/{}", self.lock, self.name)
+    }
+
+    /// The node this contender waits on to go away, if it waits.
+    pub fn watching(&self) -> Option<&str> {
+        match &self.decision {
+            Some(Decision::Waiting { watch, .. }) => Some(watch),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum NodeEvent {
+    Deleted,
+    DataChanged,
+}
+
+/// One lock directory in which the engine has contenders (or a create in flight).
+#[derive(Default)]
+pub(super) struct LockQueue {
+    /// Our nodes: sequence → contender id.
+    pub nodes: HashMap<u64, Arc<str>>,
+    /// A task is reading the directory and deciding; others set `dirty` instead of starting one.
+    pub evaluating: bool,
+    /// Read again before the evaluating task stops.
+    pub dirty: bool,
+    /// Reads of the directory started so far.
+    pub reads: u64,
+    /// The next read re-checks every contender and its data (after a reconnection, when
+    /// events may have been lost: ZOOKEEPER-4698).
+    pub full: bool,
+    /// Open windows: start mark → how many.
+    open: BTreeMap<u64, u32>,
+    /// Node events recorded while a window was open: (mark, node name, what happened).
+    seen: VecDeque<(u64, Box<str>, NodeEvent)>,
+    next_mark: u64,
+}
+
+impl LockQueue {
+    /// Opens a window before a create or a read is sent; returns its start mark.
+    pub fn open(&mut self) -> u64 {
+        let start = self.next_mark;
+        *self.open.entry(start).or_insert(0) += 1;
+        start
+    }
+
+    /// Closes a window and forgets the events no open window can still need.
+    pub fn close(&mut self, start: u64) {
+        if let Some(n) = self.open.get_mut(&start) {
+            *n -= 1;
+            if *n == 0 {
+                self.open.remove(&start);
+            }
+        }
+        let oldest = self.open.keys().next().copied().unwrap_or(self.next_mark);
+        while self.seen.front().is_some_and(|(mark, _, _)| *mark < oldest) {
+            self.seen.pop_front();
+        }
+    }
+
+    /// Notes a node event; kept only while some window is open.
+    pub fn record(&mut self, name: &str, event: NodeEvent) {
+        if !self.open.is_empty() {
+            self.seen.push_back((self.next_mark, name.into(), event));
+        }
+        self.next_mark += 1;
+    }
+
+    /// Whether `event` happened to node `name` since the window opened at `start`.
+    pub fn seen_since(&self, start: u64, name: &str, event: NodeEvent) -> bool {
+        self.seen.iter().any(|(mark, n, e)| *mark >= start && **n == *name && *e == event)
+    }
+
+    /// Asks for a read and a decision; true when the caller must start the evaluating task.
+    pub fn request_evaluation(&mut self) -> bool {
+        self.dirty = true;
+        !std::mem::replace(&mut self.evaluating, true)
+    }
+
+    /// Nothing left to track: no contender, no task, no window.
+    pub fn is_idle(&self) -> bool {
+        self.nodes.is_empty() && !self.evaluating && self.open.is_empty()
+    }
+
+    #[cfg(test)]
+    fn recorded(&self) -> usize {
+        self.seen.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_kept_exactly_while_a_window_that_needs_them_is_open() {
+        let mut q = LockQueue::default();
+        q.record("before", NodeEvent::Deleted);
+        assert_eq!(q.recorded(), 0, "nobody is listening");
+        let a = q.open();
+        q.record("x", NodeEvent::Deleted);
+        let b = q.open();
+        q.record("y", NodeEvent::DataChanged);
+        assert!(q.seen_since(a, "x", NodeEvent::Deleted));
+        assert!(!q.seen_since(b, "x", NodeEvent::Deleted), "x went before b opened");
+        assert!(q.seen_since(b, "y", NodeEvent::DataChanged));
+        assert!(!q.seen_since(a, "y", NodeEvent::Deleted));
+        q.close(a);
+        assert_eq!(q.recorded(), 1, "only b's event is still needed");
+        assert!(q.seen_since(b, "y", NodeEvent::DataChanged));
+        q.close(b);
+        assert_eq!(q.recorded(), 0);
+        assert!(q.is_idle());
+    }
+
+    #[test]
+    fn one_evaluating_task_at_a_time() {
+        let mut q = LockQueue::default();
+        assert!(q.request_evaluation());
+        assert!(!q.request_evaluation());
+        assert!(q.dirty && q.evaluating && !q.is_idle());
+    }
+}
