@@ -321,3 +321,45 @@ async fn session_expiry_turns_every_contender_lost_and_a_new_session_works() {
     }
     assert!(saw_lost, "the event stream reports the session loss");
 }
+
+#[tokio::test]
+async fn changes_made_while_disconnected_are_caught_up_after_reconnecting() {
+    let server = ZkServer::shared();
+    let connect = server.chroot().await;
+    let chroot = &connect[connect.find('/').unwrap()..];
+    let proxy = Proxy::start(server.addr()).await;
+    // Long enough a session that the disconnection below does not expire it.
+    let config = ZkConfig::new(proxy.connect_string(chroot)).with_session_timeout(Duration::from_secs(20));
+    let (behind_proxy, mut events) = LockEngine::connect_with_events(config).await.unwrap();
+    let direct = engine(&connect).await;
+    let raw = raw_client(&connect).await;
+    let other_lock = "/locks/ns/cache";
+    let mut holder = enqueue(&direct, LOCK, Mode::Exclusive).await;
+    held(&mut holder).await;
+    let mut waiter = enqueue(&behind_proxy, LOCK, Mode::Exclusive).await;
+    wait_state(&mut waiter, "the waiter waits", is_waiting).await;
+    let mut revoked = enqueue(&behind_proxy, other_lock, Mode::Exclusive).await;
+    held(&mut revoked).await;
+    let session = behind_proxy.session_id();
+
+    proxy.set_blackhole(true);
+    within("the engine to see the disconnection", async {
+        while !matches!(
+            events.recv().await,
+            Some(zklock::zk::EngineEvent::Session(zklock::zk::SessionEvent::Disconnected))
+        ) {}
+    })
+    .await;
+    // Both changes happen while the engine cannot hear of them; persistent watches do not
+    // replay them after the reconnection (ZOOKEEPER-4698).
+    direct.release(&holder.id).await.unwrap();
+    raw.set_data(&revoked.node, b"unlock", None).await.unwrap();
+    proxy.set_blackhole(false);
+
+    held(&mut waiter).await;
+    let state =
+        wait_state(&mut revoked, "the revocation request", |s| matches!(s, ContenderState::RevokeRequested { .. }))
+            .await;
+    assert!(state.is_held(), "a holder asked to let go still holds until it releases: {state:?}");
+    assert_eq!(behind_proxy.session_id(), session, "the session lived through the disconnection");
+}
