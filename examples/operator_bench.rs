@@ -351,7 +351,7 @@ impl Bench {
             (0..claims).map(|i| (format!("m{i}"), format!("mem-{}", i / per_lock))).collect();
         let created: Vec<Result<(), Error>> = futures::stream::iter(names.iter())
             .map(|(name, lock)| self.create(name, lock, None))
-            .buffer_unordered(std::env::var("C").ok().and_then(|c| c.parse().ok()).unwrap_or(32))
+            .buffer_unordered(32)
             .collect()
             .await;
         for r in created {
