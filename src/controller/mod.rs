@@ -174,7 +174,7 @@ pub async fn run(
                 let pending = matches!(phase, None | Some(crate::api::Phase::Pending));
                 let lock = claim.metadata.namespace.as_deref().map(|ns| seen.lock_path(ns, &claim.spec.lock_name));
                 let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
-                seen.registry.first_seen(uid, lock.as_deref(), created, pending);
+                seen.registry.first_seen(uid, &ObjectRef::from_obj(claim), lock.as_deref(), created, pending);
             }
         });
         Controller::for_stream(claims, reader)

@@ -24,16 +24,14 @@ pub struct Registry {
 
 #[derive(Default)]
 struct Inner {
-    claims: HashMap<String, Claim>,
+    /// Claim UID → what the operator knows of it. Small on purpose: one per claim served.
+    claims: HashMap<Box<str>, Claim>,
     /// (namespace, pod name) → claim UIDs naming that pod as holder.
     by_pod: HashMap<(String, String), HashSet<String>>,
     /// Claim UID → why re-anchoring could not keep its hold.
     verdicts: HashMap<String, String>,
     /// Lock path → when its last holder let go (for the handoff histogram).
     released_at: HashMap<String, Instant>,
-    /// Claim UID → the order in which the claim watch first delivered it (creation order for
-    /// claims created while the operator runs).
-    first_seen: HashMap<String, u64>,
     next_seen: u64,
     /// Lock path → claims ready to be enqueued, by (creation second, first seen): the gate that
     /// makes claims created in quick succession enter the queue in creation order even though
@@ -45,10 +43,32 @@ struct Inner {
 }
 
 struct Claim {
-    object: ObjectRef<LockClaim>,
-    lock: String,
-    pod: Option<String>,
+    name: Box<str>,
+    namespace: Box<str>,
+    /// Empty until the claim is validated.
+    lock: Box<str>,
+    pod: Option<Box<str>>,
     phase: Option<Phase>,
+    /// The order in which the claim watch first delivered it (creation order for claims
+    /// created while the operator runs).
+    seen: u64,
+}
+
+impl Claim {
+    fn new(object: &ObjectRef<LockClaim>, lock: &str, seen: u64) -> Claim {
+        Claim {
+            name: object.name.as_str().into(),
+            namespace: object.namespace.as_deref().unwrap_or_default().into(),
+            lock: lock.into(),
+            pod: None,
+            phase: None,
+            seen,
+        }
+    }
+
+    fn object(&self) -> ObjectRef<LockClaim> {
+        ObjectRef::new(&self.name).within(&self.namespace)
+    }
 }
 
 impl Inner {
@@ -72,10 +92,19 @@ impl Registry {
         if let Some(pod) = pod {
             inner.by_pod.entry((ns, pod.to_string())).or_default().insert(uid.to_string());
         }
-        let phase = inner.claims.get(uid).and_then(|c| c.phase);
-        inner
-            .claims
-            .insert(uid.to_string(), Claim { object, lock: lock.to_string(), pod: pod.map(str::to_string), phase });
+        if !inner.claims.contains_key(uid) {
+            inner.next_seen += 1;
+            let seen = inner.next_seen;
+            inner.claims.insert(uid.into(), Claim::new(&object, lock, seen));
+        }
+        if let Some(claim) = inner.claims.get_mut(uid) {
+            if *claim.lock != *lock {
+                claim.lock = lock.into();
+            }
+            if claim.pod.as_deref() != pod {
+                claim.pod = pod.map(Into::into);
+            }
+        }
     }
 
     pub fn set_phase(&self, uid: &str, phase: Option<Phase>) {
@@ -91,14 +120,21 @@ impl Registry {
     /// Notes the order in which the claim watch delivers claims. A claim not yet in any queue
     /// (`pending`) joins its lock's admission gate at once, so that claims created after it
     /// wait for it even before its first reconcile asks to enqueue.
-    pub fn first_seen(&self, uid: &str, lock: Option<&str>, created: i64, pending: bool) {
+    pub fn first_seen(
+        &self,
+        uid: &str,
+        object: &ObjectRef<LockClaim>,
+        lock: Option<&str>,
+        created: i64,
+        pending: bool,
+    ) {
         let mut inner = self.lock();
-        if inner.first_seen.contains_key(uid) {
+        if inner.claims.contains_key(uid) {
             return;
         }
         inner.next_seen += 1;
         let seen = inner.next_seen;
-        inner.first_seen.insert(uid.to_string(), seen);
+        inner.claims.insert(uid.into(), Claim::new(object, lock.unwrap_or_default(), seen));
         if let (true, Some(lock)) = (pending, lock) {
             inner.gate.entry(lock.to_string()).or_default().insert((created, seen), (uid.to_string(), Instant::now()));
         }
@@ -109,7 +145,7 @@ impl Registry {
     /// the queue (its reconcile keeps failing, say) no longer holds the others up.
     pub fn may_enqueue(&self, lock: &str, uid: &str, created: i64) -> bool {
         let mut inner = self.lock();
-        let seen = inner.first_seen.get(uid).copied().unwrap_or(u64::MAX);
+        let seen = inner.claims.get(uid).map_or(u64::MAX, |c| c.seen);
         let gate = inner.gate.entry(lock.to_string()).or_default();
         gate.retain(|_, (other, since)| other == uid || since.elapsed() < GATE_PATIENCE);
         if !gate.values().any(|(other, _)| other == uid) {
@@ -132,19 +168,18 @@ impl Registry {
         if gate.is_empty() {
             inner.gate.remove(lock);
         }
-        next.and_then(|n| inner.claims.get(&n).map(|c| c.object.clone()))
+        next.and_then(|n| inner.claims.get(n.as_str()).map(Claim::object))
     }
 
     pub fn forget(&self, uid: &str) {
         let mut inner = self.lock();
-        inner.first_seen.remove(uid);
         for gate in inner.gate.values_mut() {
             gate.retain(|_, (other, _)| other != uid);
         }
         if let Some(claim) = inner.claims.remove(uid) {
             inner.count(claim.phase, -1);
             if let Some(pod) = claim.pod {
-                let key = (claim.object.namespace.unwrap_or_default(), pod);
+                let key = (claim.namespace.into_string(), pod.into_string());
                 if let Some(set) = inner.by_pod.get_mut(&key) {
                     set.remove(uid);
                     if set.is_empty() {
@@ -157,32 +192,32 @@ impl Registry {
     }
 
     pub fn object(&self, uid: &str) -> Option<ObjectRef<LockClaim>> {
-        self.lock().claims.get(uid).map(|c| c.object.clone())
+        self.lock().claims.get(uid).map(Claim::object)
     }
 
     pub fn name(&self, uid: &str) -> Option<String> {
-        self.lock().claims.get(uid).map(|c| c.object.name.clone())
+        self.lock().claims.get(uid).map(|c| c.name.to_string())
     }
 
     pub fn claims_of_pod(&self, namespace: &str, pod: &str) -> Vec<ObjectRef<LockClaim>> {
         let inner = self.lock();
         let Some(uids) = inner.by_pod.get(&(namespace.to_string(), pod.to_string())) else { return vec![] };
-        uids.iter().filter_map(|uid| inner.claims.get(uid).map(|c| c.object.clone())).collect()
+        uids.iter().filter_map(|uid| inner.claims.get(uid.as_str()).map(Claim::object)).collect()
     }
 
     pub fn claims_with_holders(&self) -> Vec<ObjectRef<LockClaim>> {
-        self.lock().claims.values().filter(|c| c.pod.is_some()).map(|c| c.object.clone()).collect()
+        self.lock().claims.values().filter(|c| c.pod.is_some()).map(Claim::object).collect()
     }
 
     pub fn all(&self) -> Vec<ObjectRef<LockClaim>> {
-        self.lock().claims.values().map(|c| c.object.clone()).collect()
+        self.lock().claims.values().map(Claim::object).collect()
     }
 
     /// Locks with at least one claim recorded as Waiting.
     pub fn locks_with_waiters(&self) -> Vec<String> {
         let inner = self.lock();
         let set: HashSet<&str> =
-            inner.claims.values().filter(|c| c.phase == Some(Phase::Waiting)).map(|c| c.lock.as_str()).collect();
+            inner.claims.values().filter(|c| c.phase == Some(Phase::Waiting)).map(|c| &*c.lock).collect();
         set.into_iter().map(str::to_string).collect()
     }
 

@@ -24,7 +24,7 @@ pub(super) struct Book {
     pub locks: HashMap<Arc<str>, LockQueue>,
 }
 
-/// One contender: its node, the last decision about it, and what was published.
+/// One contender: its node and the last decision about it (its state is derived from these).
 pub(super) struct Member {
     pub lock: Arc<str>,
     /// The node's name in the lock directory.
@@ -42,7 +42,6 @@ pub(super) struct Member {
     /// Reads of the directory started before the node was entered here: those may not show it
     /// yet, and must not decide for it.
     pub reads_before: u64,
-    pub published: ContenderState,
     /// Only while somebody holds a handle on the contender (see `Contender`'s `Drop`).
     pub watchers: Option<watch::Sender<ContenderState>>,
     /// Told once the first decision is made (or dropped with the contender).

@@ -211,22 +211,21 @@ impl Shared {
         }
     }
 
-    /// Publishes `state` for contender `id` if it differs from what was published.
-    fn publish(&self, id: &str, member: &mut Member, state: ContenderState) {
-        if member.published == state {
+    /// Publishes `state` for contender `id` if it differs from `before` (the state the
+    /// contender had before the change at hand; states are derived, not stored).
+    fn publish(&self, id: &str, member: &Member, before: &ContenderState, state: ContenderState) {
+        if *before == state {
             return;
         }
-        member.published = state.clone();
         if let Some(tx) = &member.watchers {
             tx.send_replace(state.clone());
         }
         self.emit(EngineEvent::Contender { id: id.to_string(), state });
     }
 
-    /// Publishes what the member's decision and revocation request add up to.
-    fn publish_current(&self, id: &str, member: &mut Member) {
-        let state = current_state(member);
-        self.publish(id, member, state);
+    /// Publishes what the member's decision and revocation request add up to now.
+    fn publish_current(&self, id: &str, member: &Member, before: &ContenderState) {
+        self.publish(id, member, before, current_state(member));
     }
 
     /// Removes a contender from the book and publishes its final state.
@@ -238,7 +237,7 @@ impl Shared {
                 book.locks.remove(&member.lock);
             }
         }
-        self.publish(&key, &mut member, last);
+        self.publish(&key, &member, &current_state(&member), last);
         member.decided = None;
         Some(member)
     }
@@ -343,7 +342,7 @@ impl LockEngine {
 
     /// The state of contender `id`, if the engine tracks it.
     pub fn state(&self, id: &str) -> Option<ContenderState> {
-        lock(&self.inner.shared.book).contenders.get(id).map(|m| m.published.clone())
+        lock(&self.inner.shared.book).contenders.get(id).map(current_state)
     }
 
     /// The full path of contender `id`'s node, if the engine tracks it.
@@ -451,18 +450,18 @@ impl LockEngine {
             }
             (key, member)
         };
-        let (key, mut member) = member;
+        let (key, member) = member;
         let client = lock(&self.inner.session).clone().filter(|c| c.session_id().0 == member.session_id);
         let Some(client) = client else {
             // The node's session is over, and ephemeral nodes ended with it.
-            shared.publish(&key, &mut member, ContenderState::Released);
+            shared.publish(&key, &member, &current_state(&member), ContenderState::Released);
             return Ok(true);
         };
         let path = member.path();
         let deleting = tokio::spawn(async move {
             let result = delete_until_confirmed(&client, &shared, &path).await;
             if result.is_ok() {
-                shared.publish(&key, &mut member, ContenderState::Released);
+                shared.publish(&key, &member, &current_state(&member), ContenderState::Released);
             }
             result.map_err(|e| Error::zk("delete", &path, e))
         });
@@ -527,8 +526,9 @@ impl LockEngine {
             // Only the count: whom to watch is the event-driven part's business.
             if let Decision::Waiting { watch: fresh_watch, ahead: fresh } = recipe::decide_in(&queue, name) {
                 if fresh_watch == *watch && fresh != *ahead {
+                    let before = current_state(member);
                     member.decision = Some(Decision::Waiting { watch: fresh_watch, ahead: fresh });
-                    shared.publish_current(id, member);
+                    shared.publish_current(id, member, &before);
                     changed += 1;
                 }
             }
@@ -558,7 +558,7 @@ impl LockEngine {
 }
 
 fn make_handle(shared: &Arc<Shared>, id: &str, member: &mut Member) -> Contender {
-    let published = member.published.clone();
+    let published = current_state(member);
     let node = member.path();
     let tx = member.watchers.get_or_insert_with(|| watch::channel(published).0);
     Contender { id: id.to_string(), node, states: tx.subscribe(), shared: Arc::downgrade(shared) }
@@ -667,7 +667,6 @@ impl Inner {
                     revoke: None,
                     stale: true,
                     reads_before: book.locks.get(lock_path).map_or(0, |q| q.reads),
-                    published: ContenderState::Waiting { ahead: 0, watching: String::new() },
                     watchers: None,
                     decided: Some(tx),
                 };
@@ -853,8 +852,9 @@ async fn read_revocation(inner: Weak<Inner>, id: Arc<str>, path: String) {
     let mut book = lock(&shared.book);
     if let Some(member) = book.contenders.get_mut(&id).filter(|m| m.path() == path) {
         if member.revoke.is_none() {
+            let before = current_state(member);
             member.revoke = data::revoke_request(&body);
-            shared.publish_current(&id, member);
+            shared.publish_current(&id, member, &before);
         }
     }
 }
@@ -987,6 +987,7 @@ fn apply(shared: &Shared, lock_path: &str, read: Read, children: &[String]) -> b
             q.dirty = true;
             continue;
         }
+        let before = current_state(member);
         let decision = recipe::decide_in(&queue, &member.name);
         match &decision {
             Decision::Missing => {
@@ -1015,7 +1016,7 @@ fn apply(shared: &Shared, lock_path: &str, read: Read, children: &[String]) -> b
         if member.decision != Some(Decision::Held) {
             member.decision = Some(decision);
         }
-        shared.publish_current(id, member);
+        shared.publish_current(id, member, &before);
         if let Some(decided) = member.decided.take() {
             let _ = decided.send(());
         }
@@ -1110,8 +1111,9 @@ async fn refresh_revocations(client: &zk::Client, shared: &Shared, lock_path: &s
         let Ok((body, _)) = body else { continue };
         if let Some(member) = book.contenders.get_mut(id).filter(|m| m.path() == *path) {
             if member.revoke.is_none() {
+                let before = current_state(member);
                 member.revoke = data::revoke_request(&body);
-                shared.publish_current(id, member);
+                shared.publish_current(id, member, &before);
             }
         }
     }
