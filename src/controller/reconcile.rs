@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{finalizer, Event as Finalizer};
+use kube::runtime::finalizer::{finalizer, Error as FinalizerError, Event as Finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
@@ -28,14 +28,29 @@ pub async fn reconcile(claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<Actio
     if deleting == has_finalizer {
         ctx.metrics.api_writes.inc();
     }
-    finalizer(&api, FINALIZER, claim, |event| async {
+    let result = finalizer(&api, FINALIZER, claim, |event| async {
         match event {
             Finalizer::Apply(claim) => apply(claim, &ctx).await,
             Finalizer::Cleanup(claim) => cleanup(claim, &ctx).await,
         }
     })
-    .await
-    .map_err(|e| Error::Finalizer(e.to_string()))
+    .await;
+    match result {
+        Ok(action) => Ok(action),
+        // Our own errors keep their metric label.
+        Err(FinalizerError::ApplyFailed(e) | FinalizerError::CleanupFailed(e)) => Err(e),
+        // Gone already: an earlier reconcile removed the finalizer and the claim went with it.
+        Err(
+            FinalizerError::RemoveFinalizer(kube::Error::Api(s)) | FinalizerError::AddFinalizer(kube::Error::Api(s)),
+        ) if s.code == 404 => Ok(Action::await_change()),
+        // The finalizer patch tests the list it read; a cached copy older than our own last
+        // write fails that test. The watch event that carries the write is on its way.
+        Err(FinalizerError::AddFinalizer(kube::Error::Api(s))) if s.code == 422 || s.code == 409 => {
+            tracing::debug!(status = %s.message, "finalizer patch met a newer object; retrying soon");
+            Ok(Action::requeue(std::time::Duration::from_millis(500)))
+        }
+        Err(e) => Err(Error::Finalizer(e.to_string())),
+    }
 }
 
 async fn apply(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> {
