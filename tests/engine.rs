@@ -363,3 +363,20 @@ async fn changes_made_while_disconnected_are_caught_up_after_reconnecting() {
     assert!(state.is_held(), "a holder asked to let go still holds until it releases: {state:?}");
     assert_eq!(behind_proxy.session_id(), session, "the session lived through the disconnection");
 }
+
+#[tokio::test]
+async fn a_handle_of_an_earlier_incarnation_does_not_silence_the_new_one() {
+    let connect = chroot().await;
+    let engine = engine(&connect).await;
+    let mut holder = enqueue(&engine, LOCK, Mode::Exclusive).await;
+    held(&mut holder).await;
+    let again = spec(LOCK, Mode::Exclusive);
+    let first = engine.enqueue(again.clone()).await.unwrap();
+    assert!(engine.release(&first.id).await.unwrap());
+    // The same id comes back (a claim re-enqueued after a session loss does this).
+    let mut second = engine.enqueue(again).await.unwrap();
+    wait_state(&mut second, "the new incarnation waits", is_waiting).await;
+    drop(first);
+    engine.release(&holder.id).await.unwrap();
+    held(&mut second).await;
+}

@@ -10,7 +10,7 @@
 //! events recorded since it opened its window. Nothing that happened after the server answered
 //! is missed: either the dispatcher saw the contender already updated, or it recorded the event.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use tokio::sync::{oneshot, watch};
@@ -22,6 +22,9 @@ use crate::recipe::Decision;
 pub(super) struct Book {
     pub contenders: HashMap<Arc<str>, Member>,
     pub locks: HashMap<Arc<str>, LockQueue>,
+    /// Sessions that ended: nodes made in them are not entered any more. (A handful per
+    /// process lifetime: one per session loss.)
+    pub lost_sessions: HashSet<i64>,
 }
 
 /// One contender: its node and the last decision about it (its state is derived from these).

@@ -150,7 +150,8 @@ impl Drop for Contender {
         // Handles are never dropped while the book is locked.
         if let Some(shared) = self.shared.upgrade() {
             let mut book = lock(&shared.book);
-            if let Some(member) = book.contenders.get_mut(self.id.as_str()) {
+            // Only this incarnation's channel: the id may have come back with a new node.
+            if let Some(member) = book.contenders.get_mut(self.id.as_str()).filter(|m| m.path() == self.node) {
                 if member.watchers.as_ref().is_some_and(|tx| tx.receiver_count() <= 1) {
                     member.watchers = None;
                 }
@@ -170,7 +171,8 @@ impl Contender {
         Some(self.states.borrow_and_update().clone())
     }
 
-    /// Waits until the state satisfies `f` (checked at once, then on every change).
+    /// Waits until the state satisfies `f` (checked at once, then on every change). `f` runs
+    /// while the engine may be publishing: it must not call into the engine or drop handles.
     pub async fn wait_for(&mut self, mut f: impl FnMut(&ContenderState) -> bool) -> Option<ContenderState> {
         self.states.wait_for(|s| f(s)).await.ok().map(|s| s.clone())
     }
@@ -188,11 +190,11 @@ struct Inner {
     shared: Arc<Shared>,
     session: Mutex<Option<zk::Client>>,
     /// Parent directories of lock directories, watched recursively: path → (session, set up).
-    parents: Mutex<HashMap<String, ParentWatch>>,
+    parents: Mutex<HashMap<ParentKey, Arc<OnceCell<()>>>>,
 }
 
-/// The session a parent directory's recursive watch belongs to, and whether it is set up.
-type ParentWatch = (i64, Arc<OnceCell<()>>);
+/// A parent directory watched recursively, and the session whose watch it is.
+type ParentKey = (String, i64);
 
 /// What the engine's tasks share, without keeping the engine (and so its session) alive.
 pub(super) struct Shared {
@@ -378,14 +380,11 @@ impl LockEngine {
         let client = self.client()?;
         self.inner.watch_parent(&client, &spec.lock).await?;
         let (lock_path, window) = self.inner.open_window(&spec.lock);
-        let created = create_node(&client, &self.inner.shared, &self.inner.config, &spec).await;
-        let registered = match created {
-            Ok((name, stat)) => self.inner.register(&client, &lock_path, window, vec![(spec, name, stat)], want_handle),
-            Err(e) => {
-                self.inner.close_window(&lock_path, window);
-                return Err(e);
-            }
-        };
+        let mut guard = WindowGuard { inner: &self.inner, lock: lock_path.clone(), start: window, armed: true };
+        let (name, stat) = create_node(&client, &self.inner.shared, &self.inner.config, &spec).await?;
+        // `register` closes the window from here on.
+        guard.armed = false;
+        let registered = self.inner.register(&client, &lock_path, window, vec![(spec, name, stat)], want_handle)?;
         let mut joined = Inner::settle(registered).await;
         Ok(joined.pop().flatten())
     }
@@ -412,16 +411,12 @@ impl LockEngine {
         let client = self.client()?;
         self.inner.watch_parent(&client, lock_path).await?;
         let (lock_arc, window) = self.inner.open_window(lock_path);
-        let created =
-            match anchor::recreate(&client, &self.inner.shared, &self.inner.config, lock_path, &contenders).await {
-                Ok(created) => created,
-                Err(e) => {
-                    self.inner.close_window(&lock_arc, window);
-                    return Err(e);
-                }
-            };
+        let mut guard = WindowGuard { inner: &self.inner, lock: lock_arc.clone(), start: window, armed: true };
+        let created = anchor::recreate(&client, &self.inner.shared, &self.inner.config, lock_path, &contenders).await?;
+        // `register` closes the window from here on.
+        guard.armed = false;
         let nodes = contenders.into_iter().zip(created.nodes).map(|(spec, (name, stat))| (spec, name, stat)).collect();
-        let registered = self.inner.register(&client, &lock_arc, window, nodes, true);
+        let registered = self.inner.register(&client, &lock_arc, window, nodes, true)?;
         let handles = Inner::settle(registered).await;
         Ok(Reanchored { contenders: handles.into_iter().flatten().collect(), foreign_seen: created.foreign_seen })
     }
@@ -459,11 +454,23 @@ impl LockEngine {
         };
         let path = member.path();
         let deleting = tokio::spawn(async move {
-            let result = delete_until_confirmed(&client, &shared, &path).await;
-            if result.is_ok() {
-                shared.publish(&key, &member, &current_state(&member), ContenderState::Released);
+            match delete_until_confirmed(&client, &shared, &path).await {
+                Ok(()) => {
+                    shared.publish(&key, &member, &current_state(&member), ContenderState::Released);
+                    Ok(())
+                }
+                Err(e) => {
+                    // The node is still there (ZooKeeper refused the delete): keep tracking it,
+                    // so that its state stays true and the release can be tried again.
+                    let mut book = lock(&shared.book);
+                    if !book.lost_sessions.contains(&member.session_id) && !book.contenders.contains_key(&key) {
+                        let q = book.locks.entry(member.lock.clone()).or_default();
+                        q.nodes.insert(member.sequence, key.clone());
+                        book.contenders.insert(key, member);
+                    }
+                    Err(Error::zk("delete", &path, e))
+                }
             }
-            result.map_err(|e| Error::zk("delete", &path, e))
         });
         match deleting.await {
             Ok(result) => result.map(|()| true),
@@ -557,6 +564,23 @@ impl LockEngine {
     }
 }
 
+/// Closes a create's window when the create fails or its caller gives up on it (drops the
+/// future) before the nodes are registered; otherwise the lock would record events forever.
+struct WindowGuard<'a> {
+    inner: &'a Inner,
+    lock: Arc<str>,
+    start: u64,
+    armed: bool,
+}
+
+impl Drop for WindowGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.inner.close_window(&self.lock, self.start);
+        }
+    }
+}
+
 fn make_handle(shared: &Arc<Shared>, id: &str, member: &mut Member) -> Contender {
     let published = current_state(member);
     let node = member.path();
@@ -578,17 +602,7 @@ impl Inner {
     async fn watch_parent(self: &Arc<Self>, client: &zk::Client, lock_path: &str) -> Result<(), Error> {
         let parent = parent_of(lock_path);
         let session_id = client.session_id().0;
-        let cell = {
-            let mut parents = lock(&self.parents);
-            match parents.get(parent) {
-                Some((sid, cell)) if *sid == session_id => cell.clone(),
-                _ => {
-                    let cell = Arc::new(OnceCell::new());
-                    parents.insert(parent.to_string(), (session_id, cell.clone()));
-                    cell
-                }
-            }
-        };
+        let cell = lock(&self.parents).entry((parent.to_string(), session_id)).or_default().clone();
         cell.get_or_try_init(|| async {
             let watcher = retry::idempotent(|| client.watch(parent, zk::AddWatchMode::PersistentRecursive))
                 .await
@@ -634,7 +648,7 @@ impl Inner {
         window: u64,
         nodes: Vec<(ContenderSpec, String, zk::Stat)>,
         want_handles: bool,
-    ) -> Registered {
+    ) -> Result<Registered, Error> {
         let shared = &self.shared;
         let session_id = client.session_id().0;
         let mut registered = Vec::with_capacity(nodes.len());
@@ -642,6 +656,15 @@ impl Inner {
         let mut data_changed = vec![];
         let start = {
             let mut book = lock(&shared.book);
+            if book.lost_sessions.contains(&session_id) {
+                // The session ended while the nodes were being made: they go with it, and
+                // nobody would ever decide for them.
+                if let Some(q) = book.locks.get_mut(&**lock_path) {
+                    q.close(window);
+                }
+                drop_if_idle(&mut book, lock_path);
+                return Err(Error::SessionLost);
+            }
             for (spec, name, stat) in nodes {
                 if book.contenders.contains_key(spec.id.as_str()) {
                     extra.push(format!("{lock_path}/{name}"));
@@ -703,7 +726,7 @@ impl Inner {
                 }
             });
         }
-        registered
+        Ok(registered)
     }
 
     /// Waits until every registered node has had its first decision.
@@ -727,9 +750,10 @@ impl Inner {
                 *session = None;
             }
         }
-        lock(&self.parents).retain(|_, (sid, _)| *sid != session_id);
+        lock(&self.parents).retain(|(_, sid), _| *sid != session_id);
         {
             let mut book = lock(&self.shared.book);
+            book.lost_sessions.insert(session_id);
             let ids: Vec<Arc<str>> =
                 book.contenders.iter().filter(|(_, m)| m.session_id == session_id).map(|(id, _)| id.clone()).collect();
             for id in ids {
@@ -747,7 +771,7 @@ impl Inner {
         let mut read_data = None;
         {
             let mut book = lock(&shared.book);
-            let Book { contenders, locks } = &mut *book;
+            let Book { contenders, locks, .. } = &mut *book;
             let Some(lock_key) = locks.get_key_value(dir).map(|(k, _)| k.clone()) else { return };
             let Some(q) = locks.get_mut(dir) else { return };
             q.record(name, event);
@@ -800,7 +824,7 @@ impl Inner {
         let mut start = vec![];
         {
             let mut book = lock(&self.shared.book);
-            let Book { contenders, locks } = &mut *book;
+            let Book { contenders, locks, .. } = &mut *book;
             for (path, q) in locks.iter_mut() {
                 let ours = q.nodes.values().any(|id| contenders.get(id).is_some_and(|m| m.session_id == session_id));
                 if path.starts_with(&prefix) && ours {
@@ -859,6 +883,9 @@ async fn read_revocation(inner: Weak<Inner>, id: Arc<str>, path: String) {
     }
 }
 
+/// How long an evaluation waits before going round again after its session ended.
+const SESSION_END_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Reads a lock directory and decides for the contenders that need it, until no new reason to
 /// read again came up meanwhile. One task per lock at a time.
 async fn evaluate(inner: Weak<Inner>, lock_path: Arc<str>) {
@@ -867,7 +894,15 @@ async fn evaluate(inner: Weak<Inner>, lock_path: Arc<str>) {
         let shared = engine.shared.clone();
         let client = match engine.client() {
             Ok(client) => client,
-            Err(_) => return stop_evaluating(&shared, &lock_path),
+            // No session: whoever makes nodes in a new one asks for an evaluation again.
+            Err(_) => {
+                let mut book = lock(&shared.book);
+                if let Some(q) = book.locks.get_mut(&*lock_path) {
+                    q.evaluating = false;
+                }
+                drop_if_idle(&mut book, &lock_path);
+                return;
+            }
         };
         let session_id = client.session_id().0;
         drop(engine);
@@ -888,72 +923,112 @@ async fn evaluate(inner: Weak<Inner>, lock_path: Arc<str>) {
         let (children, pzxid) = match read {
             Ok(read) => read,
             Err(e) => {
-                fail_lock(&shared, &lock_path, window, session_id, e);
+                // After a session end, give its monitor the time to swap the session.
+                let pause = retry::is_session_end(&e);
+                if fail_lock(&shared, &client, &lock_path, window, e) {
+                    if pause {
+                        tokio::time::sleep(SESSION_END_PAUSE).await;
+                    }
+                    continue;
+                }
                 return;
             }
         };
         // Repairs that need ZooKeeper first; then read again.
         match repair(&client, &shared, &lock_path, session_id, &children).await {
             Ok(true) => {
-                close_and_continue(&shared, &lock_path, window);
+                let mut book = lock(&shared.book);
+                if let Some(q) = book.locks.get_mut(&*lock_path) {
+                    q.close(window);
+                }
                 continue;
             }
             Ok(false) => {}
             Err(e) => {
-                fail_lock(&shared, &lock_path, window, session_id, e);
+                // After a session end, give its monitor the time to swap the session.
+                let pause = retry::is_session_end(&e);
+                if fail_lock(&shared, &client, &lock_path, window, e) {
+                    if pause {
+                        tokio::time::sleep(SESSION_END_PAUSE).await;
+                    }
+                    continue;
+                }
                 return;
             }
         }
         if full {
             refresh_revocations(&client, &shared, &lock_path, session_id).await;
         }
-        let again = apply(&shared, &lock_path, Read { window, number, session_id, pzxid, full }, &children);
-        if !again {
+        let current = inner.upgrade().and_then(|i| i.client().ok()).map(|c| c.session_id().0);
+        let read = Read { window, number, session_id, current, pzxid, full };
+        if !apply(&shared, &lock_path, read, &children) {
             return;
         }
     }
 }
 
-fn close_and_continue(shared: &Shared, lock_path: &str, window: u64) {
+/// Forgets a lock nobody needs any more.
+fn drop_if_idle(book: &mut Book, lock_path: &str) {
+    if book.locks.get(lock_path).is_some_and(LockQueue::is_idle) {
+        book.locks.remove(lock_path);
+    }
+}
+
+/// Ends an evaluation round unless another was asked for meanwhile; true to go round again.
+/// Decided under the same lock that `request_evaluation` takes, so no request is lost.
+fn finish_round(book: &mut Book, lock_path: &str) -> bool {
+    let Some(q) = book.locks.get_mut(lock_path) else { return false };
+    if q.dirty {
+        return true;
+    }
+    q.evaluating = false;
+    drop_if_idle(book, lock_path);
+    false
+}
+
+/// A read or a repair failed. A session end is its monitor's business: go round again (the
+/// next round takes the new session, if any). Any other failure leaves the contenders waiting
+/// for a decision without one: they are lost, and their nodes are deleted so that they do not
+/// block the queue. Returns true to go round again.
+fn fail_lock(shared: &Arc<Shared>, client: &zk::Client, lock_path: &str, window: u64, e: zk::Error) -> bool {
+    let session_id = client.session_id().0;
     let mut book = lock(&shared.book);
     if let Some(q) = book.locks.get_mut(lock_path) {
         q.close(window);
     }
-}
-
-fn stop_evaluating(shared: &Shared, lock_path: &str) {
-    let mut book = lock(&shared.book);
-    if let Some(q) = book.locks.get_mut(lock_path) {
-        q.evaluating = false;
-        if q.is_idle() {
-            book.locks.remove(lock_path);
+    if retry::is_session_end(&e) {
+        if let Some(q) = book.locks.get_mut(lock_path) {
+            q.dirty = true;
+        }
+        return finish_round(&mut book, lock_path);
+    }
+    tracing::warn!(lock = %lock_path, error = %e, "cannot read the lock directory");
+    let stale: Vec<Arc<str>> = book
+        .locks
+        .get(lock_path)
+        .map(|q| q.nodes.values().cloned().collect::<Vec<Arc<str>>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|id| book.contenders.get(id).is_some_and(|m| m.stale && m.session_id == session_id))
+        .collect();
+    let mut orphans = vec![];
+    for id in stale {
+        let lost = LostReason::Failed(e.to_string());
+        if let Some(member) = shared.remove(&mut book, &id, ContenderState::Lost { why: lost }) {
+            orphans.push(member.path());
         }
     }
-}
-
-/// A read failed for good: unless the session ended (its monitor reports that), the
-/// contenders waiting for a decision cannot get one.
-fn fail_lock(shared: &Shared, lock_path: &str, window: u64, session_id: i64, e: zk::Error) {
-    let mut book = lock(&shared.book);
-    if let Some(q) = book.locks.get_mut(lock_path) {
-        q.close(window);
-    }
-    if !retry::is_session_end(&e) {
-        tracing::warn!(lock = %lock_path, error = %e, "cannot read the lock directory");
-        let stale: Vec<Arc<str>> = book
-            .locks
-            .get(lock_path)
-            .map(|q| q.nodes.values().cloned().collect::<Vec<Arc<str>>>())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|id| book.contenders.get(id).is_some_and(|m| m.stale && m.session_id == session_id))
-            .collect();
-        for id in stale {
-            shared.remove(&mut book, &id, ContenderState::Lost { why: LostReason::Failed(e.to_string()) });
-        }
-    }
+    let again = finish_round(&mut book, lock_path);
     drop(book);
-    stop_evaluating(shared, lock_path);
+    if !orphans.is_empty() {
+        let (client, shared) = (client.clone(), shared.clone());
+        tokio::spawn(async move {
+            for path in orphans {
+                let _ = delete_until_confirmed(&client, &shared, &path).await;
+            }
+        });
+    }
+    again
 }
 
 /// One read of a lock directory, as `apply` needs to know it.
@@ -963,6 +1038,8 @@ struct Read {
     /// Its number among the directory's reads.
     number: u64,
     session_id: i64,
+    /// The engine's session when the answer is applied.
+    current: Option<i64>,
     /// The directory's pzxid in the answer.
     pzxid: i64,
     /// Decide for every contender, not only the stale ones.
@@ -971,15 +1048,23 @@ struct Read {
 
 /// Applies one read of the directory; returns true when it must be read again.
 fn apply(shared: &Shared, lock_path: &str, read: Read, children: &[String]) -> bool {
-    let Read { window, number, session_id, pzxid, full } = read;
+    let Read { window, number, session_id, current, pzxid, full } = read;
     let queue = recipe::queue(children);
     let mut book = lock(&shared.book);
-    let Book { contenders, locks } = &mut *book;
+    let Book { contenders, locks, .. } = &mut *book;
     let Some(q) = locks.get_mut(lock_path) else { return false };
     let mut missing = vec![];
     for id in q.nodes.values() {
         let Some(member) = contenders.get_mut(id) else { continue };
-        if member.session_id != session_id || !(member.stale || full) {
+        if !(member.stale || full) {
+            continue;
+        }
+        if member.session_id != session_id {
+            // Made in a newer session than this read: the next round, on that session, decides.
+            // (Members of an older one go with it.)
+            if Some(member.session_id) == current {
+                q.dirty = true;
+            }
             continue;
         }
         if member.reads_before >= number {
@@ -1022,21 +1107,10 @@ fn apply(shared: &Shared, lock_path: &str, read: Read, children: &[String]) -> b
         }
     }
     q.close(window);
-    let again = q.dirty;
-    if !again {
-        q.evaluating = false;
-    }
     for id in missing {
         shared.remove(&mut book, &id, ContenderState::Lost { why: LostReason::DeletedByOther });
     }
-    if !again {
-        if let Some(q) = book.locks.get(lock_path) {
-            if q.is_idle() {
-                book.locks.remove(lock_path);
-            }
-        }
-    }
-    again
+    finish_round(&mut book, lock_path)
 }
 
 /// Before deciding: deletes second nodes carrying the id of one of our contenders, and marks
