@@ -380,3 +380,45 @@ async fn a_handle_of_an_earlier_incarnation_does_not_silence_the_new_one() {
     engine.release(&holder.id).await.unwrap();
     held(&mut second).await;
 }
+
+#[tokio::test]
+async fn a_dropped_connection_asks_holders_of_foreign_shared_locks_to_let_go() {
+    let server = ZkServer::shared();
+    let connect = server.chroot().await;
+    let chroot = &connect[connect.find('/').unwrap()..];
+    let proxy = Proxy::start(server.addr()).await;
+    let config = ZkConfig::new(proxy.connect_string(chroot)).with_session_timeout(Duration::from_secs(20));
+    let (engine, mut events) = LockEngine::connect_with_events(config).await.unwrap();
+    let raw = raw_client(&connect).await;
+    // A lock another ZooKeeper client uses: the engine sees its node while deciding.
+    let shared_lock = "/locks/ns/shared-with-curator";
+    raw.mkdir(shared_lock, &zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all())).await.unwrap();
+    let options = zkc::CreateMode::EphemeralSequential.with_acls(zkc::Acls::anyone_all());
+    let (_, foreign_seq) = raw.create(&format!("{shared_lock}/_c_1234-lock-"), b"", &options).await.unwrap();
+    let mut in_shared = enqueue(&engine, shared_lock, Mode::Exclusive).await;
+    wait_state(&mut in_shared, "behind the foreign node", is_waiting).await;
+    raw.delete(&format!("{shared_lock}/_c_1234-lock-{foreign_seq}"), None).await.unwrap();
+    let token = held(&mut in_shared).await;
+    let mut in_ours = enqueue(&engine, LOCK, Mode::Exclusive).await;
+    held(&mut in_ours).await;
+
+    proxy.set_blackhole(true);
+    let state =
+        wait_state(&mut in_shared, "asked to let go", |s| matches!(s, ContenderState::RevokeRequested { .. })).await;
+    assert_eq!(state.fencing_token(), Some(token), "still the holder until it releases: {state:?}");
+    within("the engine to report the disconnection", async {
+        while !matches!(
+            events.recv().await,
+            Some(zklock::zk::EngineEvent::Session(zklock::zk::SessionEvent::Disconnected))
+        ) {}
+    })
+    .await;
+    assert!(matches!(in_ours.state(), ContenderState::Held { .. }), "a zklock-only hold is not disturbed");
+    proxy.set_blackhole(false);
+    // Sticky: the request stands after the connection comes back, and the zklock-only hold is
+    // untouched.
+    let request = in_shared.state();
+    assert!(matches!(request, ContenderState::RevokeRequested { .. }), "{request:?}");
+    engine.release(&in_shared.id).await.unwrap();
+    assert!(in_ours.state().is_held());
+}

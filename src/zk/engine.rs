@@ -416,6 +416,9 @@ impl LockEngine {
         // `register` closes the window from here on.
         guard.armed = false;
         let nodes = contenders.into_iter().zip(created.nodes).map(|(spec, (name, stat))| (spec, name, stat)).collect();
+        if created.foreign_seen {
+            lock(&self.inner.shared.foreign_marked).insert(lock_path.to_string());
+        }
         let registered = self.inner.register(&client, &lock_arc, window, nodes, true)?;
         let handles = Inner::settle(registered).await;
         Ok(Reanchored { contenders: handles.into_iter().flatten().collect(), foreign_seen: created.foreign_seen })
@@ -763,6 +766,26 @@ impl Inner {
         self.shared.emit(EngineEvent::Session(SessionEvent::Lost { session_id }));
     }
 
+    /// The connection dropped. Whether the session survives is unknown until it comes back, and
+    /// the server may expire it before this client can tell (it only gives up after 7/5 of the
+    /// session timeout). In a lock that clients other than zklock use, one of them could then be
+    /// granted the lock while our holder still reads Held. So, choosing safety over an
+    /// uninterrupted hold, holders there are asked to let go at once, as if revoked; in
+    /// zklock-only locks nobody else can be granted, and holders keep the lock.
+    fn suspend_shared_holds(&self, session_id: i64) {
+        let shared = &self.shared;
+        let marked = lock(&shared.foreign_marked).clone();
+        let mut book = lock(&shared.book);
+        for (id, member) in book.contenders.iter_mut() {
+            let held = matches!(member.decision, Some(Decision::Held));
+            if member.session_id == session_id && held && member.revoke.is_none() && marked.contains(&*member.lock) {
+                let before = current_state(member);
+                member.revoke = Some(CONNECTION_LOST.to_string());
+                shared.publish_current(id, member, &before);
+            }
+        }
+    }
+
     /// A node event from the recursive watch of session `session_id`.
     fn on_node_event(self: &Arc<Self>, session_id: i64, path: &str, event: NodeEvent) {
         let Some((dir, name)) = path.rsplit_once('/') else { return };
@@ -882,6 +905,10 @@ async fn read_revocation(inner: Weak<Inner>, id: Arc<str>, path: String) {
         }
     }
 }
+
+/// The revocation reason given to holders in foreign-shared locks when the connection drops.
+pub const CONNECTION_LOST: &str =
+    "the ZooKeeper connection dropped and this lock is shared with clients other than zklock, which may be granted it if the session expires";
 
 /// How long an evaluation waits before going round again after its session ended.
 const SESSION_END_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
@@ -1198,7 +1225,10 @@ async fn monitor_session(inner: Weak<Inner>, mut states: zk::StateWatcher, sessi
         let state = states.changed().await;
         let Some(inner) = inner.upgrade() else { return };
         match state {
-            zk::SessionState::Disconnected => inner.shared.emit(EngineEvent::Session(SessionEvent::Disconnected)),
+            zk::SessionState::Disconnected => {
+                inner.suspend_shared_holds(session_id);
+                inner.shared.emit(EngineEvent::Session(SessionEvent::Disconnected))
+            }
             zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
                 inner.shared.emit(EngineEvent::Session(SessionEvent::Reconnected))
             }
