@@ -8,13 +8,34 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use support::*;
+use tokio::sync::mpsc::UnboundedReceiver;
 use zklock::recipe::Mode;
-use zklock::zk::{ContenderState, LockEngine, LostReason, ZkConfig};
+use zklock::zk::{ContenderState, EngineEvent, LockEngine, LostReason, SessionEvent, ZkConfig};
 use zklock_testkit::proxy::Proxy;
 use zklock_testkit::ZkServer;
 use zookeeper_client as zkc;
 
 const LOCK: &str = "/locks/ns/db";
+
+/// An engine that reaches the shared server through a fault-injecting proxy, its event stream,
+/// and the direct connect string (chroot included) for other clients.
+async fn behind_proxy(session_timeout: Duration) -> (Proxy, LockEngine, UnboundedReceiver<EngineEvent>, String) {
+    let server = ZkServer::shared();
+    let connect = server.chroot().await;
+    let chroot = &connect[connect.find('/').unwrap()..];
+    let proxy = Proxy::start(server.addr()).await;
+    let config = ZkConfig::new(proxy.connect_string(chroot)).with_session_timeout(session_timeout);
+    let (engine, events) = LockEngine::connect_with_events(config).await.unwrap();
+    (proxy, engine, events, connect)
+}
+
+/// Waits until the engine reports that its connection dropped.
+async fn disconnected(events: &mut UnboundedReceiver<EngineEvent>) {
+    within("the engine to report the disconnection", async {
+        while !matches!(events.recv().await, Some(EngineEvent::Session(SessionEvent::Disconnected))) {}
+    })
+    .await;
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_concurrent_contenders_never_overlap() {
@@ -280,12 +301,7 @@ async fn an_earlier_sessions_node_with_the_same_id_is_removed() {
 
 #[tokio::test]
 async fn session_expiry_turns_every_contender_lost_and_a_new_session_works() {
-    let server = ZkServer::shared();
-    let connect = server.chroot().await;
-    let chroot = &connect[connect.find('/').unwrap()..];
-    let proxy = Proxy::start(server.addr()).await;
-    let config = ZkConfig::new(proxy.connect_string(chroot)).with_session_timeout(Duration::from_secs(2));
-    let (engine, mut events) = LockEngine::connect_with_events(config).await.unwrap();
+    let (proxy, engine, mut events, connect) = behind_proxy(Duration::from_secs(2)).await;
     let raw = raw_client(&connect).await;
     let mut a = enqueue(&engine, LOCK, Mode::Exclusive).await;
     held(&mut a).await;
@@ -317,20 +333,15 @@ async fn session_expiry_turns_every_contender_lost_and_a_new_session_works() {
     assert!(!engine.release(&a.id).await.unwrap(), "a is gone with its session");
     let mut saw_lost = false;
     while let Ok(event) = events.try_recv() {
-        saw_lost |= matches!(event, zklock::zk::EngineEvent::Session(zklock::zk::SessionEvent::Lost { .. }));
+        saw_lost |= matches!(event, EngineEvent::Session(SessionEvent::Lost { .. }));
     }
     assert!(saw_lost, "the event stream reports the session loss");
 }
 
 #[tokio::test]
 async fn changes_made_while_disconnected_are_caught_up_after_reconnecting() {
-    let server = ZkServer::shared();
-    let connect = server.chroot().await;
-    let chroot = &connect[connect.find('/').unwrap()..];
-    let proxy = Proxy::start(server.addr()).await;
     // Long enough a session that the disconnection below does not expire it.
-    let config = ZkConfig::new(proxy.connect_string(chroot)).with_session_timeout(Duration::from_secs(20));
-    let (behind_proxy, mut events) = LockEngine::connect_with_events(config).await.unwrap();
+    let (proxy, behind_proxy, mut events, connect) = behind_proxy(Duration::from_secs(20)).await;
     let direct = engine(&connect).await;
     let raw = raw_client(&connect).await;
     let other_lock = "/locks/ns/cache";
@@ -343,13 +354,7 @@ async fn changes_made_while_disconnected_are_caught_up_after_reconnecting() {
     let session = behind_proxy.session_id();
 
     proxy.set_blackhole(true);
-    within("the engine to see the disconnection", async {
-        while !matches!(
-            events.recv().await,
-            Some(zklock::zk::EngineEvent::Session(zklock::zk::SessionEvent::Disconnected))
-        ) {}
-    })
-    .await;
+    disconnected(&mut events).await;
     // Both changes happen while the engine cannot hear of them; persistent watches do not
     // replay them after the reconnection (ZOOKEEPER-4698).
     direct.release(&holder.id).await.unwrap();
@@ -383,12 +388,7 @@ async fn a_handle_of_an_earlier_incarnation_does_not_silence_the_new_one() {
 
 #[tokio::test]
 async fn a_dropped_connection_asks_holders_of_foreign_shared_locks_to_let_go() {
-    let server = ZkServer::shared();
-    let connect = server.chroot().await;
-    let chroot = &connect[connect.find('/').unwrap()..];
-    let proxy = Proxy::start(server.addr()).await;
-    let config = ZkConfig::new(proxy.connect_string(chroot)).with_session_timeout(Duration::from_secs(20));
-    let (engine, mut events) = LockEngine::connect_with_events(config).await.unwrap();
+    let (proxy, engine, mut events, connect) = behind_proxy(Duration::from_secs(20)).await;
     let raw = raw_client(&connect).await;
     // A lock another ZooKeeper client uses: the engine sees its node while deciding.
     let shared_lock = "/locks/ns/shared-with-curator";
@@ -406,13 +406,7 @@ async fn a_dropped_connection_asks_holders_of_foreign_shared_locks_to_let_go() {
     let state =
         wait_state(&mut in_shared, "asked to let go", |s| matches!(s, ContenderState::RevokeRequested { .. })).await;
     assert_eq!(state.fencing_token(), Some(token), "still the holder until it releases: {state:?}");
-    within("the engine to report the disconnection", async {
-        while !matches!(
-            events.recv().await,
-            Some(zklock::zk::EngineEvent::Session(zklock::zk::SessionEvent::Disconnected))
-        ) {}
-    })
-    .await;
+    disconnected(&mut events).await;
     assert!(matches!(in_ours.state(), ContenderState::Held { .. }), "a zklock-only hold is not disturbed");
     proxy.set_blackhole(false);
     // Sticky: the request stands after the connection comes back, and the zklock-only hold is

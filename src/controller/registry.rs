@@ -72,6 +72,17 @@ impl Claim {
 }
 
 impl Inner {
+    /// Enters a claim not seen before, in first-seen order; returns its place in that order,
+    /// or `None` when it was known already.
+    fn enter(&mut self, uid: &str, object: &ObjectRef<LockClaim>, lock: &str) -> Option<u64> {
+        if self.claims.contains_key(uid) {
+            return None;
+        }
+        self.next_seen += 1;
+        self.claims.insert(uid.into(), Claim::new(object, lock, self.next_seen));
+        Some(self.next_seen)
+    }
+
     fn count(&mut self, phase: Option<Phase>, by: i64) {
         if let Some(phase) = phase {
             *self.counts.entry(phase).or_insert(0) += by;
@@ -92,11 +103,7 @@ impl Registry {
         if let Some(pod) = pod {
             inner.by_pod.entry((ns, pod.to_string())).or_default().insert(uid.to_string());
         }
-        if !inner.claims.contains_key(uid) {
-            inner.next_seen += 1;
-            let seen = inner.next_seen;
-            inner.claims.insert(uid.into(), Claim::new(&object, lock, seen));
-        }
+        inner.enter(uid, &object, lock);
         if let Some(claim) = inner.claims.get_mut(uid) {
             if *claim.lock != *lock {
                 claim.lock = lock.into();
@@ -129,12 +136,7 @@ impl Registry {
         pending: bool,
     ) {
         let mut inner = self.lock();
-        if inner.claims.contains_key(uid) {
-            return;
-        }
-        inner.next_seen += 1;
-        let seen = inner.next_seen;
-        inner.claims.insert(uid.into(), Claim::new(object, lock.unwrap_or_default(), seen));
+        let Some(seen) = inner.enter(uid, object, lock.unwrap_or_default()) else { return };
         if let (true, Some(lock)) = (pending, lock) {
             inner.gate.entry(lock.to_string()).or_default().insert((created, seen), (uid.to_string(), Instant::now()));
         }

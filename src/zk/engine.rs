@@ -232,17 +232,21 @@ impl Shared {
 
     /// Removes a contender from the book and publishes its final state.
     fn remove(&self, book: &mut Book, id: &str, last: ContenderState) -> Option<Member> {
-        let (key, mut member) = book.contenders.remove_entry(id)?;
-        if let Some(q) = book.locks.get_mut(&member.lock) {
-            q.nodes.remove(&member.sequence);
-            if q.is_idle() {
-                book.locks.remove(&member.lock);
-            }
-        }
+        let (key, mut member) = take(book, id)?;
         self.publish(&key, &member, &current_state(&member), last);
         member.decided = None;
         Some(member)
     }
+}
+
+/// Takes a contender out of the book (and its lock, once nothing else needs it).
+fn take(book: &mut Book, id: &str) -> Option<(Arc<str>, Member)> {
+    let (key, member) = book.contenders.remove_entry(id)?;
+    if let Some(q) = book.locks.get_mut(&member.lock) {
+        q.nodes.remove(&member.sequence);
+    }
+    drop_if_idle(book, &member.lock);
+    Some((key, member))
 }
 
 /// The state a member's decision and revocation request add up to.
@@ -437,18 +441,7 @@ impl LockEngine {
     pub async fn release(&self, id: &str) -> Result<bool, Error> {
         let shared = self.inner.shared.clone();
         // Out of the book first: the deletion event that follows is then nobody's loss.
-        let member = {
-            let mut book = lock(&shared.book);
-            let Some((key, member)) = book.contenders.remove_entry(id) else { return Ok(false) };
-            if let Some(q) = book.locks.get_mut(&member.lock) {
-                q.nodes.remove(&member.sequence);
-                if q.is_idle() {
-                    book.locks.remove(&member.lock);
-                }
-            }
-            (key, member)
-        };
-        let (key, member) = member;
+        let Some((key, member)) = take(&mut lock(&shared.book), id) else { return Ok(false) };
         let client = lock(&self.inner.session).clone().filter(|c| c.session_id().0 == member.session_id);
         let Some(client) = client else {
             // The node's session is over, and ephemeral nodes ended with it.
@@ -635,10 +628,8 @@ impl Inner {
         let mut book = lock(&self.shared.book);
         if let Some(q) = book.locks.get_mut(lock_path) {
             q.close(window);
-            if q.is_idle() {
-                book.locks.remove(lock_path);
-            }
         }
+        drop_if_idle(&mut book, lock_path);
     }
 
     /// Enters freshly made nodes in the book, asks for their first decision and closes the
@@ -895,13 +886,16 @@ async fn read_revocation(inner: Weak<Inner>, id: Arc<str>, path: String) {
         Err(_) => return,
     };
     let Some(inner) = inner.upgrade() else { return };
-    let shared = &inner.shared;
-    let mut book = lock(&shared.book);
-    if let Some(member) = book.contenders.get_mut(&id).filter(|m| m.path() == path) {
+    note_revocation(&inner.shared, &mut lock(&inner.shared.book), &id, &path, &body);
+}
+
+/// Records the revocation request in a contender's node data, if its node is still `path`.
+fn note_revocation(shared: &Shared, book: &mut Book, id: &str, path: &str, body: &[u8]) {
+    if let Some(member) = book.contenders.get_mut(id).filter(|m| m.path() == path) {
         if member.revoke.is_none() {
             let before = current_state(member);
-            member.revoke = data::revoke_request(&body);
-            shared.publish_current(&id, member, &before);
+            member.revoke = data::revoke_request(body);
+            shared.publish_current(id, member, &before);
         }
     }
 }
@@ -940,37 +934,16 @@ async fn evaluate(inner: Weak<Inner>, lock_path: Arc<str>) {
             q.reads += 1;
             (q.open(), std::mem::take(&mut q.full), q.reads)
         };
-        Stats::bump(&shared.stats.children_reads);
-        let read = match retry::idempotent(|| client.get_children(&lock_path)).await {
-            Ok((children, stat)) => Ok((children, stat.pzxid)),
-            // No directory, no nodes: every contender in it is gone.
-            Err(zk::Error::NoNode) => Ok((vec![], 0)),
-            Err(e) => Err(e),
-        };
-        let (children, pzxid) = match read {
-            Ok(read) => read,
-            Err(e) => {
-                // After a session end, give its monitor the time to swap the session.
-                let pause = retry::is_session_end(&e);
-                if fail_lock(&shared, &client, &lock_path, window, e) {
-                    if pause {
-                        tokio::time::sleep(SESSION_END_PAUSE).await;
-                    }
-                    continue;
-                }
-                return;
-            }
-        };
-        // Repairs that need ZooKeeper first; then read again.
-        match repair(&client, &shared, &lock_path, session_id, &children).await {
-            Ok(true) => {
+        let (children, pzxid) = match read_and_repair(&client, &shared, &lock_path).await {
+            Ok(Some(read)) => read,
+            // A repair changed the directory: read it again.
+            Ok(None) => {
                 let mut book = lock(&shared.book);
                 if let Some(q) = book.locks.get_mut(&*lock_path) {
                     q.close(window);
                 }
                 continue;
             }
-            Ok(false) => {}
             Err(e) => {
                 // After a session end, give its monitor the time to swap the session.
                 let pause = retry::is_session_end(&e);
@@ -982,7 +955,7 @@ async fn evaluate(inner: Weak<Inner>, lock_path: Arc<str>) {
                 }
                 return;
             }
-        }
+        };
         if full {
             refresh_revocations(&client, &shared, &lock_path, session_id).await;
         }
@@ -992,6 +965,24 @@ async fn evaluate(inner: Weak<Inner>, lock_path: Arc<str>) {
             return;
         }
     }
+}
+
+/// Reads the directory's children and pzxid, then makes the repairs that need ZooKeeper (see
+/// `repair`); `None` when a repair changed the directory.
+async fn read_and_repair(
+    client: &zk::Client,
+    shared: &Shared,
+    lock_path: &str,
+) -> Result<Option<(Vec<String>, i64)>, zk::Error> {
+    Stats::bump(&shared.stats.children_reads);
+    let (children, pzxid) = match retry::idempotent(|| client.get_children(lock_path)).await {
+        Ok((children, stat)) => (children, stat.pzxid),
+        // No directory, no nodes: every contender in it is gone.
+        Err(zk::Error::NoNode) => (vec![], 0),
+        Err(e) => return Err(e),
+    };
+    let repaired = repair(client, shared, lock_path, client.session_id().0, &children).await?;
+    Ok((!repaired).then_some((children, pzxid)))
 }
 
 /// Forgets a lock nobody needs any more.
@@ -1209,13 +1200,8 @@ async fn refresh_revocations(client: &zk::Client, shared: &Shared, lock_path: &s
     let bodies = futures::future::join_all(reads).await;
     let mut book = lock(&shared.book);
     for ((id, path), body) in paths.iter().zip(bodies) {
-        let Ok((body, _)) = body else { continue };
-        if let Some(member) = book.contenders.get_mut(id).filter(|m| m.path() == *path) {
-            if member.revoke.is_none() {
-                let before = current_state(member);
-                member.revoke = data::revoke_request(&body);
-                shared.publish_current(id, member, &before);
-            }
+        if let Ok((body, _)) = body {
+            note_revocation(shared, &mut book, id, path, &body);
         }
     }
 }
