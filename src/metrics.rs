@@ -47,6 +47,9 @@ pub struct Metrics {
     pub zk_sessions_lost: Counter,
     pub leader: Gauge,
     pub reconciles: Counter,
+    /// Claims waiting for a reconcile, and reconciles running.
+    pub reconcile_queue: Gauge,
+    pub reconciles_running: Gauge,
     pub reconcile_errors: Family<ErrorLabel, Counter>,
     pub api_calls: Family<CallLabel, Counter>,
     pub api_call_seconds: Histogram,
@@ -81,6 +84,10 @@ impl Default for Metrics {
         registry.register("leader", "1 while this replica is the leader", leader.clone());
         let reconciles = Counter::default();
         registry.register("reconciles", "Reconciliations run", reconciles.clone());
+        let reconcile_queue = Gauge::default();
+        registry.register("reconcile_queue", "Claims scheduled for a reconcile", reconcile_queue.clone());
+        let reconciles_running = Gauge::default();
+        registry.register("reconciles_running", "Reconciliations running now", reconciles_running.clone());
         let reconcile_errors = Family::<ErrorLabel, Counter>::default();
         registry.register("reconcile_errors", "Reconciliations that failed, by error", reconcile_errors.clone());
         let api_calls = Family::<CallLabel, Counter>::default();
@@ -104,6 +111,8 @@ impl Default for Metrics {
             zk_sessions_lost,
             leader,
             reconciles,
+            reconcile_queue,
+            reconciles_running,
             reconcile_errors,
             api_calls,
             api_call_seconds,

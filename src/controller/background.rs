@@ -33,9 +33,7 @@ async fn follow_engine(ctx: Arc<Context>, mut events: mpsc::UnboundedReceiver<En
     while let Some(event) = events.recv().await {
         match event {
             EngineEvent::Contender { id, .. } => {
-                if let Some(object) = ctx.registry.object(&id) {
-                    ctx.trigger(object);
-                }
+                ctx.trigger(&id);
             }
             EngineEvent::Session(SessionEvent::Disconnected) => {
                 ctx.metrics.zk_session_connected.set(0);
@@ -63,8 +61,8 @@ async fn follow_engine(ctx: Arc<Context>, mut events: mpsc::UnboundedReceiver<En
                         }
                     }
                 }
-                for object in ctx.registry.all() {
-                    ctx.trigger(object);
+                for uid in ctx.registry.all() {
+                    ctx.trigger(&uid);
                 }
             }
         }
@@ -85,13 +83,13 @@ async fn follow_pods(ctx: Arc<Context>) {
         match event {
             Ok(watcher::Event::Apply(pod) | watcher::Event::Delete(pod) | watcher::Event::InitApply(pod)) => {
                 let namespace = pod.namespace().unwrap_or_default();
-                for object in ctx.registry.claims_of_pod(&namespace, &pod.name_any()) {
-                    ctx.trigger(object);
+                for uid in ctx.registry.claims_of_pod(&namespace, &pod.name_any()) {
+                    ctx.trigger(&uid);
                 }
             }
             Ok(watcher::Event::InitDone) => {
-                for object in ctx.registry.claims_with_holders() {
-                    ctx.trigger(object);
+                for uid in ctx.registry.claims_with_holders() {
+                    ctx.trigger(&uid);
                 }
             }
             Ok(watcher::Event::Init) => {}

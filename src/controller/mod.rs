@@ -1,33 +1,42 @@
-//! The operator: a kube-runtime controller over LockClaims, driven also by the lock engine's
-//! state changes and by holder pods.
+//! The operator: a controller over LockClaims, driven also by the lock engine's state changes
+//! and by holder pods.
 //!
 //! Reconcile is a pipeline (see `reconcile`): dereference (the claim's holder pod and its
 //! contender in the engine) → validate (pure, `api::validate`) → plan (pure, `plan`) → apply
 //! (enqueue, znode writes, pod annotation, status, release) → events.
+//!
+//! The loop around it is the operator's own (`watch`, `store`, `queue`) rather than
+//! kube-runtime's `Controller`: that one keeps every claim as a full object plus several
+//! scheduler entries sized by the largest burst, some 2.3 KiB per claim in all, where the design
+//! allows 2 KiB for everything (DESIGN.md §5). The rules it keeps are the same: one reconcile per
+//! claim at a time, the earliest requested time wins, a bounded number at once.
 
 pub mod anchor;
 mod background;
 pub mod events;
 pub mod plan;
+mod queue;
 mod reconcile;
 pub mod registry;
+mod store;
+mod watch;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
-use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::reflector::ObjectRef;
-
-use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::Api;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use crate::api::LockClaim;
 use crate::metrics::Metrics;
 use crate::zk::LockEngine;
+use queue::{Queue, Uid};
 pub use registry::Registry;
+use store::Store;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -72,8 +81,12 @@ pub struct Context {
     pub events: events::EventWriter,
     /// False until the session is re-anchored: nothing new is enqueued before.
     admitting: AtomicBool,
-    /// One trigger channel per controller: per watched namespace, or one for all (`None`).
-    triggers: Vec<(Option<String>, mpsc::UnboundedSender<ObjectRef<LockClaim>>)>,
+    /// The served claims, as their watch last delivered them.
+    store: Store,
+    /// Which claims to reconcile, and when.
+    queue: Mutex<Queue>,
+    /// Wakes the worker loop when something is scheduled.
+    wake: Notify,
 }
 
 impl Context {
@@ -89,13 +102,20 @@ impl Context {
         self.admitting.store(on, Ordering::SeqCst);
     }
 
-    /// Asks the controller to reconcile a claim soon.
-    pub fn trigger(&self, object: ObjectRef<LockClaim>) {
-        let target = self.triggers.iter().find(|(ns, _)| ns.is_none() || *ns == object.namespace);
-        if let Some((_, tx)) = target {
-            // The receiver lives as long as the controller; after it, nothing needs reconciling.
-            let _ = tx.send(object);
-        }
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        // No critical section on the queue can panic; a poisoned queue is still consistent.
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Asks for a reconcile of claim `uid` soon.
+    pub fn trigger(&self, uid: &str) {
+        self.schedule(uid, Duration::ZERO);
+    }
+
+    /// Asks for a reconcile of claim `uid` after `delay` (an earlier request stands).
+    pub fn schedule(&self, uid: &str, delay: Duration) {
+        self.queue().schedule(&Uid::from(uid), Instant::now() + delay);
+        self.wake.notify_one();
     }
 
     /// The APIs of the claims served: one per watched namespace, or one for all.
@@ -117,7 +137,7 @@ pub struct Setup {
     pub events: events::EventWriter,
     /// Set once re-anchoring is done (the readiness probe).
     pub ready: Arc<AtomicBool>,
-    /// Claims reconciled at once (per controller).
+    /// Claims reconciled at once.
     pub concurrency: u16,
 }
 
@@ -127,19 +147,9 @@ pub async fn run(
     setup: Setup,
     engine: LockEngine,
     engine_events: mpsc::UnboundedReceiver<crate::zk::EngineEvent>,
-    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let Setup { client, zk_root, namespaces, metrics, events, ready, concurrency } = setup;
-    // One controller per watched namespace (each with its own cache), or one for all.
-    let scopes: Vec<Option<String>> =
-        if namespaces.is_empty() { vec![None] } else { namespaces.iter().cloned().map(Some).collect() };
-    let (triggers, receivers): (Vec<_>, Vec<_>) = scopes
-        .iter()
-        .map(|ns| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            ((ns.clone(), tx), rx)
-        })
-        .unzip();
     let ctx = Arc::new(Context {
         client,
         engine,
@@ -149,59 +159,100 @@ pub async fn run(
         metrics,
         events,
         admitting: AtomicBool::new(false),
-        triggers,
+        store: Store::default(),
+        queue: Mutex::new(Queue::default()),
+        wake: Notify::new(),
     });
     anchor::reanchor_all(&ctx).await?;
     ready.store(true, Ordering::SeqCst);
 
-    let background = background::spawn(ctx.clone(), engine_events);
-    let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
-    let controllers = ctx.claim_apis().into_iter().zip(receivers).map(|(api, rx)| {
-        let (reader, writer) = reflector::store();
-        let seen = ctx.clone();
-        // The claim watch delivers new claims in creation order: note it before reconciling.
-        // The cache keeps every claim: drop what the operator never reads (managed fields, the
-        // last-applied copy kubectl keeps) so that it costs little per claim.
-        let slim = watcher::watcher(api, watcher::Config::default()).modify(|claim: &mut LockClaim| {
-            claim.metadata.managed_fields = None;
-            if let Some(a) = claim.metadata.annotations.as_mut() {
-                a.remove("kubectl.kubernetes.io/last-applied-configuration");
-            }
-        });
-        let claims = reflector(writer, slim).applied_objects().inspect_ok(move |claim: &LockClaim| {
-            if let Some(uid) = claim.metadata.uid.as_deref() {
-                let phase = claim.status.as_ref().and_then(|s| s.phase);
-                let pending = matches!(phase, None | Some(crate::api::Phase::Pending));
-                let lock = claim.metadata.namespace.as_deref().map(|ns| seen.lock_path(ns, &claim.spec.lock_name));
-                let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
-                seen.registry.first_seen(uid, &ObjectRef::from_obj(claim), lock.as_deref(), created, pending);
-            }
-        });
-        Controller::for_stream(claims, reader)
-            .with_config(controller::Config::default().concurrency(concurrency))
-            .reconcile_on(stream_of(rx))
-            .graceful_shutdown_on(shutdown.clone())
-            .run(reconcile::reconcile, error_policy, ctx.clone())
-            .for_each(|result| async move {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "reconcile failed");
-                }
-            })
-    });
-    futures::future::join_all(controllers).await;
+    let mut tasks = background::spawn(ctx.clone(), engine_events);
+    for (scope, api) in ctx.claim_apis().into_iter().enumerate() {
+        // At most one scope per namespace given on the command line.
+        let scope = u16::try_from(scope).unwrap_or(u16::MAX);
+        tasks.push(tokio::spawn(watch::follow_claims(ctx.clone(), scope, api)));
+    }
+    work(&ctx, usize::from(concurrency.max(1)), shutdown).await;
     ready.store(false, Ordering::SeqCst);
-    for task in background {
+    for task in tasks {
         task.abort();
     }
     Ok(())
 }
 
-fn stream_of<T: Send + 'static>(mut rx: mpsc::UnboundedReceiver<T>) -> impl futures::Stream<Item = T> {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+/// Starts the reconciles that are due, up to `limit` at once, until `shutdown`; then lets the
+/// running ones finish.
+async fn work(ctx: &Arc<Context>, limit: usize, shutdown: impl std::future::Future<Output = ()>) {
+    let mut running: JoinSet<()> = JoinSet::new();
+    let mut by_task: HashMap<tokio::task::Id, Uid> = HashMap::new();
+    tokio::pin!(shutdown);
+    loop {
+        let next = {
+            let mut queue = ctx.queue();
+            while let Some(uid) = queue.start(Instant::now(), limit) {
+                let task = running.spawn(reconcile_one(ctx.clone(), uid.clone()));
+                by_task.insert(task.id(), uid);
+            }
+            ctx.metrics.reconcile_queue.set(queue.scheduled() as i64);
+            ctx.metrics.reconciles_running.set(queue.running() as i64);
+            queue.next_due()
+        };
+        let sleep = tokio::time::sleep_until(next.map_or_else(far_future, Into::into));
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(done) = running.join_next_with_id() => finish(ctx, &mut by_task, done),
+            _ = ctx.wake.notified() => {}
+            _ = sleep => {}
+        }
+    }
+    while let Some(done) = running.join_next_with_id().await {
+        finish(ctx, &mut by_task, done);
+    }
 }
 
-fn error_policy(_claim: Arc<LockClaim>, error: &Error, ctx: Arc<Context>) -> Action {
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(3600)
+}
+
+fn finish(
+    ctx: &Context,
+    by_task: &mut HashMap<tokio::task::Id, Uid>,
+    done: Result<(tokio::task::Id, ()), tokio::task::JoinError>,
+) {
+    let id = match &done {
+        Ok((id, ())) => *id,
+        Err(e) => e.id(),
+    };
+    let Some(uid) = by_task.remove(&id) else { return };
+    if let Err(e) = done {
+        // A reconcile does not panic on any input; should one ever, the claim is retried
+        // rather than left marked as running forever.
+        tracing::error!(uid = %uid, error = %e, "reconcile task failed");
+        ctx.queue().schedule(&uid, Instant::now() + Duration::from_secs(2));
+    }
+    ctx.queue().done(&uid);
+    if by_task.capacity() > 64 && by_task.len() < by_task.capacity() / 4 {
+        let keep = by_task.len() * 2;
+            by_task.shrink_to(keep);
+    }
+}
+
+async fn reconcile_one(ctx: Arc<Context>, uid: Uid) {
+    // Gone since it was scheduled: nothing to do.
+    let Some(claim) = ctx.store.get(&uid) else { return };
+    let span = tracing::info_span!(
+        "reconcile",
+        claim = claim.metadata.name.as_deref().unwrap_or_default(),
+        namespace = claim.metadata.namespace.as_deref().unwrap_or_default(),
+    );
+    let result = reconcile::reconcile(Arc::new(claim), ctx.clone()).instrument(span).await;
+    if let Err(error) = result {
+        error_policy(&uid, &error, &ctx);
+    }
+}
+
+fn error_policy(uid: &str, error: &Error, ctx: &Context) {
     ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabel { error: error.metric_label() }).inc();
-    tracing::warn!(%error, "reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(2))
+    tracing::warn!(uid, %error, "reconcile failed; retrying");
+    ctx.schedule(uid, Duration::from_secs(2));
 }

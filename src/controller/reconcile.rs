@@ -1,13 +1,13 @@
 //! Reconcile one claim: dereference → validate → plan → apply → events.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{finalizer, Error as FinalizerError, Event as Finalizer};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
@@ -17,7 +17,9 @@ use crate::api::{validate, LockClaim, Phase, FINALIZER, POD_REVOKE_ANNOTATION_PR
 use crate::recipe;
 use crate::zk::ContenderSpec;
 
-pub async fn reconcile(claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
+/// Reconciles one claim. What should happen next is scheduled through `ctx` (a reconcile at a
+/// deadline); the `Action`s below only answer kube-runtime's finalizer helper.
+pub async fn reconcile(claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<(), Error> {
     ctx.metrics.reconciles.inc();
     let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
     let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -28,6 +30,7 @@ pub async fn reconcile(claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<Actio
     if deleting == has_finalizer {
         ctx.metrics.api_writes.inc();
     }
+    let uid = claim.uid().ok_or(Error::Malformed("a uid"))?;
     let result = finalizer(&api, FINALIZER, claim, |event| async {
         match event {
             Finalizer::Apply(claim) => apply(claim, &ctx).await,
@@ -36,18 +39,19 @@ pub async fn reconcile(claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<Actio
     })
     .await;
     match result {
-        Ok(action) => Ok(action),
+        Ok(_) => Ok(()),
         // Our own errors keep their metric label.
         Err(FinalizerError::ApplyFailed(e) | FinalizerError::CleanupFailed(e)) => Err(e),
         // Gone already: an earlier reconcile removed the finalizer and the claim went with it.
         Err(
             FinalizerError::RemoveFinalizer(kube::Error::Api(s)) | FinalizerError::AddFinalizer(kube::Error::Api(s)),
-        ) if s.code == 404 => Ok(Action::await_change()),
+        ) if s.code == 404 => Ok(()),
         // The finalizer patch tests the list it read; a cached copy older than our own last
         // write fails that test. The watch event that carries the write is on its way.
         Err(FinalizerError::AddFinalizer(kube::Error::Api(s))) if s.code == 422 || s.code == 409 => {
             tracing::debug!(status = %s.message, "finalizer patch met a newer object; retrying soon");
-            Ok(Action::requeue(std::time::Duration::from_millis(500)))
+            ctx.schedule(&uid, Duration::from_millis(500));
+            Ok(())
         }
         Err(e) => Err(Error::Finalizer(e.to_string())),
     }
@@ -57,17 +61,16 @@ async fn apply(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> {
     let uid = claim.uid().ok_or(Error::Malformed("a uid"))?;
     let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
     let now = Timestamp::now();
-    let object = ObjectRef::from_obj(claim.as_ref());
     let spec = match validate(&claim) {
         Ok(spec) => spec,
         Err(message) => {
-            ctx.registry.observe(&uid, object, "", None);
+            ctx.registry.observe(&uid, &claim.name_any(), &namespace, "", None);
             let plan = plan::invalid(&claim, message, now);
             return execute(&claim, ctx, &uid, "", plan).await;
         }
     };
     let lock = ctx.lock_path(&namespace, &spec.lock_name);
-    ctx.registry.observe(&uid, object, &lock, spec.holder_pod.as_deref());
+    ctx.registry.observe(&uid, &claim.name_any(), &namespace, &lock, spec.holder_pod.as_deref());
     let terminal = claim.status.as_ref().and_then(|s| s.phase).is_some_and(Phase::is_terminal);
     let holder = if terminal {
         HolderView::NotRequested
@@ -88,7 +91,8 @@ async fn apply(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> {
         let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
         if !ctx.registry.may_enqueue(&lock, &uid, created) {
             // A claim created earlier enters the queue first; it triggers us when it has.
-            return Ok(Action::requeue(std::time::Duration::from_millis(200)));
+            ctx.schedule(&uid, Duration::from_millis(200));
+            return Ok(Action::await_change());
         }
         let description = format!("{namespace}/{}", claim.name_any());
         let enqueued = ctx
@@ -96,14 +100,14 @@ async fn apply(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> {
             .enqueue_untracked(ContenderSpec { id: uid.clone(), lock: lock.clone(), mode: spec.mode, description })
             .await;
         if let Some(next) = ctx.registry.leave_gate(&lock, &uid) {
-            ctx.trigger(next);
+            ctx.trigger(&next);
         }
         enqueued?;
         plan = plan::plan(inputs(contender_view(ctx, &uid)));
     } else if ctx.admitting() && plan.status.phase != Some(Phase::Waiting) && plan.status.phase != Some(Phase::Held) {
         // Not enqueueable now (waiting for its holder pod, or final): others go first.
         if let Some(next) = ctx.registry.leave_gate(&lock, &uid) {
-            ctx.trigger(next);
+            ctx.trigger(&next);
         }
     }
     execute(&claim, ctx, &uid, &lock, plan).await
@@ -204,10 +208,10 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, plan: 
             tracing::info!(claim = %name, error = %e, "could not publish an event");
         }
     }
-    Ok(match plan.requeue_after {
-        Some(after) => Action::requeue(after),
-        None => Action::await_change(),
-    })
+    if let Some(after) = plan.requeue_after {
+        ctx.schedule(uid, after);
+    }
+    Ok(Action::await_change())
 }
 
 fn observe_grant(claim: &LockClaim, ctx: &Context, lock: &str) {

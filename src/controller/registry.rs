@@ -7,9 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use kube::runtime::reflector::ObjectRef;
-
-use crate::api::{LockClaim, Phase};
+use crate::api::Phase;
 
 /// One lock's admission gate: (creation second, first seen) → (claim UID, since when).
 type Gate = BTreeMap<(i64, u64), (String, Instant)>;
@@ -55,31 +53,27 @@ struct Claim {
 }
 
 impl Claim {
-    fn new(object: &ObjectRef<LockClaim>, lock: &str, seen: u64) -> Claim {
+    fn new(name: &str, namespace: &str, lock: &str, seen: u64) -> Claim {
         Claim {
-            name: object.name.as_str().into(),
-            namespace: object.namespace.as_deref().unwrap_or_default().into(),
+            name: name.into(),
+            namespace: namespace.into(),
             lock: lock.into(),
             pod: None,
             phase: None,
             seen,
         }
     }
-
-    fn object(&self) -> ObjectRef<LockClaim> {
-        ObjectRef::new(&self.name).within(&self.namespace)
-    }
 }
 
 impl Inner {
     /// Enters a claim not seen before, in first-seen order; returns its place in that order,
     /// or `None` when it was known already.
-    fn enter(&mut self, uid: &str, object: &ObjectRef<LockClaim>, lock: &str) -> Option<u64> {
+    fn enter(&mut self, uid: &str, name: &str, namespace: &str, lock: &str) -> Option<u64> {
         if self.claims.contains_key(uid) {
             return None;
         }
         self.next_seen += 1;
-        self.claims.insert(uid.into(), Claim::new(object, lock, self.next_seen));
+        self.claims.insert(uid.into(), Claim::new(name, namespace, lock, self.next_seen));
         Some(self.next_seen)
     }
 
@@ -97,13 +91,12 @@ impl Registry {
     }
 
     /// Records (or refreshes) a claim the operator serves.
-    pub fn observe(&self, uid: &str, object: ObjectRef<LockClaim>, lock: &str, pod: Option<&str>) {
+    pub fn observe(&self, uid: &str, name: &str, namespace: &str, lock: &str, pod: Option<&str>) {
         let mut inner = self.lock();
-        let ns = object.namespace.clone().unwrap_or_default();
         if let Some(pod) = pod {
-            inner.by_pod.entry((ns, pod.to_string())).or_default().insert(uid.to_string());
+            inner.by_pod.entry((namespace.to_string(), pod.to_string())).or_default().insert(uid.to_string());
         }
-        inner.enter(uid, &object, lock);
+        inner.enter(uid, name, namespace, lock);
         if let Some(claim) = inner.claims.get_mut(uid) {
             if *claim.lock != *lock {
                 claim.lock = lock.into();
@@ -130,14 +123,15 @@ impl Registry {
     pub fn first_seen(
         &self,
         uid: &str,
-        object: &ObjectRef<LockClaim>,
-        lock: Option<&str>,
+        name: &str,
+        namespace: &str,
+        lock: &str,
         created: i64,
         pending: bool,
     ) {
         let mut inner = self.lock();
-        let Some(seen) = inner.enter(uid, object, lock.unwrap_or_default()) else { return };
-        if let (true, Some(lock)) = (pending, lock) {
+        let Some(seen) = inner.enter(uid, name, namespace, lock) else { return };
+        if pending {
             inner.gate.entry(lock.to_string()).or_default().insert((created, seen), (uid.to_string(), Instant::now()));
         }
     }
@@ -158,7 +152,7 @@ impl Registry {
 
     /// The claim entered the queue, or cannot enter it now (waiting for its holder pod, or
     /// final): it leaves the gate. Returns the claim that is first in the gate now.
-    pub fn leave_gate(&self, lock: &str, uid: &str) -> Option<ObjectRef<LockClaim>> {
+    pub fn leave_gate(&self, lock: &str, uid: &str) -> Option<String> {
         let mut inner = self.lock();
         let gate = inner.gate.get_mut(lock)?;
         let before = gate.len();
@@ -170,7 +164,7 @@ impl Registry {
         if gate.is_empty() {
             inner.gate.remove(lock);
         }
-        next.and_then(|n| inner.claims.get(n.as_str()).map(Claim::object))
+        next.filter(|n| inner.claims.contains_key(n.as_str()))
     }
 
     pub fn forget(&self, uid: &str) {
@@ -193,26 +187,25 @@ impl Registry {
         inner.verdicts.remove(uid);
     }
 
-    pub fn object(&self, uid: &str) -> Option<ObjectRef<LockClaim>> {
-        self.lock().claims.get(uid).map(Claim::object)
-    }
-
     pub fn name(&self, uid: &str) -> Option<String> {
         self.lock().claims.get(uid).map(|c| c.name.to_string())
     }
 
-    pub fn claims_of_pod(&self, namespace: &str, pod: &str) -> Vec<ObjectRef<LockClaim>> {
+    /// UIDs of the claims naming `pod` as holder.
+    pub fn claims_of_pod(&self, namespace: &str, pod: &str) -> Vec<String> {
         let inner = self.lock();
         let Some(uids) = inner.by_pod.get(&(namespace.to_string(), pod.to_string())) else { return vec![] };
-        uids.iter().filter_map(|uid| inner.claims.get(uid.as_str()).map(Claim::object)).collect()
+        uids.iter().filter(|uid| inner.claims.contains_key(uid.as_str())).cloned().collect()
     }
 
-    pub fn claims_with_holders(&self) -> Vec<ObjectRef<LockClaim>> {
-        self.lock().claims.values().filter(|c| c.pod.is_some()).map(Claim::object).collect()
+    /// UIDs of the claims that name a holder pod.
+    pub fn claims_with_holders(&self) -> Vec<String> {
+        self.lock().claims.iter().filter(|(_, c)| c.pod.is_some()).map(|(uid, _)| uid.to_string()).collect()
     }
 
-    pub fn all(&self) -> Vec<ObjectRef<LockClaim>> {
-        self.lock().claims.values().map(Claim::object).collect()
+    /// UIDs of every claim known.
+    pub fn all(&self) -> Vec<String> {
+        self.lock().claims.keys().map(|uid| uid.to_string()).collect()
     }
 
     /// Locks with at least one claim recorded as Waiting.

@@ -1,0 +1,171 @@
+//! The claims the operator serves, as their watch last delivered them.
+//!
+//! Every served claim stays in memory, so each is kept as one compact JSON string rather than
+//! as a `LockClaim` value (whose metadata alone is some 350 bytes of mostly empty fields, with
+//! a separate allocation per string). A reconcile decodes the one claim it works on, which costs
+//! microseconds; the operator's memory per claim is one of its design figures (DESIGN.md §5).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+use super::queue::Uid;
+use crate::api::LockClaim;
+
+/// Annotations the operator never reads and that can be large.
+const DROPPED_ANNOTATIONS: [&str; 1] = ["kubectl.kubernetes.io/last-applied-configuration"];
+
+#[derive(Default)]
+pub struct Store {
+    claims: Mutex<HashMap<Uid, Entry>>,
+}
+
+struct Entry {
+    /// Which watch delivered it (one per served namespace, or one for all).
+    scope: u16,
+    json: Box<[u8]>,
+}
+
+impl Store {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Uid, Entry>> {
+        // Nothing below can panic while holding the lock; a poisoned map is still consistent.
+        self.claims.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps `claim` (what the operator reads of it); returns its UID, or `None` for an object
+    /// without one (which no API server sends).
+    pub fn put(&self, scope: u16, mut claim: LockClaim) -> Option<Uid> {
+        let uid: Uid = claim.metadata.uid.as_deref()?.into();
+        claim.metadata.managed_fields = None;
+        if let Some(annotations) = claim.metadata.annotations.as_mut() {
+            for key in DROPPED_ANNOTATIONS {
+                annotations.remove(key);
+            }
+        }
+        let json = match serde_json::to_vec(&claim) {
+            Ok(json) => json.into_boxed_slice(),
+            Err(e) => {
+                // Serializing a value that was just deserialized does not fail; if it ever
+                // did, the claim is not served rather than served from a wrong copy.
+                tracing::error!(uid = %uid, error = %e, "could not keep a claim in memory");
+                return None;
+            }
+        };
+        let mut claims = self.lock();
+        match claims.get_mut(&uid) {
+            // Keep the map's key; only the copy changes.
+            Some(entry) => *entry = Entry { scope, json },
+            None => {
+                claims.insert(uid.clone(), Entry { scope, json });
+            }
+        }
+        Some(uid)
+    }
+
+    pub fn get(&self, uid: &str) -> Option<LockClaim> {
+        let claims = self.lock();
+        let entry = claims.get(uid)?;
+        match serde_json::from_slice(&entry.json) {
+            Ok(claim) => Some(claim),
+            Err(e) => {
+                tracing::error!(uid, error = %e, "could not read back a claim kept in memory");
+                None
+            }
+        }
+    }
+
+    pub fn remove(&self, uid: &str) -> bool {
+        let mut claims = self.lock();
+        let removed = claims.remove(uid).is_some();
+        if claims.capacity() > 64 && claims.len() < claims.capacity() / 4 {
+            let keep = claims.len() * 2;
+            claims.shrink_to(keep);
+        }
+        removed
+    }
+
+    /// The claims a watch delivered.
+    pub fn uids_in(&self, scope: u16) -> Vec<Uid> {
+        self.lock().iter().filter(|(_, e)| e.scope == scope).map(|(uid, _)| uid.clone()).collect()
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{LockClaimSpec, LockClaimStatus, Phase};
+    use crate::recipe::Mode;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+
+    fn claim(uid: &str) -> LockClaim {
+        let mut c = LockClaim::new(
+            "job-a",
+            LockClaimSpec {
+                lock_name: "db".into(),
+                mode: Mode::Shared,
+                holder: None,
+                acquire_timeout_seconds: Some(3),
+                lease_duration_seconds: None,
+                revocation_grace_period_seconds: None,
+            },
+        );
+        c.metadata.namespace = Some("shop".into());
+        c.metadata.uid = Some(uid.into());
+        c.metadata.finalizers = Some(vec!["zklock.io/release".into()]);
+        c.metadata.annotations = Some(
+            [
+                ("zklock.io/revoke".to_string(), "maintenance".to_string()),
+                ("kubectl.kubernetes.io/last-applied-configuration".to_string(), "{...}".to_string()),
+            ]
+            .into(),
+        );
+        c.metadata.managed_fields = Some(vec![ManagedFieldsEntry { manager: Some("kubectl".into()), ..Default::default() }]);
+        c.status = Some(LockClaimStatus { phase: Some(Phase::Waiting), position: Some(4), ..Default::default() });
+        c
+    }
+
+    #[test]
+    fn keeps_what_the_operator_reads_and_drops_the_rest() {
+        let store = Store::default();
+        let uid = store.put(0, claim("u-1")).unwrap();
+        let back = store.get(&uid).unwrap();
+        let mut expected = claim("u-1");
+        expected.metadata.managed_fields = None;
+        expected.metadata.annotations.as_mut().unwrap().remove("kubectl.kubernetes.io/last-applied-configuration");
+        assert_eq!(serde_json::to_value(back).unwrap(), serde_json::to_value(expected).unwrap());
+    }
+
+    #[test]
+    fn a_newer_copy_replaces_the_old_and_scopes_are_kept_apart() {
+        let store = Store::default();
+        store.put(0, claim("u-1"));
+        let mut newer = claim("u-1");
+        newer.status.as_mut().unwrap().position = Some(1);
+        store.put(0, newer);
+        store.put(1, claim("u-2"));
+        assert_eq!(store.len(), 2);
+        assert_eq!(store.get("u-1").unwrap().status.unwrap().position, Some(1));
+        assert_eq!(store.uids_in(1).iter().map(|u| &**u).collect::<Vec<_>>(), ["u-2"]);
+        assert!(store.remove("u-1"));
+        assert!(!store.remove("u-1"));
+        assert!(store.get("u-1").is_none());
+    }
+
+    #[test]
+    fn an_object_without_uid_is_not_kept() {
+        let store = Store::default();
+        let mut c = claim("x");
+        c.metadata.uid = None;
+        assert!(store.put(0, c).is_none());
+        assert!(store.is_empty());
+    }
+}
