@@ -10,6 +10,8 @@
 //! claims. `--quick` runs smaller sizes (for a smoke test); `--only handoff|pods|throughput|memory`
 //! runs one part. `ZKLOCK_BENCH_WRAP="heaptrack -o /tmp/op"` runs the operator under a wrapper
 //! command (a profiler); the RSS figure is then the wrapper's, not the operator's.
+//! `ZKLOCK_BENCH_OPERATOR=PATH` runs another build of the operator, such as the static (musl)
+//! one the container image ships (`scripts/build-static.sh` prints its path).
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
@@ -154,12 +156,15 @@ impl Bench {
         let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
         Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let binary = std::env::current_exe()?
-            .parent()
-            .and_then(|examples| examples.parent())
-            .map(|dir| dir.join("zklock"))
-            .filter(|p| p.exists())
-            .ok_or("the zklock binary is missing next to this example: run `cargo build --release` first")?;
+        let binary = match std::env::var_os("ZKLOCK_BENCH_OPERATOR") {
+            Some(path) => std::path::PathBuf::from(path),
+            None => std::env::current_exe()?
+                .parent()
+                .and_then(|examples| examples.parent())
+                .map(|dir| dir.join("zklock"))
+                .filter(|p| p.exists())
+                .ok_or("the zklock binary is missing next to this example: run `cargo build --release` first")?,
+        };
         let wrapper = std::env::var("ZKLOCK_BENCH_WRAP").unwrap_or_default();
         let mut command = match wrapper.split_whitespace().collect::<Vec<_>>().split_first() {
             Some((program, args)) => {
