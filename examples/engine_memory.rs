@@ -31,7 +31,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let before = rss()?;
     for i in 0..n {
         let spec = ContenderSpec {
-            id: uuid::Uuid::new_v4().to_string(),
+            id: uuid::Uuid::new_v4().to_string().into(),
             lock: format!("/bench/memory/m{}", i / 100),
             mode: Mode::Exclusive,
             description: format!("bench/claim-{i}"),

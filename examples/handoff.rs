@@ -22,7 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let engine = LockEngine::connect(ZkConfig::new(&connect).with_session_timeout(Duration::from_secs(10))).await?;
     let lock = "/bench/handoff";
     let spec = || ContenderSpec {
-        id: uuid::Uuid::new_v4().to_string(),
+        id: uuid::Uuid::new_v4().to_string().into(),
         lock: lock.into(),
         mode: Mode::Exclusive,
         description: "handoff bench".into(),

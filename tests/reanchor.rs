@@ -27,7 +27,7 @@ async fn a_new_session_recreates_the_queue_in_order_and_replaces_the_old_nodes()
     let specs: Vec<_> = [(&h, Mode::Exclusive), (&w1, Mode::Shared), (&w2, Mode::Exclusive)]
         .iter()
         .map(|(c, mode)| zklock::zk::ContenderSpec {
-            id: c.id.clone(),
+            id: c.id.clone().into(),
             lock: LOCK.into(),
             mode: *mode,
             description: "re-anchored".into(),

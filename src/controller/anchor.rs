@@ -70,7 +70,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
             .filter_map(|c| {
                 let spec = validate(c).ok()?;
                 Some(ContenderSpec {
-                    id: c.uid()?,
+                    id: c.uid()?.into(),
                     lock: path.clone(),
                     mode: spec.mode,
                     description: format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()),

@@ -107,6 +107,11 @@ impl Context {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// One copy of a claim UID for all the operator's indexes: the engine's if it has one.
+    fn shared_uid(&self, uid: &str) -> Uid {
+        self.engine.id(uid).unwrap_or_else(|| uid.into())
+    }
+
     /// Asks for a reconcile of claim `uid` soon.
     pub fn trigger(&self, uid: &str) {
         self.schedule(uid, Duration::ZERO);
@@ -233,7 +238,7 @@ fn finish(
     ctx.queue().done(&uid);
     if by_task.capacity() > 64 && by_task.len() < by_task.capacity() / 4 {
         let keep = by_task.len() * 2;
-            by_task.shrink_to(keep);
+        by_task.shrink_to(keep);
     }
 }
 
@@ -245,7 +250,7 @@ async fn reconcile_one(ctx: Arc<Context>, uid: Uid) {
         claim = claim.metadata.name.as_deref().unwrap_or_default(),
         namespace = claim.metadata.namespace.as_deref().unwrap_or_default(),
     );
-    let result = reconcile::reconcile(Arc::new(claim), ctx.clone()).instrument(span).await;
+    let result = reconcile::reconcile(uid.clone(), Arc::new(claim), ctx.clone()).instrument(span).await;
     if let Err(error) = result {
         error_policy(&uid, &error, &ctx);
     }

@@ -12,6 +12,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use super::plan::{self, ContenderView, HolderView, Inputs, Plan};
+use super::queue::Uid;
 use super::{Context, Error};
 use crate::api::{validate, LockClaim, Phase, FINALIZER, POD_REVOKE_ANNOTATION_PREFIX};
 use crate::recipe;
@@ -19,7 +20,7 @@ use crate::zk::ContenderSpec;
 
 /// Reconciles one claim. What should happen next is scheduled through `ctx` (a reconcile at a
 /// deadline); the `Action`s below only answer kube-runtime's finalizer helper.
-pub async fn reconcile(claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<(), Error> {
+pub async fn reconcile(uid: Uid, claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<(), Error> {
     ctx.metrics.reconciles.inc();
     let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
     let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -30,10 +31,9 @@ pub async fn reconcile(claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<(), E
     if deleting == has_finalizer {
         ctx.metrics.api_writes.inc();
     }
-    let uid = claim.uid().ok_or(Error::Malformed("a uid"))?;
     let result = finalizer(&api, FINALIZER, claim, |event| async {
         match event {
-            Finalizer::Apply(claim) => apply(claim, &ctx).await,
+            Finalizer::Apply(claim) => apply(&uid, claim, &ctx).await,
             Finalizer::Cleanup(claim) => cleanup(claim, &ctx).await,
         }
     })
@@ -57,20 +57,19 @@ pub async fn reconcile(claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<(), E
     }
 }
 
-async fn apply(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> {
-    let uid = claim.uid().ok_or(Error::Malformed("a uid"))?;
+async fn apply(uid: &Uid, claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> {
     let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
     let now = Timestamp::now();
     let spec = match validate(&claim) {
         Ok(spec) => spec,
         Err(message) => {
-            ctx.registry.observe(&uid, &claim.name_any(), &namespace, "", None);
+            ctx.registry.observe(uid, &claim.name_any(), &namespace, "", None);
             let plan = plan::invalid(&claim, message, now);
-            return execute(&claim, ctx, &uid, "", plan).await;
+            return execute(&claim, ctx, uid, "", plan).await;
         }
     };
     let lock = ctx.lock_path(&namespace, &spec.lock_name);
-    ctx.registry.observe(&uid, &claim.name_any(), &namespace, &lock, spec.holder_pod.as_deref());
+    ctx.registry.observe(uid, &claim.name_any(), &namespace, &lock, spec.holder_pod.as_deref());
     let terminal = claim.status.as_ref().and_then(|s| s.phase).is_some_and(Phase::is_terminal);
     let holder = if terminal {
         HolderView::NotRequested
@@ -83,15 +82,15 @@ async fn apply(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> {
         holder: holder.clone(),
         contender,
         admitting: ctx.admitting(),
-        anchor_verdict: ctx.registry.verdict(&uid),
+        anchor_verdict: ctx.registry.verdict(uid),
         now,
     };
-    let mut plan = plan::plan(inputs(contender_view(ctx, &uid)));
+    let mut plan = plan::plan(inputs(contender_view(ctx, uid)));
     if plan.enqueue {
         let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
-        if !ctx.registry.may_enqueue(&lock, &uid, created) {
+        if !ctx.registry.may_enqueue(&lock, uid, created) {
             // A claim created earlier enters the queue first; it triggers us when it has.
-            ctx.schedule(&uid, Duration::from_millis(200));
+            ctx.schedule(uid, Duration::from_millis(200));
             return Ok(Action::await_change());
         }
         let description = format!("{namespace}/{}", claim.name_any());
@@ -99,18 +98,18 @@ async fn apply(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> {
             .engine
             .enqueue_untracked(ContenderSpec { id: uid.clone(), lock: lock.clone(), mode: spec.mode, description })
             .await;
-        if let Some(next) = ctx.registry.leave_gate(&lock, &uid) {
+        if let Some(next) = ctx.registry.leave_gate(&lock, uid) {
             ctx.trigger(&next);
         }
         enqueued?;
-        plan = plan::plan(inputs(contender_view(ctx, &uid)));
+        plan = plan::plan(inputs(contender_view(ctx, uid)));
     } else if ctx.admitting() && plan.status.phase != Some(Phase::Waiting) && plan.status.phase != Some(Phase::Held) {
         // Not enqueueable now (waiting for its holder pod, or final): others go first.
-        if let Some(next) = ctx.registry.leave_gate(&lock, &uid) {
+        if let Some(next) = ctx.registry.leave_gate(&lock, uid) {
             ctx.trigger(&next);
         }
     }
-    execute(&claim, ctx, &uid, &lock, plan).await
+    execute(&claim, ctx, uid, &lock, plan).await
 }
 
 /// The claim is being deleted: its node goes first, then the finalizer.

@@ -4,13 +4,14 @@
 //! the API and ZooKeeper; it is never the source of truth for who holds a lock.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::queue::Uid;
 use crate::api::Phase;
 
 /// One lock's admission gate: (creation second, first seen) → (claim UID, since when).
-type Gate = BTreeMap<(i64, u64), (String, Instant)>;
+type Gate = BTreeMap<(i64, u64), (Uid, Instant)>;
 
 /// How long a claim that asked to be enqueued holds back the claims created after it.
 pub const GATE_PATIENCE: Duration = Duration::from_secs(5);
@@ -23,9 +24,11 @@ pub struct Registry {
 #[derive(Default)]
 struct Inner {
     /// Claim UID → what the operator knows of it. Small on purpose: one per claim served.
-    claims: HashMap<Box<str>, Claim>,
+    claims: HashMap<Uid, Claim>,
+    /// Namespaces and lock paths, one copy each however many claims name them.
+    strings: HashSet<Arc<str>>,
     /// (namespace, pod name) → claim UIDs naming that pod as holder.
-    by_pod: HashMap<(String, String), HashSet<String>>,
+    by_pod: HashMap<(String, String), HashSet<Uid>>,
     /// Claim UID → why re-anchoring could not keep its hold.
     verdicts: HashMap<String, String>,
     /// Lock path → when its last holder let go (for the handoff histogram).
@@ -42,9 +45,9 @@ struct Inner {
 
 struct Claim {
     name: Box<str>,
-    namespace: Box<str>,
+    namespace: Arc<str>,
     /// Empty until the claim is validated.
-    lock: Box<str>,
+    lock: Arc<str>,
     pod: Option<Box<str>>,
     phase: Option<Phase>,
     /// The order in which the claim watch first delivered it (creation order for claims
@@ -52,29 +55,41 @@ struct Claim {
     seen: u64,
 }
 
-impl Claim {
-    fn new(name: &str, namespace: &str, lock: &str, seen: u64) -> Claim {
-        Claim {
-            name: name.into(),
-            namespace: namespace.into(),
-            lock: lock.into(),
-            pod: None,
-            phase: None,
-            seen,
-        }
-    }
-}
-
 impl Inner {
     /// Enters a claim not seen before, in first-seen order; returns its place in that order,
     /// or `None` when it was known already.
-    fn enter(&mut self, uid: &str, name: &str, namespace: &str, lock: &str) -> Option<u64> {
+    fn enter(&mut self, uid: &Uid, name: &str, namespace: &str, lock: &str) -> Option<u64> {
         if self.claims.contains_key(uid) {
             return None;
         }
         self.next_seen += 1;
-        self.claims.insert(uid.into(), Claim::new(name, namespace, lock, self.next_seen));
+        let claim = Claim {
+            name: name.into(),
+            namespace: self.intern(namespace),
+            lock: self.intern(lock),
+            pod: None,
+            phase: None,
+            seen: self.next_seen,
+        };
+        self.claims.insert(uid.clone(), claim);
         Some(self.next_seen)
+    }
+
+    fn intern(&mut self, s: &str) -> Arc<str> {
+        if let Some(shared) = self.strings.get(s) {
+            return shared.clone();
+        }
+        let shared: Arc<str> = s.into();
+        self.strings.insert(shared.clone());
+        shared
+    }
+
+    /// Lets go of an interned string; the last claim naming it takes it along.
+    fn unintern(&mut self, s: Arc<str>) {
+        // Two references left: this one and the set's.
+        if Arc::strong_count(&s) <= 2 {
+            self.strings.remove(&*s);
+        }
     }
 
     fn count(&mut self, phase: Option<Phase>, by: i64) {
@@ -91,16 +106,21 @@ impl Registry {
     }
 
     /// Records (or refreshes) a claim the operator serves.
-    pub fn observe(&self, uid: &str, name: &str, namespace: &str, lock: &str, pod: Option<&str>) {
+    pub fn observe(&self, uid: &Uid, name: &str, namespace: &str, lock: &str, pod: Option<&str>) {
         let mut inner = self.lock();
         if let Some(pod) = pod {
-            inner.by_pod.entry((namespace.to_string(), pod.to_string())).or_default().insert(uid.to_string());
+            inner.by_pod.entry((namespace.to_string(), pod.to_string())).or_default().insert(uid.clone());
         }
         inner.enter(uid, name, namespace, lock);
-        if let Some(claim) = inner.claims.get_mut(uid) {
-            if *claim.lock != *lock {
-                claim.lock = lock.into();
+        let changed_lock = inner.claims.get(uid).is_some_and(|c| *c.lock != *lock);
+        if changed_lock {
+            let shared = inner.intern(lock);
+            if let Some(claim) = inner.claims.get_mut(uid) {
+                let old = std::mem::replace(&mut claim.lock, shared);
+                inner.unintern(old);
             }
+        }
+        if let Some(claim) = inner.claims.get_mut(uid) {
             if claim.pod.as_deref() != pod {
                 claim.pod = pod.map(Into::into);
             }
@@ -120,32 +140,24 @@ impl Registry {
     /// Notes the order in which the claim watch delivers claims. A claim not yet in any queue
     /// (`pending`) joins its lock's admission gate at once, so that claims created after it
     /// wait for it even before its first reconcile asks to enqueue.
-    pub fn first_seen(
-        &self,
-        uid: &str,
-        name: &str,
-        namespace: &str,
-        lock: &str,
-        created: i64,
-        pending: bool,
-    ) {
+    pub fn first_seen(&self, uid: &Uid, name: &str, namespace: &str, lock: &str, created: i64, pending: bool) {
         let mut inner = self.lock();
         let Some(seen) = inner.enter(uid, name, namespace, lock) else { return };
         if pending {
-            inner.gate.entry(lock.to_string()).or_default().insert((created, seen), (uid.to_string(), Instant::now()));
+            inner.gate.entry(lock.to_string()).or_default().insert((created, seen), (uid.clone(), Instant::now()));
         }
     }
 
     /// Asks to enqueue claim `uid` on `lock`; true when no claim created before it waits to be
     /// enqueued there. A claim that has been in the gate for [`GATE_PATIENCE`] without entering
     /// the queue (its reconcile keeps failing, say) no longer holds the others up.
-    pub fn may_enqueue(&self, lock: &str, uid: &str, created: i64) -> bool {
+    pub fn may_enqueue(&self, lock: &str, uid: &Uid, created: i64) -> bool {
         let mut inner = self.lock();
         let seen = inner.claims.get(uid).map_or(u64::MAX, |c| c.seen);
         let gate = inner.gate.entry(lock.to_string()).or_default();
         gate.retain(|_, (other, since)| other == uid || since.elapsed() < GATE_PATIENCE);
         if !gate.values().any(|(other, _)| other == uid) {
-            gate.insert((created, seen), (uid.to_string(), Instant::now()));
+            gate.insert((created, seen), (uid.clone(), Instant::now()));
         }
         gate.first_key_value().is_some_and(|(_, (first, _))| first == uid)
     }
@@ -156,7 +168,7 @@ impl Registry {
         let mut inner = self.lock();
         let gate = inner.gate.get_mut(lock)?;
         let before = gate.len();
-        gate.retain(|_, (other, _)| other != uid);
+        gate.retain(|_, (other, _)| **other != *uid);
         if gate.len() == before {
             return None;
         }
@@ -164,18 +176,18 @@ impl Registry {
         if gate.is_empty() {
             inner.gate.remove(lock);
         }
-        next.filter(|n| inner.claims.contains_key(n.as_str()))
+        next.filter(|n| inner.claims.contains_key(n)).map(|n| n.to_string())
     }
 
     pub fn forget(&self, uid: &str) {
         let mut inner = self.lock();
         for gate in inner.gate.values_mut() {
-            gate.retain(|_, (other, _)| other != uid);
+            gate.retain(|_, (other, _)| **other != *uid);
         }
         if let Some(claim) = inner.claims.remove(uid) {
             inner.count(claim.phase, -1);
             if let Some(pod) = claim.pod {
-                let key = (claim.namespace.into_string(), pod.into_string());
+                let key = (claim.namespace.to_string(), pod.into_string());
                 if let Some(set) = inner.by_pod.get_mut(&key) {
                     set.remove(uid);
                     if set.is_empty() {
@@ -183,6 +195,8 @@ impl Registry {
                     }
                 }
             }
+            inner.unintern(claim.namespace);
+            inner.unintern(claim.lock);
         }
         inner.verdicts.remove(uid);
     }
@@ -195,7 +209,7 @@ impl Registry {
     pub fn claims_of_pod(&self, namespace: &str, pod: &str) -> Vec<String> {
         let inner = self.lock();
         let Some(uids) = inner.by_pod.get(&(namespace.to_string(), pod.to_string())) else { return vec![] };
-        uids.iter().filter(|uid| inner.claims.contains_key(uid.as_str())).cloned().collect()
+        uids.iter().filter(|uid| inner.claims.contains_key(*uid)).map(|uid| uid.to_string()).collect()
     }
 
     /// UIDs of the claims that name a holder pod.

@@ -48,18 +48,17 @@ pub async fn follow_claims(ctx: Arc<Context>, scope: u16, api: Api<LockClaim>) {
 }
 
 /// A claim as the watch delivers it: noted in delivery order, kept, and reconciled soon.
-fn admit(ctx: &Context, scope: u16, claim: LockClaim) -> Option<Uid> {
+fn admit(ctx: &Context, scope: u16, mut claim: LockClaim) -> Option<Uid> {
+    let uid = ctx.shared_uid(claim.metadata.uid.as_deref()?);
+    ctx.store.put(scope, &uid, &mut claim);
     // The watch delivers new claims in creation order: note it before reconciling.
-    if let (Some(uid), Some(name), Some(namespace)) =
-        (claim.metadata.uid.as_deref(), claim.metadata.name.as_deref(), claim.metadata.namespace.as_deref())
-    {
+    if let (Some(name), Some(namespace)) = (claim.metadata.name.as_deref(), claim.metadata.namespace.as_deref()) {
         let phase = claim.status.as_ref().and_then(|s| s.phase);
         let pending = matches!(phase, None | Some(Phase::Pending));
         let lock = ctx.lock_path(namespace, &claim.spec.lock_name);
         let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
-        ctx.registry.first_seen(uid, name, namespace, &lock, created, pending);
+        ctx.registry.first_seen(&uid, name, namespace, &lock, created, pending);
     }
-    let uid = ctx.store.put(scope, claim)?;
     ctx.trigger(&uid);
     Some(uid)
 }

@@ -20,7 +20,9 @@ use crate::recipe::Decision;
 
 #[derive(Default)]
 pub(super) struct Book {
-    pub contenders: HashMap<Arc<str>, Member>,
+    /// Boxed: the map holds 10,000s of entries and keeps a quarter to a half of its buckets
+    /// empty; an empty bucket then costs a pointer rather than a whole member.
+    pub contenders: HashMap<Arc<str>, Box<Member>>,
     pub locks: HashMap<Arc<str>, LockQueue>,
     /// Sessions that ended: nodes made in them are not entered any more. (A handful per
     /// process lifetime: one per session loss.)

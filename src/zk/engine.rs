@@ -32,8 +32,9 @@ use crate::recipe::{self, Decision, Mode};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ContenderSpec {
     /// Unique per contender and part of its node name (a claim UID): it lets the engine find
-    /// the node it made when a create's answer was lost.
-    pub id: String,
+    /// the node it made when a create's answer was lost. Shared, so that the operator's many
+    /// indexes of one claim hold one copy of it.
+    pub id: Arc<str>,
     /// Absolute path of the lock directory, e.g. `/zklock/locks/shop/db-migrations`.
     pub lock: String,
     pub mode: Mode,
@@ -231,7 +232,7 @@ impl Shared {
     }
 
     /// Removes a contender from the book and publishes its final state.
-    fn remove(&self, book: &mut Book, id: &str, last: ContenderState) -> Option<Member> {
+    fn remove(&self, book: &mut Book, id: &str, last: ContenderState) -> Option<Box<Member>> {
         let (key, mut member) = take(book, id)?;
         self.publish(&key, &member, &current_state(&member), last);
         member.decided = None;
@@ -240,7 +241,7 @@ impl Shared {
 }
 
 /// Takes a contender out of the book (and its lock, once nothing else needs it).
-fn take(book: &mut Book, id: &str) -> Option<(Arc<str>, Member)> {
+fn take(book: &mut Book, id: &str) -> Option<(Arc<str>, Box<Member>)> {
     let (key, member) = book.contenders.remove_entry(id)?;
     if let Some(q) = book.locks.get_mut(&member.lock) {
         q.nodes.remove(&member.sequence);
@@ -348,19 +349,24 @@ impl LockEngine {
 
     /// The state of contender `id`, if the engine tracks it.
     pub fn state(&self, id: &str) -> Option<ContenderState> {
-        lock(&self.inner.shared.book).contenders.get(id).map(current_state)
+        lock(&self.inner.shared.book).contenders.get(id).map(|m| current_state(m))
     }
 
     /// The full path of contender `id`'s node, if the engine tracks it.
+    /// The engine's own copy of a contender id it tracks.
+    pub fn id(&self, id: &str) -> Option<Arc<str>> {
+        lock(&self.inner.shared.book).contenders.get_key_value(id).map(|(key, _)| key.clone())
+    }
+
     pub fn node(&self, id: &str) -> Option<String> {
-        lock(&self.inner.shared.book).contenders.get(id).map(Member::path)
+        lock(&self.inner.shared.book).contenders.get(id).map(|m| m.path())
     }
 
     /// Puts a contender in the queue of its lock: creates its node (and the lock directory if
     /// needed), decides once, and from then on follows the recipe. Enqueueing an id the engine
     /// already tracks returns the existing contender.
     pub async fn enqueue(&self, spec: ContenderSpec) -> Result<Contender, Error> {
-        let id = spec.id.clone();
+        let id = spec.id.to_string();
         let handle = self.join(spec, true).await?;
         handle.ok_or(Error::UnknownContender(id))
     }
@@ -373,12 +379,12 @@ impl LockEngine {
 
     async fn join(&self, spec: ContenderSpec, want_handle: bool) -> Result<Option<Contender>, Error> {
         if !recipe::is_contender_id(&spec.id) {
-            return Err(Error::BadContenderId(spec.id));
+            return Err(Error::BadContenderId(spec.id.to_string()));
         }
         if !is_lock_path(&spec.lock) {
             return Err(Error::BadLockPath(spec.lock));
         }
-        if lock(&self.inner.shared.book).contenders.contains_key(spec.id.as_str()) {
+        if lock(&self.inner.shared.book).contenders.contains_key(&*spec.id) {
             return Ok(if want_handle { self.handle(&spec.id) } else { None });
         }
         let client = self.client()?;
@@ -406,7 +412,7 @@ impl LockEngine {
         }
         for c in &contenders {
             if !recipe::is_contender_id(&c.id) {
-                return Err(Error::BadContenderId(c.id.clone()));
+                return Err(Error::BadContenderId(c.id.to_string()));
             }
             if c.lock != lock_path {
                 return Err(Error::BadLockPath(c.lock.clone()));
@@ -660,17 +666,17 @@ impl Inner {
                 return Err(Error::SessionLost);
             }
             for (spec, name, stat) in nodes {
-                if book.contenders.contains_key(spec.id.as_str()) {
+                if book.contenders.contains_key(&*spec.id) {
                     extra.push(format!("{lock_path}/{name}"));
                     let handle = if want_handles {
-                        book.contenders.get_mut(spec.id.as_str()).map(|m| make_handle(shared, &spec.id, m))
+                        book.contenders.get_mut(&*spec.id).map(|m| make_handle(shared, &spec.id, m))
                     } else {
                         None
                     };
-                    registered.push((Arc::from(spec.id.as_str()), None, handle));
+                    registered.push((spec.id.clone(), None, handle));
                     continue;
                 }
-                let id: Arc<str> = spec.id.as_str().into();
+                let id = spec.id.clone();
                 let sequence = recipe::parse_child(&name).map_or(0, |c| c.sequence);
                 let (tx, rx) = oneshot::channel();
                 let mut member = Member {
@@ -694,7 +700,7 @@ impl Inner {
                         data_changed.push((id.clone(), member.path()));
                     }
                 }
-                book.contenders.insert(id.clone(), member);
+                book.contenders.insert(id.clone(), Box::new(member));
                 registered.push((id, Some(rx), handle));
             }
             let q = book.locks.get_mut(lock_path);

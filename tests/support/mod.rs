@@ -33,7 +33,7 @@ pub async fn raw_client(connect: &str) -> zookeeper_client::Client {
 }
 
 pub fn spec(lock: &str, mode: Mode) -> ContenderSpec {
-    ContenderSpec { id: uuid::Uuid::new_v4().to_string(), lock: lock.into(), mode, description: "test".into() }
+    ContenderSpec { id: uuid::Uuid::new_v4().to_string().into(), lock: lock.into(), mode, description: "test".into() }
 }
 
 pub async fn enqueue(engine: &LockEngine, lock: &str, mode: Mode) -> Contender {
