@@ -351,6 +351,29 @@ async fn a_standby_replica_takes_over_without_changing_the_holder() {
     env.history.check();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_deleted_without_its_finalizer_gives_the_lock_up() {
+    let env = Env::new().await;
+    let op = env.operator();
+    env.claim("a", "orphan", json!({})).await;
+    env.wait_phase("a", Phase::Held).await;
+    env.claim("b", "orphan", json!({})).await;
+    env.wait_phase("b", Phase::Waiting).await;
+    // Stopped, the operator cannot put its finalizer back before the claim is gone.
+    op.pause();
+    let no_finalizers = json!({"metadata": {"finalizers": null}});
+    env.claims.patch("a", &PatchParams::default(), &Patch::Merge(&no_finalizers)).await.unwrap();
+    env.claims.delete("a", &DeleteParams::default()).await.unwrap();
+    op.resume();
+    // Only the operator releasing the orphaned node lets b through.
+    env.wait_phase("b", Phase::Held).await;
+    assert!(op.logs().contains("deleted without its finalizer"), "{}", op.logs());
+    env.delete_claim("b").await;
+    env.history.await_gone("b").await;
+    assert_eq!(env.history.grants("orphan"), vec!["a", "b"]);
+    env.history.check();
+}
+
 /// Polls `f` every 100 ms until it holds.
 async fn until<F, Fut>(what: &str, f: F)
 where

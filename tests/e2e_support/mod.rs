@@ -201,6 +201,21 @@ impl Operator {
         }
     }
 
+    /// SIGSTOP: the operator sees nothing and does nothing until [`Operator::resume`].
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("operator running");
+        let status = Command::new("kill").args([signal, &child.id().to_string()]).status().expect("run kill");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
     /// SIGTERM, and wait for a clean exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().expect("operator running");
