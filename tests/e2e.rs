@@ -42,6 +42,8 @@ async fn kubectl_wait_gates_the_second_script_until_the_first_claim_is_deleted()
     let status = tokio::task::spawn_blocking(move || second.wait().unwrap()).await.unwrap();
     assert!(status.success(), "kubectl wait for the second claim failed");
     assert!(deleted_at.elapsed() < PATIENCE);
+    let held = env.wait_phase("second", Phase::Held).await.status.unwrap();
+    assert_eq!((held.position, held.waiting_for), (Some(0), None), "a holder waits for nobody");
     env.wait_gone("first").await;
     env.delete_claim("second").await;
     env.history.await_gone("second").await;

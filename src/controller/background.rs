@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::{anchor, Context};
-use crate::zk::{EngineEvent, SessionEvent};
+use crate::zk::{ContenderState, EngineEvent, SessionEvent};
 
 /// Waiters whose position is refreshed per lock and round: the front of a long queue is
 /// kept exact, the rest is refreshed as it moves up. Bounds the API writes positions cost.
@@ -32,6 +32,10 @@ async fn follow_engine(ctx: Arc<Context>, mut events: mpsc::UnboundedReceiver<En
     ctx.metrics.zk_session_connected.set(1);
     while let Some(event) = events.recv().await {
         match event {
+            // A release is always the operator's own doing, by the reconcile that asked for
+            // it: reconciling again would only redo its work from a copy of the claim that may
+            // not show it yet (a finalizer removal, say).
+            EngineEvent::Contender { state: ContenderState::Released, .. } => {}
             EngineEvent::Contender { id, .. } => {
                 ctx.trigger(&id);
             }

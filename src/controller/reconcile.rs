@@ -14,7 +14,7 @@ use serde_json::json;
 use super::plan::{self, ContenderView, HolderView, Inputs, Plan};
 use super::queue::Uid;
 use super::{Context, Error};
-use crate::api::{validate, LockClaim, Phase, FINALIZER, POD_REVOKE_ANNOTATION_PREFIX};
+use crate::api::{validate, LockClaim, LockClaimStatus, Phase, FINALIZER, POD_REVOKE_ANNOTATION_PREFIX};
 use crate::recipe;
 use crate::zk::ContenderSpec;
 
@@ -182,7 +182,7 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, plan: 
     let before = claim.status.clone().unwrap_or_default();
     if plan.status != before {
         let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-        let patch = json!({ "status": plan.status });
+        let patch = json!({ "status": status_patch(&before, &plan.status) });
         ctx.metrics
             .api_call("patch_status", true, api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)))
             .await?;
@@ -213,6 +213,21 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, plan: 
     Ok(Action::await_change())
 }
 
+/// The merge patch from one status to the next. A field the new status leaves out is removed
+/// with an explicit null: left out of a merge patch, it would stay (a Held claim would keep
+/// saying whom it waited for, and every later reconcile would see a difference to write).
+fn status_patch(before: &LockClaimStatus, after: &LockClaimStatus) -> serde_json::Value {
+    let mut patch = serde_json::to_value(after).unwrap_or_default();
+    if let (Some(patch), serde_json::Value::Object(old)) =
+        (patch.as_object_mut(), serde_json::to_value(before).unwrap_or_default())
+    {
+        for key in old.keys() {
+            patch.entry(key.clone()).or_insert(serde_json::Value::Null);
+        }
+    }
+    patch
+}
+
 fn observe_grant(claim: &LockClaim, ctx: &Context, lock: &str) {
     if let Some(created) = &claim.metadata.creation_timestamp {
         let waited = Timestamp::now().duration_since(created.0).as_secs_f64();
@@ -220,5 +235,31 @@ fn observe_grant(claim: &LockClaim, ctx: &Context, lock: &str) {
     }
     if let Some(since_release) = ctx.registry.take_release(lock) {
         ctx.metrics.handoff.observe(since_release.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_the_new_status_leaves_out_are_removed() {
+        let waiting = LockClaimStatus {
+            phase: Some(Phase::Waiting),
+            position: Some(1),
+            waiting_for: Some("first".into()),
+            ..Default::default()
+        };
+        let held = LockClaimStatus {
+            phase: Some(Phase::Held),
+            position: Some(0),
+            fencing_token: Some("7".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            status_patch(&waiting, &held),
+            json!({"phase": "Held", "position": 0, "fencingToken": "7", "waitingFor": null})
+        );
+        assert_eq!(status_patch(&held, &held), json!({"phase": "Held", "position": 0, "fencingToken": "7"}));
     }
 }
