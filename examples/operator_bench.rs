@@ -11,7 +11,8 @@
 //! runs one part. `ZKLOCK_BENCH_WRAP="heaptrack -o /tmp/op"` runs the operator under a wrapper
 //! command (a profiler); the RSS figure is then the wrapper's, not the operator's.
 //! `ZKLOCK_BENCH_OPERATOR=PATH` runs another build of the operator, such as the static (musl)
-//! one the container image ships (`scripts/build-static.sh` prints its path).
+//! one the container image ships (`scripts/build-static.sh` prints its path), and
+//! `ZKLOCK_BENCH_LOG=FILTER` sets its log filter (default `warn`; its log goes to stderr).
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
@@ -178,7 +179,7 @@ impl Bench {
             .args(["run", "--zk-connect", &zk.chroot().await, "--watch-namespace", &ns, "--lease-namespace", &ns])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", std::env::var("ZKLOCK_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()?;
