@@ -200,7 +200,7 @@ async fn work(ctx: &Arc<Context>, limit: usize, shutdown: impl std::future::Futu
             }
             ctx.metrics.reconcile_queue.set(queue.scheduled() as i64);
             ctx.metrics.reconciles_running.set(queue.running() as i64);
-            queue.next_due()
+            queue.next_due(limit)
         };
         let sleep = tokio::time::sleep_until(next.map_or_else(far_future, Into::into));
         tokio::select! {

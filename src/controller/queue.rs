@@ -69,8 +69,13 @@ impl Queue {
         self.shrink();
     }
 
-    /// When the next claim that is not running is due, if any is scheduled.
-    pub fn next_due(&self) -> Option<Instant> {
+    /// When [`Queue::start`] may next have a claim to start: when the next claim that is not
+    /// running is due; never while `limit` run (only a reconcile ending changes that, and
+    /// waiting for a due time already past would spin).
+    pub fn next_due(&self, limit: usize) -> Option<Instant> {
+        if self.running.len() >= limit {
+            return None;
+        }
         self.due.iter().find(|(_, uid)| !self.running.contains(uid)).map(|(when, _)| *when)
     }
 
@@ -113,7 +118,7 @@ mod tests {
         q.schedule(&uid("a"), t + Duration::from_secs(1));
         q.schedule(&uid("a"), t + Duration::from_secs(9));
         assert_eq!(q.scheduled(), 1);
-        assert_eq!(q.next_due(), Some(t + Duration::from_secs(1)));
+        assert_eq!(q.next_due(4), Some(t + Duration::from_secs(1)));
         assert_eq!(q.start(t, 4), None, "not due yet");
         assert_eq!(q.start(t + Duration::from_secs(1), 4).as_deref(), Some("a"));
         assert_eq!(q.start(t + Duration::from_secs(60), 4), None, "asked for once, runs once");
@@ -127,9 +132,9 @@ mod tests {
         assert_eq!(q.start(t, 4).as_deref(), Some("a"));
         q.schedule(&uid("a"), t);
         assert_eq!(q.start(t, 4), None, "never twice at once");
-        assert_eq!(q.next_due(), None);
+        assert_eq!(q.next_due(4), None);
         q.done("a");
-        assert_eq!(q.next_due(), Some(t));
+        assert_eq!(q.next_due(4), Some(t));
         assert_eq!(q.start(t, 4).as_deref(), Some("a"));
     }
 
@@ -144,6 +149,8 @@ mod tests {
         assert_eq!(q.start(now, 2).as_deref(), Some("c"));
         assert_eq!(q.start(now, 2).as_deref(), Some("a"));
         assert_eq!(q.start(now, 2), None, "two run at most");
+        assert_eq!(q.next_due(2), None, "nothing to wait for but a reconcile ending");
+        assert_eq!(q.next_due(3), Some(t + Duration::from_millis(2)));
         q.done("c");
         assert_eq!(q.start(now, 2).as_deref(), Some("b"));
     }
