@@ -251,12 +251,21 @@ impl Bench {
             let zk_before = self.metric("zklock_zookeeper_operations_total{op=\"predecessor_notification\"}").await;
             let writes_before = self.metric("zklock_kubernetes_writes_total").await;
             let round = waiters.min(handoffs - counted);
+            // The next holder's grant is seen on a watch of the namespace that is already open:
+            // a new watch per handoff would add the API server's list of the whole queue.
+            let (seen, follower) = self.follow();
+            let holder = format!("c{first}");
+            seen.wait(|sets| sets.0.contains(&holder)).await;
             for i in 0..round {
+                let next = format!("c{}", first + i + 1);
                 let start = Instant::now();
                 self.claims.delete(&format!("c{}", first + i), &DeleteParams::default()).await?;
-                self.wait_phase(&format!("c{}", first + i + 1), Phase::Held).await?;
+                tokio::time::timeout(Duration::from_secs(120), seen.wait(|sets| sets.0.contains(&next)))
+                    .await
+                    .map_err(|_| format!("{next} not Held within 120 s"))?;
                 latency.push(start.elapsed());
             }
+            follower.abort();
             // Let the last writes of the round (finalizer removals, events) land.
             tokio::time::sleep(Duration::from_millis(500)).await;
             writes += (self.metric("zklock_kubernetes_writes_total").await - writes_before) as u64;
@@ -300,9 +309,8 @@ impl Bench {
         Ok(samples)
     }
 
-    async fn throughput(&self, locks: usize, concurrency: usize) -> Result<f64, Error> {
-        // One watch of the namespace tells every worker when its claim is Held and when it is
-        // gone: a watch per claim would load the API server more than the operator does.
+    /// One watch of the bench's namespace: which claims were seen Held, and which deleted.
+    fn follow(&self) -> (Arc<Seen>, tokio::task::JoinHandle<()>) {
         let seen = Arc::new(Seen::default());
         let follower = {
             let seen = seen.clone();
@@ -327,6 +335,13 @@ impl Bench {
                 }
             })
         };
+        (seen, follower)
+    }
+
+    async fn throughput(&self, locks: usize, concurrency: usize) -> Result<f64, Error> {
+        // One watch of the namespace tells every worker when its claim is Held and when it is
+        // gone: a watch per claim would load the API server more than the operator does.
+        let (seen, follower) = self.follow();
         let start = Instant::now();
         let results: Vec<Result<(), Error>> = futures::stream::iter(0..locks)
             .map(|i| {
