@@ -250,7 +250,12 @@ async fn reconcile_one(ctx: Arc<Context>, uid: Uid) {
         claim = claim.metadata.name.as_deref().unwrap_or_default(),
         namespace = claim.metadata.namespace.as_deref().unwrap_or_default(),
     );
-    let result = reconcile::reconcile(uid.clone(), Arc::new(claim), ctx.clone()).instrument(span).await;
+    let result = reconcile::reconcile(uid.clone(), Arc::new(claim), ctx.clone()).instrument(span.clone()).await;
+    if !ctx.store.contains(&uid) {
+        // Gone while it was reconciled: a node it was just given would outlive it.
+        watch::release_orphan(&ctx, &uid).instrument(span).await;
+        return;
+    }
     if let Err(error) = result {
         error_policy(&uid, &error, &ctx);
     }

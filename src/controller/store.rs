@@ -80,6 +80,10 @@ impl Store {
         }
     }
 
+    pub fn contains(&self, uid: &str) -> bool {
+        self.lock().contains_key(uid)
+    }
+
     pub fn remove(&self, uid: &str) -> bool {
         let mut claims = self.lock();
         let removed = claims.remove(uid).is_some();

@@ -69,6 +69,12 @@ fn admit(ctx: &Context, scope: u16, mut claim: LockClaim) -> Option<Uid> {
 async fn gone(ctx: &Context, uid: &str) {
     ctx.store.remove(uid);
     ctx.queue().cancel(uid);
+    release_orphan(ctx, uid).await;
+}
+
+/// Releases the node of a claim that is not in the API any more, if the engine still tracks
+/// one (also after a reconcile that was enqueueing the claim while it went).
+pub async fn release_orphan(ctx: &Context, uid: &str) {
     if ctx.engine.state(uid).is_some() {
         tracing::warn!(uid, "a claim was deleted without its finalizer; releasing its znode");
         if let Err(e) = ctx.engine.release(uid).await {
