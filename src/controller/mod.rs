@@ -22,7 +22,7 @@ mod store;
 mod watch;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -87,6 +87,8 @@ pub struct Context {
     queue: Mutex<Queue>,
     /// Wakes the worker loop when something is scheduled.
     wake: Notify,
+    /// Claim watches (scopes) that have not yet listed their claims once.
+    unsynced: AtomicUsize,
 }
 
 impl Context {
@@ -112,6 +114,23 @@ impl Context {
         self.engine.id(uid).unwrap_or_else(|| uid.into())
     }
 
+    /// Whether every claim watch has listed its claims: from then on, a claim missing from the
+    /// store is missing from the API.
+    fn synced(&self) -> bool {
+        self.unsynced.load(Ordering::SeqCst) == 0
+    }
+
+    /// A claim watch listed its claims for the first time. Once all have, every contender the
+    /// engine tracks is looked at: one whose claim went before it was listed (deleted while
+    /// the operator started, or while it re-anchored) is released.
+    fn scope_synced(&self) {
+        if self.unsynced.fetch_sub(1, Ordering::SeqCst) == 1 {
+            for uid in self.engine.ids() {
+                self.trigger(&uid);
+            }
+        }
+    }
+
     /// Asks for a reconcile of claim `uid` soon.
     pub fn trigger(&self, uid: &str) {
         self.schedule(uid, Duration::ZERO);
@@ -119,7 +138,8 @@ impl Context {
 
     /// Asks for a reconcile of claim `uid` after `delay` (an earlier request stands).
     pub fn schedule(&self, uid: &str, delay: Duration) {
-        self.queue().schedule(&Uid::from(uid), Instant::now() + delay);
+        let uid = self.store.key(uid).unwrap_or_else(|| self.shared_uid(uid));
+        self.queue().schedule(&uid, Instant::now() + delay);
         self.wake.notify_one();
     }
 
@@ -155,6 +175,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let Setup { client, zk_root, namespaces, metrics, events, ready, concurrency } = setup;
+    let scopes = namespaces.len().max(1);
     let ctx = Arc::new(Context {
         client,
         engine,
@@ -167,6 +188,7 @@ pub async fn run(
         store: Store::default(),
         queue: Mutex::new(Queue::default()),
         wake: Notify::new(),
+        unsynced: AtomicUsize::new(scopes),
     });
     anchor::reanchor_all(&ctx).await?;
     ready.store(true, Ordering::SeqCst);
@@ -243,18 +265,27 @@ fn finish(
 }
 
 async fn reconcile_one(ctx: Arc<Context>, uid: Uid) {
-    // Gone since it was scheduled: nothing to do.
-    let Some(claim) = ctx.store.get(&uid) else { return };
+    let Some(claim) = ctx.store.get(&uid) else {
+        // Not (or no longer) in the API; its node, if it has one, must not outlive it.
+        if ctx.engine.state(&uid).is_none() {
+            ctx.registry.forget(&uid);
+        } else if !ctx.synced() {
+            // Maybe just not listed yet: look again once it could be.
+            ctx.schedule(&uid, Duration::from_secs(1));
+        } else if let Err(error) = watch::release_orphan(&ctx, &uid).await {
+            error_policy(&uid, &error.into(), &ctx);
+        }
+        return;
+    };
     let span = tracing::info_span!(
         "reconcile",
         claim = claim.metadata.name.as_deref().unwrap_or_default(),
         namespace = claim.metadata.namespace.as_deref().unwrap_or_default(),
     );
-    let result = reconcile::reconcile(uid.clone(), Arc::new(claim), ctx.clone()).instrument(span.clone()).await;
+    let result = reconcile::reconcile(uid.clone(), Arc::new(claim), ctx.clone()).instrument(span).await;
     if !ctx.store.contains(&uid) {
-        // Gone while it was reconciled: a node it was just given would outlive it.
-        watch::release_orphan(&ctx, &uid).instrument(span).await;
-        return;
+        // Gone while it was reconciled (a node it was just given would outlive it): look again.
+        ctx.trigger(&uid);
     }
     if let Err(error) = result {
         error_policy(&uid, &error, &ctx);

@@ -40,14 +40,6 @@ impl Queue {
         }
     }
 
-    /// Drops a scheduled reconcile (the claim is gone).
-    pub fn cancel(&mut self, uid: &str) {
-        if let Some((uid, when)) = self.at.remove_entry(uid) {
-            self.due.remove(&(when, uid));
-        }
-        self.shrink();
-    }
-
     /// The next claim to reconcile at `now`, if one is due, not running, and fewer than `limit`
     /// run; it counts as running until [`Queue::done`].
     pub fn start(&mut self, now: Instant, limit: usize) -> Option<Uid> {
@@ -155,22 +147,11 @@ mod tests {
         assert_eq!(q.start(now, 2).as_deref(), Some("b"));
     }
 
-    #[test]
-    fn cancelled_claims_never_start() {
-        let t = Instant::now();
-        let mut q = Queue::default();
-        q.schedule(&uid("a"), t);
-        q.cancel("a");
-        assert_eq!(q.start(t, 4), None);
-        assert_eq!(q.scheduled(), 0);
-    }
-
     #[derive(Debug, Clone)]
     enum Op {
         Schedule(u8, u8),
         Start(u8),
         Done(u8),
-        Cancel(u8),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -178,7 +159,6 @@ mod tests {
             (0..6u8, 0..10u8).prop_map(|(c, d)| Op::Schedule(c, d)),
             (0..12u8).prop_map(Op::Start),
             (0..6u8).prop_map(Op::Done),
-            (0..6u8).prop_map(Op::Cancel),
         ]
     }
 
@@ -219,10 +199,6 @@ mod tests {
                     Op::Done(c) => {
                         q.done(&c.to_string());
                         running.remove(&c);
-                    }
-                    Op::Cancel(c) => {
-                        q.cancel(&c.to_string());
-                        due.remove(&c);
                     }
                 }
                 prop_assert_eq!(q.running(), running.len());

@@ -84,6 +84,11 @@ impl Store {
         self.lock().contains_key(uid)
     }
 
+    /// The store's copy of a UID it keeps.
+    pub fn key(&self, uid: &str) -> Option<Uid> {
+        self.lock().get_key_value(uid).map(|(key, _)| key.clone())
+    }
+
     pub fn remove(&self, uid: &str) -> bool {
         let mut claims = self.lock();
         let removed = claims.remove(uid).is_some();

@@ -18,6 +18,7 @@ pub async fn follow_claims(ctx: Arc<Context>, scope: u16, api: Api<LockClaim>) {
     let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
     // The claims a re-list delivered; the ones kept from before and not among them are gone.
     let mut relisted: HashSet<Uid> = HashSet::new();
+    let mut synced = false;
     while let Some(event) = events.next().await {
         match event {
             Ok(watcher::Event::Init) => relisted.clear(),
@@ -29,17 +30,20 @@ pub async fn follow_claims(ctx: Arc<Context>, scope: u16, api: Api<LockClaim>) {
             Ok(watcher::Event::InitDone) => {
                 for uid in ctx.store.uids_in(scope) {
                     if !relisted.contains(&uid) {
-                        gone(&ctx, &uid).await;
+                        gone(&ctx, &uid);
                     }
                 }
                 relisted = HashSet::new();
+                if !std::mem::replace(&mut synced, true) {
+                    ctx.scope_synced();
+                }
             }
             Ok(watcher::Event::Apply(claim)) => {
                 admit(&ctx, scope, claim);
             }
             Ok(watcher::Event::Delete(claim)) => {
                 if let Some(uid) = claim.metadata.uid.as_deref() {
-                    gone(&ctx, uid).await;
+                    gone(&ctx, uid);
                 }
             }
             Err(e) => tracing::warn!(error = %e, "claim watch failed; retrying"),
@@ -63,24 +67,25 @@ fn admit(ctx: &Context, scope: u16, mut claim: LockClaim) -> Option<Uid> {
     Some(uid)
 }
 
-/// A claim left the API. Normally its node went first (the finalizer); if somebody removed
+/// A claim left the API. Normally its node went first (the finalizer). If somebody removed
 /// the finalizer by hand, the node would hold the lock for a claim nobody can see any more and
-/// block every waiter for good, so it is released here.
-async fn gone(ctx: &Context, uid: &str) {
+/// block every waiter for good: the claim's reconcile, finding it gone, releases the node (see
+/// `release_orphan`). That runs in the worker, not here, so that a ZooKeeper outage never holds
+/// up the watch, and never beside another reconcile of the same claim.
+fn gone(ctx: &Context, uid: &str) {
     ctx.store.remove(uid);
-    ctx.queue().cancel(uid);
-    release_orphan(ctx, uid).await;
+    ctx.trigger(uid);
 }
 
 /// Releases the node of a claim that is not in the API any more, if the engine still tracks
-/// one (also after a reconcile that was enqueueing the claim while it went).
-pub async fn release_orphan(ctx: &Context, uid: &str) {
+/// one. Only called once every watch has listed its claims (before, a claim missing from the
+/// store may simply not be listed yet), so a claim missing from the store is gone from the API.
+pub async fn release_orphan(ctx: &Context, uid: &str) -> Result<(), crate::zk::Error> {
     if ctx.engine.state(uid).is_some() {
         tracing::warn!(uid, "a claim was deleted without its finalizer; releasing its znode");
-        if let Err(e) = ctx.engine.release(uid).await {
-            tracing::warn!(uid, error = %e, "could not release the znode of a deleted claim");
-        }
+        ctx.engine.release(uid).await?;
     }
     ctx.registry.forget(uid);
     ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
+    Ok(())
 }

@@ -353,6 +353,11 @@ impl LockEngine {
     }
 
     /// The full path of contender `id`'s node, if the engine tracks it.
+    /// Every contender id the engine tracks.
+    pub fn ids(&self) -> Vec<Arc<str>> {
+        lock(&self.inner.shared.book).contenders.keys().cloned().collect()
+    }
+
     /// The engine's own copy of a contender id it tracks.
     pub fn id(&self, id: &str) -> Option<Arc<str>> {
         lock(&self.inner.shared.book).contenders.get_key_value(id).map(|(key, _)| key.clone())
