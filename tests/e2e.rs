@@ -376,6 +376,27 @@ async fn a_claim_deleted_without_its_finalizer_gives_the_lock_up() {
     env.history.check();
 }
 
+/// The operator's status writes go by name and test the claim's UID first: the API server must
+/// refuse one meant for an earlier claim of the same name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_write_meant_for_another_uid_is_refused() {
+    let env = Env::new().await;
+    let claim = env.claim("x", "uid-guard", json!({})).await;
+    let write = |uid: &str| -> json_patch::Patch {
+        serde_json::from_value(json!([
+            { "op": "test", "path": "/metadata/uid", "value": uid },
+            { "op": "add", "path": "/status", "value": { "phase": "Waiting", "position": 3 } },
+        ]))
+        .unwrap()
+    };
+    let refused =
+        env.claims.patch_status("x", &PatchParams::default(), &Patch::Json::<()>(write("an-earlier-claim"))).await;
+    assert!(matches!(&refused, Err(kube::Error::Api(s)) if s.code == 422), "{refused:?}");
+    let uid = claim.metadata.uid.unwrap();
+    let written = env.claims.patch_status("x", &PatchParams::default(), &Patch::Json::<()>(write(&uid))).await.unwrap();
+    assert_eq!(written.status.unwrap().position, Some(3));
+}
+
 /// Polls `f` every 100 ms until it holds.
 async fn until<F, Fut>(what: &str, f: F)
 where

@@ -182,9 +182,9 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, plan: 
     let before = claim.status.clone().unwrap_or_default();
     if plan.status != before {
         let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-        let patch = json!({ "status": status_patch(&before, &plan.status) });
+        let patch = status_patch(uid, &plan.status)?;
         ctx.metrics
-            .api_call("patch_status", true, api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)))
+            .api_call("patch_status", true, api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch)))
             .await?;
         if plan.status.phase == Some(Phase::Held) && before.phase != Some(Phase::Held) {
             observe_grant(claim, ctx, lock);
@@ -213,19 +213,17 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, plan: 
     Ok(Action::await_change())
 }
 
-/// The merge patch from one status to the next. A field the new status leaves out is removed
-/// with an explicit null: left out of a merge patch, it would stay (a Held claim would keep
-/// saying whom it waited for, and every later reconcile would see a difference to write).
-fn status_patch(before: &LockClaimStatus, after: &LockClaimStatus) -> serde_json::Value {
-    let mut patch = serde_json::to_value(after).unwrap_or_default();
-    if let (Some(patch), serde_json::Value::Object(old)) =
-        (patch.as_object_mut(), serde_json::to_value(before).unwrap_or_default())
-    {
-        for key in old.keys() {
-            patch.entry(key.clone()).or_insert(serde_json::Value::Null);
-        }
-    }
-    patch
+/// The status write: the whole new status, for this very claim. A JSON patch replaces the
+/// status as a whole (a merge patch would keep the fields the new status leaves out: a new holder
+/// kept naming whom it had waited for), and its first operation tests the UID, since the write
+/// goes by name: a claim deleted without its finalizer and re-created under the same name must
+/// not receive its predecessor's status.
+fn status_patch(uid: &str, status: &LockClaimStatus) -> Result<json_patch::Patch, Error> {
+    let ops = json!([
+        { "op": "test", "path": "/metadata/uid", "value": uid },
+        { "op": "add", "path": "/status", "value": status },
+    ]);
+    serde_json::from_value(ops).map_err(|e| Error::Kube(format!("building the status patch: {e}")))
 }
 
 fn observe_grant(claim: &LockClaim, ctx: &Context, lock: &str) {
@@ -243,23 +241,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fields_the_new_status_leaves_out_are_removed() {
-        let waiting = LockClaimStatus {
-            phase: Some(Phase::Waiting),
-            position: Some(1),
-            waiting_for: Some("first".into()),
-            ..Default::default()
-        };
-        let held = LockClaimStatus {
-            phase: Some(Phase::Held),
-            position: Some(0),
-            fencing_token: Some("7".into()),
-            ..Default::default()
-        };
+    fn the_status_write_replaces_the_status_of_this_claim_only() {
+        let held = LockClaimStatus { phase: Some(Phase::Held), position: Some(0), ..Default::default() };
+        let patch = serde_json::to_value(status_patch("u-1", &held).unwrap()).unwrap();
         assert_eq!(
-            status_patch(&waiting, &held),
-            json!({"phase": "Held", "position": 0, "fencingToken": "7", "waitingFor": null})
+            patch,
+            json!([
+                { "op": "test", "path": "/metadata/uid", "value": "u-1" },
+                { "op": "add", "path": "/status", "value": { "phase": "Held", "position": 0 } },
+            ])
         );
-        assert_eq!(status_patch(&held, &held), json!({"phase": "Held", "position": 0, "fencingToken": "7"}));
     }
 }
