@@ -258,21 +258,17 @@ fn finish(
         ctx.queue().schedule(&uid, Instant::now() + Duration::from_secs(2));
     }
     ctx.queue().done(&uid);
-    if by_task.capacity() > 64 && by_task.len() < by_task.capacity() / 4 {
-        let keep = by_task.len() * 2;
+    if let Some(keep) = queue::shrunk_capacity(by_task.len(), by_task.capacity()) {
         by_task.shrink_to(keep);
     }
 }
 
 async fn reconcile_one(ctx: Arc<Context>, uid: Uid) {
     let Some(claim) = ctx.store.get(&uid) else {
-        // Not (or no longer) in the API; its node, if it has one, must not outlive it.
-        if ctx.engine.state(&uid).is_none() {
-            ctx.registry.forget(&uid);
-        } else if !ctx.synced() {
+        if ctx.engine.state(&uid).is_some() && !ctx.synced() {
             // Maybe just not listed yet: look again once it could be.
             ctx.schedule(&uid, Duration::from_secs(1));
-        } else if let Err(error) = watch::release_orphan(&ctx, &uid).await {
+        } else if let Err(error) = release_orphan(&ctx, &uid).await {
             error_policy(&uid, &error.into(), &ctx);
         }
         return;
@@ -290,6 +286,19 @@ async fn reconcile_one(ctx: Arc<Context>, uid: Uid) {
     if let Err(error) = result {
         error_policy(&uid, &error, &ctx);
     }
+}
+
+/// Forgets a claim that is not in the API any more, releasing its node if the engine still
+/// tracks one: a node must not outlive its claim. Only once every watch has listed its claims
+/// (before, a claim missing from the store may simply not be listed yet).
+async fn release_orphan(ctx: &Context, uid: &str) -> Result<(), crate::zk::Error> {
+    if ctx.engine.state(uid).is_some() {
+        tracing::warn!(uid, "a claim was deleted without its finalizer; releasing its znode");
+        ctx.engine.release(uid).await?;
+    }
+    ctx.registry.forget(uid);
+    ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
+    Ok(())
 }
 
 fn error_policy(uid: &str, error: &Error, ctx: &Context) {

@@ -79,17 +79,20 @@ impl Queue {
         self.at.len()
     }
 
-    /// Hash tables keep their largest size; after a burst, give the memory back.
     fn shrink(&mut self) {
-        if self.at.capacity() > 64 && self.at.len() < self.at.capacity() / 4 {
-            let keep = self.at.len() * 2;
+        if let Some(keep) = shrunk_capacity(self.at.len(), self.at.capacity()) {
             self.at.shrink_to(keep);
         }
-        if self.running.capacity() > 64 && self.running.len() < self.running.capacity() / 4 {
-            let keep = self.running.len() * 2;
+        if let Some(keep) = shrunk_capacity(self.running.len(), self.running.capacity()) {
             self.running.shrink_to(keep);
         }
     }
+}
+
+/// Hash tables keep their largest size: after a burst (every claim at once, as each start of
+/// the operator brings), the capacity to give the memory back to, if any.
+pub fn shrunk_capacity(len: usize, capacity: usize) -> Option<usize> {
+    (capacity > 64 && len < capacity / 4).then_some(len * 2)
 }
 
 #[cfg(test)]

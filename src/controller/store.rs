@@ -14,7 +14,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use super::queue::Uid;
+use super::queue::{shrunk_capacity, Uid};
 use crate::api::{conditions, LockClaim, LockClaimSpec, LockClaimStatus, Phase, FINALIZER};
 use crate::recipe::Mode;
 
@@ -66,9 +66,9 @@ impl Store {
     }
 
     pub fn get(&self, uid: &str) -> Option<LockClaim> {
-        let claims = self.lock();
-        let entry = claims.get(uid)?;
-        let json = lz4_flex::block::decompress_size_prepended_with_dict(&entry.json, dictionary())
+        // Copy the few hundred packed bytes out; the watch's writes need not wait for the decode.
+        let packed = self.lock().get(uid)?.json.clone();
+        let json = lz4_flex::block::decompress_size_prepended_with_dict(&packed, dictionary())
             .map_err(|e| e.to_string())
             .and_then(|json| serde_json::from_slice(&json).map_err(|e| e.to_string()));
         match json {
@@ -92,8 +92,7 @@ impl Store {
     pub fn remove(&self, uid: &str) -> bool {
         let mut claims = self.lock();
         let removed = claims.remove(uid).is_some();
-        if claims.capacity() > 64 && claims.len() < claims.capacity() / 4 {
-            let keep = claims.len() * 2;
+        if let Some(keep) = shrunk_capacity(claims.len(), claims.capacity()) {
             claims.shrink_to(keep);
         }
         removed

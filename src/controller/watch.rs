@@ -69,23 +69,10 @@ fn admit(ctx: &Context, scope: u16, mut claim: LockClaim) -> Option<Uid> {
 
 /// A claim left the API. Normally its node went first (the finalizer). If somebody removed
 /// the finalizer by hand, the node would hold the lock for a claim nobody can see any more and
-/// block every waiter for good: the claim's reconcile, finding it gone, releases the node (see
+/// block every waiter for good: the worker, finding the claim gone, releases the node (see
 /// `release_orphan`). That runs in the worker, not here, so that a ZooKeeper outage never holds
 /// up the watch, and never beside another reconcile of the same claim.
 fn gone(ctx: &Context, uid: &str) {
     ctx.store.remove(uid);
     ctx.trigger(uid);
-}
-
-/// Releases the node of a claim that is not in the API any more, if the engine still tracks
-/// one. Only called once every watch has listed its claims (before, a claim missing from the
-/// store may simply not be listed yet), so a claim missing from the store is gone from the API.
-pub async fn release_orphan(ctx: &Context, uid: &str) -> Result<(), crate::zk::Error> {
-    if ctx.engine.state(uid).is_some() {
-        tracing::warn!(uid, "a claim was deleted without its finalizer; releasing its znode");
-        ctx.engine.release(uid).await?;
-    }
-    ctx.registry.forget(uid);
-    ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
-    Ok(())
 }
