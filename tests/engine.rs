@@ -416,3 +416,41 @@ async fn a_dropped_connection_asks_holders_of_foreign_shared_locks_to_let_go() {
     engine.release(&in_shared.id).await.unwrap();
     assert!(in_ours.state().is_held());
 }
+
+/// DESIGN.md §5a: once a new leader took the epoch, the old leader's engine (its process and
+/// session still alive) can change no lock: no create, no delete, no revocation, no re-anchor.
+#[tokio::test]
+async fn a_deposed_leaders_engine_is_fenced_by_the_next_epoch() {
+    const EPOCH: &str = "/leader-epoch";
+    let connect = chroot().await;
+    let raw = raw_client(&connect).await;
+    let old = engine(&connect).await;
+    let first = old.take_epoch(EPOCH, "old").await.unwrap();
+    let mut holder = enqueue(&old, LOCK, Mode::Exclusive).await;
+    held(&mut holder).await;
+    let mut fenced = old.fenced();
+    assert!(!*fenced.borrow(), "not fenced while its epoch is current");
+
+    let new = engine(&connect).await;
+    let second = new.take_epoch(EPOCH, "new").await.unwrap();
+    assert!(second > first, "each leader takes a higher epoch ({first} then {second})");
+
+    let refused = old.enqueue(spec(LOCK, Mode::Exclusive)).await;
+    assert!(matches!(refused, Err(zklock::zk::Error::Fenced { .. })), "create after the new epoch: {refused:?}");
+    within("the old engine to report itself fenced", fenced.wait_for(|f| *f)).await.unwrap();
+    let release = old.release(&holder.id).await;
+    assert!(matches!(release, Err(zklock::zk::Error::Fenced { .. })), "delete after the new epoch: {release:?}");
+    let revoke = old.request_revocation(&holder.node, "stale").await;
+    assert!(matches!(revoke, Err(zklock::zk::Error::Fenced { .. })), "revocation after the new epoch: {revoke:?}");
+    let reanchor = old.reanchor(LOCK, vec![spec(LOCK, Mode::Exclusive)]).await;
+    assert!(matches!(reanchor, Err(zklock::zk::Error::Fenced { .. })), "re-anchor after the new epoch: {reanchor:?}");
+    let left = children(&raw, LOCK).await;
+    assert_eq!(left.len(), 1, "only the holder's node, untouched: {left:?}");
+    assert!(holder.node.ends_with(&left[0]));
+    let (data, _) = raw.get_data(&holder.node).await.unwrap();
+    assert!(!String::from_utf8_lossy(&data).contains("stale"), "no revocation request was written");
+
+    // The new leader's writes go through.
+    let mut next = enqueue(&new, LOCK, Mode::Exclusive).await;
+    wait_state(&mut next, "the new leader's contender queues", is_waiting).await;
+}

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use zookeeper_client as zk;
 
 use super::data::NodeData;
-use super::engine::{stat_of, ContenderSpec, Shared};
+use super::engine::{node_name, stat_of, ContenderSpec, Shared};
 use super::retry::{self, Backoff};
 use super::stats::Stats;
 use super::{Error, ZkConfig};
@@ -47,8 +47,8 @@ impl DirMarker {
 }
 
 pub(super) struct Recreated {
-    /// (node name, stat) of each contender, in the order given.
-    pub nodes: Vec<(String, zk::Stat)>,
+    /// The node name of each contender, in the order given.
+    pub nodes: Vec<String>,
     pub foreign_seen: bool,
 }
 
@@ -94,7 +94,8 @@ pub(super) async fn recreate(
         // An empty plan still writes the marker once.
         let chunks: Vec<&[Op]> = if ops.is_empty() { vec![&[]] } else { ops.chunks(OPS_PER_MULTI).collect() };
         for chunk in chunks {
-            let mut multi = client.new_multi_writer();
+            // Guarded by the leader epoch, like every write of the engine.
+            let mut multi = shared.fence.writer(client).map_err(|e| Error::zk("multi", lock, e))?;
             multi.add_set_data(lock, &marker, Some(version)).map_err(|e| Error::zk("multi", lock, e))?;
             for op in chunk {
                 match op {
@@ -107,22 +108,14 @@ pub(super) async fn recreate(
                 }
                 .map_err(|e| Error::zk("multi", lock, e))?;
             }
-            match retry::timed(async { multi.commit().await.map_err(zk::Error::from) }).await {
+            match shared.fence.commit(&mut multi).await {
                 Ok(results) => {
                     for result in results {
                         match result {
                             zk::MultiWriteResult::SetData { stat } => version = stat.version,
-                            zk::MultiWriteResult::Create { path, stat } => {
-                                let name = path.rsplit('/').next().unwrap_or_default().to_string();
-                                // ZooKeeper before 3.9 may answer a multi's create without a stat
-                                // (ZOOKEEPER-4026); then ask for it.
-                                let stat = if stat.is_invalid() {
-                                    stat_of(client, &format!("{lock}/{name}")).await?
-                                } else {
-                                    stat
-                                };
+                            zk::MultiWriteResult::Create { path, .. } => {
                                 Stats::bump(&shared.stats.creates);
-                                nodes.push((name, stat));
+                                nodes.push(node_name(&path).to_string());
                             }
                             zk::MultiWriteResult::Delete => Stats::bump(&shared.stats.deletes),
                             _ => {}
@@ -158,11 +151,7 @@ pub(super) async fn recreate(
 }
 
 /// The nodes of all `contenders` made by this session, if every one of them has one.
-async fn find_all(
-    client: &zk::Client,
-    lock: &str,
-    contenders: &[ContenderSpec],
-) -> Result<Option<Vec<(String, zk::Stat)>>, Error> {
+async fn find_all(client: &zk::Client, lock: &str, contenders: &[ContenderSpec]) -> Result<Option<Vec<String>>, Error> {
     let children = retry::idempotent(|| client.list_children(lock)).await.map_err(|e| Error::zk("list", lock, e))?;
     let mut found = Vec::with_capacity(contenders.len());
     for spec in contenders {
@@ -171,7 +160,7 @@ async fn find_all(
         if stat.ephemeral_owner != client.session_id().0 {
             return Ok(None);
         }
-        found.push((name.to_string(), stat));
+        found.push(name.to_string());
     }
     Ok(Some(found))
 }

@@ -36,7 +36,6 @@ pub(super) struct Member {
     pub name: Box<str>,
     pub sequence: u64,
     pub session_id: i64,
-    pub created_zxid: i64,
     /// Set when the recipe first grants the lock (see the engine's `apply`).
     pub fencing_token: i64,
     /// `None` until the first read of the directory after the node was made.

@@ -23,6 +23,7 @@ use zookeeper_client as zk;
 use super::anchor;
 use super::book::{Book, LockQueue, Member, NodeEvent};
 use super::data::{self, NodeData};
+use super::fence::{self, Epoch, Fence};
 use super::retry::{self, Backoff};
 use super::stats::{Stats, StatsSnapshot};
 use super::{Error, ZkConfig};
@@ -204,6 +205,8 @@ pub(super) struct Shared {
     book: Mutex<Book>,
     /// Lock directories this engine has already marked as used by foreign clients.
     foreign_marked: Mutex<HashSet<String>>,
+    /// The leader epoch every write of this engine is guarded by.
+    pub(super) fence: Fence,
 }
 
 impl Shared {
@@ -305,6 +308,7 @@ impl LockEngine {
                     events,
                     book: Mutex::new(Book::default()),
                     foreign_marked: Mutex::new(HashSet::new()),
+                    fence: Fence::default(),
                 }),
                 session: Mutex::new(None),
                 parents: Mutex::new(HashMap::new()),
@@ -345,6 +349,24 @@ impl LockEngine {
     /// The config the engine was made with.
     pub fn config(&self) -> &ZkConfig {
         &self.inner.config
+    }
+
+    /// Takes the leader epoch at `path` (DESIGN.md §5a): bumps it, so that every write guarded
+    /// by an earlier epoch fails from now on, and guards every later write of this engine by the
+    /// new one. Call it once, before re-anchoring; `holder` is written into the node for people.
+    pub async fn take_epoch(&self, path: &str, holder: &str) -> Result<i32, Error> {
+        let client = self.client()?;
+        let version = fence::bump(&client, path, holder).await.map_err(|e| Error::zk("epoch", path, e))?;
+        if !self.inner.shared.fence.set(Epoch { path: path.to_string(), version }) {
+            return Err(Error::zk("epoch", path, zk::Error::BadArguments(&"this engine has an epoch already")));
+        }
+        Ok(version)
+    }
+
+    /// Turns true, for good, once a write of this engine found its leader epoch superseded:
+    /// another leader took over, and this engine can change no lock any more.
+    pub fn fenced(&self) -> watch::Receiver<bool> {
+        self.inner.shared.fence.subscribe()
     }
 
     /// The state of contender `id`, if the engine tracks it.
@@ -396,10 +418,10 @@ impl LockEngine {
         self.inner.watch_parent(&client, &spec.lock).await?;
         let (lock_path, window) = self.inner.open_window(&spec.lock);
         let mut guard = WindowGuard { inner: &self.inner, lock: lock_path.clone(), start: window, armed: true };
-        let (name, stat) = create_node(&client, &self.inner.shared, &self.inner.config, &spec).await?;
+        let name = create_node(&client, &self.inner.shared, &self.inner.config, &spec).await?;
         // `register` closes the window from here on.
         guard.armed = false;
-        let registered = self.inner.register(&client, &lock_path, window, vec![(spec, name, stat)], want_handle)?;
+        let registered = self.inner.register(&client, &lock_path, window, vec![(spec, name)], want_handle)?;
         let mut joined = Inner::settle(registered).await;
         Ok(joined.pop().flatten())
     }
@@ -430,7 +452,7 @@ impl LockEngine {
         let created = anchor::recreate(&client, &self.inner.shared, &self.inner.config, lock_path, &contenders).await?;
         // `register` closes the window from here on.
         guard.armed = false;
-        let nodes = contenders.into_iter().zip(created.nodes).map(|(spec, (name, stat))| (spec, name, stat)).collect();
+        let nodes = contenders.into_iter().zip(created.nodes).collect();
         if created.foreign_seen {
             lock(&self.inner.shared.foreign_marked).insert(lock_path.to_string());
         }
@@ -496,7 +518,7 @@ impl LockEngine {
             let (current, stat) =
                 retry::idempotent(|| client.get_data(node)).await.map_err(|e| Error::zk("get", node, e))?;
             let wanted = data::with_revoke_request(&current, reason);
-            match retry::idempotent(|| client.set_data(node, &wanted, Some(stat.version))).await {
+            match retry::idempotent(|| self.inner.shared.fence.set_data(&client, node, &wanted, stat.version)).await {
                 Ok(_) => {
                     Stats::bump(&self.inner.shared.stats.revocations_written);
                     return Ok(());
@@ -651,7 +673,7 @@ impl Inner {
         client: &zk::Client,
         lock_path: &Arc<str>,
         window: u64,
-        nodes: Vec<(ContenderSpec, String, zk::Stat)>,
+        nodes: Vec<(ContenderSpec, String)>,
         want_handles: bool,
     ) -> Result<Registered, Error> {
         let shared = &self.shared;
@@ -670,7 +692,7 @@ impl Inner {
                 drop_if_idle(&mut book, lock_path);
                 return Err(Error::SessionLost);
             }
-            for (spec, name, stat) in nodes {
+            for (spec, name) in nodes {
                 if book.contenders.contains_key(&*spec.id) {
                     extra.push(format!("{lock_path}/{name}"));
                     let handle = if want_handles {
@@ -689,7 +711,6 @@ impl Inner {
                     name: name.into_boxed_str(),
                     sequence,
                     session_id,
-                    created_zxid: stat.czxid,
                     fencing_token: 0,
                     decision: None,
                     revoke: None,
@@ -1112,9 +1133,10 @@ fn apply(shared: &Shared, lock_path: &str, read: Read, children: &[String]) -> b
                 // The fencing token is the zxid of the directory state in which the grant was
                 // decided: it is above the zxid that removed the previous holder, so tokens of
                 // successive holders strictly increase. (The node's czxid alone is not enough:
-                // nodes re-created together by one multi-op share one czxid.) Granted at once,
-                // it equals the node's czxid.
-                member.fencing_token = pzxid.max(member.created_zxid);
+                // nodes re-created together by one multi-op share one czxid.) This read was
+                // sent after the node was made (`reads_before`), so the pzxid it answers is at
+                // least the node's czxid; granted at once, the two are equal.
+                member.fencing_token = pzxid;
             }
             _ => {}
         }
@@ -1180,7 +1202,7 @@ async fn repair(
             continue;
         }
         tracing::warn!(node = %path, "deleting a second node of one contender");
-        match retry::idempotent(|| client.delete(&path, None)).await {
+        match retry::idempotent(|| shared.fence.delete(client, &path)).await {
             Ok(()) => Stats::bump(&shared.stats.duplicates_deleted),
             Err(zk::Error::NoNode) => {}
             Err(e) => return Err(e),
@@ -1269,7 +1291,7 @@ async fn create_node(
     shared: &Shared,
     config: &ZkConfig,
     spec: &ContenderSpec,
-) -> Result<(String, zk::Stat), Error> {
+) -> Result<String, Error> {
     let prefix = recipe::node_prefix(&spec.id, spec.mode);
     let path = format!("{}/{prefix}", spec.lock);
     let body = NodeData::new(&spec.id, spec.mode, &spec.description).to_bytes();
@@ -1279,11 +1301,10 @@ async fn create_node(
     let dir_options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
     let mut backoff = Backoff::new();
     loop {
-        match retry::timed(client.create(&path, &body, &options)).await {
-            Ok((stat, sequence)) => {
+        match shared.fence.create(client, &path, &body, &options).await {
+            Ok(created) => {
                 Stats::bump(&shared.stats.creates);
-                let stat = if stat.is_invalid() { stat_of(client, &format!("{path}{sequence}")).await? } else { stat };
-                return Ok((format!("{prefix}{sequence}"), stat));
+                return Ok(node_name(&created).to_string());
             }
             Err(zk::Error::NoNode) => {
                 retry::idempotent(|| client.mkdir(&spec.lock, &dir_options))
@@ -1304,7 +1325,7 @@ async fn create_node(
 }
 
 /// The node of contender `spec.id` made by this session, if there is one.
-async fn find_own_node(client: &zk::Client, spec: &ContenderSpec) -> Result<Option<(String, zk::Stat)>, Error> {
+async fn find_own_node(client: &zk::Client, spec: &ContenderSpec) -> Result<Option<String>, Error> {
     let children = match retry::idempotent(|| client.list_children(&spec.lock)).await {
         Ok(children) => children,
         Err(zk::Error::NoNode) => return Ok(None),
@@ -1313,10 +1334,15 @@ async fn find_own_node(client: &zk::Client, spec: &ContenderSpec) -> Result<Opti
     let Some(name) = recipe::find_node(&children, &spec.id) else { return Ok(None) };
     let path = format!("{}/{name}", spec.lock);
     match retry::idempotent(|| client.check_stat(&path)).await {
-        Ok(Some(stat)) if stat.ephemeral_owner == client.session_id().0 => Ok(Some((name.to_string(), stat))),
+        Ok(Some(stat)) if stat.ephemeral_owner == client.session_id().0 => Ok(Some(name.to_string())),
         Ok(_) => Ok(None),
         Err(e) => Err(Error::zk("stat", &path, e)),
     }
+}
+
+/// The last component of a node's path.
+pub(super) fn node_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or_default()
 }
 
 pub(super) async fn stat_of(client: &zk::Client, path: &str) -> Result<zk::Stat, Error> {
@@ -1330,7 +1356,7 @@ pub(super) async fn stat_of(client: &zk::Client, path: &str) -> Result<zk::Stat,
 /// Deletes `path` until ZooKeeper confirms it is gone. The end of the session confirms it too:
 /// ephemeral nodes go with their session.
 async fn delete_until_confirmed(client: &zk::Client, shared: &Shared, path: &str) -> Result<(), zk::Error> {
-    match retry::idempotent(|| client.delete(path, None)).await {
+    match retry::idempotent(|| shared.fence.delete(client, path)).await {
         Ok(()) => {
             Stats::bump(&shared.stats.deletes);
             Ok(())

@@ -5,6 +5,7 @@ mod book;
 mod config;
 pub mod data;
 mod engine;
+mod fence;
 mod retry;
 mod stats;
 
@@ -30,10 +31,15 @@ pub enum Error {
     ZooKeeper { op: &'static str, path: String, source: zk::Error },
     #[error("no contender with id {0:?}")]
     UnknownContender(String),
+    #[error("{op} {path}: fenced: another leader took the leader epoch, so this process may not change any lock")]
+    Fenced { op: &'static str, path: String },
 }
 
 impl Error {
     fn zk(op: &'static str, path: &str, source: zk::Error) -> Self {
+        if source == fence::FENCED {
+            return Error::Fenced { op, path: path.to_string() };
+        }
         Error::ZooKeeper { op, path: path.to_string(), source }
     }
 
@@ -45,6 +51,7 @@ impl Error {
             Error::BadContenderId(_) | Error::BadLockPath(_) => "bad_input",
             Error::ZooKeeper { .. } => "zookeeper",
             Error::UnknownContender(_) => "unknown_contender",
+            Error::Fenced { .. } => "fenced",
         }
     }
 }

@@ -24,6 +24,11 @@ const OP_CREATE: i32 = 1;
 const OP_CREATE2: i32 = 15;
 const OP_CREATE_CONTAINER: i32 = 19;
 const OP_CREATE_TTL: i32 = 21;
+const OP_DELETE: i32 = 2;
+const OP_SET_DATA: i32 = 5;
+const OP_CHECK: i32 = 13;
+const OP_MULTI: i32 = 14;
+const CREATES: [i32; 4] = [OP_CREATE, OP_CREATE2, OP_CREATE_CONTAINER, OP_CREATE_TTL];
 const EPHEMERAL_SEQUENTIAL: i32 = 3;
 
 #[derive(Default)]
@@ -150,26 +155,58 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
     downstream.abort();
 }
 
-/// Whether a request frame is a create of an EPHEMERAL_SEQUENTIAL node.
+/// Whether a request frame creates an EPHEMERAL_SEQUENTIAL node, alone or in a multi-op (the
+/// engine guards its creates with a check of the leader epoch).
 fn is_contender_create(frame: &[u8]) -> bool {
     let mut r = Reader(frame);
     let (Some(_xid), Some(op)) = (r.int(), r.int()) else { return false };
-    if ![OP_CREATE, OP_CREATE2, OP_CREATE_CONTAINER, OP_CREATE_TTL].contains(&op) {
-        return false;
+    if op == OP_MULTI {
+        return multi_creates_contender(&mut r).unwrap_or(false);
     }
-    // CreateRequest: path, data, acl vector, flags.
-    let flags = (|| {
+    CREATES.contains(&op) && create_flags(&mut r) == Some(EPHEMERAL_SEQUENTIAL)
+}
+
+/// CreateRequest: path, data, acl vector, flags.
+fn create_flags(r: &mut Reader) -> Option<i32> {
+    r.buffer()?;
+    r.buffer()?;
+    let acls = r.int()?;
+    for _ in 0..acls.max(0) {
+        r.int()?;
         r.buffer()?;
         r.buffer()?;
-        let acls = r.int()?;
-        for _ in 0..acls.max(0) {
-            r.int()?;
-            r.buffer()?;
-            r.buffer()?;
+    }
+    r.int()
+}
+
+/// A multi-op: (MultiHeader type, done, err; then the operation) until a header marked done.
+fn multi_creates_contender(r: &mut Reader) -> Option<bool> {
+    loop {
+        let op = r.int()?;
+        let done = r.byte()? != 0;
+        r.int()?;
+        if done {
+            return Some(false);
         }
-        r.int()
-    })();
-    flags == Some(EPHEMERAL_SEQUENTIAL)
+        match op {
+            // A TTL create carries one more field; the engine never makes one.
+            _ if CREATES.contains(&op) && op != OP_CREATE_TTL => {
+                if create_flags(r)? == EPHEMERAL_SEQUENTIAL {
+                    return Some(true);
+                }
+            }
+            OP_DELETE | OP_CHECK => {
+                r.buffer()?;
+                r.int()?;
+            }
+            OP_SET_DATA => {
+                r.buffer()?;
+                r.buffer()?;
+                r.int()?;
+            }
+            _ => return None,
+        }
+    }
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -179,6 +216,12 @@ impl Reader<'_> {
         let (head, rest) = self.0.split_first_chunk::<4>()?;
         self.0 = rest;
         Some(i32::from_be_bytes(*head))
+    }
+
+    fn byte(&mut self) -> Option<u8> {
+        let (head, rest) = self.0.split_first()?;
+        self.0 = rest;
+        Some(*head)
     }
 
     fn buffer(&mut self) -> Option<()> {

@@ -1,0 +1,140 @@
+//! The leader epoch (DESIGN.md §5a): fences a deposed leader's ZooKeeper writes.
+//!
+//! Each new leader bumps the data version of `<zk-root>/leader-epoch` before it re-anchors and
+//! keeps the version it got. From then on every create, delete and data write the engine makes
+//! is a multi-op whose first operation checks that version. A deposed leader whose process still
+//! runs (its Lease renewal hung, it was stopped longer than its lease) then changes no lock: the
+//! next leader's bump makes each of its writes fail as a whole, and the engine reports itself
+//! fenced. Reads stay unguarded: they change nothing.
+//!
+//! Without an epoch (tests, benchmarks, a single replica without leader election) the same
+//! writes are sent without the check.
+
+use std::sync::OnceLock;
+
+use tokio::sync::watch;
+use zookeeper_client as zk;
+
+/// The epoch this engine writes under.
+#[derive(Debug)]
+pub(super) struct Epoch {
+    pub path: String,
+    pub version: i32,
+}
+
+/// The engine's epoch, once it took one, and whether a write found it superseded.
+pub(super) struct Fence {
+    epoch: OnceLock<Epoch>,
+    /// Turns true, for good, when a write finds the epoch superseded.
+    fenced: watch::Sender<bool>,
+}
+
+impl Default for Fence {
+    fn default() -> Self {
+        Fence { epoch: OnceLock::new(), fenced: watch::channel(false).0 }
+    }
+}
+
+/// What a guarded write reports when the epoch moved on: the client's own "runtime condition
+/// mismatch", which no plain ZooKeeper operation returns (the engine maps it to `Fenced`).
+pub(super) const FENCED: zk::Error = zk::Error::RuntimeInconsistent;
+
+impl Fence {
+    /// Records the epoch taken; false if one was taken before (an engine is one leader's term).
+    pub fn set(&self, epoch: Epoch) -> bool {
+        self.epoch.set(epoch).is_ok()
+    }
+
+    pub fn epoch(&self) -> Option<&Epoch> {
+        self.epoch.get()
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        *self.fenced.borrow()
+    }
+
+    /// Follows whether the engine was fenced.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.fenced.subscribe()
+    }
+
+    /// A multi-op that starts with the epoch check, if there is an epoch. Refused at once once
+    /// a write was fenced: the epoch never comes back.
+    pub fn writer<'a>(&self, client: &'a zk::Client) -> Result<zk::MultiWriter<'a>, zk::Error> {
+        if self.is_fenced() {
+            return Err(FENCED);
+        }
+        let mut multi = client.new_multi_writer();
+        if let Some(epoch) = self.epoch() {
+            multi.add_check_version(&epoch.path, epoch.version)?;
+        }
+        Ok(multi)
+    }
+
+    /// Sends a multi made by [`Fence::writer`]; returns the results of the caller's own
+    /// operations. A failed epoch check reads as [`FENCED`] (and is remembered); any other
+    /// failure is the failing operation's own error.
+    pub async fn commit(&self, multi: &mut zk::MultiWriter<'_>) -> Result<Vec<zk::MultiWriteResult>, zk::Error> {
+        let guarded = self.epoch().is_some();
+        let result = super::retry::timed(async { multi.commit().await.map_err(|e| self.error(e, guarded)) }).await;
+        result.map(|mut results| {
+            if guarded && !results.is_empty() {
+                results.remove(0);
+            }
+            results
+        })
+    }
+
+    fn error(&self, e: zk::MultiWriteError, guarded: bool) -> zk::Error {
+        match e {
+            zk::MultiWriteError::OperationFailed { index: 0, source: zk::Error::BadVersion | zk::Error::NoNode }
+                if guarded =>
+            {
+                self.fenced.send_replace(true);
+                FENCED
+            }
+            other => other.into(),
+        }
+    }
+
+    /// Creates `path` (a sequential prefix for sequential modes); returns the created path.
+    pub async fn create(
+        &self,
+        client: &zk::Client,
+        path: &str,
+        data: &[u8],
+        options: &zk::CreateOptions<'_>,
+    ) -> Result<String, zk::Error> {
+        let mut multi = self.writer(client)?;
+        multi.add_create(path, data, options)?;
+        match self.commit(&mut multi).await?.pop() {
+            Some(zk::MultiWriteResult::Create { path, .. }) => Ok(path),
+            other => Err(zk::Error::UnexpectedError(format!("a create answered {other:?}"))),
+        }
+    }
+
+    /// Deletes `path`, whatever its version.
+    pub async fn delete(&self, client: &zk::Client, path: &str) -> Result<(), zk::Error> {
+        let mut multi = self.writer(client)?;
+        multi.add_delete(path, None)?;
+        self.commit(&mut multi).await.map(drop)
+    }
+
+    /// Writes `data` into `path` if its version is still `version`.
+    pub async fn set_data(&self, client: &zk::Client, path: &str, data: &[u8], version: i32) -> Result<(), zk::Error> {
+        let mut multi = self.writer(client)?;
+        multi.add_set_data(path, data, Some(version))?;
+        self.commit(&mut multi).await.map(drop)
+    }
+}
+
+/// Bumps the epoch node's version (making it if needed) and returns the new version: from then
+/// on, writes guarded by any earlier version fail.
+pub(super) async fn bump(client: &zk::Client, path: &str, holder: &str) -> Result<i32, zk::Error> {
+    let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    super::retry::idempotent(|| client.mkdir(path, &options)).await?;
+    // Unconditional, so repeating it after a lost answer is harmless: the version it answers is
+    // the latest, and ours.
+    let stat = super::retry::idempotent(|| client.set_data(path, holder.as_bytes(), None)).await?;
+    Ok(stat.version)
+}
