@@ -10,4 +10,11 @@ TOOLS_WITH_HELM=1 scripts/tools.sh >/dev/null
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-cargo test --workspace
+# Every wait inside the tests has its own deadline; this one bounds the whole run, so that a
+# hang nobody foresaw fails with a message well inside CI's 90 minutes instead of running into it.
+status=0
+timeout --kill-after=30s "${ZKLOCK_TEST_TIMEOUT:-60m}" cargo test --workspace || status=$?
+if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+  echo "FAILED: the test run did not finish within ${ZKLOCK_TEST_TIMEOUT:-60m}: a test hangs (see the last test named above)" >&2
+fi
+exit "$status"

@@ -5,9 +5,20 @@
 //! lease's resourceVersion, so two candidates can never both win.
 //!
 //! A leader that cannot renew within `renew_deadline` (shorter than the lease duration) steps
-//! down on its own, before anybody else can take over.
+//! down on its own, before anybody else can take over. Every request has a timeout well inside
+//! that deadline: a hung connection must not keep a replica "leading" (kube's client sets no
+//! request timeout of its own). The deadline is counted from when the last successful renewal
+//! was *sent*, so that no answer, however late, extends it beyond what other replicas see.
+//!
+//! [`Leadership`] is the one answer to "may this process write": a deadline that each renewal
+//! pushes on and a step-down clears. It is judged by the monotonic clock, which runs on while
+//! the process is stopped (SIGSTOP), so a leader that resumes after its lease ran out reads
+//! "not leading" before its next write, even before its renewal loop has run again.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -18,18 +29,82 @@ use kube::Api;
 pub const LEASE_DURATION: Duration = Duration::from_secs(10);
 pub const RENEW_DEADLINE: Duration = Duration::from_secs(7);
 pub const RETRY_PERIOD: Duration = Duration::from_secs(1);
+/// Longest wait for one Lease request; with the retry period it fits twice into the renew
+/// deadline, so one hung request does not cost the lease.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Whether this process may write: until a deadline that renewals push on, or for good
+/// without leader election. Cheap to clone and to ask.
+#[derive(Clone, Debug)]
+pub struct Leadership {
+    until: watch::Receiver<Option<Instant>>,
+}
+
+impl Leadership {
+    /// Leading for good (no leader election: one replica only).
+    pub fn always() -> Self {
+        // Far enough to never pass, near enough not to overflow the clock.
+        let (_, until) = watch::channel(Some(Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)));
+        Leadership { until }
+    }
+
+    pub fn is_leading(&self) -> bool {
+        self.until.borrow().is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Resolves once this process may not write any more.
+    pub async fn lost(&mut self) {
+        loop {
+            let Some(until) = *self.until.borrow_and_update() else { return };
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => return,
+                changed = self.until.changed() => if changed.is_err() { return },
+            }
+        }
+    }
+}
 
 pub struct LeaseLock {
     api: Api<Lease>,
     name: String,
     identity: String,
     /// The last lease record seen (holder, renew time, transitions) and when it was first seen.
-    observed: Option<(String, Instant)>,
+    observed: Option<(String, std::time::Instant)>,
+    /// Until when we lead: the send time of the last successful renewal plus the renew
+    /// deadline; `None` while we do not.
+    leading: watch::Sender<Option<Instant>>,
 }
 
 impl LeaseLock {
     pub fn new(api: Api<Lease>, name: &str, identity: &str) -> Self {
-        LeaseLock { api, name: name.into(), identity: identity.into(), observed: None }
+        LeaseLock { api, name: name.into(), identity: identity.into(), observed: None, leading: watch::channel(None).0 }
+    }
+
+    /// Whether we lead, as every writer asks it.
+    pub fn leadership(&self) -> Leadership {
+        Leadership { until: self.leading.subscribe() }
+    }
+
+    /// One attempt, bounded by [`REQUEST_TIMEOUT`]; a success extends the leadership.
+    async fn attempt(&mut self) -> Result<bool, kube::Error> {
+        let sent = Instant::now();
+        let result = match tokio::time::timeout(REQUEST_TIMEOUT, self.try_acquire_or_renew()).await {
+            Ok(result) => result,
+            Err(_) => Err(kube::Error::Service(format!("no answer from the API within {REQUEST_TIMEOUT:?}").into())),
+        };
+        match result {
+            Ok(true) => {
+                self.leading.send_replace(Some(sent + RENEW_DEADLINE));
+            }
+            Ok(false) => self.step_down(),
+            Err(_) => {}
+        }
+        result
+    }
+
+    /// Stops leading at once (every writer sees it on its next check).
+    pub fn step_down(&self) {
+        self.leading.send_replace(None);
     }
 
     pub fn identity(&self) -> &str {
@@ -63,8 +138,8 @@ impl LeaseLock {
         let seen_since = match &self.observed {
             Some((r, at)) if *r == record => *at,
             _ => {
-                self.observed = Some((record, Instant::now()));
-                Instant::now()
+                self.observed = Some((record, std::time::Instant::now()));
+                std::time::Instant::now()
             }
         };
         let duration = spec.lease_duration_seconds.map_or(LEASE_DURATION, |s| Duration::from_secs(s.max(1) as u64));
@@ -92,6 +167,14 @@ impl LeaseLock {
 
     /// Gives the lease up (on shutdown), so that another replica can take over at once.
     pub async fn release(&mut self) -> Result<(), kube::Error> {
+        self.step_down();
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.give_up()).await {
+            Ok(result) => result,
+            Err(_) => Err(kube::Error::Service(format!("no answer from the API within {REQUEST_TIMEOUT:?}").into())),
+        }
+    }
+
+    async fn give_up(&mut self) -> Result<(), kube::Error> {
         let Some(mut lease) = self.api.get_opt(&self.name).await? else { return Ok(()) };
         let mut spec = lease.spec.clone().unwrap_or_default();
         if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
@@ -111,7 +194,7 @@ impl LeaseLock {
     /// Waits until we hold the lease.
     pub async fn acquire(&mut self) {
         loop {
-            match self.try_acquire_or_renew().await {
+            match self.attempt().await {
                 Ok(true) => return,
                 Ok(false) => {}
                 Err(e) => tracing::warn!(error = %e, "leader election: cannot reach the lease"),
@@ -120,24 +203,29 @@ impl LeaseLock {
         }
     }
 
-    /// Renews while we lead; returns when leadership is lost (not renewed within the deadline,
-    /// or taken over).
+    /// Renews while we lead; returns, no longer leading, when leadership is lost (not renewed
+    /// within the deadline, or taken over).
     pub async fn hold(&mut self) {
-        let mut last_renewed = Instant::now();
-        loop {
-            tokio::time::sleep(RETRY_PERIOD).await;
-            match self.try_acquire_or_renew().await {
-                Ok(true) => last_renewed = Instant::now(),
-                Ok(false) => {
-                    tracing::warn!("leader election: the lease was taken over");
-                    return;
+        let mut leadership = self.leadership();
+        let renewals = async {
+            loop {
+                tokio::time::sleep(RETRY_PERIOD).await;
+                match self.attempt().await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!("leader election: the lease was taken over");
+                        return;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "leader election: renewal failed"),
                 }
-                Err(e) => tracing::warn!(error = %e, "leader election: renewal failed"),
             }
-            if last_renewed.elapsed() >= RENEW_DEADLINE {
+        };
+        tokio::select! {
+            _ = renewals => {}
+            _ = leadership.lost() => {
                 tracing::warn!("leader election: could not renew within {RENEW_DEADLINE:?}; stepping down");
-                return;
             }
         }
+        self.step_down();
     }
 }

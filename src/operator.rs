@@ -12,12 +12,15 @@ use kube::Api;
 use tokio_util::sync::CancellationToken;
 
 use crate::http::{self, Health};
-use crate::leader::LeaseLock;
+use crate::leader::{Leadership, LeaseLock};
 use crate::metrics::Metrics;
 use crate::zk::{LockEngine, ZkConfig};
 
 /// Name of the Lease the replicas elect a leader on.
 pub const LEASE_NAME: &str = "zklock-leader";
+
+/// The leader epoch's node below the ZooKeeper root (DESIGN.md §5a).
+pub const EPOCH_NODE: &str = "leader-epoch";
 
 pub struct Options {
     pub zk: ZkConfig,
@@ -41,6 +44,8 @@ pub enum RunError {
     Metrics { addr: SocketAddr, source: std::io::Error },
     #[error("{0}")]
     Controller(#[from] crate::controller::Error),
+    #[error("the lease ran out before the ZooKeeper session was ready")]
+    NotLeading,
 }
 
 pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), RunError> {
@@ -75,17 +80,18 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
         tracing::info!(identity = %options.identity, "leading");
         metrics.leader.set(1);
         health.ready.store(false, Ordering::SeqCst);
-        let (engine, events) = match LockEngine::connect_with_events(options.zk.clone()).await {
+        let leadership = if options.leader_election { lease.leadership() } else { Leadership::always() };
+        let (engine, events) = match lead(&options, leadership.clone()).await {
             Ok(connected) => connected,
             Err(e) => {
-                tracing::error!(error = %e, "cannot open a ZooKeeper session; retrying");
+                tracing::error!(error = %e, "cannot open a ZooKeeper session and take the leader epoch; retrying");
                 metrics.leader.set(0);
+                lease.step_down();
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 continue;
             }
         };
         *current_engine.lock().unwrap_or_else(|p| p.into_inner()) = Some(engine.clone());
-        let stop = shutdown.child_token();
         let setup = crate::controller::Setup {
             client: client.clone(),
             zk_root: options.zk_root.clone(),
@@ -94,21 +100,34 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
             events: crate::controller::events::EventWriter::new(client.clone(), &options.identity),
             ready: health.ready.clone(),
             concurrency: options.concurrency,
+            leadership: leadership.clone(),
         };
-        let controller = crate::controller::run(setup, engine, events, stop.clone().cancelled_owned());
+        let mut fenced = engine.fenced();
+        let controller = crate::controller::run(setup, engine, events, shutdown.clone().cancelled_owned());
         tokio::pin!(controller);
-        let result = if options.leader_election {
-            tokio::select! {
-                result = &mut controller => result,
-                _ = lease.hold() => {
-                    // Lost the lease: stop writing at once, before anybody else can lead.
-                    stop.cancel();
-                    controller.await
-                }
+        // Deposed (the lease lost or not renewed in time, or another leader's epoch in
+        // ZooKeeper): the controller is dropped at once, with every reconcile and re-anchoring
+        // in flight, and the engine with it; nothing is awaited that could write. A SIGTERM
+        // instead lets the running reconciles finish, as the leader still.
+        let holding = async {
+            if options.leader_election {
+                lease.hold().await;
+            } else {
+                std::future::pending::<()>().await;
             }
-        } else {
-            controller.await
         };
+        let result = tokio::select! {
+            result = &mut controller => result,
+            _ = holding => {
+                tracing::warn!("stepped down: lost the lease");
+                Ok(())
+            }
+            _ = fenced.wait_for(|f| *f) => {
+                tracing::warn!("stepped down: another leader took the leader epoch in ZooKeeper");
+                Ok(())
+            }
+        };
+        lease.step_down();
         *current_engine.lock().unwrap_or_else(|p| p.into_inner()) = None;
         metrics.leader.set(0);
         health.ready.store(true, Ordering::SeqCst);
@@ -124,6 +143,23 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Opens the new leader's ZooKeeper session and takes the leader epoch, so that a deposed
+/// leader's writes fail from now on.
+async fn lead(
+    options: &Options,
+    leadership: Leadership,
+) -> Result<(LockEngine, tokio::sync::mpsc::UnboundedReceiver<crate::zk::EngineEvent>), RunError> {
+    let (engine, events) = LockEngine::connect_with_events(options.zk.clone()).await?;
+    // Taking the epoch fences whoever leads: only while the lease is still ours.
+    if !leadership.is_leading() {
+        return Err(RunError::NotLeading);
+    }
+    let epoch_path = format!("{}/{EPOCH_NODE}", options.zk_root.trim_end_matches('/'));
+    let epoch = engine.take_epoch(&epoch_path, &options.identity).await?;
+    tracing::info!(epoch, path = %epoch_path, "took the leader epoch");
+    Ok((engine, events))
 }
 
 /// With a chroot in the connect string, the chroot node must exist before a chrooted client can

@@ -353,6 +353,55 @@ async fn a_standby_replica_takes_over_without_changing_the_holder() {
     env.history.check();
 }
 
+/// DESIGN.md §5a: a leader whose API connection hangs (its Lease renewals never answered) steps
+/// down before another replica may take over, and the holder does not change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_api_connection_hangs_steps_down_before_the_standby_takes_over() {
+    let env = Env::new().await;
+    let relay = zklock_testkit::hang::HangingRelay::start(api_address()).await;
+    let first = Operator::start_through(&env, &relay, &[]);
+    until("the first replica to lead", || async { first.metric("zklock_leader").await == 1.0 }).await;
+    let second = env.operator();
+    env.claim("a", "hung", json!({})).await;
+    let held = env.wait_phase("a", Phase::Held).await;
+    env.claim("b", "hung", json!({})).await;
+    env.wait_phase("b", Phase::Waiting).await;
+
+    relay.set_hung(true);
+    let hung = Instant::now();
+    until("the leader with the hung connection to step down", || async { first.metric("zklock_leader").await == 0.0 })
+        .await;
+    let stepped_down = hung.elapsed();
+    until("the standby to lead and re-anchor", || async {
+        second.metric("zklock_leader").await == 1.0 && second.ready().await
+    })
+    .await;
+    let took_over = hung.elapsed();
+    eprintln!("API hung -> leader stepped down after {stepped_down:?}; standby leading after {took_over:?}");
+    assert!(
+        stepped_down < zklock::leader::LEASE_DURATION,
+        "stepped down after {stepped_down:?}, not before the lease ({:?}) let another replica lead",
+        zklock::leader::LEASE_DURATION
+    );
+    let a = env.claims.get("a").await.unwrap();
+    assert_eq!(phase_of(&a), Some(Phase::Held), "the holder did not change");
+    assert_eq!(a.status.unwrap().fencing_token, held.status.unwrap().fencing_token);
+    env.delete_claim("a").await;
+    env.wait_phase("b", Phase::Held).await;
+
+    // The connection comes back: the deposed replica stays a standby and writes nothing.
+    relay.set_hung(false);
+    until("the deposed replica to be a ready standby", || async { first.ready().await }).await;
+    assert_eq!(first.metric("zklock_leader").await, 0.0, "only one replica leads");
+    env.claim("c", "hung", json!({})).await;
+    env.wait_phase("c", Phase::Waiting).await;
+    env.delete_claim("b").await;
+    env.wait_phase("c", Phase::Held).await;
+    env.delete_claim("c").await;
+    env.history.await_gone("c").await;
+    env.history.check();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_deleted_without_its_finalizer_gives_the_lock_up() {
     let env = Env::new().await;

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use tokio::task::JoinSet;
 
 use super::{anchor, Context};
 use crate::zk::{ContenderState, EngineEvent, SessionEvent};
@@ -19,12 +19,11 @@ use crate::zk::{ContenderState, EngineEvent, SessionEvent};
 pub const POSITIONS_PER_LOCK: usize = 10;
 pub const POSITIONS_EVERY: Duration = Duration::from_secs(2);
 
-pub fn spawn(ctx: Arc<Context>, engine_events: mpsc::UnboundedReceiver<EngineEvent>) -> Vec<JoinHandle<()>> {
-    vec![
-        tokio::spawn(follow_engine(ctx.clone(), engine_events)),
-        tokio::spawn(follow_pods(ctx.clone())),
-        tokio::spawn(refresh_positions(ctx)),
-    ]
+/// Spawns them into `tasks`, which ends them when it is dropped.
+pub fn spawn(tasks: &mut JoinSet<()>, ctx: Arc<Context>, engine_events: mpsc::UnboundedReceiver<EngineEvent>) {
+    tasks.spawn(follow_engine(ctx.clone(), engine_events));
+    tasks.spawn(follow_pods(ctx.clone()));
+    tasks.spawn(refresh_positions(ctx));
 }
 
 /// Contender changes trigger their claim; a lost session is replaced and re-anchored.

@@ -32,6 +32,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::api::LockClaim;
+use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::zk::LockEngine;
 use queue::{Queue, Uid};
@@ -48,6 +49,8 @@ pub enum Error {
     Finalizer(String),
     #[error("object without {0}")]
     Malformed(&'static str),
+    #[error("not the leader any more: no write")]
+    NotLeading,
 }
 
 impl Error {
@@ -58,6 +61,7 @@ impl Error {
             Error::ZooKeeper(e) => format!("zookeeper_{}", e.kind()),
             Error::Finalizer(_) => "finalizer".into(),
             Error::Malformed(_) => "malformed".into(),
+            Error::NotLeading => "not_leading".into(),
         }
     }
 }
@@ -89,6 +93,7 @@ pub struct Context {
     wake: Notify,
     /// Claim watches (scopes) that have not yet listed their claims once.
     unsynced: AtomicUsize,
+    leadership: Leadership,
 }
 
 impl Context {
@@ -102,6 +107,25 @@ impl Context {
 
     pub fn set_admitting(&self, on: bool) {
         self.admitting.store(on, Ordering::SeqCst);
+    }
+
+    /// Runs one Kubernetes write, if this process still leads (DESIGN.md §5a).
+    pub async fn write<T, E: std::fmt::Display>(
+        &self,
+        call: &str,
+        f: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, Error> {
+        self.ensure_leading()?;
+        Ok(self.metrics.api_call(call, true, f).await?)
+    }
+
+    /// Fails unless this process still leads.
+    pub fn ensure_leading(&self) -> Result<(), Error> {
+        if self.leadership.is_leading() {
+            Ok(())
+        } else {
+            Err(Error::NotLeading)
+        }
     }
 
     fn queue(&self) -> MutexGuard<'_, Queue> {
@@ -164,6 +188,8 @@ pub struct Setup {
     pub ready: Arc<AtomicBool>,
     /// Claims reconciled at once.
     pub concurrency: u16,
+    /// Whether this process may write; every Kubernetes write asks it first.
+    pub leadership: Leadership,
 }
 
 /// Runs the controller until `shutdown` completes. The engine must hold a fresh session;
@@ -174,7 +200,7 @@ pub async fn run(
     engine_events: mpsc::UnboundedReceiver<crate::zk::EngineEvent>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let Setup { client, zk_root, namespaces, metrics, events, ready, concurrency } = setup;
+    let Setup { client, zk_root, namespaces, metrics, events, ready, concurrency, leadership } = setup;
     let scopes = namespaces.len().max(1);
     let ctx = Arc::new(Context {
         client,
@@ -189,21 +215,21 @@ pub async fn run(
         queue: Mutex::new(Queue::default()),
         wake: Notify::new(),
         unsynced: AtomicUsize::new(scopes),
+        leadership,
     });
     anchor::reanchor_all(&ctx).await?;
     ready.store(true, Ordering::SeqCst);
 
-    let mut tasks = background::spawn(ctx.clone(), engine_events);
+    // Ended when dropped: when this future ends, or is dropped by a deposed leader.
+    let mut tasks = JoinSet::new();
+    background::spawn(&mut tasks, ctx.clone(), engine_events);
     for (scope, api) in ctx.claim_apis().into_iter().enumerate() {
         // At most one scope per namespace given on the command line.
         let scope = u16::try_from(scope).unwrap_or(u16::MAX);
-        tasks.push(tokio::spawn(watch::follow_claims(ctx.clone(), scope, api)));
+        tasks.spawn(watch::follow_claims(ctx.clone(), scope, api));
     }
     work(&ctx, usize::from(concurrency.max(1)), shutdown).await;
     ready.store(false, Ordering::SeqCst);
-    for task in tasks {
-        task.abort();
-    }
     Ok(())
 }
 

@@ -26,6 +26,8 @@ pub async fn reconcile(uid: Uid, claim: Arc<LockClaim>, ctx: Arc<Context>) -> Re
     let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
     // The finalizer helper writes once to add the finalizer (then returns), and once to remove
     // it after a cleanup; count those writes with ours.
+    // The finalizer helper writes without asking: ask for it.
+    ctx.ensure_leading()?;
     let deleting = claim.metadata.deletion_timestamp.is_some();
     let has_finalizer = claim.finalizers().iter().any(|f| f == FINALIZER);
     if deleting == has_finalizer {
@@ -170,10 +172,7 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, plan: 
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
         let key = format!("{POD_REVOKE_ANNOTATION_PREFIX}{name}");
         let patch = json!({ "metadata": { "annotations": { key: reason } } });
-        let result = ctx
-            .metrics
-            .api_call("annotate_pod", true, pods.patch(pod, &PatchParams::default(), &Patch::Merge(&patch)))
-            .await;
+        let result = ctx.write("annotate_pod", pods.patch(pod, &PatchParams::default(), &Patch::Merge(&patch))).await;
         if let Err(e) = result {
             // The pod may be gone already; the revocation goes on regardless.
             tracing::info!(pod, error = %e, "could not annotate the holder pod");
@@ -183,9 +182,7 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, plan: 
     if plan.status != before {
         let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
         let patch = status_patch(uid, &plan.status)?;
-        ctx.metrics
-            .api_call("patch_status", true, api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch)))
-            .await?;
+        ctx.write("patch_status", api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch))).await?;
         if plan.status.phase == Some(Phase::Held) && before.phase != Some(Phase::Held) {
             observe_grant(claim, ctx, lock);
         }
@@ -201,7 +198,7 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, plan: 
     let reference = claim.object_ref(&());
     for event in &plan.events {
         let publish = ctx.events.publish(&reference, event.warning, event.reason, &event.note);
-        let published = ctx.metrics.api_call("publish_event", true, publish).await;
+        let published = ctx.write("publish_event", publish).await;
         if let Err(e) = published {
             // Events are for people; the claim's status carries the truth.
             tracing::info!(claim = %name, error = %e, "could not publish an event");

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
-use kube::runtime::watcher;
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
 use zklock::api::{conditions, LockClaim, Phase};
@@ -150,12 +150,28 @@ pub async fn install_crd(client: &kube::Client) {
 pub struct Operator {
     child: Option<Child>,
     args: Vec<String>,
+    kubeconfig: PathBuf,
     pub metrics: String,
     pub log: PathBuf,
 }
 
 impl Operator {
     pub fn start(env: &Env, extra: &[&str]) -> Operator {
+        Self::start_with_kubeconfig(env, zklock_testkit::kube::kubeconfig().to_path_buf(), extra)
+    }
+
+    /// An operator that reaches the API server through `relay` (to hang its connection).
+    pub fn start_through(env: &Env, relay: &zklock_testkit::hang::HangingRelay, extra: &[&str]) -> Operator {
+        let original = zklock_testkit::kube::kubeconfig();
+        let text = std::fs::read_to_string(original).expect("read the test kubeconfig");
+        let upstream = api_address();
+        let text = text.replace(&upstream.to_string(), &relay.addr().to_string());
+        let path = std::env::temp_dir().join(format!("zklock-kubeconfig-{}-{}", env.ns, relay.addr().port()));
+        std::fs::write(&path, text).expect("write the relayed kubeconfig");
+        Self::start_with_kubeconfig(env, path, extra)
+    }
+
+    fn start_with_kubeconfig(env: &Env, kubeconfig: PathBuf, extra: &[&str]) -> Operator {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let mut args: Vec<String> = [
             "run",
@@ -173,7 +189,7 @@ impl Operator {
         .collect();
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = std::env::temp_dir().join(format!("zklock-operator-{}-{port}.log", env.ns));
-        let mut op = Operator { child: None, args, metrics: format!("127.0.0.1:{port}"), log };
+        let mut op = Operator { child: None, args, kubeconfig, metrics: format!("127.0.0.1:{port}"), log };
         op.spawn();
         op
     }
@@ -182,7 +198,7 @@ impl Operator {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_zklock"))
             .args(&self.args)
-            .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())
+            .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info,zklock=debug")
             .env("HOSTNAME", format!("op-{}", uuid::Uuid::new_v4().simple()))
             .stdin(Stdio::null())
@@ -255,6 +271,21 @@ impl Drop for Operator {
     }
 }
 
+/// The `host:port` of the API server under test, from its kubeconfig.
+pub fn api_address() -> std::net::SocketAddr {
+    let path = zklock_testkit::kube::kubeconfig();
+    let config = kube::config::Kubeconfig::read_from(path).expect("read the test kubeconfig");
+    let server = config.clusters.first().and_then(|c| c.cluster.as_ref()).and_then(|c| c.server.clone());
+    let server = server.expect("the test kubeconfig names a server");
+    let url: http::Uri = server.parse().expect("the server is a URL");
+    let port = url.port_u16().unwrap_or(if url.scheme_str() == Some("https") { 443 } else { 80 });
+    let host = url.host().expect("the server URL has a host");
+    std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .ok()
+        .and_then(|mut a| a.next())
+        .unwrap_or_else(|| panic!("cannot resolve the API server {server}"))
+}
+
 /// A tiny HTTP/1.0 GET (the operator's own endpoints only).
 pub async fn http_get(addr: &str, path: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -273,6 +304,9 @@ pub async fn http_get(addr: &str, path: &str) -> Option<String> {
 pub struct History {
     inner: Arc<Mutex<Vec<Record>>>,
     recorded: Arc<tokio::sync::Notify>,
+    /// Watch errors so far and the last one: shown by every wait that gives up, so that a
+    /// broken watch reads as such rather than as a slow operator.
+    errors: Arc<Mutex<(usize, Option<String>)>>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -291,12 +325,20 @@ pub struct Record {
 
 impl History {
     async fn record(self, claims: Api<LockClaim>) {
-        let mut stream = watcher(claims, watcher::Config::default()).boxed();
+        // With a backoff: a watch that keeps failing (the API server gone, say) must not spin.
+        let mut stream = watcher(claims, watcher::Config::default()).default_backoff().boxed();
         while let Some(event) = stream.next().await {
             let (claim, gone) = match event {
                 Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c)) => (c, false),
                 Ok(watcher::Event::Delete(c)) => (c, true),
-                _ => continue,
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => continue,
+                Err(e) => {
+                    eprintln!("history watch error (retrying with backoff): {e}");
+                    let mut errors = self.errors.lock().unwrap();
+                    errors.0 += 1;
+                    errors.1 = Some(e.to_string());
+                    continue;
+                }
             };
             let st = claim.status.clone().unwrap_or_default();
             let record = Record {
@@ -326,6 +368,14 @@ impl History {
         self.inner.lock().unwrap().clone()
     }
 
+    /// How the history's watch has fared, for failure messages.
+    pub fn watch_errors(&self) -> String {
+        match &*self.errors.lock().unwrap() {
+            (0, _) => "the history watch had no errors".into(),
+            (n, last) => format!("the history watch failed {n} times, last: {}", last.as_deref().unwrap_or("?")),
+        }
+    }
+
     /// Waits until the history has recorded claim `name` leaving the API. The watch delivers
     /// events in resourceVersion order, so everything before that deletion is recorded too.
     pub async fn await_gone(&self, name: &str) {
@@ -339,9 +389,9 @@ impl History {
                 next.await;
             }
         };
-        tokio::time::timeout(PATIENCE, seen)
-            .await
-            .unwrap_or_else(|_| panic!("the history never saw {name} deleted within {PATIENCE:?}"));
+        tokio::time::timeout(PATIENCE, seen).await.unwrap_or_else(|_| {
+            panic!("the history never saw {name} deleted within {PATIENCE:?} ({})", self.watch_errors())
+        });
     }
 
     /// The claims granted the lock, in grant order.
