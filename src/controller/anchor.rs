@@ -23,7 +23,9 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
             for claim in page.items {
                 let live = matches!(claim.status.as_ref().and_then(|s| s.phase), Some(Phase::Held | Phase::Waiting));
                 let (Some(namespace), Ok(spec)) = (claim.namespace(), validate(&claim)) else { continue };
-                if live && claim.metadata.deletion_timestamp.is_none() {
+                // Claims being deleted too: a holder keeps the lock until its cleanup has
+                // written its final status (the next claim must not be Held before).
+                if live {
                     locks.entry(ctx.lock_path(&namespace, &spec.lock_name)).or_default().push(claim);
                 }
             }

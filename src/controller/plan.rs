@@ -114,6 +114,20 @@ impl Plan {
     }
 }
 
+/// A claim being deleted. A holder reads `Released` before its node goes, as for every other
+/// release: otherwise the next claim would be Held while this one still reads Held. A claim
+/// that does not hold keeps its status (nobody is granted because it leaves), which saves a
+/// write per deletion. No event: the object is on its way out.
+pub fn deleted(claim: &LockClaim, now: Timestamp) -> Plan {
+    let mut plan = Plan { status: claim.status.clone().unwrap_or_default(), release: true, ..Plan::default() };
+    if plan.status.phase == Some(Phase::Held) {
+        let message = "the claim was deleted".to_string();
+        plan.finish(Phase::Released, "ClaimDeleted", message, claim.metadata.generation, &Time(now));
+        plan.events.clear();
+    }
+    plan
+}
+
 /// A claim whose spec cannot be served.
 pub fn invalid(claim: &LockClaim, message: String, now: Timestamp) -> Plan {
     let mut plan = Plan { status: claim.status.clone().unwrap_or_default(), ..Plan::default() };
@@ -459,6 +473,25 @@ mod tests {
         let p = run(&c, HolderView::NotRequested, tracked(waiting), t(2));
         assert_eq!(p.status.phase, Some(Phase::Lost));
         assert!(p.release && conditions::is_true(&p.status.conditions, FINISHED));
+    }
+
+    #[test]
+    fn a_deleted_holder_reads_released_before_its_node_goes_and_a_waiter_is_not_written() {
+        let c = claim(spec());
+        let p = run(&c, HolderView::NotRequested, tracked(ContenderState::Held { fencing_token: 1 }), t(1));
+        let held = with_status(c.clone(), &p);
+        let p = deleted(&held, t(2));
+        assert_eq!(p.status.phase, Some(Phase::Released));
+        assert!(!conditions::is_true(&p.status.conditions, HELD));
+        assert!(conditions::is_true(&p.status.conditions, FINISHED));
+        assert!(p.release && p.events.is_empty());
+
+        let waiting = ContenderState::Waiting { ahead: 1, watching: "_c_x-lock-0000000009".into() };
+        let p = run(&c, HolderView::NotRequested, tracked(waiting), t(1));
+        let waiter = with_status(c, &p);
+        let p = deleted(&waiter, t(2));
+        assert_eq!(p.status, waiter.status.clone().unwrap(), "no write for a claim that does not hold");
+        assert!(p.release);
     }
 
     #[test]

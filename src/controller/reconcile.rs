@@ -114,15 +114,14 @@ async fn apply(uid: &Uid, claim: Arc<LockClaim>, ctx: &Context) -> Result<Action
     execute(&claim, ctx, uid, &lock, plan).await
 }
 
-/// The claim is being deleted: its node goes first, then the finalizer.
+/// The claim is being deleted: a holder's final status first, then its node, then (the helper)
+/// the finalizer.
 async fn cleanup(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> {
     let uid = claim.uid().ok_or(Error::Malformed("a uid"))?;
-    let was_held = claim.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held);
-    if ctx.engine.release(&uid).await? && was_held {
-        if let Some(namespace) = claim.namespace() {
-            ctx.registry.note_release(&ctx.lock_path(&namespace, &claim.spec.lock_name));
-        }
-    }
+    let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
+    let lock = ctx.lock_path(&namespace, &claim.spec.lock_name);
+    let plan = plan::deleted(&claim, Timestamp::now());
+    execute(&claim, ctx, &uid, &lock, plan).await?;
     ctx.registry.forget(&uid);
     ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
     Ok(Action::await_change())

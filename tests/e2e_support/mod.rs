@@ -413,7 +413,8 @@ impl History {
         let mut last_token: HashMap<String, u64> = HashMap::new();
         let mut last_phase: HashMap<String, Phase> = HashMap::new();
         for (i, r) in records.iter().enumerate() {
-            let held = r.phase == Some(Phase::Held) && !r.deleting && !r.gone;
+            // A claim being deleted holds until its status says otherwise or it is gone.
+            let held = r.phase == Some(Phase::Held) && !r.gone;
             assert_eq!(
                 r.held_condition,
                 r.phase == Some(Phase::Held),
