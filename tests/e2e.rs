@@ -320,6 +320,53 @@ async fn zookeeper_restart_recovers_claims_without_double_grants() {
     env.history.check();
 }
 
+/// DESIGN.md §3's continuity rule under load: when the session expires, every holder of a
+/// zklock-only lock stays Held, however many there are and however fast reconciles run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_expiry_turns_no_holder_of_a_zklock_only_lock_lost() {
+    const LOCKS: usize = 30;
+    let mut zk = zklock_testkit::ZkServer::start();
+    let env = Env::with_zk(zk.chroot().await).await;
+    let op = Operator::start(&env, &["--zk-session-timeout", "2s"]);
+    for i in 0..LOCKS {
+        env.claim(&format!("h{i}"), &format!("l{i}"), json!({})).await;
+    }
+    let mut tokens = vec![];
+    for i in 0..LOCKS {
+        let held = env.wait_phase(&format!("h{i}"), Phase::Held).await;
+        tokens.push(held.status.and_then(|s| s.fencing_token));
+    }
+    // Several rounds: how reconciles and the session's end interleave varies from run to run.
+    for round in 1..=3 {
+        zk.kill();
+        until("the operator's session to end", || async {
+            op.metric("zklock_zookeeper_sessions_lost_total").await >= f64::from(round)
+        })
+        .await;
+        zk.resume();
+        // Admitted again only once re-anchored.
+        let probe = format!("probe{round}");
+        env.claim(&probe, "probe", json!({})).await;
+        env.wait_phase(&probe, Phase::Held).await;
+        env.delete_claim(&probe).await;
+        env.wait_gone(&probe).await;
+    }
+    env.claim("late", "l0", json!({})).await;
+    env.wait_phase("late", Phase::Waiting).await;
+    for (i, token) in tokens.iter().enumerate() {
+        let name = format!("h{i}");
+        let c = env.claims.get(&name).await.unwrap();
+        assert_eq!(phase_of(&c), Some(Phase::Held), "{name} stays Held across the session loss: {:?}", c.status);
+        assert_eq!(&c.status.unwrap().fencing_token, token, "{name} keeps its fencing token");
+    }
+    let lost: Vec<String> =
+        env.history.records().into_iter().filter(|r| r.phase == Some(Phase::Lost)).map(|r| r.name).collect();
+    assert!(lost.is_empty(), "holders turned Lost at some point: {lost:?}");
+    env.delete_claim("h0").await;
+    env.wait_phase("late", Phase::Held).await;
+    env.history.check();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_replica_takes_over_without_changing_the_holder() {
     let env = Env::new().await;

@@ -308,7 +308,21 @@ async fn session_expiry_turns_every_contender_lost_and_a_new_session_works() {
     let mut b = enqueue(&engine, LOCK, Mode::Shared).await;
     wait_state(&mut b, "b waits", is_waiting).await;
 
+    assert!(engine.admitting());
     proxy.set_blackhole(true);
+    // Admission ends with the session, before any contender is reported lost: whoever reacts
+    // to a loss must not mistake it for a node deleted in a live, admitted session.
+    let first_loss = within("a contender to be reported lost", async {
+        loop {
+            match events.recv().await {
+                Some(EngineEvent::Contender { state: ContenderState::Lost { .. }, .. }) => return engine.admitting(),
+                Some(_) => {}
+                None => panic!("event stream closed"),
+            }
+        }
+    })
+    .await;
+    assert!(!first_loss, "still admitting when the first contender was reported lost");
     for c in [&mut a, &mut b] {
         let s = wait_state(c, "lost after expiry", |s| s.is_final()).await;
         assert_eq!(s, ContenderState::Lost { why: LostReason::SessionExpired });
@@ -328,6 +342,12 @@ async fn session_expiry_turns_every_contender_lost_and_a_new_session_works() {
 
     proxy.set_blackhole(false);
     engine.reconnect().await.unwrap();
+    // A new session admits nobody until it is re-anchored.
+    assert!(!engine.admitting());
+    let early = engine.enqueue(spec(LOCK, Mode::Exclusive)).await;
+    assert!(matches!(early, Err(zklock::zk::Error::NotAdmitted)), "enqueue before admission: {early:?}");
+    assert!(children(&raw, LOCK).await.is_empty(), "no node was made");
+    engine.admit().unwrap();
     let mut c = enqueue(&engine, LOCK, Mode::Exclusive).await;
     held(&mut c).await;
     assert!(!engine.release(&a.id).await.unwrap(), "a is gone with its session");

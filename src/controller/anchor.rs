@@ -13,7 +13,6 @@ use crate::recipe;
 use crate::zk::ContenderSpec;
 
 pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
-    ctx.set_admitting(false);
     // Lock path → claims recorded as Held or Waiting there.
     let mut locks: BTreeMap<String, Vec<LockClaim>> = BTreeMap::new();
     for api in ctx.claim_apis() {
@@ -98,6 +97,6 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
         }
         tracing::info!(lock = %path, claims = anchored.contenders.len(), foreign = anchored.foreign_seen, "re-anchored");
     }
-    ctx.set_admitting(true);
+    ctx.engine.admit();
     Ok(())
 }

@@ -47,7 +47,6 @@ async fn follow_engine(ctx: Arc<Context>, mut events: mpsc::UnboundedReceiver<En
             EngineEvent::Session(SessionEvent::Lost { .. }) => {
                 ctx.metrics.zk_session_connected.set(0);
                 ctx.metrics.zk_sessions_lost.inc();
-                ctx.set_admitting(false);
                 tracing::warn!("ZooKeeper session lost; opening a new one and re-anchoring");
                 let mut delay = Duration::from_millis(200);
                 loop {

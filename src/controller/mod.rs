@@ -83,8 +83,6 @@ pub struct Context {
     pub registry: Registry,
     pub metrics: Arc<Metrics>,
     pub events: events::EventWriter,
-    /// False until the session is re-anchored: nothing new is enqueued before.
-    admitting: AtomicBool,
     /// The served claims, as their watch last delivered them.
     store: Store,
     /// Which claims to reconcile, and when.
@@ -101,12 +99,11 @@ impl Context {
         format!("{}/locks/{namespace}/{lock_name}", self.zk_root.trim_end_matches('/'))
     }
 
+    /// Whether the engine's session is re-anchored: nothing new is enqueued, and no claim is
+    /// judged by its contender, before. The engine's answer, so that it turns false the moment
+    /// a session ends, before any of its contenders is reported lost.
     pub fn admitting(&self) -> bool {
-        self.admitting.load(Ordering::SeqCst)
-    }
-
-    pub fn set_admitting(&self, on: bool) {
-        self.admitting.store(on, Ordering::SeqCst);
+        self.engine.admitting()
     }
 
     /// Runs one Kubernetes write, if this process still leads (DESIGN.md §5a).
@@ -210,7 +207,6 @@ pub async fn run(
         registry: Registry::default(),
         metrics,
         events,
-        admitting: AtomicBool::new(false),
         store: Store::default(),
         queue: Mutex::new(Queue::default()),
         wake: Notify::new(),

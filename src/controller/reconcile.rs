@@ -78,6 +78,8 @@ async fn apply(uid: &Uid, claim: Arc<LockClaim>, ctx: &Context) -> Result<Action
     } else {
         holder_view(ctx, &namespace, spec.holder_pod.as_deref()).await?
     };
+    // The contender is read before admission is asked (the closure's argument first): a
+    // session that ends in between then reads "not admitting", never "admitting, node gone".
     let inputs = |contender| Inputs {
         claim: &claim,
         spec: &spec,

@@ -15,6 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use tokio::sync::{mpsc, oneshot, watch, OnceCell};
@@ -191,6 +192,9 @@ struct Inner {
     config: ZkConfig,
     shared: Arc<Shared>,
     session: Mutex<Option<zk::Client>>,
+    /// The session in which new contenders may join queues (0: none). A new session is
+    /// re-anchored first (DESIGN.md §3): a node made in it before would jump the recorded queue.
+    admitted: AtomicI64,
     /// Parent directories of lock directories, watched recursively: path → (session, set up).
     parents: Mutex<HashMap<ParentKey, Arc<OnceCell<()>>>>,
 }
@@ -311,15 +315,33 @@ impl LockEngine {
                     fence: Fence::default(),
                 }),
                 session: Mutex::new(None),
+                admitted: AtomicI64::new(0),
                 parents: Mutex::new(HashMap::new()),
             }),
         };
         engine.reconnect().await?;
+        // A fresh engine has nothing to re-anchor.
+        engine.admit();
         Ok(engine)
     }
 
+    /// Lets new contenders join queues in the current session: call it once the session is
+    /// re-anchored. Returns the session admitted, if there is one.
+    pub fn admit(&self) -> Option<i64> {
+        let session = self.session_id()?;
+        self.inner.admitted.store(session, Ordering::SeqCst);
+        Some(session)
+    }
+
+    /// Whether new contenders may join queues now: the current session is the admitted one.
+    /// Turns false the moment a session ends, before any of its contenders is reported lost.
+    pub fn admitting(&self) -> bool {
+        self.session_id().is_some_and(|s| s == self.inner.admitted.load(Ordering::SeqCst))
+    }
+
     /// Opens a new session after the previous one was lost (or replaces a live one, whose
-    /// contenders are then lost). Contenders must be enqueued again.
+    /// contenders are then lost). Contenders must be re-anchored, and the session admitted
+    /// ([`LockEngine::admit`]), before new ones can be enqueued.
     pub async fn reconnect(&self) -> Result<(), Error> {
         let client = self.inner.config.connect().await?;
         let session_id = client.session_id().0;
@@ -415,6 +437,9 @@ impl LockEngine {
             return Ok(if want_handle { self.handle(&spec.id) } else { None });
         }
         let client = self.client()?;
+        if client.session_id().0 != self.inner.admitted.load(Ordering::SeqCst) {
+            return Err(Error::NotAdmitted);
+        }
         self.inner.watch_parent(&client, &spec.lock).await?;
         let (lock_path, window) = self.inner.open_window(&spec.lock);
         let mut guard = WindowGuard { inner: &self.inner, lock: lock_path.clone(), start: window, armed: true };

@@ -23,6 +23,8 @@ pub enum Error {
     Connect { connect: String, source: zk::Error },
     #[error("the ZooKeeper session is lost; call reconnect() before enqueueing again")]
     SessionLost,
+    #[error("the new ZooKeeper session is not re-anchored yet; nothing new joins a queue before (call admit())")]
+    NotAdmitted,
     #[error("contender id {0:?} must be 1-64 characters of [a-z0-9-] without \"lock-\" (a Kubernetes UID is)")]
     BadContenderId(String),
     #[error("lock path {0:?} must be an absolute ZooKeeper path like /zklock/locks/ns/name")]
@@ -48,6 +50,7 @@ impl Error {
         match self {
             Error::Connect { .. } => "connect",
             Error::SessionLost => "session_lost",
+            Error::NotAdmitted => "not_admitted",
             Error::BadContenderId(_) | Error::BadLockPath(_) => "bad_input",
             Error::ZooKeeper { .. } => "zookeeper",
             Error::UnknownContender(_) => "unknown_contender",
