@@ -27,7 +27,7 @@ install() {
   local sudo=""
   [[ $(id -u) -eq 0 ]] || sudo=sudo
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq zookeeper libcurator-recipes-java >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq zookeeper libcurator-recipes-java openssl >/dev/null
   [[ -f $JAR ]] || die "the zookeeper package did not install $JAR"
 }
 

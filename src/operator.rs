@@ -52,7 +52,10 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
     let client = crate::audit::client().await.map_err(RunError::Kube)?;
     // Fail at once, with a message that says what to fix, if ZooKeeper cannot be reached.
     ensure_chroot(&options.zk).await?;
-    drop(options.zk.connect().await?);
+    let mut probe = options.zk.clone();
+    // A probe: its session is closed at once rather than left to time out.
+    probe.detached = false;
+    drop(probe.connect().await?);
 
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::default());

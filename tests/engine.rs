@@ -474,3 +474,80 @@ async fn a_deposed_leaders_engine_is_fenced_by_the_next_epoch() {
     let mut next = enqueue(&new, LOCK, Mode::Exclusive).await;
     wait_state(&mut next, "the new leader's contender queues", is_waiting).await;
 }
+
+/// `--zk-tls-*`: the engine reaches ZooKeeper over TLS (a real server with a Netty TLS client
+/// port that requires client certificates), and a wrong CA, a missing client certificate or a
+/// plain-text port are refused with an error that says what to check.
+#[tokio::test]
+async fn tls_with_the_right_ca_works_and_anything_else_is_refused_clearly() {
+    use zklock::zk::{Error, TlsPem};
+    use zklock_testkit::tls::TestPki;
+    let pki = TestPki::generate();
+    let (server, secure) = ZkServer::start_tls(&pki);
+    let tls = TlsPem { ca: pki.ca_pem(), identity: Some(pki.client_pem()) };
+    let config =
+        |connect: &str, tls: TlsPem| ZkConfig::new(connect).with_session_timeout(Duration::from_secs(4)).with_tls(tls);
+
+    let engine = LockEngine::connect(config(&secure, tls.clone())).await.expect("TLS with the right CA");
+    let mut c = enqueue(&engine, LOCK, Mode::Exclusive).await;
+    held(&mut c).await;
+    let raw = raw_client(server.connect()).await;
+    assert_eq!(children(&raw, LOCK).await.len(), 1, "the node made over TLS is on the server");
+
+    let other = TestPki::generate();
+    let refusals = [
+        ("a wrong CA", config(&secure, TlsPem { ca: other.ca_pem(), identity: tls.identity.clone() })),
+        ("no client certificate", config(&secure, TlsPem { ca: pki.ca_pem(), identity: None })),
+        ("TLS to the plain-text port", config(server.connect(), tls.clone())),
+    ];
+    for (what, config) in refusals {
+        let refused = within(what, LockEngine::connect(config)).await.err();
+        eprintln!("{what}: {refused:?}");
+        match refused {
+            Some(e @ Error::ConnectTls { .. }) => {
+                assert!(e.to_string().contains("--zk-tls-ca"), "{what}: the message says what to check: {e}")
+            }
+            other => panic!("{what}: expected a TLS connect error, got {other:?}"),
+        }
+    }
+    let plain = within("plain text to the TLS port", LockEngine::connect(ZkConfig::new(&secure))).await;
+    assert!(plain.is_err(), "a plain-text client on the TLS port is refused");
+    let bad_pem = config(&secure, TlsPem { ca: "not a certificate".into(), identity: None });
+    match LockEngine::connect(bad_pem).await.err() {
+        Some(e @ Error::Tls(_)) => assert!(e.to_string().contains("--zk-tls-ca"), "{e}"),
+        other => panic!("a CA that is not PEM: {other:?}"),
+    }
+}
+
+/// The operator's sessions are detached: a leader that steps down or exits leaves its nodes to
+/// the session timeout, so that the next leader's re-anchoring replaces them in one step and no
+/// foreign waiter sees the lock free in between. An engine that is not detached closes its
+/// session, and its nodes go at once.
+#[tokio::test]
+async fn a_detached_engine_leaves_its_nodes_to_the_session_timeout() {
+    let connect = chroot().await;
+    let raw = raw_client(&connect).await;
+    for detached in [false, true] {
+        let mut config = ZkConfig::new(&connect).with_session_timeout(Duration::from_secs(4));
+        config.detached = detached;
+        let engine = LockEngine::connect(config).await.unwrap();
+        let mut c = enqueue(&engine, LOCK, Mode::Exclusive).await;
+        held(&mut c).await;
+        let node = c.node.clone();
+        let (_, watcher) = raw.check_and_watch_stat(&node).await.unwrap();
+        let dropped = std::time::Instant::now();
+        drop((c, engine));
+        let event = within("the node to go", watcher.changed()).await;
+        assert_eq!(event.event_type, zkc::EventType::NodeDeleted);
+        let gone_after = dropped.elapsed();
+        eprintln!("detached={detached}: node gone {gone_after:?} after the engine");
+        if detached {
+            assert!(
+                gone_after >= Duration::from_secs(2),
+                "kept until the session timed out, went after {gone_after:?}"
+            );
+        } else {
+            assert!(gone_after < Duration::from_secs(2), "closed with the engine, went after {gone_after:?}");
+        }
+    }
+}

@@ -29,7 +29,22 @@ pub struct ZkConfig {
 #[derive(Clone, Debug)]
 pub struct TlsPem {
     pub ca: String,
+    /// Client certificate and key, for servers that require one (`ssl.clientAuth=need`).
     pub identity: Option<(String, String)>,
+}
+
+impl TlsPem {
+    fn options(&self) -> Result<zk::TlsOptions, String> {
+        let options = zk::TlsOptions::new()
+            .with_pem_ca(&self.ca)
+            .map_err(|e| format!("the CA bundle (--zk-tls-ca) is not usable PEM: {e}"))?;
+        match &self.identity {
+            None => Ok(options),
+            Some((cert, key)) => options.with_pem_identity(cert, key).map_err(|e| {
+                format!("the client certificate and key (--zk-tls-cert, --zk-tls-key) are not usable PEM: {e}")
+            }),
+        }
+    }
 }
 
 impl ZkConfig {
@@ -53,8 +68,14 @@ impl ZkConfig {
         self
     }
 
+    pub fn with_tls(mut self, tls: TlsPem) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// Opens a new session. Fails once every host has been tried, so that a wrong address is
-    /// reported at once instead of after the session timeout.
+    /// reported at once instead of after the session timeout. With TLS, every host is reached
+    /// over TLS, its certificate checked against the CA and its address.
     pub async fn connect(&self) -> Result<zk::Client, Error> {
         let mut connector = zk::Client::connector()
             .with_session_timeout(self.session_timeout)
@@ -63,10 +84,17 @@ impl ZkConfig {
         if let Some(auth) = &self.digest_auth {
             connector = connector.with_auth("digest", auth.as_bytes());
         }
-        connector
-            .connect(&self.connect)
-            .await
-            .map_err(|source| Error::Connect { connect: self.connect.clone(), source })
+        if self.detached {
+            connector = connector.with_detached();
+        }
+        let connected = match &self.tls {
+            Some(tls) => connector.with_tls(tls.options().map_err(Error::Tls)?).secure_connect(&self.connect).await,
+            None => connector.connect(&self.connect).await,
+        };
+        connected.map_err(|source| match &self.tls {
+            Some(_) => Error::ConnectTls { connect: self.connect.clone(), source },
+            None => Error::Connect { connect: self.connect.clone(), source },
+        })
     }
 
     /// The ACL of contender nodes: with credentials, only our identity may change or delete

@@ -21,6 +21,14 @@ use zookeeper_client as zk;
 pub enum Error {
     #[error("cannot reach ZooKeeper at {connect}: {source} (check the connect string and that the ensemble is up)")]
     Connect { connect: String, source: zk::Error },
+    #[error(
+        "cannot reach ZooKeeper over TLS at {connect}: {source} (check that these are TLS client ports \
+         (secureClientPort), that --zk-tls-ca holds the CA that signed the servers' certificates and that they \
+         name the addresses connected to, and whether the servers require a client certificate)"
+    )]
+    ConnectTls { connect: String, source: zk::Error },
+    #[error("TLS settings: {0}")]
+    Tls(String),
     #[error("the ZooKeeper session is lost; call reconnect() before enqueueing again")]
     SessionLost,
     #[error("the new ZooKeeper session is not re-anchored yet; nothing new joins a queue before (call admit())")]
@@ -48,7 +56,7 @@ impl Error {
     /// A short label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
-            Error::Connect { .. } => "connect",
+            Error::Connect { .. } | Error::ConnectTls { .. } | Error::Tls(_) => "connect",
             Error::SessionLost => "session_lost",
             Error::NotAdmitted => "not_admitted",
             Error::BadContenderId(_) | Error::BadLockPath(_) => "bad_input",

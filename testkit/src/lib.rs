@@ -11,6 +11,7 @@ pub mod curator;
 pub mod hang;
 pub mod kube;
 pub mod proxy;
+pub mod tls;
 pub mod zookeeper;
 
 pub use zookeeper::{Ensemble, ZkServer};

@@ -19,6 +19,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Settings every harness server gets. `tickTime=500` allows session timeouts from 1 s to 10 s,
 /// so that expiry tests take seconds. `forceSync=no` keeps transaction logging off the disk's
 /// fsync path: test throughput should not depend on the machine's disk.
+const NETTY_FOR_TLS: &str = "/usr/share/java/netty-codec.jar:/usr/share/java/netty-resolver.jar";
 const COMMON_CFG: &str = "tickTime=500\ninitLimit=20\nsyncLimit=10\nmaxClientCnxns=0\n\
 admin.enableServer=false\n4lw.commands.whitelist=*\nforceSync=no\npreAllocSize=4096\n\
 autopurge.purgeInterval=0\n";
@@ -57,10 +58,24 @@ impl ZkServer {
 
     /// A standalone server of the caller's own.
     pub fn start() -> ZkServer {
+        Self::start_with("")
+    }
+
+    /// A standalone server with a TLS client port (Netty) beside the plain one, requiring client
+    /// certificates of `pki`'s CA; returns it and the TLS port's `127.0.0.1:PORT`.
+    pub fn start_tls(pki: &crate::tls::TestPki) -> (ZkServer, String) {
+        let secure = free_port();
+        (Self::start_with(&pki.server_cfg(secure)), format!("127.0.0.1:{secure}"))
+    }
+
+    fn start_with(extra_cfg: &str) -> ZkServer {
         let tmp = TempDir::new("zklock-zk");
         let port = free_port();
         let dir = tmp.path().to_path_buf();
-        let cfg = format!("{COMMON_CFG}dataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n", dir.display());
+        let cfg = format!(
+            "{COMMON_CFG}dataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n{extra_cfg}",
+            dir.display()
+        );
         std::fs::write(dir.join("zoo.cfg"), cfg).unwrap_or_else(|e| panic!("cannot write zoo.cfg: {e}"));
         let mut server =
             ZkServer { connect: format!("127.0.0.1:{port}"), client_port: port, dir, process: None, _tmp: Some(tmp) };
@@ -183,7 +198,9 @@ fn java_classpath() -> String {
     if !Path::new(ZOOKEEPER_JAR).exists() {
         panic!("ZooKeeper is not installed ({ZOOKEEPER_JAR} is missing): run `scripts/zookeeper.sh install`");
     }
-    format!("{ZOOKEEPER_CONF}:{ZOOKEEPER_JAR}")
+    // Debian's zookeeper.jar names netty's transport and handler in its manifest but not the
+    // codec and resolver that the Netty connection factory (TLS client ports) needs.
+    format!("{ZOOKEEPER_CONF}:{ZOOKEEPER_JAR}:{NETTY_FOR_TLS}")
 }
 
 /// Starts a server under a small shell watchdog that kills it when this process exits, so
