@@ -551,3 +551,32 @@ async fn a_session_loss_on_a_lock_shared_with_foreign_clients_turns_the_holder_l
     assert_eq!(condition(&a, conditions::FINISHED).unwrap().1, "SessionLost");
     env.history.check();
 }
+
+/// When another ZooKeeper client deletes a holder's node, the next claim is granted, but the
+/// API never shows it Held beside the old holder: the old holder's Lost is written first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_node_another_client_deletes_is_lost_before_the_next_is_held() {
+    const LOCKS: usize = 10;
+    let env = Env::new().await;
+    let _op = env.operator();
+    let raw = zookeeper_client::Client::connect(&env.zk).await.unwrap();
+    let mut nodes = vec![];
+    for i in 0..LOCKS {
+        env.claim(&format!("a{i}"), &format!("d{i}"), json!({})).await;
+        let a = env.wait_phase(&format!("a{i}"), Phase::Held).await;
+        nodes.push(a.status.and_then(|s| s.znode).expect("a holder names its znode"));
+        env.claim(&format!("b{i}"), &format!("d{i}"), json!({})).await;
+    }
+    for i in 0..LOCKS {
+        env.wait_phase(&format!("b{i}"), Phase::Waiting).await;
+    }
+    for node in &nodes {
+        raw.delete(node, None).await.unwrap_or_else(|e| panic!("delete {node}: {e}"));
+    }
+    for i in 0..LOCKS {
+        let a = env.wait_phase(&format!("a{i}"), Phase::Lost).await;
+        assert_eq!(condition(&a, conditions::HELD).map(|c| c.1), Some("NodeDeleted".into()));
+        env.wait_phase(&format!("b{i}"), Phase::Held).await;
+    }
+    env.history.check();
+}

@@ -229,8 +229,14 @@ async fn a_node_deleted_by_someone_else_turns_its_contender_lost() {
     let s = wait_state(&mut a, "a lost", |s| s.is_final()).await;
     assert_eq!(s, ContenderState::Lost { why: LostReason::DeletedByOther });
     held(&mut c).await;
-    assert!(engine.state(&a.id).is_none() && engine.state(&b.id).is_none(), "lost contenders are forgotten");
-    assert!(!engine.release(&a.id).await.unwrap(), "releasing a lost contender is a no-op");
+    // Remembered as lost (so that the operator can tell why) until released, then forgotten.
+    let lost = Some(ContenderState::Lost { why: LostReason::DeletedByOther });
+    assert_eq!((engine.state(&a.id), engine.state(&b.id)), (lost.clone(), lost));
+    assert_eq!(engine.node(&a.id).as_deref(), Some(a.node.as_str()), "with the node it had");
+    for x in [&a, &b] {
+        assert!(!engine.release(&x.id).await.unwrap(), "releasing a lost contender deletes nothing");
+        assert!(engine.state(&x.id).is_none(), "released: forgotten");
+    }
 }
 
 #[tokio::test]

@@ -15,7 +15,7 @@ use super::plan::{self, ContenderView, HolderView, Inputs, Plan};
 use super::queue::Uid;
 use super::{Context, Error};
 use crate::api::{validate, LockClaim, LockClaimStatus, Phase, FINALIZER, POD_REVOKE_ANNOTATION_PREFIX};
-use crate::recipe;
+use crate::recipe::{self, Mode};
 use crate::zk::ContenderSpec;
 
 /// Reconciles one claim. What should happen next is scheduled through `ctx` (a reconcile at a
@@ -65,14 +65,26 @@ async fn apply(uid: &Uid, claim: Arc<LockClaim>, ctx: &Context) -> Result<Action
     let spec = match validate(&claim) {
         Ok(spec) => spec,
         Err(message) => {
-            ctx.registry.observe(uid, &claim.name_any(), &namespace, "", None);
+            ctx.registry.observe(uid, &claim.name_any(), &namespace, "", false, None);
             let plan = plan::invalid(&claim, message, now);
             return execute(&claim, ctx, uid, "", plan).await;
         }
     };
     let lock = ctx.lock_path(&namespace, &spec.lock_name);
-    ctx.registry.observe(uid, &claim.name_any(), &namespace, &lock, spec.holder_pod.as_deref());
-    let terminal = claim.status.as_ref().and_then(|s| s.phase).is_some_and(Phase::is_terminal);
+    let exclusive = spec.mode == Mode::Exclusive;
+    ctx.registry.observe(uid, &claim.name_any(), &namespace, &lock, exclusive, spec.holder_pod.as_deref());
+    let recorded = claim.status.as_ref().and_then(|s| s.phase);
+    let terminal = recorded.is_some_and(Phase::is_terminal);
+    if !terminal && ctx.registry.known_phase(uid).is_some_and(Phase::is_terminal) {
+        // Final is final: this copy is older than the operator's own final write, and planning
+        // from it could bring the claim back. Only make sure the node is gone; the watch
+        // delivers the write (the backstop below is for a lost event).
+        if ctx.engine.state(uid).is_some() {
+            ctx.engine.release(uid).await?;
+        }
+        ctx.schedule(uid, Duration::from_secs(1));
+        return Ok(Action::await_change());
+    }
     let holder = if terminal {
         HolderView::NotRequested
     } else {
@@ -90,7 +102,8 @@ async fn apply(uid: &Uid, claim: Arc<LockClaim>, ctx: &Context) -> Result<Action
         now,
     };
     let mut plan = plan::plan(inputs(contender_view(ctx, uid)));
-    if plan.enqueue {
+    let enqueue = plan.enqueue;
+    if enqueue {
         let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
         if !ctx.registry.may_enqueue(&lock, uid, created) {
             // A claim created earlier enters the queue first; it triggers us when it has.
@@ -107,7 +120,22 @@ async fn apply(uid: &Uid, claim: Arc<LockClaim>, ctx: &Context) -> Result<Action
         }
         enqueued?;
         plan = plan::plan(inputs(contender_view(ctx, uid)));
-    } else if ctx.admitting() && plan.status.phase != Some(Phase::Waiting) && plan.status.phase != Some(Phase::Held) {
+    }
+    if plan.status.phase == Some(Phase::Held) && recorded != Some(Phase::Held) {
+        if let Some(other) = ctx.registry.conflicting_holder(uid, &lock, exclusive) {
+            // The API must never show two conflicting holders, not even for a moment: this
+            // grant waits until the other's final status is written (by its own reconcile).
+            tracing::debug!(other = %other, "grant waits for the previous holder's final status");
+            ctx.trigger(&other);
+            ctx.schedule(uid, Duration::from_millis(20));
+            return Ok(Action::await_change());
+        }
+    }
+    if !enqueue
+        && ctx.admitting()
+        && plan.status.phase != Some(Phase::Waiting)
+        && plan.status.phase != Some(Phase::Held)
+    {
         // Not enqueueable now (waiting for its holder pod, or final): others go first.
         if let Some(next) = ctx.registry.leave_gate(&lock, uid) {
             ctx.trigger(&next);

@@ -10,6 +10,14 @@ use std::time::{Duration, Instant};
 use super::queue::Uid;
 use crate::api::Phase;
 
+/// A claim as the watch first delivers it.
+pub struct Seen<'a> {
+    pub name: &'a str,
+    pub namespace: &'a str,
+    pub lock: &'a str,
+    pub exclusive: bool,
+}
+
 /// One lock's admission gate: (creation second, first seen) → (claim UID, since when).
 type Gate = BTreeMap<(i64, u64), (Uid, Instant)>;
 
@@ -41,6 +49,9 @@ struct Inner {
     /// Claims per recorded phase, kept as phases change (the claims metric), so that no
     /// reconcile has to count all claims.
     counts: HashMap<Phase, i64>,
+    /// Lock path → the claims recorded Held there: a grant waits until no conflicting claim
+    /// reads Held any more (the API must never show two).
+    held: HashMap<Arc<str>, Vec<Uid>>,
 }
 
 struct Claim {
@@ -49,7 +60,9 @@ struct Claim {
     /// Empty until the claim is validated.
     lock: Arc<str>,
     pod: Option<Box<str>>,
+    /// The phase last written by the operator, or the one the claim had when first seen.
     phase: Option<Phase>,
+    exclusive: bool,
     /// The order in which the claim watch first delivered it (creation order for claims
     /// created while the operator runs).
     seen: u64,
@@ -58,7 +71,7 @@ struct Claim {
 impl Inner {
     /// Enters a claim not seen before, in first-seen order; returns its place in that order,
     /// or `None` when it was known already.
-    fn enter(&mut self, uid: &Uid, name: &str, namespace: &str, lock: &str) -> Option<u64> {
+    fn enter(&mut self, uid: &Uid, name: &str, namespace: &str, lock: &str, exclusive: bool) -> Option<u64> {
         if self.claims.contains_key(uid) {
             return None;
         }
@@ -69,6 +82,7 @@ impl Inner {
             lock: self.intern(lock),
             pod: None,
             phase: None,
+            exclusive,
             seen: self.next_seen,
         };
         self.claims.insert(uid.clone(), claim);
@@ -92,6 +106,29 @@ impl Inner {
         }
     }
 
+    fn set_phase(&mut self, uid: &str, phase: Option<Phase>) {
+        let Some(c) = self.claims.get_mut(uid) else { return };
+        let old = std::mem::replace(&mut c.phase, phase);
+        if old == phase {
+            return;
+        }
+        let lock = c.lock.clone();
+        self.count(old, -1);
+        self.count(phase, 1);
+        if phase == Some(Phase::Held) {
+            if let Some(key) = self.claims.get_key_value(uid).map(|(k, _)| k.clone()) {
+                self.held.entry(lock).or_default().push(key);
+            }
+        } else if old == Some(Phase::Held) {
+            if let Some(holders) = self.held.get_mut(&lock) {
+                holders.retain(|h| **h != *uid);
+                if holders.is_empty() {
+                    self.held.remove(&lock);
+                }
+            }
+        }
+    }
+
     fn count(&mut self, phase: Option<Phase>, by: i64) {
         if let Some(phase) = phase {
             *self.counts.entry(phase).or_insert(0) += by;
@@ -106,12 +143,12 @@ impl Registry {
     }
 
     /// Records (or refreshes) a claim the operator serves.
-    pub fn observe(&self, uid: &Uid, name: &str, namespace: &str, lock: &str, pod: Option<&str>) {
+    pub fn observe(&self, uid: &Uid, name: &str, namespace: &str, lock: &str, exclusive: bool, pod: Option<&str>) {
         let mut inner = self.lock();
         if let Some(pod) = pod {
             inner.by_pod.entry((namespace.to_string(), pod.to_string())).or_default().insert(uid.clone());
         }
-        inner.enter(uid, name, namespace, lock);
+        inner.enter(uid, name, namespace, lock, exclusive);
         let changed_lock = inner.claims.get(uid).is_some_and(|c| *c.lock != *lock);
         if changed_lock {
             let shared = inner.intern(lock);
@@ -128,21 +165,37 @@ impl Registry {
     }
 
     pub fn set_phase(&self, uid: &str, phase: Option<Phase>) {
-        let mut inner = self.lock();
-        let Some(c) = inner.claims.get_mut(uid) else { return };
-        let old = std::mem::replace(&mut c.phase, phase);
-        if old != phase {
-            inner.count(old, -1);
-            inner.count(phase, 1);
-        }
+        self.lock().set_phase(uid, phase);
+    }
+
+    /// The phase last written by the operator (or first seen): a copy of the claim that reads
+    /// otherwise is older than the operator's own write.
+    pub fn known_phase(&self, uid: &str) -> Option<Phase> {
+        self.lock().claims.get(uid).and_then(|c| c.phase)
+    }
+
+    /// Another claim of `lock` recorded Held that a grant to `uid` would conflict with (one of
+    /// the two exclusive).
+    pub fn conflicting_holder(&self, uid: &str, lock: &str, exclusive: bool) -> Option<Uid> {
+        let inner = self.lock();
+        let holders = inner.held.get(lock)?;
+        holders
+            .iter()
+            .find(|other| ***other != *uid && (exclusive || inner.claims.get(*other).is_none_or(|c| c.exclusive)))
+            .cloned()
     }
 
     /// Notes the order in which the claim watch delivers claims. A claim not yet in any queue
     /// (`pending`) joins its lock's admission gate at once, so that claims created after it
     /// wait for it even before its first reconcile asks to enqueue.
-    pub fn first_seen(&self, uid: &Uid, name: &str, namespace: &str, lock: &str, created: i64, pending: bool) {
+    pub fn first_seen(&self, uid: &Uid, seen_as: Seen<'_>, created: i64, phase: Option<Phase>) {
+        let Seen { name, namespace, lock, exclusive } = seen_as;
         let mut inner = self.lock();
-        let Some(seen) = inner.enter(uid, name, namespace, lock) else { return };
+        let Some(seen) = inner.enter(uid, name, namespace, lock, exclusive) else { return };
+        // Known from the start, so that a grant made before this claim's first reconcile (after
+        // a restart, say) still sees a recorded holder.
+        inner.set_phase(uid, phase);
+        let pending = matches!(phase, None | Some(Phase::Pending));
         if pending {
             inner.gate.entry(lock.to_string()).or_default().insert((created, seen), (uid.clone(), Instant::now()));
         }
@@ -184,6 +237,7 @@ impl Registry {
         for gate in inner.gate.values_mut() {
             gate.retain(|_, (other, _)| **other != *uid);
         }
+        inner.set_phase(uid, None);
         if let Some(claim) = inner.claims.remove(uid) {
             inner.count(claim.phase, -1);
             if let Some(pod) = claim.pod {
@@ -249,5 +303,53 @@ impl Registry {
     /// How long ago the lock's last holder let go, once: the next grant takes it.
     pub fn take_release(&self, lock: &str) -> Option<std::time::Duration> {
         self.lock().released_at.remove(lock).map(|at| at.elapsed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(lock: &str, exclusive: bool) -> Seen<'_> {
+        Seen { name: "c", namespace: "ns", lock, exclusive }
+    }
+
+    #[test]
+    fn a_grant_conflicts_with_a_recorded_holder_until_its_final_status() {
+        let r = Registry::default();
+        let (a, b, c): (Uid, Uid, Uid) = ("a".into(), "b".into(), "c".into());
+        r.first_seen(&a, seen("/l", true), 1, Some(Phase::Held));
+        r.first_seen(&b, seen("/l", true), 2, Some(Phase::Waiting));
+        r.first_seen(&c, seen("/other", true), 3, Some(Phase::Held));
+        assert_eq!(r.conflicting_holder("b", "/l", true).as_deref(), Some("a"));
+        assert_eq!(r.conflicting_holder("a", "/l", true), None, "a holder does not conflict with itself");
+        assert_eq!(r.conflicting_holder("b", "/elsewhere", true), None);
+        r.set_phase("a", Some(Phase::Lost));
+        assert_eq!(r.conflicting_holder("b", "/l", true), None, "its final status is written");
+        r.set_phase("b", Some(Phase::Held));
+        r.forget("b");
+        assert_eq!(r.conflicting_holder("x", "/l", true), None, "a forgotten claim holds nothing");
+    }
+
+    #[test]
+    fn shared_holders_conflict_only_with_an_exclusive_one() {
+        let r = Registry::default();
+        let (s1, s2): (Uid, Uid) = ("s1".into(), "s2".into());
+        r.first_seen(&s1, seen("/l", false), 1, Some(Phase::Held));
+        r.first_seen(&s2, seen("/l", false), 2, Some(Phase::Waiting));
+        assert_eq!(r.conflicting_holder("s2", "/l", false), None, "shared beside shared");
+        assert_eq!(r.conflicting_holder("x", "/l", true).as_deref(), Some("s1"), "exclusive beside shared");
+    }
+
+    #[test]
+    fn the_known_phase_is_the_last_written_one() {
+        let r = Registry::default();
+        let a: Uid = "a".into();
+        r.first_seen(&a, seen("/l", true), 1, Some(Phase::Waiting));
+        assert_eq!(r.known_phase("a"), Some(Phase::Waiting));
+        r.set_phase("a", Some(Phase::Expired));
+        // A later first sighting (a re-list) does not overwrite what the operator wrote.
+        r.first_seen(&a, seen("/l", true), 1, Some(Phase::Waiting));
+        assert_eq!(r.known_phase("a"), Some(Phase::Expired));
     }
 }

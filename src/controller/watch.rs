@@ -8,8 +8,10 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::Api;
 
 use super::queue::Uid;
+use super::registry::Seen;
 use super::Context;
-use crate::api::{LockClaim, Phase};
+use crate::api::LockClaim;
+use crate::recipe::Mode;
 
 /// Follows the claims of one scope (a namespace, or all) until the task is aborted. The
 /// watcher lists and then watches, re-lists after a gap it cannot resume from, and backs off on
@@ -58,10 +60,10 @@ fn admit(ctx: &Context, scope: u16, mut claim: LockClaim) -> Option<Uid> {
     // The watch delivers new claims in creation order: note it before reconciling.
     if let (Some(name), Some(namespace)) = (claim.metadata.name.as_deref(), claim.metadata.namespace.as_deref()) {
         let phase = claim.status.as_ref().and_then(|s| s.phase);
-        let pending = matches!(phase, None | Some(Phase::Pending));
         let lock = ctx.lock_path(namespace, &claim.spec.lock_name);
         let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
-        ctx.registry.first_seen(&uid, name, namespace, &lock, created, pending);
+        let exclusive = claim.spec.mode == Mode::Exclusive;
+        ctx.registry.first_seen(&uid, Seen { name, namespace, lock: &lock, exclusive }, created, phase);
     }
     ctx.trigger(&uid);
     Some(uid)

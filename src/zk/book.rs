@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use tokio::sync::{oneshot, watch};
 
-use super::engine::ContenderState;
+use super::engine::{ContenderState, LostReason};
 use crate::recipe::Decision;
 
 #[derive(Default)]
@@ -24,6 +24,9 @@ pub(super) struct Book {
     /// empty; an empty bucket then costs a pointer rather than a whole member.
     pub contenders: HashMap<Arc<str>, Box<Member>>,
     pub locks: HashMap<Arc<str>, LockQueue>,
+    /// Contenders lost and not yet released or re-anchored: why, and the node they had. Only
+    /// as many as claims whose loss the operator has not yet acted on.
+    pub lost: HashMap<Arc<str>, (LostReason, String)>,
     /// Sessions that ended: nodes made in them are not entered any more. (A handful per
     /// process lifetime: one per session loss.)
     pub lost_sessions: HashSet<i64>,

@@ -239,8 +239,13 @@ impl Shared {
     }
 
     /// Removes a contender from the book and publishes its final state.
+    /// A lost contender is remembered (with why, and its node) until it is released or comes
+    /// back, so that whoever reacts to the loss can still tell how it ended.
     fn remove(&self, book: &mut Book, id: &str, last: ContenderState) -> Option<Box<Member>> {
         let (key, mut member) = take(book, id)?;
+        if let ContenderState::Lost { why } = &last {
+            book.lost.insert(key.clone(), (why.clone(), member.path()));
+        }
         self.publish(&key, &member, &current_state(&member), last);
         member.decided = None;
         Some(member)
@@ -392,23 +397,35 @@ impl LockEngine {
     }
 
     /// The state of contender `id`, if the engine tracks it.
+    /// The state of contender `id`, if the engine tracks it (a lost one until it is released).
     pub fn state(&self, id: &str) -> Option<ContenderState> {
-        lock(&self.inner.shared.book).contenders.get(id).map(|m| current_state(m))
+        let book = lock(&self.inner.shared.book);
+        match book.contenders.get(id) {
+            Some(member) => Some(current_state(member)),
+            None => book.lost.get(id).map(|(why, _)| ContenderState::Lost { why: why.clone() }),
+        }
     }
 
-    /// The full path of contender `id`'s node, if the engine tracks it.
-    /// Every contender id the engine tracks.
+    /// Every contender id the engine tracks, lost ones included.
     pub fn ids(&self) -> Vec<Arc<str>> {
-        lock(&self.inner.shared.book).contenders.keys().cloned().collect()
+        let book = lock(&self.inner.shared.book);
+        book.contenders.keys().chain(book.lost.keys()).cloned().collect()
     }
 
     /// The engine's own copy of a contender id it tracks.
     pub fn id(&self, id: &str) -> Option<Arc<str>> {
-        lock(&self.inner.shared.book).contenders.get_key_value(id).map(|(key, _)| key.clone())
+        let book = lock(&self.inner.shared.book);
+        let tracked = book.contenders.get_key_value(id).map(|(key, _)| key);
+        tracked.or_else(|| book.lost.get_key_value(id).map(|(key, _)| key)).cloned()
     }
 
+    /// The full path of contender `id`'s node (the node it had, if lost), if the engine tracks it.
     pub fn node(&self, id: &str) -> Option<String> {
-        lock(&self.inner.shared.book).contenders.get(id).map(|m| m.path())
+        let book = lock(&self.inner.shared.book);
+        match book.contenders.get(id) {
+            Some(member) => Some(member.path()),
+            None => book.lost.get(id).map(|(_, path)| path.clone()),
+        }
     }
 
     /// Puts a contender in the queue of its lock: creates its node (and the lock directory if
@@ -499,7 +516,13 @@ impl LockEngine {
     pub async fn release(&self, id: &str) -> Result<bool, Error> {
         let shared = self.inner.shared.clone();
         // Out of the book first: the deletion event that follows is then nobody's loss.
-        let Some((key, member)) = take(&mut lock(&shared.book), id) else { return Ok(false) };
+        let taken = {
+            let mut book = lock(&shared.book);
+            // A lost contender's node is gone already: forgetting the loss is its release.
+            book.lost.remove(id);
+            take(&mut book, id)
+        };
+        let Some((key, member)) = taken else { return Ok(false) };
         let client = lock(&self.inner.session).clone().filter(|c| c.session_id().0 == member.session_id);
         let Some(client) = client else {
             // The node's session is over, and ephemeral nodes ended with it.
@@ -729,6 +752,8 @@ impl Inner {
                     continue;
                 }
                 let id = spec.id.clone();
+                // Back (re-anchored): no longer lost.
+                book.lost.remove(&*id);
                 let sequence = recipe::parse_child(&name).map_or(0, |c| c.sequence);
                 let (tx, rx) = oneshot::channel();
                 let mut member = Member {
