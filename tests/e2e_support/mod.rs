@@ -157,26 +157,25 @@ pub struct Operator {
 
 impl Operator {
     pub fn start(env: &Env, extra: &[&str]) -> Operator {
-        Self::start_with_kubeconfig(env, zklock_testkit::kube::kubeconfig().to_path_buf(), extra)
+        Self::start_with_kubeconfig(env, zklock_testkit::kube::kubeconfig().to_path_buf(), &env.zk, extra)
     }
 
     /// An operator that reaches the API server through `relay` (to hang its connection).
     pub fn start_through(env: &Env, relay: &zklock_testkit::hang::HangingRelay, extra: &[&str]) -> Operator {
-        let original = zklock_testkit::kube::kubeconfig();
-        let text = std::fs::read_to_string(original).expect("read the test kubeconfig");
-        let upstream = api_address();
-        let text = text.replace(&upstream.to_string(), &relay.addr().to_string());
-        let path = std::env::temp_dir().join(format!("zklock-kubeconfig-{}-{}", env.ns, relay.addr().port()));
-        std::fs::write(&path, text).expect("write the relayed kubeconfig");
-        Self::start_with_kubeconfig(env, path, extra)
+        Self::start_with_kubeconfig(env, relayed_kubeconfig(env, relay), &env.zk, extra)
     }
 
-    fn start_with_kubeconfig(env: &Env, kubeconfig: PathBuf, extra: &[&str]) -> Operator {
+    /// An operator that reaches the API server through `relay` and ZooKeeper at `zk`.
+    pub fn start_custom(env: &Env, relay: &zklock_testkit::hang::HangingRelay, zk: &str, extra: &[&str]) -> Operator {
+        Self::start_with_kubeconfig(env, relayed_kubeconfig(env, relay), zk, extra)
+    }
+
+    fn start_with_kubeconfig(env: &Env, kubeconfig: PathBuf, zk: &str, extra: &[&str]) -> Operator {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let mut args: Vec<String> = [
             "run",
             "--zk-connect",
-            &env.zk,
+            zk,
             "--watch-namespace",
             &env.ns,
             "--lease-namespace",
@@ -271,6 +270,16 @@ impl Drop for Operator {
     }
 }
 
+/// A copy of the test kubeconfig whose server is reached through `relay`.
+fn relayed_kubeconfig(env: &Env, relay: &zklock_testkit::hang::HangingRelay) -> PathBuf {
+    let original = zklock_testkit::kube::kubeconfig();
+    let text = std::fs::read_to_string(original).expect("read the test kubeconfig");
+    let text = text.replace(&api_address().to_string(), &relay.addr().to_string());
+    let path = std::env::temp_dir().join(format!("zklock-kubeconfig-{}-{}", env.ns, relay.addr().port()));
+    std::fs::write(&path, text).expect("write the relayed kubeconfig");
+    path
+}
+
 /// The `host:port` of the API server under test, from its kubeconfig.
 pub fn api_address() -> std::net::SocketAddr {
     let path = zklock_testkit::kube::kubeconfig();
@@ -286,13 +295,18 @@ pub fn api_address() -> std::net::SocketAddr {
         .unwrap_or_else(|| panic!("cannot resolve the API server {server}"))
 }
 
-/// A tiny HTTP/1.0 GET (the operator's own endpoints only).
+/// A tiny HTTP/1.0 GET (the operator's own endpoints only); `None` after 2 s without an
+/// answer (a stopped operator never answers).
 pub async fn http_get(addr: &str, path: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await.ok()?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.ok()?;
+    let get = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await.ok()?;
+        let mut body = String::new();
+        stream.read_to_string(&mut body).await.ok()?;
+        Some(body)
+    };
+    let body = tokio::time::timeout(Duration::from_secs(2), get).await.ok()??;
     if !body.starts_with("HTTP/1.0 200") && !body.starts_with("HTTP/1.1 200") {
         return None;
     }
@@ -311,6 +325,8 @@ pub struct History {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Record {
+    /// When the history's watch delivered it.
+    pub at: std::time::Instant,
     pub name: String,
     pub uid: String,
     pub lock: String,
@@ -342,6 +358,7 @@ impl History {
             };
             let st = claim.status.clone().unwrap_or_default();
             let record = Record {
+                at: std::time::Instant::now(),
                 name: claim.name_any(),
                 uid: claim.uid().unwrap_or_default(),
                 lock: claim.spec.lock_name.clone(),
@@ -356,7 +373,7 @@ impl History {
             {
                 let mut records = self.inner.lock().unwrap();
                 let last = records.iter().rev().find(|r| r.uid == record.uid);
-                if last != Some(&record) {
+                if last.is_none_or(|last| Record { at: record.at, ..last.clone() } != record) {
                     records.push(record);
                 }
             }

@@ -1,0 +1,345 @@
+//! The chaos suite (DESIGN.md §5): three replicas of the real `zklock` binary with leader
+//! election, a real three-server ZooKeeper ensemble, the API server under test, and a workload
+//! of claims on a few locks (exclusive and shared, acquire timeouts, holder pods deleted,
+//! revocations), while faults are injected again and again: kill -9 of the leader, a hung API
+//! connection for the leader, SIGSTOP of the leader for longer than its lease, a kill of the
+//! ZooKeeper leader, and a partition of the leader from ZooKeeper long enough to expire its
+//! session. Every status change is recorded from a watch and the whole history is checked
+//! (DESIGN.md §4), plus: no holder of these zklock-only locks ever turns Lost, no znode of a
+//! gone claim remains, every claim ends Held or final.
+//!
+//! `ZKLOCK_CHAOS_MINUTES` sets the length (default 3, the test command's run); it prints one
+//! summary line starting with `chaos:`. A 30-minute run:
+//! `ZKLOCK_CHAOS_MINUTES=30 cargo test --release --test chaos -- --nocapture`.
+
+mod e2e_support;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use e2e_support::*;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::json;
+use zklock::api::{LockClaim, Phase};
+use zklock_testkit::hang::HangingRelay;
+use zklock_testkit::proxy::Proxy;
+use zklock_testkit::Ensemble;
+
+const REPLICAS: usize = 3;
+const LOCKS: [&str; 4] = ["x0", "x1", "x2", "s0"];
+const WORKERS: usize = 6;
+/// The operators' ZooKeeper session timeout: short, so that a partition expires it quickly.
+const SESSION_TIMEOUT: Duration = Duration::from_secs(4);
+/// How long a stopped or hung leader stays so: longer than its lease (10 s).
+const OUTAGE: Duration = Duration::from_secs(12);
+/// A claim not Held or final after this long waits forever, as far as the suite is concerned.
+const LIVENESS: Duration = Duration::from_secs(90);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Fault {
+    Kill9,
+    ApiHang,
+    SigStop,
+    ZkLeaderKill,
+    ZkPartition,
+}
+
+const FAULTS: [Fault; 5] = [Fault::Kill9, Fault::ApiHang, Fault::SigStop, Fault::ZkLeaderKill, Fault::ZkPartition];
+
+/// One replica and the means to cut it off.
+struct Replica {
+    operator: Operator,
+    api: HangingRelay,
+    /// One proxy per ensemble member.
+    zk: Vec<Proxy>,
+}
+
+/// A small deterministic generator: the run is reproducible from its seed (printed).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos() {
+    let minutes: f64 = std::env::var("ZKLOCK_CHAOS_MINUTES").ok().and_then(|m| m.parse().ok()).unwrap_or(3.0);
+    let seed: u64 = std::env::var("ZKLOCK_CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1
+    });
+    eprintln!("chaos: {minutes} minutes, seed {seed} (ZKLOCK_CHAOS_SEED to repeat)");
+    let started = Instant::now();
+    let run_for = Duration::from_secs_f64(minutes * 60.0);
+
+    let mut ensemble = Ensemble::start(3);
+    let chroot_connect = ensemble.servers[0].chroot().await;
+    let chroot = chroot_connect[chroot_connect.find('/').expect("a chroot")..].to_string();
+    let env = Arc::new(Env::with_zk(format!("{}{chroot}", ensemble.connect())).await);
+    let mut replicas = vec![];
+    for _ in 0..REPLICAS {
+        let api = HangingRelay::start(api_address()).await;
+        let mut zk = vec![];
+        for server in &ensemble.servers {
+            zk.push(Proxy::start(server.addr()).await);
+        }
+        let connect = zk.iter().map(|p| p.connect_string("")).collect::<Vec<_>>().join(",") + &chroot;
+        let timeout = format!("{}s", SESSION_TIMEOUT.as_secs());
+        let operator = Operator::start_custom(&env, &api, &connect, &["--zk-session-timeout", &timeout]);
+        replicas.push(Replica { operator, api, zk });
+    }
+    within("a replica to lead", async {
+        while leader(&replicas).await.is_none() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+
+    // The workload, until the deadline.
+    let deadline = started + run_for;
+    let claims_made = Arc::new(AtomicUsize::new(0));
+    let mut workers = tokio::task::JoinSet::new();
+    for w in 0..WORKERS {
+        let (env, claims_made) = (env.clone(), claims_made.clone());
+        let seed = seed.wrapping_add(w as u64 * 7919) | 1;
+        workers.spawn(async move { work(&env, w, Rng(seed), deadline, &claims_made).await });
+    }
+
+    // The faults, one at a time, each kind in turn first, then at random.
+    let mut rng = Rng(seed);
+    let mut injected: BTreeMap<Fault, usize> = BTreeMap::new();
+    let mut n = 0;
+    while Instant::now() + OUTAGE < deadline {
+        tokio::time::sleep(Duration::from_secs(5 + rng.below(10))).await;
+        let fault = if n < FAULTS.len() { FAULTS[n] } else { FAULTS[rng.below(FAULTS.len() as u64) as usize] };
+        n += 1;
+        let i = within("a replica to lead", async {
+            loop {
+                if let Some(i) = leader(&replicas).await {
+                    return i;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await;
+        eprintln!("chaos: {:>6.1}s {fault:?} on replica {i}", started.elapsed().as_secs_f64());
+        inject(fault, &mut replicas[i], &mut ensemble).await;
+        *injected.entry(fault).or_default() += 1;
+    }
+    while let Some(done) = workers.join_next().await {
+        if let Err(e) = done {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
+    let minutes_run = started.elapsed().as_secs_f64() / 60.0;
+
+    // Every claim ends Held or final; then all go, and so must their znodes.
+    let all = env.claims.list(&ListParams::default()).await.expect("list claims");
+    let mut stuck = vec![];
+    for claim in &all.items {
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let settled = tokio::time::timeout(LIVENESS, env.wait(&name, "Held or final", held_or_final)).await;
+        if settled.is_err() {
+            stuck.push(name);
+        }
+    }
+    for claim in &all.items {
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        let _ = env.claims.delete(name, &DeleteParams::default()).await;
+    }
+    for claim in &all.items {
+        env.wait_gone(claim.metadata.name.as_deref().unwrap_or_default()).await;
+    }
+    let leaked = leaked_znodes(&ensemble, &chroot, &env.ns).await;
+
+    let records = env.history.records();
+    let names: HashSet<&str> = records.iter().map(|r| r.name.as_str()).collect();
+    let grants = records.iter().filter(|r| r.phase == Some(Phase::Held)).map(|r| &r.uid).collect::<HashSet<_>>().len();
+    let lost: Vec<&str> = records.iter().filter(|r| r.phase == Some(Phase::Lost)).map(|r| r.name.as_str()).collect();
+    let history = env.history.clone();
+    let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| history.check()));
+    let violations = usize::from(checked.is_err()) + lost.len() + stuck.len();
+    let faults: Vec<String> = injected.iter().map(|(f, n)| format!("{f:?}={n}")).collect();
+    eprintln!(
+        "chaos: minutes={minutes_run:.1} faults: {} claims={} grants={grants} transitions={} violations={violations} \
+         leaked_znodes={} longest_wait_behind_gone_holder={:.1}s",
+        faults.join(" "),
+        names.len(),
+        records.len(),
+        leaked.len(),
+        longest_wait_behind_gone_holder(&env.history).as_secs_f64(),
+    );
+    eprintln!("chaos: claims made by the workload: {}", claims_made.load(Ordering::SeqCst));
+    if let Err(e) = checked {
+        std::panic::resume_unwind(e);
+    }
+    assert!(lost.is_empty(), "holders of zklock-only locks turned Lost: {lost:?}");
+    assert!(stuck.is_empty(), "claims neither Held nor final after {LIVENESS:?}: {stuck:?}");
+    assert!(leaked.is_empty(), "znodes left behind: {leaked:?}");
+    assert_eq!(injected.values().sum::<usize>(), n, "every fault was injected");
+    drop(replicas);
+}
+
+fn held_or_final(c: &LockClaim) -> bool {
+    phase_of(c).is_some_and(|p| p == Phase::Held || p.is_terminal())
+}
+
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(LIVENESS, f).await.unwrap_or_else(|_| panic!("timed out after {LIVENESS:?}: {what}"))
+}
+
+/// The replica that says it leads, if one does.
+async fn leader(replicas: &[Replica]) -> Option<usize> {
+    for (i, r) in replicas.iter().enumerate() {
+        if r.operator.metric("zklock_leader").await == 1.0 {
+            return Some(i);
+        }
+    }
+    None
+}
+
+async fn inject(fault: Fault, replica: &mut Replica, ensemble: &mut Ensemble) {
+    match fault {
+        Fault::Kill9 => replica.operator.restart(),
+        Fault::ApiHang => {
+            replica.api.set_hung(true);
+            tokio::time::sleep(OUTAGE).await;
+            replica.api.set_hung(false);
+        }
+        Fault::SigStop => {
+            replica.operator.pause();
+            tokio::time::sleep(OUTAGE).await;
+            replica.operator.resume();
+        }
+        Fault::ZkLeaderKill => {
+            if let Some(leader) = ensemble.leader() {
+                ensemble.servers[leader].kill();
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                ensemble.servers[leader].resume();
+            }
+        }
+        Fault::ZkPartition => {
+            for proxy in &replica.zk {
+                proxy.set_blackhole(true);
+            }
+            // The client gives the session up after 7/5 of its timeout; the server sooner.
+            tokio::time::sleep(SESSION_TIMEOUT * 2).await;
+            for proxy in &replica.zk {
+                proxy.set_blackhole(false);
+            }
+        }
+    }
+}
+
+/// One worker: claim after claim on a random lock, each ended in one of the ways users end
+/// them, until the deadline.
+async fn work(env: &Env, worker: usize, mut rng: Rng, deadline: Instant, made: &AtomicUsize) {
+    let mut i = 0;
+    while Instant::now() < deadline {
+        i += 1;
+        let name = format!("w{worker}-{i}");
+        let lock = LOCKS[rng.below(LOCKS.len() as u64) as usize];
+        let mut spec = json!({});
+        if lock.starts_with('s') && rng.below(2) == 0 {
+            spec["mode"] = json!("Shared");
+        }
+        let kind = rng.below(100);
+        let pod = (60..75).contains(&kind).then(|| format!("{name}-pod"));
+        if let Some(pod) = &pod {
+            env.pod(pod).await;
+            spec["holder"] = json!({ "podName": pod });
+        }
+        if (75..85).contains(&kind) {
+            spec["acquireTimeoutSeconds"] = json!(2);
+        }
+        if kind >= 85 {
+            spec["revocationGracePeriodSeconds"] = json!(1);
+        }
+        env.claim(&name, lock, spec).await;
+        made.fetch_add(1, Ordering::SeqCst);
+        let claim = env.wait(&name, "Held or final", held_or_final).await;
+        if phase_of(&claim) == Some(Phase::Held) {
+            tokio::time::sleep(Duration::from_millis(50 + rng.below(300))).await;
+            if let Some(pod) = &pod {
+                let _ = env.pods.delete(pod, &DeleteParams::default()).await;
+                env.wait(&name, "final after its pod went", |c| phase_of(c).is_some_and(Phase::is_terminal)).await;
+            } else if kind >= 85 {
+                let patch = json!({ "metadata": { "annotations": { "zklock.io/revoke": "chaos" } } });
+                let _ = env.claims.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await;
+                env.wait(&name, "final after revocation", |c| phase_of(c).is_some_and(Phase::is_terminal)).await;
+            }
+        } else if let Some(pod) = &pod {
+            let _ = env.pods.delete(pod, &DeleteParams::default()).await;
+        }
+        let _ = env.claims.delete(&name, &DeleteParams::default()).await;
+    }
+}
+
+/// Nodes of zklock claims still in the test's lock directories.
+async fn leaked_znodes(ensemble: &Ensemble, chroot: &str, namespace: &str) -> Vec<String> {
+    let client = zookeeper_client::Client::connect(&format!("{}{chroot}", ensemble.connect())).await.expect("connect");
+    let dir = format!("/zklock/locks/{namespace}");
+    // Nodes of replicas killed or cut off live until their (detached) session times out.
+    let settle = Instant::now() + SESSION_TIMEOUT * 3;
+    loop {
+        let mut leaked = vec![];
+        for lock in client.list_children(&dir).await.unwrap_or_default() {
+            for node in client.list_children(&format!("{dir}/{lock}")).await.unwrap_or_default() {
+                if zklock::recipe::parse_child(&node).is_some_and(|c| c.ours.is_some()) {
+                    leaked.push(format!("{lock}/{node}"));
+                }
+            }
+        }
+        if leaked.is_empty() || Instant::now() > settle {
+            return leaked;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The longest time between a lock's last holder ending (with claims waiting) and the next
+/// grant on that lock, over the whole history.
+fn longest_wait_behind_gone_holder(history: &History) -> Duration {
+    let mut holders: HashMap<String, HashSet<String>> = HashMap::new();
+    let mut waiting: HashMap<String, HashSet<String>> = HashMap::new();
+    let mut free_since: HashMap<String, Instant> = HashMap::new();
+    let mut longest = Duration::ZERO;
+    for r in history.records() {
+        let held = r.phase == Some(Phase::Held) && !r.gone;
+        let lock_holders = holders.entry(r.lock.clone()).or_default();
+        let lock_waiting = waiting.entry(r.lock.clone()).or_default();
+        if held {
+            if lock_holders.is_empty() {
+                if let Some(since) = free_since.remove(&r.lock) {
+                    longest = longest.max(r.at.duration_since(since));
+                }
+            }
+            lock_holders.insert(r.uid.clone());
+            lock_waiting.remove(&r.uid);
+        } else {
+            let was_holder = lock_holders.remove(&r.uid);
+            if r.phase == Some(Phase::Waiting) && !r.gone {
+                lock_waiting.insert(r.uid.clone());
+            } else {
+                lock_waiting.remove(&r.uid);
+            }
+            if was_holder && lock_holders.is_empty() && !lock_waiting.is_empty() {
+                free_since.insert(r.lock.clone(), r.at);
+            }
+            if lock_waiting.is_empty() {
+                free_since.remove(&r.lock);
+            }
+        }
+    }
+    longest
+}
