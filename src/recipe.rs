@@ -47,6 +47,9 @@ const LOCK_MARKER: &str = "-lock-";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Child<'a> {
     pub name: &'a str,
+    /// The sequence suffix. ZooKeeper's is the parent's signed 32-bit child version, printed
+    /// `%010d`: after 2^31 - 1 it goes on at -2147483648 (`-lock--2147483648`). A negative one
+    /// is kept as its 32-bit pattern (2^31 and up) and ordered as serial numbers (see `queue`).
     pub sequence: u64,
     /// `Some` for nodes zklock made: the contender's id (a claim UID) and mode.
     pub ours: Option<(&'a str, Mode)>,
@@ -62,12 +65,25 @@ impl Child<'_> {
 /// Parses a child name; `None` for children without a sequence, which are not contenders.
 pub fn parse_child(name: &str) -> Option<Child<'_>> {
     let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
-    if digits < MIN_SEQUENCE_DIGITS {
-        return None;
-    }
     let (head, seq) = name.split_at(name.len() - digits);
+    let signed = head.strip_suffix('-');
     // Ten to nineteen digits fit in u64; anything longer is not a ZooKeeper sequence.
-    let sequence = seq.parse::<u64>().ok()?;
+    let value = seq.parse::<u64>().ok()?;
+    // `%010d` of a negative is a sign and nine or ten digits. A `-` right before the digits is
+    // a sign when the digits are too few or too large for a positive sequence, or when another
+    // `-` precedes it: zklock's and Curator's prefixes end in `lock-`, so theirs read
+    // `lock--1000000000`. (A stranger whose prefix does not end in `-` is read as positive
+    // between 1000000000 and 2147483647 either way; its node is then misplaced after a wrap.)
+    let negative = signed.is_some_and(|h| {
+        (digits == MIN_SEQUENCE_DIGITS - 1 || digits == MIN_SEQUENCE_DIGITS)
+            && (digits < MIN_SEQUENCE_DIGITS || value > i32::MAX as u64 || h.ends_with('-'))
+            && value <= 1 << 31
+    });
+    let (head, sequence) = match signed {
+        Some(unsigned_head) if negative => (unsigned_head, u64::from((value as u32).wrapping_neg())),
+        _ if digits < MIN_SEQUENCE_DIGITS => return None,
+        _ => (head, value),
+    };
     let ours = head
         .strip_suffix(LOCK_MARKER)
         .and_then(|rest| {
@@ -100,8 +116,41 @@ pub fn node_prefix(id: &str, mode: Mode) -> String {
 /// order is total even for malformed foreign input).
 pub fn queue<'a, S: AsRef<str>>(children: &'a [S]) -> Vec<Child<'a>> {
     let mut queue: Vec<Child<'a>> = children.iter().filter_map(|c| parse_child(c.as_ref())).collect();
-    queue.sort_by(|a, b| a.sequence.cmp(&b.sequence).then_with(|| a.name.cmp(b.name)));
+    let base = wrap_base(queue.iter().map(|c| c.sequence));
     queue
+        .sort_by(|a, b| queue_key(a.sequence, base).cmp(&queue_key(b.sequence, base)).then_with(|| a.name.cmp(b.name)));
+    queue
+}
+
+/// Where the queue starts in the 32-bit circle of sequences, for [`queue_key`]. The nodes alive
+/// in one directory span far less than half the circle, so after a wrap the queue starts after
+/// the widest gap between them; without a wrap (every sequence below 2^31) it starts at 0.
+pub fn wrap_base(sequences: impl Iterator<Item = u64>) -> u64 {
+    let mut circle: Vec<u64> = sequences.filter(|s| *s < 1 << 32).collect();
+    if circle.iter().all(|s| *s < 1 << 31) {
+        return 0;
+    }
+    circle.sort_unstable();
+    circle.dedup();
+    let mut base = circle[0];
+    let mut widest = circle[0] + (1 << 32) - circle[circle.len() - 1];
+    for pair in circle.windows(2) {
+        if pair[1] - pair[0] > widest {
+            widest = pair[1] - pair[0];
+            base = pair[1];
+        }
+    }
+    base
+}
+
+/// A sequence's place in the queue, counted from `base` ([`wrap_base`]) around the circle.
+/// Sequences beyond 32 bits (never ZooKeeper's) keep their own order after all others.
+pub fn queue_key(sequence: u64, base: u64) -> u64 {
+    if sequence < 1 << 32 {
+        (sequence + (1 << 32) - base) % (1 << 32)
+    } else {
+        sequence
+    }
 }
 
 /// What the recipe tells a contender to do.
@@ -175,6 +224,42 @@ mod tests {
         assert_eq!(parse_child("read-A/B-lock-0000000001").unwrap().ours, None);
     }
 
+    /// The name ZooKeeper gives the child made at parent child-version `cversion` (`%010d`).
+    fn zk_name(prefix: &str, cversion: i32) -> String {
+        format!("{prefix}{cversion:010}")
+    }
+
+    #[test]
+    fn sequences_past_the_signed_32_bit_wrap_parse_and_queue_in_creation_order() {
+        assert_eq!(zk_name("x-lock-", -5), "x-lock--000000005");
+        assert_eq!(zk_name("x-lock-", i32::MIN), "x-lock--2147483648");
+        let last = parse_child("write-a-lock-2147483647").unwrap();
+        let first_negative = parse_child("write-b-lock--2147483648").unwrap();
+        assert_eq!(first_negative.ours, Some(("b", Mode::Exclusive)));
+        assert_eq!(first_negative.sequence, 1 << 31);
+        let minus_one = parse_child("_c_f00-lock--000000001").unwrap();
+        assert_eq!((minus_one.sequence, minus_one.ours), ((1 << 32) - 1, None));
+        assert_eq!(last.sequence, (1 << 31) - 1);
+        // Made in this order: across the top of the positive range, then through -1 to 0.
+        let made = [
+            zk_name(&node_prefix("a", Mode::Exclusive), i32::MAX - 1),
+            zk_name(&node_prefix("b", Mode::Shared), i32::MAX),
+            zk_name(&node_prefix("c", Mode::Exclusive), i32::MIN),
+            zk_name("_c_foreign-lock-", i32::MIN + 1),
+            zk_name(&node_prefix("d", Mode::Shared), -1),
+            zk_name(&node_prefix("e", Mode::Exclusive), 0),
+        ];
+        let mut shuffled = made.to_vec();
+        shuffled.reverse();
+        shuffled.swap(1, 4);
+        let order: Vec<&str> = queue(&shuffled).iter().map(|c| c.name).collect();
+        assert_eq!(order, made.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(decide(&shuffled, &made[0]), Decision::Held);
+        assert_eq!(decide(&shuffled, &made[2]), Decision::Waiting { watch: made[1].clone(), ahead: 2 });
+        // A `-` before ten digits is a separator, not a sign, unless the number is 2^31.
+        assert_eq!(parse_child("write-a-lock-0000000007").unwrap().sequence, 7);
+    }
+
     #[test]
     fn exclusive_watches_the_node_right_before_it() {
         let c = vec![name("a", Mode::Exclusive, 1), name("b", Mode::Shared, 2), name("c", Mode::Exclusive, 3)];
@@ -240,6 +325,31 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Wherever in the 32-bit circle a queue lies (across the wrap or not), and whoever made
+        /// its nodes, it is ordered as the nodes were made.
+        #[test]
+        fn queue_order_is_creation_order_across_the_wrap(
+            start in any::<i32>(),
+            gaps in proptest::collection::vec(1u32..100_000, 1..40),
+            kinds in proptest::collection::vec(0u8..3, 40),
+        ) {
+            let mut cversion = start;
+            let mut made = vec![];
+            for (i, gap) in gaps.iter().enumerate() {
+                let prefix = match kinds[i] {
+                    0 => node_prefix(&format!("c{i}"), Mode::Exclusive),
+                    1 => node_prefix(&format!("c{i}"), Mode::Shared),
+                    _ => format!("_c_{i:x}-lock-"),
+                };
+                made.push(zk_name(&prefix, cversion));
+                cversion = cversion.wrapping_add(*gap as i32);
+            }
+            let mut shuffled = made.clone();
+            shuffled.sort();
+            let order: Vec<&str> = queue(&shuffled).iter().map(|c| c.name).collect();
+            prop_assert_eq!(order, made.iter().map(String::as_str).collect::<Vec<_>>());
+        }
 
         /// Random interleavings of enqueue and release (of holders and of waiters, ours and
         /// foreign) agree with the model, every waiter watches exactly one live lower node, and

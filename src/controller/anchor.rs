@@ -55,16 +55,16 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
         }
     }
     for (path, mut claims) in locks {
+        let sequence = |c: &LockClaim| {
+            let znode = c.status.as_ref().and_then(|s| s.znode.as_deref());
+            znode.and_then(|z| z.rsplit('/').next()).and_then(recipe::parse_child).map(|c| c.sequence)
+        };
+        // In recorded queue order, also across a wrap of the sequence.
+        let base = recipe::wrap_base(claims.iter().filter_map(sequence));
         claims.sort_by_key(|c| {
             let held = c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held);
-            let sequence = c
-                .status
-                .as_ref()
-                .and_then(|s| s.znode.as_deref())
-                .and_then(|z| z.rsplit('/').next())
-                .and_then(recipe::parse_child)
-                .map_or(u64::MAX, |c| c.sequence);
-            (!held, sequence, c.creation_timestamp().map(|t| t.0))
+            let place = sequence(c).map_or(u64::MAX, |s| recipe::queue_key(s, base));
+            (!held, place, c.creation_timestamp().map(|t| t.0))
         });
         let specs: Vec<ContenderSpec> = claims
             .iter()
