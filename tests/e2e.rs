@@ -580,3 +580,34 @@ async fn a_holder_whose_node_another_client_deletes_is_lost_before_the_next_is_h
     }
     env.history.check();
 }
+
+/// Re-anchoring is per lock: a lock whose directory the operator may no longer write (another
+/// client made it read-only) ends its claims with the reason, and every other lock goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_that_cannot_be_re_anchored_fails_alone() {
+    let env = Env::new().await;
+    let mut op = Operator::start(&env, &["--zk-session-timeout", "2s"]);
+    env.claim("a", "readonly", json!({})).await;
+    let a = env.wait_phase("a", Phase::Held).await;
+    env.claim("b", "fine", json!({})).await;
+    let b = env.wait_phase("b", Phase::Held).await;
+    let raw = zookeeper_client::Client::connect(&env.zk).await.unwrap();
+    let znode = a.status.and_then(|s| s.znode).unwrap();
+    let dir = &znode[..znode.rfind('/').unwrap()];
+    op.kill9();
+    let read_only = [zookeeper_client::Acl::new_const(zookeeper_client::Permission::READ, "world", "anyone")];
+    raw.set_acl(dir, &read_only, None).await.unwrap();
+    op.restart();
+    let a = env.wait_phase("a", Phase::Lost).await;
+    let (_, _, message) = condition(&a, conditions::HELD).unwrap();
+    assert!(message.contains("could not be re-created"), "the reason is given: {message}");
+    // The other lock was re-anchored, and new claims are admitted.
+    env.claim("c", "fine", json!({})).await;
+    env.wait_phase("c", Phase::Waiting).await;
+    let b_now = env.claims.get("b").await.unwrap();
+    assert_eq!(phase_of(&b_now), Some(Phase::Held));
+    assert_eq!(b_now.status.unwrap().fencing_token, b.status.unwrap().fencing_token);
+    env.delete_claim("b").await;
+    env.wait_phase("c", Phase::Held).await;
+    env.history.check();
+}

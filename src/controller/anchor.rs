@@ -78,7 +78,25 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
                 })
             })
             .collect();
-        let anchored = ctx.engine.reanchor(&path, specs).await?;
+        let anchored = match ctx.engine.reanchor(&path, specs).await {
+            Ok(anchored) => anchored,
+            // The session (or leadership) is gone: the whole pass starts over.
+            Err(e) if e.ends_session() => return Err(e.into()),
+            // This lock alone cannot be served (no permission on a directory someone else
+            // made, a directory that keeps changing): its claims end with the reason, and the
+            // other locks go on.
+            Err(e) => {
+                tracing::error!(lock = %path, error = %e, "cannot re-anchor this lock; its claims end Lost");
+                for claim in &claims {
+                    if let Some(uid) = claim.uid() {
+                        let why =
+                            format!("the claim's node could not be re-created after a new ZooKeeper session: {e}");
+                        ctx.registry.set_verdict(&uid, why);
+                    }
+                }
+                continue;
+            }
+        };
         for (claim, contender) in claims.iter().zip(&anchored.contenders) {
             let recorded_held = claim.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held);
             if recorded_held && anchored.foreign_seen {

@@ -53,6 +53,17 @@ impl Error {
         Error::ZooKeeper { op, path: path.to_string(), source }
     }
 
+    /// Whether the error ends everything done in this session (or by this leader), rather than
+    /// one operation on one lock.
+    pub fn ends_session(&self) -> bool {
+        match self {
+            Error::SessionLost | Error::NotAdmitted | Error::Fenced { .. } | Error::Connect { .. } => true,
+            Error::ConnectTls { .. } | Error::Tls(_) => true,
+            Error::ZooKeeper { source, .. } => retry::is_session_end(source) || retry::is_unknown_outcome(source),
+            Error::BadContenderId(_) | Error::BadLockPath(_) | Error::UnknownContender(_) => false,
+        }
+    }
+
     /// A short label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
