@@ -80,3 +80,30 @@ async fn a_foreign_node_is_remembered_and_can_overtake_a_holder_across_sessions(
     let h2 = &anchored.contenders[0];
     assert!(matches!(h2.state(), ContenderState::Waiting { ahead: 1, .. }), "{:?}", h2.state());
 }
+
+/// A foreign node made between re-anchoring's listing and its multi-op (the multi's guard,
+/// the directory's data version, does not see new children) is still found: the directory
+/// counts as shared with foreign clients, so a recorded holder there does not claim continuity.
+#[tokio::test]
+async fn a_foreign_node_made_during_re_anchoring_is_caught_after_the_commit() {
+    let server = zklock_testkit::ZkServer::shared();
+    let connect = server.chroot().await;
+    let chroot = connect[connect.find('/').unwrap()..].to_string();
+    let proxy = zklock_testkit::proxy::Proxy::start(server.addr()).await;
+    let engine = engine(&proxy.connect_string(&chroot)).await;
+    let raw = std::sync::Arc::new(raw_client(&connect).await);
+    let options = zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all());
+    raw.mkdir(LOCK, &options).await.unwrap();
+    let stranger = raw.clone();
+    proxy.before_next_multi(move || async move {
+        let options = zkc::CreateMode::EphemeralSequential.with_acls(zkc::Acls::anyone_all());
+        stranger.create(&format!("{LOCK}/_c_stranger-lock-"), b"", &options).await.unwrap();
+    });
+    let holder = spec(LOCK, Mode::Exclusive);
+    let anchored = engine.reanchor(LOCK, vec![holder]).await.unwrap();
+    assert!(anchored.foreign_seen, "the stranger's node made during re-anchoring was noticed");
+    let (marker, _) = raw.get_data(LOCK).await.unwrap();
+    assert!(String::from_utf8_lossy(&marker).contains("\"foreignSeen\":true"), "and recorded in the directory");
+    let names = children(&raw, LOCK).await;
+    assert_eq!(names.len(), 2, "{names:?}");
+}

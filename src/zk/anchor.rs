@@ -143,7 +143,20 @@ pub(super) async fn recreate(
             }
         }
         if !conflict {
-            return Ok(Recreated { nodes, foreign_seen });
+            // The multi was guarded by the directory's data version, which a new child does not
+            // move (ZooKeeper has no check of the child version): a stranger's node made between
+            // the listing above and the commit is found only by listing again. Its owner may be
+            // granted the lock now, so the directory counts as shared with foreign clients, and
+            // recorded holders there cannot claim continuity.
+            let after =
+                retry::idempotent(|| client.list_children(lock)).await.map_err(|e| Error::zk("list", lock, e))?;
+            let slipped_in =
+                recipe::queue(&after).iter().any(|c| c.ours.is_none() && !children.iter().any(|n| n == c.name));
+            if slipped_in && !foreign_seen {
+                tracing::warn!(lock, "a foreign node was made while the lock was re-anchored");
+                mark_foreign(client, lock).await.map_err(|e| Error::zk("set", lock, e))?;
+            }
+            return Ok(Recreated { nodes, foreign_seen: foreign_seen || slipped_in });
         }
         backoff.wait().await;
     }

@@ -37,7 +37,11 @@ struct Control {
     blackhole: AtomicBool,
     cuts: AtomicUsize,
     connections: Mutex<Vec<JoinHandle<()>>>,
+    before_multi: Mutex<Option<Hook>>,
 }
+
+/// Something to do, once, before the next multi-op reaches the server.
+type Hook = Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send>;
 
 /// The proxy; it stops when dropped.
 pub struct Proxy {
@@ -82,6 +86,17 @@ impl Proxy {
     /// Cut the connection right after forwarding the next ephemeral sequential create.
     pub fn cut_after_next_create(&self) {
         self.control.cut_armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Runs `hook` (say, another client's write) before forwarding the next multi-op, so that
+    /// it lands between the client's reads and its multi.
+    pub fn before_next_multi<F, Fut>(&self, hook: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let hook: Hook = Box::new(move || Box::pin(hook()));
+        *self.control.before_multi.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
     }
 
     /// How many connections were cut after a create.
@@ -137,6 +152,12 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
         if client_rx.read_exact(&mut frame).await.is_err() {
             break;
         }
+        if !first && is_multi(&frame) {
+            let hook = control.before_multi.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(hook) = hook {
+                hook().await;
+            }
+        }
         let cut = !first && is_contender_create(&frame) && control.cut_armed.swap(false, Ordering::SeqCst);
         first = false;
         if cut {
@@ -164,6 +185,11 @@ fn is_contender_create(frame: &[u8]) -> bool {
         return multi_creates_contender(&mut r).unwrap_or(false);
     }
     CREATES.contains(&op) && create_flags(&mut r) == Some(EPHEMERAL_SEQUENTIAL)
+}
+
+fn is_multi(frame: &[u8]) -> bool {
+    let mut r = Reader(frame);
+    matches!((r.int(), r.int()), (Some(_), Some(OP_MULTI)))
 }
 
 /// CreateRequest: path, data, acl vector, flags.
