@@ -165,6 +165,7 @@ impl Metrics {
             ("predecessor_notification", now.predecessor_notifications, seen.predecessor_notifications),
             ("own_node_notification", now.own_node_notifications, seen.own_node_notifications),
             ("revocation_written", now.revocations_written, seen.revocations_written),
+            ("directory_removed", now.directories_removed, seen.directories_removed),
             ("duplicate_deleted", now.duplicates_deleted, seen.duplicates_deleted),
         ];
         for (op, now, before) in pairs {

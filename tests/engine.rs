@@ -557,3 +557,57 @@ async fn a_detached_engine_leaves_its_nodes_to_the_session_timeout() {
         }
     }
 }
+
+/// Locks no longer used do not pile up: when the last contender leaves, the lock's directory
+/// goes, and its namespace's directory once that is empty too; a directory where a foreign
+/// node was ever seen stays, to keep its mark, and one with another client's node is never
+/// touched.
+#[tokio::test]
+async fn empty_lock_directories_are_removed_unless_marked_foreign() {
+    let connect = chroot().await;
+    let engine = engine(&connect).await;
+    let raw = raw_client(&connect).await;
+    let gone = |path: &'static str| {
+        let raw = &raw;
+        async move {
+            within(&format!("{path} to be removed"), async {
+                loop {
+                    let (stat, watcher) = raw.check_and_watch_stat(path).await.unwrap();
+                    if stat.is_none() {
+                        return;
+                    }
+                    watcher.changed().await;
+                }
+            })
+            .await
+        }
+    };
+    let a = enqueue(&engine, "/locks/ns1/a", Mode::Exclusive).await;
+    let b = enqueue(&engine, "/locks/ns1/b", Mode::Exclusive).await;
+    engine.release(&a.id).await.unwrap();
+    gone("/locks/ns1/a").await;
+    assert!(raw.check_stat("/locks/ns1").await.unwrap().is_some(), "the namespace still has lock b");
+    engine.release(&b.id).await.unwrap();
+    gone("/locks/ns1/b").await;
+    gone("/locks/ns1").await;
+    assert!(engine.stats().directories_removed >= 2);
+    // Used again: made again.
+    let mut again = enqueue(&engine, "/locks/ns1/a", Mode::Exclusive).await;
+    held(&mut again).await;
+    engine.release(&again.id).await.unwrap();
+
+    // A foreign node seen once: the directory keeps its mark, empty or not.
+    let options = zkc::CreateMode::EphemeralSequential.with_acls(zkc::Acls::anyone_all());
+    raw.mkdir("/locks/ns2/shared", &zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all())).await.unwrap();
+    let (_, foreign) = raw.create("/locks/ns2/shared/_c_x-lock-", b"", &options).await.unwrap();
+    let mut ours = enqueue(&engine, "/locks/ns2/shared", Mode::Exclusive).await;
+    wait_state(&mut ours, "ours waits behind the foreign node", is_waiting).await;
+    raw.delete(&format!("/locks/ns2/shared/_c_x-lock-{foreign}"), None).await.unwrap();
+    held(&mut ours).await;
+    engine.release(&ours.id).await.unwrap();
+    let mut last = enqueue(&engine, "/locks/ns2/shared", Mode::Exclusive).await;
+    held(&mut last).await;
+    engine.release(&last.id).await.unwrap();
+    let (marker, _) = raw.get_data("/locks/ns2/shared").await.unwrap();
+    assert!(String::from_utf8_lossy(&marker).contains("\"foreignSeen\":true"), "the mark stays");
+}

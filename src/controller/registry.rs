@@ -21,6 +21,9 @@ pub struct Seen<'a> {
 /// One lock's admission gate: (creation second, first seen) → (claim UID, since when).
 type Gate = BTreeMap<(i64, u64), (Uid, Instant)>;
 
+/// How long a release waits in the registry for the grant that ends its handoff.
+const RELEASE_MEMORY: Duration = Duration::from_secs(60);
+
 /// How long a claim that asked to be enqueued holds back the claims created after it.
 pub const GATE_PATIENCE: Duration = Duration::from_secs(5);
 
@@ -234,8 +237,12 @@ impl Registry {
 
     pub fn forget(&self, uid: &str) {
         let mut inner = self.lock();
-        for gate in inner.gate.values_mut() {
+        let lock = inner.claims.get(uid).map(|c| c.lock.clone());
+        if let Some(gate) = lock.as_deref().and_then(|lock| inner.gate.get_mut(lock)) {
             gate.retain(|_, (other, _)| **other != *uid);
+            if gate.is_empty() {
+                inner.gate.remove(lock.as_deref().unwrap_or_default());
+            }
         }
         inner.set_phase(uid, None);
         if let Some(claim) = inner.claims.remove(uid) {
@@ -296,8 +303,12 @@ impl Registry {
         self.lock().verdicts.get(uid).cloned()
     }
 
+    /// Notes a holder's release for the handoff histogram. Entries no grant took within a
+    /// minute go (the lock had no waiter): the map stays as small as the locks recently handed on.
     pub fn note_release(&self, lock: &str) {
-        self.lock().released_at.insert(lock.to_string(), Instant::now());
+        let mut inner = self.lock();
+        inner.released_at.retain(|_, at| at.elapsed() < RELEASE_MEMORY);
+        inner.released_at.insert(lock.to_string(), Instant::now());
     }
 
     /// How long ago the lock's last holder let go, once: the next grant takes it.
@@ -339,6 +350,20 @@ mod tests {
         r.first_seen(&s2, seen("/l", false), 2, Some(Phase::Waiting));
         assert_eq!(r.conflicting_holder("s2", "/l", false), None, "shared beside shared");
         assert_eq!(r.conflicting_holder("x", "/l", true).as_deref(), Some("s1"), "exclusive beside shared");
+    }
+
+    #[test]
+    fn gates_are_kept_only_for_locks_with_claims_waiting_at_them() {
+        let r = Registry::default();
+        let (a, b): (Uid, Uid) = ("a".into(), "b".into());
+        r.first_seen(&a, seen("/l", true), 1, None);
+        r.first_seen(&b, seen("/m", true), 1, None);
+        assert_eq!(r.lock().gate.len(), 2);
+        r.forget("a");
+        assert!(r.leave_gate("/m", "b").is_none());
+        assert!(r.lock().gate.is_empty(), "no empty gate left behind");
+        r.forget("b");
+        assert!(r.lock().claims.is_empty() && r.lock().held.is_empty());
     }
 
     #[test]

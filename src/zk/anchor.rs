@@ -178,6 +178,26 @@ async fn find_all(client: &zk::Client, lock: &str, contenders: &[ContenderSpec])
     Ok(Some(found))
 }
 
+/// Removes lock directory `lock` if it is empty and no foreign node was ever seen in it (a
+/// marked directory keeps its mark's meaning: there, holders cannot claim continuity across a
+/// session gap), then its parent (a namespace's directory) if that is empty too. Best effort:
+/// ZooKeeper refuses to delete a directory with children, and the delete is guarded by the
+/// version read, so a concurrent mark or a new contender always wins.
+pub(super) async fn remove_if_empty(client: &zk::Client, shared: &Shared, lock: &str) {
+    let Ok((body, stat)) = retry::idempotent(|| client.get_data(lock)).await else { return };
+    if DirMarker::parse(&body).foreign_seen {
+        return;
+    }
+    let removed = retry::idempotent(|| shared.fence.delete_version(client, lock, Some(stat.version))).await;
+    if removed.is_ok() {
+        Stats::bump(&shared.stats.directories_removed);
+        if let Some((parent, _)) = lock.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
+            // Fails while other locks of the namespace live: the usual case.
+            let _ = retry::idempotent(|| shared.fence.delete_version(client, parent, None)).await;
+        }
+    }
+}
+
 /// Records in the directory's data that a foreign node was seen there. Idempotent.
 pub(super) async fn mark_foreign(client: &zk::Client, lock: &str) -> Result<(), zk::Error> {
     loop {

@@ -534,6 +534,13 @@ impl LockEngine {
             match delete_until_confirmed(&client, &shared, &path).await {
                 Ok(()) => {
                     shared.publish(&key, &member, &current_state(&member), ContenderState::Released);
+                    // The last of our contenders in the lock left: its directory goes too, if
+                    // empty, so that locks no longer used do not pile up. In the background: a
+                    // release waits for nothing but its own node.
+                    let idle = !lock(&shared.book).locks.contains_key(&*member.lock);
+                    if idle && !lock(&shared.foreign_marked).contains(&*member.lock) {
+                        tokio::spawn(async move { anchor::remove_if_empty(&client, &shared, &member.lock).await });
+                    }
                     Ok(())
                 }
                 Err(e) => {

@@ -115,8 +115,13 @@ impl Fence {
 
     /// Deletes `path`, whatever its version.
     pub async fn delete(&self, client: &zk::Client, path: &str) -> Result<(), zk::Error> {
+        self.delete_version(client, path, None).await
+    }
+
+    /// Deletes `path` if its data version is still `version` (any, with `None`).
+    pub async fn delete_version(&self, client: &zk::Client, path: &str, version: Option<i32>) -> Result<(), zk::Error> {
         let mut multi = self.writer(client)?;
-        multi.add_delete(path, None)?;
+        multi.add_delete(path, version)?;
         self.commit(&mut multi).await.map(drop)
     }
 

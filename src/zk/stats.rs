@@ -14,6 +14,7 @@ pub(crate) struct Stats {
     pub predecessor_notifications: AtomicU64,
     pub own_node_notifications: AtomicU64,
     pub revocations_written: AtomicU64,
+    pub directories_removed: AtomicU64,
 }
 
 /// A copy of the engine's counters at one moment.
@@ -37,6 +38,8 @@ pub struct StatsSnapshot {
     pub own_node_notifications: u64,
     /// Revocation requests written into holders' nodes.
     pub revocations_written: u64,
+    /// Empty lock directories removed after their last contender left.
+    pub directories_removed: u64,
 }
 
 impl Stats {
@@ -56,6 +59,7 @@ impl Stats {
             predecessor_notifications: get(&self.predecessor_notifications),
             own_node_notifications: get(&self.own_node_notifications),
             revocations_written: get(&self.revocations_written),
+            directories_removed: get(&self.directories_removed),
         }
     }
 }
