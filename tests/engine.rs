@@ -565,7 +565,9 @@ async fn a_detached_engine_leaves_its_nodes_to_the_session_timeout() {
 #[tokio::test]
 async fn empty_lock_directories_are_removed_unless_marked_foreign() {
     let connect = chroot().await;
-    let engine = engine(&connect).await;
+    let mut config = ZkConfig::new(&connect).with_session_timeout(Duration::from_secs(4));
+    config.idle_directory_grace = Duration::from_millis(100);
+    let engine = LockEngine::connect(config).await.unwrap();
     let raw = raw_client(&connect).await;
     let gone = |path: &'static str| {
         let raw = &raw;

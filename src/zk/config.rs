@@ -23,6 +23,9 @@ pub struct ZkConfig {
     /// re-anchoring replaces them in one step, so that no foreign waiter sees the lock free
     /// in between.
     pub detached: bool,
+    /// How long a lock directory stays empty of our contenders before it is removed: locks in
+    /// use come and go without the directory being made and removed each time.
+    pub idle_directory_grace: Duration,
 }
 
 /// PEM text of the TLS material (read from files by the caller).
@@ -55,6 +58,7 @@ impl ZkConfig {
             digest_auth: None,
             tls: None,
             detached: false,
+            idle_directory_grace: Duration::from_secs(30),
         }
     }
 

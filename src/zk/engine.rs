@@ -211,6 +211,10 @@ pub(super) struct Shared {
     foreign_marked: Mutex<HashSet<String>>,
     /// The leader epoch every write of this engine is guarded by.
     pub(super) fence: Fence,
+    /// Lock directories our last contender left, and since when: removed, if still idle and
+    /// empty, once `idle_directory_grace` has passed (one sweeper task at a time).
+    idle_directories: Mutex<HashMap<Arc<str>, std::time::Instant>>,
+    idle_directory_grace: std::time::Duration,
 }
 
 impl Shared {
@@ -236,6 +240,19 @@ impl Shared {
     /// Publishes what the member's decision and revocation request add up to now.
     fn publish_current(&self, id: &str, member: &Member, before: &ContenderState) {
         self.publish(id, member, before, current_state(member));
+    }
+
+    /// Notes that our last contender left `dir`; starts the sweeper if none runs.
+    fn note_idle_directory(self: &Arc<Self>, client: &zk::Client, dir: &Arc<str>) {
+        let start = {
+            let mut idle = lock(&self.idle_directories);
+            let start = idle.is_empty();
+            idle.insert(dir.clone(), std::time::Instant::now());
+            start
+        };
+        if start {
+            tokio::spawn(sweep_idle_directories(Arc::downgrade(self), client.clone()));
+        }
     }
 
     /// Removes a contender from the book and publishes its final state.
@@ -309,6 +326,7 @@ impl LockEngine {
     }
 
     async fn start(config: ZkConfig, events: Option<mpsc::UnboundedSender<EngineEvent>>) -> Result<Self, Error> {
+        let idle_directory_grace = config.idle_directory_grace;
         let engine = LockEngine {
             inner: Arc::new(Inner {
                 config,
@@ -318,6 +336,8 @@ impl LockEngine {
                     book: Mutex::new(Book::default()),
                     foreign_marked: Mutex::new(HashSet::new()),
                     fence: Fence::default(),
+                    idle_directories: Mutex::new(HashMap::new()),
+                    idle_directory_grace,
                 }),
                 session: Mutex::new(None),
                 admitted: AtomicI64::new(0),
@@ -539,7 +559,7 @@ impl LockEngine {
                     // release waits for nothing but its own node.
                     let idle = !lock(&shared.book).locks.contains_key(&*member.lock);
                     if idle && !lock(&shared.foreign_marked).contains(&*member.lock) {
-                        tokio::spawn(async move { anchor::remove_if_empty(&client, &shared, &member.lock).await });
+                        shared.note_idle_directory(&client, &member.lock);
                     }
                     Ok(())
                 }
@@ -962,6 +982,38 @@ async fn dispatch(inner: Weak<Inner>, mut watcher: zk::PersistentWatcher, sessio
             zk::EventType::NodeDeleted => inner.on_node_event(session_id, &event.path, NodeEvent::Deleted),
             zk::EventType::NodeDataChanged => inner.on_node_event(session_id, &event.path, NodeEvent::DataChanged),
             _ => {}
+        }
+    }
+}
+
+/// Removes the lock directories that stayed idle for the grace period, until none is left to
+/// watch. Directories used again meanwhile are skipped (and forgotten).
+async fn sweep_idle_directories(shared: Weak<Shared>, client: zk::Client) {
+    loop {
+        let Some(grace) = shared.upgrade().map(|s| s.idle_directory_grace) else { return };
+        tokio::time::sleep(grace.max(std::time::Duration::from_millis(10)).min(std::time::Duration::from_secs(10)))
+            .await;
+        let Some(shared) = shared.upgrade() else { return };
+        let due: Vec<Arc<str>> = {
+            let mut idle = lock(&shared.idle_directories);
+            let book = lock(&shared.book);
+            idle.retain(|dir, _| !book.locks.contains_key(dir));
+            let due = idle.iter().filter(|(_, since)| since.elapsed() >= grace).map(|(dir, _)| dir.clone()).collect();
+            due
+        };
+        for dir in due {
+            // Used again since it was due: its next idle time counts afresh.
+            if lock(&shared.book).locks.contains_key(&dir) {
+                lock(&shared.idle_directories).remove(&dir);
+                continue;
+            }
+            anchor::remove_if_empty(&client, &shared, &dir).await;
+            lock(&shared.idle_directories).remove(&dir);
+        }
+        // Decided under the lock `note_idle_directory` takes: a directory noted after this
+        // finds the map empty and starts a new sweeper.
+        if lock(&shared.idle_directories).is_empty() {
+            return;
         }
     }
 }
