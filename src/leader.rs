@@ -49,7 +49,13 @@ impl Leadership {
     }
 
     pub fn is_leading(&self) -> bool {
-        self.until.borrow().is_some_and(|until| Instant::now() < until)
+        self.time_left().is_some()
+    }
+
+    /// How long this process may still write, if it may.
+    pub fn time_left(&self) -> Option<Duration> {
+        let until = (*self.until.borrow())?;
+        until.checked_duration_since(Instant::now()).filter(|left| !left.is_zero())
     }
 
     /// Resolves once this process may not write any more.

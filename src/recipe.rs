@@ -74,8 +74,11 @@ pub fn parse_child(name: &str) -> Option<Child<'_>> {
     // `-` precedes it: zklock's and Curator's prefixes end in `lock-`, so theirs read
     // `lock--1000000000`. (A stranger whose prefix does not end in `-` is read as positive
     // between 1000000000 and 2147483647 either way; its node is then misplaced after a wrap.)
+    // Only after the prefixes of lock recipes (zklock's and Curator's `lock-`, kazoo's
+    // `__lock__`/`__rlock__`): a stray `job-123456789` is not a contender.
     let negative = signed.is_some_and(|h| {
-        (digits == MIN_SEQUENCE_DIGITS - 1 || digits == MIN_SEQUENCE_DIGITS)
+        (h.ends_with("lock-") || h.ends_with("lock__"))
+            && (digits == MIN_SEQUENCE_DIGITS - 1 || digits == MIN_SEQUENCE_DIGITS)
             && (digits < MIN_SEQUENCE_DIGITS || value > i32::MAX as u64 || h.ends_with('-'))
             && value <= 1 << 31
     });
@@ -127,6 +130,7 @@ pub fn queue<'a, S: AsRef<str>>(children: &'a [S]) -> Vec<Child<'a>> {
 /// the widest gap between them; without a wrap (every sequence below 2^31) it starts at 0.
 pub fn wrap_base(sequences: impl Iterator<Item = u64>) -> u64 {
     let mut circle: Vec<u64> = sequences.filter(|s| *s < 1 << 32).collect();
+    // Also when `circle` is empty: the indexing below needs one element.
     if circle.iter().all(|s| *s < 1 << 31) {
         return 0;
     }
@@ -258,6 +262,9 @@ mod tests {
         assert_eq!(decide(&shuffled, &made[2]), Decision::Waiting { watch: made[1].clone(), ahead: 2 });
         // A `-` before ten digits is a separator, not a sign, unless the number is 2^31.
         assert_eq!(parse_child("write-a-lock-0000000007").unwrap().sequence, 7);
+        // Kazoo's negative names parse; a stray name with nine digits is no contender.
+        assert_eq!(parse_child("f00__lock__-000000002").unwrap().sequence, (1 << 32) - 2);
+        assert_eq!(parse_child("job-123456789"), None);
     }
 
     #[test]

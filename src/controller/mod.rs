@@ -106,14 +106,18 @@ impl Context {
         self.engine.admitting()
     }
 
-    /// Runs one Kubernetes write, if this process still leads (DESIGN.md §5a).
+    /// Runs one Kubernetes write, if this process still leads (DESIGN.md §5a), and gives up on
+    /// it when the leadership ends first.
     pub async fn write<T, E: std::fmt::Display>(
         &self,
         call: &str,
         f: impl std::future::Future<Output = Result<T, E>>,
     ) -> Result<T, Error> {
-        self.ensure_leading()?;
-        Ok(self.metrics.api_call(call, true, f).await?)
+        let left = self.leadership.time_left().ok_or(Error::NotLeading)?;
+        match tokio::time::timeout(left, self.metrics.api_call(call, true, f)).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(Error::NotLeading),
+        }
     }
 
     /// Fails unless this process still leads.

@@ -118,9 +118,10 @@ impl Plan {
 /// release: otherwise the next claim would be Held while this one still reads Held. A claim
 /// that does not hold keeps its status (nobody is granted because it leaves), which saves a
 /// write per deletion. No event: the object is on its way out.
-pub fn deleted(claim: &LockClaim, now: Timestamp) -> Plan {
+pub fn deleted(claim: &LockClaim, known_held: bool, now: Timestamp) -> Plan {
     let mut plan = Plan { status: claim.status.clone().unwrap_or_default(), release: true, ..Plan::default() };
-    if plan.status.phase == Some(Phase::Held) {
+    let terminal = plan.status.phase.is_some_and(Phase::is_terminal);
+    if !terminal && (plan.status.phase == Some(Phase::Held) || known_held) {
         let message = "the claim was deleted".to_string();
         plan.finish(Phase::Released, "ClaimDeleted", message, claim.metadata.generation, &Time(now));
         plan.events.clear();
@@ -480,7 +481,7 @@ mod tests {
         let c = claim(spec());
         let p = run(&c, HolderView::NotRequested, tracked(ContenderState::Held { fencing_token: 1 }), t(1));
         let held = with_status(c.clone(), &p);
-        let p = deleted(&held, t(2));
+        let p = deleted(&held, false, t(2));
         assert_eq!(p.status.phase, Some(Phase::Released));
         assert!(!conditions::is_true(&p.status.conditions, HELD));
         assert!(conditions::is_true(&p.status.conditions, FINISHED));
@@ -489,9 +490,11 @@ mod tests {
         let waiting = ContenderState::Waiting { ahead: 1, watching: "_c_x-lock-0000000009".into() };
         let p = run(&c, HolderView::NotRequested, tracked(waiting), t(1));
         let waiter = with_status(c, &p);
-        let p = deleted(&waiter, t(2));
+        let p = deleted(&waiter, false, t(2));
         assert_eq!(p.status, waiter.status.clone().unwrap(), "no write for a claim that does not hold");
         assert!(p.release);
+        let p = deleted(&waiter, true, t(2));
+        assert_eq!(p.status.phase, Some(Phase::Released), "held as the operator last wrote, the copy is older");
     }
 
     #[test]

@@ -121,8 +121,8 @@ async fn apply(uid: &Uid, claim: Arc<LockClaim>, ctx: &Context) -> Result<Action
         enqueued?;
         plan = plan::plan(inputs(contender_view(ctx, uid)));
     }
-    if plan.status.phase == Some(Phase::Held) && recorded != Some(Phase::Held) {
-        if let Some(other) = ctx.registry.conflicting_holder(uid, &lock, exclusive) {
+    if plan.status.phase == Some(Phase::Held) && ctx.registry.known_phase(uid) != Some(Phase::Held) {
+        if let Err(other) = ctx.registry.reserve_grant(uid, &lock, exclusive) {
             // The API must never show two conflicting holders, not even for a moment: this
             // grant waits until the other's final status is written (by its own reconcile).
             tracing::debug!(other = %other, "grant waits for the previous holder's final status");
@@ -150,7 +150,9 @@ async fn cleanup(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> 
     let uid = claim.uid().ok_or(Error::Malformed("a uid"))?;
     let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
     let lock = ctx.lock_path(&namespace, &claim.spec.lock_name);
-    let plan = plan::deleted(&claim, Timestamp::now());
+    // Held as far as the operator knows: its own Held write may be newer than this copy.
+    let held = ctx.registry.known_phase(&uid) == Some(Phase::Held);
+    let plan = plan::deleted(&claim, held, Timestamp::now());
     execute(&claim, ctx, &uid, &lock, plan).await?;
     ctx.registry.forget(&uid);
     ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
@@ -211,12 +213,22 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, plan: 
     if plan.status != before {
         let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
         let patch = status_patch(uid, &plan.status)?;
-        ctx.write("patch_status", api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch))).await?;
+        let written = ctx
+            .write("patch_status", api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch)))
+            .await;
+        if let Err(e) = written {
+            // A grant reserved for this write did not happen (or is not known to have).
+            if plan.status.phase == Some(Phase::Held) && before.phase != Some(Phase::Held) {
+                ctx.registry.set_phase(uid, before.phase);
+            }
+            return Err(e);
+        }
         if plan.status.phase == Some(Phase::Held) && before.phase != Some(Phase::Held) {
             observe_grant(claim, ctx, lock);
         }
+        // The registry's phase is the operator's own last write, never a copy's.
+        ctx.registry.set_phase(uid, plan.status.phase);
     }
-    ctx.registry.set_phase(uid, plan.status.phase);
     if plan.release {
         let was_held = before.phase == Some(Phase::Held);
         if ctx.engine.release(uid).await? && was_held {

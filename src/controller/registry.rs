@@ -109,6 +109,17 @@ impl Inner {
         }
     }
 
+    /// Takes claim `uid` out of its lock's admission gate.
+    fn leave_gates(&mut self, uid: &str) {
+        let Some(lock) = self.claims.get(uid).map(|c| c.lock.clone()) else { return };
+        if let Some(gate) = self.gate.get_mut(&*lock) {
+            gate.retain(|_, (other, _)| **other != *uid);
+            if gate.is_empty() {
+                self.gate.remove(&*lock);
+            }
+        }
+    }
+
     fn set_phase(&mut self, uid: &str, phase: Option<Phase>) {
         let Some(c) = self.claims.get_mut(uid) else { return };
         let old = std::mem::replace(&mut c.phase, phase);
@@ -154,11 +165,17 @@ impl Registry {
         inner.enter(uid, name, namespace, lock, exclusive);
         let changed_lock = inner.claims.get(uid).is_some_and(|c| *c.lock != *lock);
         if changed_lock {
+            // Out of the old lock's indexes first (a claim turned invalid keeps no hold or
+            // gate there), back in under the new one.
+            let phase = inner.claims.get(uid).and_then(|c| c.phase);
+            inner.set_phase(uid, None);
+            inner.leave_gates(uid);
             let shared = inner.intern(lock);
             if let Some(claim) = inner.claims.get_mut(uid) {
                 let old = std::mem::replace(&mut claim.lock, shared);
                 inner.unintern(old);
             }
+            inner.set_phase(uid, phase);
         }
         if let Some(claim) = inner.claims.get_mut(uid) {
             if claim.pod.as_deref() != pod {
@@ -177,15 +194,25 @@ impl Registry {
         self.lock().claims.get(uid).and_then(|c| c.phase)
     }
 
-    /// Another claim of `lock` recorded Held that a grant to `uid` would conflict with (one of
-    /// the two exclusive).
-    pub fn conflicting_holder(&self, uid: &str, lock: &str, exclusive: bool) -> Option<Uid> {
-        let inner = self.lock();
-        let holders = inner.held.get(lock)?;
-        holders
-            .iter()
-            .find(|other| ***other != *uid && (exclusive || inner.claims.get(*other).is_none_or(|c| c.exclusive)))
-            .cloned()
+    /// Reserves a grant: records `uid` as Held in `lock` unless another claim recorded Held
+    /// there conflicts with it (one of the two exclusive), which is returned instead. Check and
+    /// record are one step, so two grants in flight cannot both pass. A grant whose write fails
+    /// is rolled back with [`Registry::set_phase`] to the phase the claim had.
+    pub fn reserve_grant(&self, uid: &str, lock: &str, exclusive: bool) -> Result<(), Uid> {
+        let mut inner = self.lock();
+        let conflict = inner.held.get(lock).and_then(|holders| {
+            holders
+                .iter()
+                .find(|other| ***other != *uid && (exclusive || inner.claims.get(*other).is_none_or(|c| c.exclusive)))
+                .cloned()
+        });
+        match conflict {
+            Some(other) => Err(other),
+            None => {
+                inner.set_phase(uid, Some(Phase::Held));
+                Ok(())
+            }
+        }
     }
 
     /// Notes the order in which the claim watch delivers claims. A claim not yet in any queue
@@ -237,13 +264,7 @@ impl Registry {
 
     pub fn forget(&self, uid: &str) {
         let mut inner = self.lock();
-        let lock = inner.claims.get(uid).map(|c| c.lock.clone());
-        if let Some(gate) = lock.as_deref().and_then(|lock| inner.gate.get_mut(lock)) {
-            gate.retain(|_, (other, _)| **other != *uid);
-            if gate.is_empty() {
-                inner.gate.remove(lock.as_deref().unwrap_or_default());
-            }
-        }
+        inner.leave_gates(uid);
         inner.set_phase(uid, None);
         if let Some(claim) = inner.claims.remove(uid) {
             inner.count(claim.phase, -1);
@@ -332,14 +353,20 @@ mod tests {
         r.first_seen(&a, seen("/l", true), 1, Some(Phase::Held));
         r.first_seen(&b, seen("/l", true), 2, Some(Phase::Waiting));
         r.first_seen(&c, seen("/other", true), 3, Some(Phase::Held));
-        assert_eq!(r.conflicting_holder("b", "/l", true).as_deref(), Some("a"));
-        assert_eq!(r.conflicting_holder("a", "/l", true), None, "a holder does not conflict with itself");
-        assert_eq!(r.conflicting_holder("b", "/elsewhere", true), None);
+        assert_eq!(r.reserve_grant("b", "/l", true).map_err(|u| u.to_string()), Err("a".to_string()));
+        assert_eq!(r.known_phase("b"), Some(Phase::Waiting), "a refused grant records nothing");
+        assert_eq!(r.reserve_grant("a", "/l", true), Ok(()), "a holder does not conflict with itself");
         r.set_phase("a", Some(Phase::Lost));
-        assert_eq!(r.conflicting_holder("b", "/l", true), None, "its final status is written");
-        r.set_phase("b", Some(Phase::Held));
-        r.forget("b");
-        assert_eq!(r.conflicting_holder("x", "/l", true), None, "a forgotten claim holds nothing");
+        assert_eq!(r.reserve_grant("b", "/l", true), Ok(()), "once its final status is written");
+        assert_eq!(
+            r.reserve_grant("c", "/l", true).map_err(|u| u.to_string()),
+            Err("b".to_string()),
+            "the reservation itself counts"
+        );
+        r.set_phase("b", Some(Phase::Waiting));
+        assert_eq!(r.reserve_grant("c", "/l", true), Ok(()), "a rolled-back reservation frees the lock");
+        r.forget("c");
+        assert_eq!(r.reserve_grant("x", "/l", true), Ok(()), "a forgotten claim holds nothing");
     }
 
     #[test]
@@ -348,8 +375,12 @@ mod tests {
         let (s1, s2): (Uid, Uid) = ("s1".into(), "s2".into());
         r.first_seen(&s1, seen("/l", false), 1, Some(Phase::Held));
         r.first_seen(&s2, seen("/l", false), 2, Some(Phase::Waiting));
-        assert_eq!(r.conflicting_holder("s2", "/l", false), None, "shared beside shared");
-        assert_eq!(r.conflicting_holder("x", "/l", true).as_deref(), Some("s1"), "exclusive beside shared");
+        assert_eq!(r.reserve_grant("s2", "/l", false), Ok(()), "shared beside shared");
+        assert_eq!(
+            r.reserve_grant("x", "/l", true).map_err(|u| u.to_string()),
+            Err("s1".to_string()),
+            "exclusive beside shared"
+        );
     }
 
     #[test]
@@ -364,6 +395,17 @@ mod tests {
         assert!(r.lock().gate.is_empty(), "no empty gate left behind");
         r.forget("b");
         assert!(r.lock().claims.is_empty() && r.lock().held.is_empty());
+    }
+
+    #[test]
+    fn a_claim_that_turns_invalid_leaves_its_locks_indexes() {
+        let r = Registry::default();
+        let a: Uid = "a".into();
+        r.first_seen(&a, seen("/l", true), 1, Some(Phase::Held));
+        r.observe(&a, "c", "ns", "", false, None);
+        assert_eq!(r.reserve_grant("b", "/l", true), Ok(()), "no hold left behind under /l");
+        r.forget("a");
+        assert!(!r.lock().held.contains_key(""));
     }
 
     #[test]

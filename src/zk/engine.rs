@@ -260,8 +260,13 @@ impl Shared {
     /// back, so that whoever reacts to the loss can still tell how it ended.
     fn remove(&self, book: &mut Book, id: &str, last: ContenderState) -> Option<Box<Member>> {
         let (key, mut member) = take(book, id)?;
+        // Not a session's end: re-anchoring and its verdicts judge those, and a claim that is
+        // not re-anchored (its Waiting status not yet written when the claims were listed)
+        // must be able to join the queue again.
         if let ContenderState::Lost { why } = &last {
-            book.lost.insert(key.clone(), (why.clone(), member.path()));
+            if *why != LostReason::SessionExpired {
+                book.lost.insert(key.clone(), (why.clone(), member.path()));
+            }
         }
         self.publish(&key, &member, &current_state(&member), last);
         member.decided = None;
@@ -1284,6 +1289,7 @@ async fn repair(
     children: &[String],
 ) -> Result<bool, zk::Error> {
     let queue = recipe::queue(children);
+    let base = recipe::wrap_base(queue.iter().map(|c| c.sequence));
     // (duplicate's path, its sequence, our contender's sequence)
     let duplicates: Vec<(String, u64, u64)> = {
         let book = lock(&shared.book);
@@ -1307,7 +1313,7 @@ async fn repair(
             Some(stat) => stat.ephemeral_owner,
             None => continue,
         };
-        if owner != session_id && sequence > mine {
+        if owner != session_id && recipe::queue_key(sequence, base) > recipe::queue_key(mine, base) {
             continue;
         }
         tracing::warn!(node = %path, "deleting a second node of one contender");

@@ -134,12 +134,24 @@ impl Fence {
 }
 
 /// Bumps the epoch node's version (making it if needed) and returns the new version: from then
-/// on, writes guarded by any earlier version fail.
+/// on, writes guarded by any earlier version fail. The bump is conditional on the version read
+/// just before, so that a late bump (a leader that was slow to get here) cannot supersede one
+/// made after it: it fails with [`FENCED`] instead.
 pub(super) async fn bump(client: &zk::Client, path: &str, holder: &str) -> Result<i32, zk::Error> {
     let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
     super::retry::idempotent(|| client.mkdir(path, &options)).await?;
-    // Unconditional, so repeating it after a lost answer is harmless: the version it answers is
-    // the latest, and ours.
-    let stat = super::retry::idempotent(|| client.set_data(path, holder.as_bytes(), None)).await?;
-    Ok(stat.version)
+    let (_, read) = super::retry::idempotent(|| client.get_data(path)).await?;
+    match super::retry::idempotent(|| client.set_data(path, holder.as_bytes(), Some(read.version))).await {
+        Ok(stat) => Ok(stat.version),
+        Err(zk::Error::BadVersion) => {
+            // Either our own write, applied before its answer was lost, or another leader's.
+            let (data, now) = super::retry::idempotent(|| client.get_data(path)).await?;
+            if data == holder.as_bytes() && now.version == read.version + 1 {
+                Ok(now.version)
+            } else {
+                Err(FENCED)
+            }
+        }
+        Err(e) => Err(e),
+    }
 }
