@@ -611,3 +611,60 @@ async fn a_lock_that_cannot_be_re_anchored_fails_alone() {
     env.wait_phase("c", Phase::Held).await;
     env.history.check();
 }
+
+/// DESIGN.md §5a: a deposed leader's status writes fail too. The leader's API connection hangs
+/// with a status write in it: another client deleted its holder's node, which the leader learns
+/// from ZooKeeper (not hung) and answers with the holder's final status, Lost. The standby takes
+/// over, re-anchors the lock (a zklock-only lock: the recorded holder keeps it, DESIGN.md §3)
+/// and stamps its own epoch into both claims. Then the hung bytes reach the API server, as a
+/// delayed network delivers them: without a fence they would turn the holder Lost while the
+/// new leader holds its node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leaders_late_status_write_does_not_land() {
+    let env = Env::new().await;
+    let relay = zklock_testkit::hang::HangingRelay::start(api_address()).await;
+    let first = Operator::start_through(&env, &relay, &[]);
+    until("the first replica to lead", || async { first.metric("zklock_leader").await == 1.0 }).await;
+    let second = env.operator();
+    env.claim("a", "late", json!({})).await;
+    let a = env.wait_phase("a", Phase::Held).await;
+    let status = a.status.unwrap();
+    let first_epoch = status.leader_epoch.expect("the leader stamps its epoch into the status");
+    env.claim("b", "late", json!({})).await;
+    env.wait_phase("b", Phase::Waiting).await;
+
+    relay.set_hung(true);
+    let raw = zookeeper_client::Client::connect(&env.zk).await.unwrap();
+    raw.delete(&status.znode.unwrap(), None).await.unwrap();
+    until("the standby to lead and re-anchor", || async {
+        second.metric("zklock_leader").await == 1.0 && second.ready().await
+    })
+    .await;
+    let stamped = |c: &zklock::api::LockClaim| c.status.as_ref().and_then(|s| s.leader_epoch) > Some(first_epoch);
+    let a = env.wait("a", "stamped with the new leader's epoch", stamped).await;
+    assert_eq!(phase_of(&a), Some(Phase::Held), "the recorded holder of a zklock-only lock keeps it");
+    env.wait("b", "stamped with the new leader's epoch", stamped).await;
+    let version = a.metadata.resource_version.clone();
+
+    // The deposed leader gave its write up and closed the connection; the close arrives late
+    // (a lost segment sent again), so the server serves the write instead of dropping it.
+    relay.delay_close(std::time::Duration::from_secs(5));
+    relay.set_hung(false);
+    until("the deposed replica to be a ready standby", || async { first.ready().await }).await;
+    // The late write reaches the server within milliseconds of the hang's end (it waited in
+    // the relay's socket buffers); three seconds show whether it landed.
+    let deadline = Instant::now() + std::time::Duration::from_secs(3);
+    while Instant::now() < deadline {
+        let now = env.claims.get("a").await.unwrap();
+        assert_eq!(
+            now.metadata.resource_version, version,
+            "a deposed leader's late status write landed on a: {:?}",
+            now.status
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(first.metric("zklock_leader").await, 0.0, "only one replica leads");
+    env.delete_claim("a").await;
+    env.wait_phase("b", Phase::Held).await;
+    env.history.check();
+}

@@ -659,6 +659,31 @@ async fn patch_kinds() {
             .await,
     );
     assert_eq!(e.code, 422, "{e:?}");
+    // The operator's status writes test the resourceVersion of the copy they were planned from
+    // (a leader's first write to a claim): a stale one is refused, the current one passes.
+    let current = cms.get("m").await.expect("get").resource_version().expect("a resourceVersion");
+    let touched =
+        cms.patch("m", &PatchParams::default(), &Patch::Merge(json!({"data": {"e": "5"}}))).await.expect("touch");
+    let stale_version = json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": current},
+        {"op": "add", "path": "/data/f", "value": "6"}
+    ]);
+    let e = api_err(
+        cms.patch(
+            "m",
+            &PatchParams::default(),
+            &Patch::<()>::Json(serde_json::from_value(stale_version).expect("ops")),
+        )
+        .await,
+    );
+    assert_eq!(e.code, 422, "{e:?}");
+    let current_version = json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": touched.resource_version()},
+        {"op": "add", "path": "/data/f", "value": "6"}
+    ]);
+    cms.patch("m", &PatchParams::default(), &Patch::<()>::Json(serde_json::from_value(current_version).expect("ops")))
+        .await
+        .expect("a test of the current resourceVersion passes");
     assert_eq!(api_err(cms.patch("absent", &PatchParams::default(), &Patch::Merge(json!({}))).await).code, 404);
 
     // Server-side apply is either real (field ownership conflicts) or refused with 415, never a merge.

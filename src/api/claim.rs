@@ -158,4 +158,8 @@ pub struct LockClaimStatus {
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The term of the operator leader that wrote this status (the zxid of its leader-epoch
+    /// bump). Each status write tests it, so that a deposed leader's late writes fail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_epoch: Option<i64>,
 }

@@ -20,8 +20,19 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
         loop {
             let page = ctx.metrics.api_call("list_claims", false, api.list(&params)).await?;
             for claim in page.items {
-                let live = matches!(claim.status.as_ref().and_then(|s| s.phase), Some(Phase::Held | Phase::Waiting));
+                let phase = claim.status.as_ref().and_then(|s| s.phase);
+                let live = matches!(phase, Some(Phase::Held | Phase::Waiting));
                 let (Some(namespace), Ok(spec)) = (claim.namespace(), validate(&claim)) else { continue };
+                // Listed now, after this term began: an earlier leader may still have a status
+                // write for it on the way, and no grant in its lock before this term's first
+                // write to it (DESIGN.md §5a). Claims created after this list never saw an
+                // earlier leader.
+                let epoch = claim.status.as_ref().and_then(|s| s.leader_epoch);
+                if let (Some(uid), false) = (claim.uid(), phase.is_some_and(Phase::is_terminal)) {
+                    if ctx.epoch().is_some() && epoch != ctx.epoch() {
+                        ctx.registry.expect_stamp(&uid.into(), &ctx.lock_path(&namespace, &spec.lock_name));
+                    }
+                }
                 // Claims being deleted too: a holder keeps the lock until its cleanup has
                 // written its final status (the next claim must not be Held before).
                 if live {

@@ -113,11 +113,23 @@ impl Context {
         call: &str,
         f: impl std::future::Future<Output = Result<T, E>>,
     ) -> Result<T, Error> {
+        Ok(self.try_write(call, f).await??)
+    }
+
+    /// [`Context::write`], with the API's own answer kept apart (outer: not leading).
+    pub async fn try_write<T, E: std::fmt::Display>(
+        &self,
+        call: &str,
+        f: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<Result<T, crate::metrics::ApiCallError<E>>, Error> {
         let left = self.leadership.time_left().ok_or(Error::NotLeading)?;
-        match tokio::time::timeout(left, self.metrics.api_call(call, true, f)).await {
-            Ok(result) => Ok(result?),
-            Err(_) => Err(Error::NotLeading),
-        }
+        tokio::time::timeout(left, self.metrics.api_call(call, true, f)).await.map_err(|_| Error::NotLeading)
+    }
+
+    /// This leader's term (the token of its ZooKeeper leader epoch), stamped into every status
+    /// it writes; none without leader election.
+    pub fn epoch(&self) -> Option<i64> {
+        self.engine.epoch()
     }
 
     /// Fails unless this process still leads.

@@ -13,8 +13,10 @@ use serde_json::json;
 
 use super::plan::{self, ContenderView, HolderView, Inputs, Plan};
 use super::queue::Uid;
+use super::registry::GrantBlocked;
 use super::{Context, Error};
 use crate::api::{validate, LockClaim, LockClaimStatus, Phase, FINALIZER, POD_REVOKE_ANNOTATION_PREFIX};
+use crate::metrics::ApiCallError;
 use crate::recipe::{self, Mode};
 use crate::zk::ContenderSpec;
 
@@ -75,6 +77,13 @@ async fn apply(uid: &Uid, claim: Arc<LockClaim>, ctx: &Context) -> Result<Action
     ctx.registry.observe(uid, &claim.name_any(), &namespace, &lock, exclusive, spec.holder_pod.as_deref());
     let recorded = claim.status.as_ref().and_then(|s| s.phase);
     let terminal = recorded.is_some_and(Phase::is_terminal);
+    if let Some(waiting) = stale_copy(&claim, ctx, uid).await? {
+        return Ok(waiting);
+    }
+    if terminal {
+        // Final: no grant waits for this claim's stamp (DESIGN.md §5a).
+        ctx.registry.stamped(uid, false);
+    }
     if !terminal && ctx.registry.known_phase(uid).is_some_and(Phase::is_terminal) {
         // Final is final: this copy is older than the operator's own final write, and planning
         // from it could bring the claim back. Only make sure the node is gone; the watch
@@ -122,13 +131,30 @@ async fn apply(uid: &Uid, claim: Arc<LockClaim>, ctx: &Context) -> Result<Action
         plan = plan::plan(inputs(contender_view(ctx, uid)));
     }
     if plan.status.phase == Some(Phase::Held) && ctx.registry.known_phase(uid) != Some(Phase::Held) {
-        if let Err(other) = ctx.registry.reserve_grant(uid, &lock, exclusive) {
-            // The API must never show two conflicting holders, not even for a moment: this
-            // grant waits until the other's final status is written (by its own reconcile).
-            tracing::debug!(other = %other, "grant waits for the previous holder's final status");
-            ctx.trigger(&other);
-            ctx.schedule(uid, Duration::from_millis(20));
-            return Ok(Action::await_change());
+        match ctx.registry.reserve_grant(uid, &lock, exclusive) {
+            Ok(()) => {}
+            Err(GrantBlocked::Holder(other)) => {
+                // The API must never show two conflicting holders, not even for a moment: this
+                // grant waits until the other's final status is written (by its own reconcile).
+                tracing::debug!(other = %other, "grant waits for the previous holder's final status");
+                ctx.trigger(&other);
+                ctx.schedule(uid, Duration::from_millis(20));
+                return Ok(Action::await_change());
+            }
+            Err(GrantBlocked::Unstamped(other)) => {
+                // A deposed leader's late write could still make another claim of this lock
+                // Held: not before every one of them carries this term's epoch (DESIGN.md §5a).
+                tracing::debug!(other = %other, "grant waits until every claim of the lock carries this term's epoch");
+                ctx.trigger(&other);
+                ctx.schedule(uid, Duration::from_millis(20));
+                if claim.status.as_ref().and_then(|s| s.leader_epoch) != ctx.epoch() {
+                    // This one's status as it is, stamped, so that it holds no grant up either
+                    // (two claims waiting for each other's stamp would wait for ever).
+                    let stamp = Plan { status: claim.status.clone().unwrap_or_default(), ..Plan::default() };
+                    return execute(&claim, ctx, uid, &lock, stamp).await;
+                }
+                return Ok(Action::await_change());
+            }
         }
     }
     if !enqueue
@@ -150,6 +176,9 @@ async fn cleanup(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> 
     let uid = claim.uid().ok_or(Error::Malformed("a uid"))?;
     let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
     let lock = ctx.lock_path(&namespace, &claim.spec.lock_name);
+    if let Some(waiting) = stale_copy(&claim, ctx, &uid).await? {
+        return Ok(waiting);
+    }
     // Held as far as the operator knows: its own Held write may be newer than this copy.
     let held = ctx.registry.known_phase(&uid) == Some(Phase::Held);
     let plan = plan::deleted(&claim, held, Timestamp::now());
@@ -157,6 +186,29 @@ async fn cleanup(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> 
     ctx.registry.forget(&uid);
     ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
     Ok(Action::await_change())
+}
+
+/// Checks the copy's leader epoch (DESIGN.md §5a). A copy that carries a later leader's epoch
+/// means this process is deposed: nothing is written. A copy without this term's epoch after
+/// the operator's own write in this term is older than that write: nothing is planned from it
+/// (the watch brings the newer one; the schedule is the backstop).
+async fn stale_copy(claim: &LockClaim, ctx: &Context, uid: &str) -> Result<Option<Action>, Error> {
+    let Some(mine) = ctx.epoch() else { return Ok(None) };
+    let copy = claim.status.as_ref().and_then(|s| s.leader_epoch);
+    // A later term's epoch, unless ZooKeeper's data were made anew since (its zxids start over
+    // then): ZooKeeper's epoch node tells.
+    if copy.is_some_and(|copy| copy > mine) && !ctx.engine.epoch_is_current().await? {
+        return Err(Error::NotLeading);
+    }
+    if copy == Some(mine) {
+        ctx.registry.stamped(uid, false);
+        return Ok(None);
+    }
+    if ctx.registry.written(uid) {
+        ctx.schedule(uid, Duration::from_millis(500));
+        return Ok(Some(Action::await_change()));
+    }
+    Ok(None)
 }
 
 /// The holder pod as the API has it now. A pod being deleted still counts as present: its
@@ -191,7 +243,10 @@ fn contender_view(ctx: &Context, uid: &str) -> ContenderView {
     ContenderView::Tracked { state, node, waiting_for }
 }
 
-async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, plan: Plan) -> Result<Action, Error> {
+async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut plan: Plan) -> Result<Action, Error> {
+    if let Some(epoch) = ctx.epoch() {
+        plan.status.leader_epoch = Some(epoch);
+    }
     let namespace = claim.namespace().unwrap_or_default();
     let name = claim.name_any();
     if let Some(reason) = &plan.write_revoke {
@@ -212,17 +267,37 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, plan: 
     let before = claim.status.clone().unwrap_or_default();
     if plan.status != before {
         let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-        let patch = status_patch(uid, &plan.status)?;
+        let version = claim.metadata.resource_version.as_deref();
+        let guard = match ctx.epoch() {
+            None => Guard::None,
+            Some(mine) if before.leader_epoch == Some(mine) => Guard::Epoch(mine),
+            Some(_) => Guard::Version(version.ok_or(Error::Malformed("a resourceVersion"))?),
+        };
+        let patch = status_patch(uid, &plan.status, guard)?;
         let written = ctx
-            .write("patch_status", api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch)))
-            .await;
-        if let Err(e) = written {
+            .try_write("patch_status", api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch)))
+            .await
+            .and_then(|answer| match answer {
+                Ok(_) => Ok(None),
+                // The test of the epoch or the version failed: this copy is older than the
+                // claim (the watch brings the newer one), or a later leader wrote it.
+                Err(ApiCallError::Failed(kube::Error::Api(s))) if s.code == 409 || s.code == 422 => Ok(Some(s)),
+                Err(e) => Err(e.into()),
+            });
+        let refused = written.as_ref().ok().and_then(Option::as_ref);
+        if written.is_err() || refused.is_some() {
             // A grant reserved for this write did not happen (or is not known to have).
             if plan.status.phase == Some(Phase::Held) && before.phase != Some(Phase::Held) {
                 ctx.registry.set_phase(uid, before.phase);
             }
-            return Err(e);
         }
+        if let Some(s) = refused {
+            tracing::info!(claim = %name, answer = %s.message, "status write refused; planning again from a newer copy");
+            ctx.schedule(uid, Duration::from_millis(500));
+            return Ok(Action::await_change());
+        }
+        written?;
+        ctx.registry.stamped(uid, true);
         if plan.status.phase == Some(Phase::Held) && before.phase != Some(Phase::Held) {
             observe_grant(claim, ctx, lock);
         }
@@ -256,12 +331,32 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, plan: 
 /// kept naming whom it had waited for), and its first operation tests the UID, since the write
 /// goes by name: a claim deleted without its finalizer and re-created under the same name must
 /// not receive its predecessor's status.
-fn status_patch(uid: &str, status: &LockClaimStatus) -> Result<json_patch::Patch, Error> {
-    let ops = json!([
-        { "op": "test", "path": "/metadata/uid", "value": uid },
-        { "op": "add", "path": "/status", "value": status },
-    ]);
-    serde_json::from_value(ops).map_err(|e| Error::Kube(format!("building the status patch: {e}")))
+fn status_patch(uid: &str, status: &LockClaimStatus, guard: Guard<'_>) -> Result<json_patch::Patch, Error> {
+    let mut ops = vec![json!({ "op": "test", "path": "/metadata/uid", "value": uid })];
+    match guard {
+        Guard::None => {}
+        Guard::Epoch(epoch) => ops.push(json!({ "op": "test", "path": "/status/leaderEpoch", "value": epoch })),
+        Guard::Version(version) => {
+            ops.push(json!({ "op": "test", "path": "/metadata/resourceVersion", "value": version }))
+        }
+    }
+    ops.push(json!({ "op": "add", "path": "/status", "value": status }));
+    serde_json::from_value(serde_json::Value::Array(ops))
+        .map_err(|e| Error::Kube(format!("building the status patch: {e}")))
+}
+
+/// What a status write tests besides the UID, so that a deposed leader's late write fails
+/// (DESIGN.md §5a).
+#[derive(Clone, Copy)]
+enum Guard<'a> {
+    /// No leader election: nobody else writes.
+    None,
+    /// The copy carries this term's epoch: the claim must still carry it. A deposed leader
+    /// tests its own, older epoch, which fails on every claim this term has written.
+    Epoch(i64),
+    /// This term's first write to the claim: the claim must be exactly the copy planned from,
+    /// so that nothing an earlier leader wrote since is overwritten unseen.
+    Version(&'a str),
 }
 
 fn observe_grant(claim: &LockClaim, ctx: &Context, lock: &str) {
@@ -281,7 +376,7 @@ mod tests {
     #[test]
     fn the_status_write_replaces_the_status_of_this_claim_only() {
         let held = LockClaimStatus { phase: Some(Phase::Held), position: Some(0), ..Default::default() };
-        let patch = serde_json::to_value(status_patch("u-1", &held).unwrap()).unwrap();
+        let patch = serde_json::to_value(status_patch("u-1", &held, Guard::None).unwrap()).unwrap();
         assert_eq!(
             patch,
             json!([
@@ -289,5 +384,15 @@ mod tests {
                 { "op": "add", "path": "/status", "value": { "phase": "Held", "position": 0 } },
             ])
         );
+    }
+
+    #[test]
+    fn a_leaders_status_write_tests_its_epoch_or_the_version_it_planned_from() {
+        let held = LockClaimStatus { phase: Some(Phase::Held), leader_epoch: Some(9), ..Default::default() };
+        let patch = serde_json::to_value(status_patch("u-1", &held, Guard::Epoch(9)).unwrap()).unwrap();
+        assert_eq!(patch[1], json!({ "op": "test", "path": "/status/leaderEpoch", "value": 9 }));
+        assert_eq!(patch[2]["value"]["leaderEpoch"], json!(9));
+        let patch = serde_json::to_value(status_patch("u-1", &held, Guard::Version("41")).unwrap()).unwrap();
+        assert_eq!(patch[1], json!({ "op": "test", "path": "/metadata/resourceVersion", "value": "41" }));
     }
 }

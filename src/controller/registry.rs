@@ -55,6 +55,21 @@ struct Inner {
     /// Lock path → the claims recorded Held there: a grant waits until no conflicting claim
     /// reads Held any more (the API must never show two).
     held: HashMap<Arc<str>, Vec<Uid>>,
+    /// Lock path → claims listed at the start of this leader's term, not final, whose status
+    /// does not carry this term's epoch yet: an earlier leader's late status write could still
+    /// land on any of them (DESIGN.md §5a), so no grant is made in their lock until each was
+    /// written once in this term (its epoch test then fails every such write).
+    unstamped: HashMap<Arc<str>, HashSet<Uid>>,
+    unstamped_lock: HashMap<Uid, Arc<str>>,
+}
+
+/// Why a grant has to wait.
+#[derive(Debug, PartialEq, Eq)]
+pub enum GrantBlocked {
+    /// This claim, recorded Held in the lock, conflicts with the grant: its final status first.
+    Holder(Uid),
+    /// This claim's status may still receive a deposed leader's write: this term's first.
+    Unstamped(Uid),
 }
 
 struct Claim {
@@ -69,6 +84,9 @@ struct Claim {
     /// The order in which the claim watch first delivered it (creation order for claims
     /// created while the operator runs).
     seen: u64,
+    /// Its status was written in this leader's term: a copy without this term's epoch is
+    /// older than that write.
+    written: bool,
 }
 
 impl Inner {
@@ -87,6 +105,7 @@ impl Inner {
             phase: None,
             exclusive,
             seen: self.next_seen,
+            written: false,
         };
         self.claims.insert(uid.clone(), claim);
         Some(self.next_seen)
@@ -107,6 +126,16 @@ impl Inner {
         if Arc::strong_count(&s) <= 2 {
             self.strings.remove(&*s);
         }
+    }
+
+    fn unstamp(&mut self, uid: &str, lock: Arc<str>) {
+        if let Some(claims) = self.unstamped.get_mut(&lock) {
+            claims.remove(uid);
+            if claims.is_empty() {
+                self.unstamped.remove(&lock);
+            }
+        }
+        self.unintern(lock);
     }
 
     /// Takes claim `uid` out of its lock's admission gate.
@@ -195,10 +224,11 @@ impl Registry {
     }
 
     /// Reserves a grant: records `uid` as Held in `lock` unless another claim recorded Held
-    /// there conflicts with it (one of the two exclusive), which is returned instead. Check and
-    /// record are one step, so two grants in flight cannot both pass. A grant whose write fails
-    /// is rolled back with [`Registry::set_phase`] to the phase the claim had.
-    pub fn reserve_grant(&self, uid: &str, lock: &str, exclusive: bool) -> Result<(), Uid> {
+    /// there conflicts with it (one of the two exclusive), or another claim of the lock may
+    /// still receive a deposed leader's status write. Check and record are one step, so two
+    /// grants in flight cannot both pass. A grant whose write fails is rolled back with
+    /// [`Registry::set_phase`] to the phase the claim had.
+    pub fn reserve_grant(&self, uid: &str, lock: &str, exclusive: bool) -> Result<(), GrantBlocked> {
         let mut inner = self.lock();
         let conflict = inner.held.get(lock).and_then(|holders| {
             holders
@@ -206,13 +236,43 @@ impl Registry {
                 .find(|other| ***other != *uid && (exclusive || inner.claims.get(*other).is_none_or(|c| c.exclusive)))
                 .cloned()
         });
-        match conflict {
-            Some(other) => Err(other),
-            None => {
-                inner.set_phase(uid, Some(Phase::Held));
-                Ok(())
-            }
+        if let Some(other) = conflict {
+            return Err(GrantBlocked::Holder(other));
         }
+        let unstamped = inner.unstamped.get(lock).and_then(|claims| claims.iter().find(|c| ***c != *uid).cloned());
+        if let Some(other) = unstamped {
+            return Err(GrantBlocked::Unstamped(other));
+        }
+        inner.set_phase(uid, Some(Phase::Held));
+        Ok(())
+    }
+
+    /// Claim `uid` of `lock` was listed at the start of this term, not final, without this
+    /// term's epoch in its status: see `Inner::unstamped`.
+    pub fn expect_stamp(&self, uid: &Uid, lock: &str) {
+        let mut inner = self.lock();
+        let lock = inner.intern(lock);
+        if let Some(old) = inner.unstamped_lock.insert(uid.clone(), lock.clone()) {
+            inner.unstamp(uid, old);
+        }
+        inner.unstamped.entry(lock).or_default().insert(uid.clone());
+    }
+
+    /// Claim `uid`'s status carries this term's epoch now (`written`: by this operator's own
+    /// write), or it is final: no deposed leader's write can land on it any more.
+    pub fn stamped(&self, uid: &str, written: bool) {
+        let mut inner = self.lock();
+        if let Some(lock) = inner.unstamped_lock.remove(uid) {
+            inner.unstamp(uid, lock);
+        }
+        if let Some(claim) = inner.claims.get_mut(uid).filter(|_| written) {
+            claim.written = true;
+        }
+    }
+
+    /// Whether the operator wrote claim `uid`'s status in this term.
+    pub fn written(&self, uid: &str) -> bool {
+        self.lock().claims.get(uid).is_some_and(|c| c.written)
     }
 
     /// Notes the order in which the claim watch delivers claims. A claim not yet in any queue
@@ -265,6 +325,9 @@ impl Registry {
     pub fn forget(&self, uid: &str) {
         let mut inner = self.lock();
         inner.leave_gates(uid);
+        if let Some(lock) = inner.unstamped_lock.remove(uid) {
+            inner.unstamp(uid, lock);
+        }
         inner.set_phase(uid, None);
         if let Some(claim) = inner.claims.remove(uid) {
             inner.count(claim.phase, -1);
@@ -353,14 +416,14 @@ mod tests {
         r.first_seen(&a, seen("/l", true), 1, Some(Phase::Held));
         r.first_seen(&b, seen("/l", true), 2, Some(Phase::Waiting));
         r.first_seen(&c, seen("/other", true), 3, Some(Phase::Held));
-        assert_eq!(r.reserve_grant("b", "/l", true).map_err(|u| u.to_string()), Err("a".to_string()));
+        assert_eq!(r.reserve_grant("b", "/l", true), Err(GrantBlocked::Holder("a".into())));
         assert_eq!(r.known_phase("b"), Some(Phase::Waiting), "a refused grant records nothing");
         assert_eq!(r.reserve_grant("a", "/l", true), Ok(()), "a holder does not conflict with itself");
         r.set_phase("a", Some(Phase::Lost));
         assert_eq!(r.reserve_grant("b", "/l", true), Ok(()), "once its final status is written");
         assert_eq!(
-            r.reserve_grant("c", "/l", true).map_err(|u| u.to_string()),
-            Err("b".to_string()),
+            r.reserve_grant("c", "/l", true),
+            Err(GrantBlocked::Holder("b".into())),
             "the reservation itself counts"
         );
         r.set_phase("b", Some(Phase::Waiting));
@@ -376,11 +439,7 @@ mod tests {
         r.first_seen(&s1, seen("/l", false), 1, Some(Phase::Held));
         r.first_seen(&s2, seen("/l", false), 2, Some(Phase::Waiting));
         assert_eq!(r.reserve_grant("s2", "/l", false), Ok(()), "shared beside shared");
-        assert_eq!(
-            r.reserve_grant("x", "/l", true).map_err(|u| u.to_string()),
-            Err("s1".to_string()),
-            "exclusive beside shared"
-        );
+        assert_eq!(r.reserve_grant("x", "/l", true), Err(GrantBlocked::Holder("s1".into())), "exclusive beside shared");
     }
 
     #[test]
@@ -395,6 +454,33 @@ mod tests {
         assert!(r.lock().gate.is_empty(), "no empty gate left behind");
         r.forget("b");
         assert!(r.lock().claims.is_empty() && r.lock().held.is_empty());
+    }
+
+    #[test]
+    fn no_grant_while_a_claim_of_the_lock_may_still_receive_a_deposed_leaders_write() {
+        let r = Registry::default();
+        let (a, b, c): (Uid, Uid, Uid) = ("a".into(), "b".into(), "c".into());
+        r.first_seen(&a, seen("/l", true), 1, Some(Phase::Waiting));
+        r.first_seen(&b, seen("/l", true), 2, Some(Phase::Waiting));
+        r.first_seen(&c, seen("/other", true), 3, Some(Phase::Waiting));
+        r.expect_stamp(&a, "/l");
+        r.expect_stamp(&b, "/l");
+        r.expect_stamp(&c, "/other");
+        assert_eq!(r.reserve_grant("a", "/l", true), Err(GrantBlocked::Unstamped("b".into())));
+        assert!(!r.written("b"));
+        r.stamped("b", true);
+        assert!(r.written("b"));
+        assert_eq!(r.reserve_grant("b", "/l", true), Err(GrantBlocked::Unstamped("a".into())), "nor for b");
+        assert_eq!(r.reserve_grant("a", "/l", true), Ok(()), "its own stamp is the grant's write");
+        r.stamped("a", true);
+        r.forget("c");
+        assert!(
+            r.lock().unstamped.is_empty() && r.lock().unstamped_lock.is_empty(),
+            "a deleted claim is awaited no more"
+        );
+        r.expect_stamp(&b, "/l");
+        r.stamped("b", false);
+        assert!(r.lock().unstamped.is_empty(), "read with this term's epoch, or final");
     }
 
     #[test]

@@ -141,6 +141,7 @@ fn dictionary() -> &'static [u8] {
                     "/zklock/locks/default/example/_c_00000000-0000-0000-0000-000000000000-lock-0000000001".into(),
                 ),
                 observed_generation: Some(1),
+                leader_epoch: Some(4294967296),
                 ..Default::default()
             };
             conditions::set(&mut status.conditions, conditions::HELD, held, reason, message, Some(1), &at);

@@ -406,13 +406,38 @@ impl LockEngine {
     /// Takes the leader epoch at `path` (DESIGN.md §5a): bumps it, so that every write guarded
     /// by an earlier epoch fails from now on, and guards every later write of this engine by the
     /// new one. Call it once, before re-anchoring; `holder` is written into the node for people.
-    pub async fn take_epoch(&self, path: &str, holder: &str) -> Result<i32, Error> {
+    /// Answers the epoch's token (see [`LockEngine::epoch`]).
+    pub async fn take_epoch(&self, path: &str, holder: &str) -> Result<i64, Error> {
         let client = self.client()?;
-        let version = fence::bump(&client, path, holder).await.map_err(|e| Error::zk("epoch", path, e))?;
-        if !self.inner.shared.fence.set(Epoch { path: path.to_string(), version }) {
+        let (version, token) = fence::bump(&client, path, holder).await.map_err(|e| Error::zk("epoch", path, e))?;
+        if !self.inner.shared.fence.set(Epoch { path: path.to_string(), version, token }) {
             return Err(Error::zk("epoch", path, zk::Error::BadArguments(&"this engine has an epoch already")));
         }
-        Ok(version)
+        Ok(token)
+    }
+
+    /// The token of the leader epoch this engine took, if it took one: the zxid of the bump,
+    /// which no other leader's term shares. The controller stamps it into the statuses it
+    /// writes, so that a deposed leader's status writes fail too (DESIGN.md §5a).
+    pub fn epoch(&self) -> Option<i64> {
+        self.inner.shared.fence.epoch().map(|e| e.token)
+    }
+
+    /// Whether this engine's leader epoch is still the latest, by a read of the epoch node; the
+    /// engine turns fenced when it is not. True without an epoch.
+    pub async fn epoch_is_current(&self) -> Result<bool, Error> {
+        let Some(epoch) = self.inner.shared.fence.epoch() else { return Ok(true) };
+        let client = self.client()?;
+        let read = super::retry::idempotent(|| client.get_data(&epoch.path)).await;
+        let current = match read {
+            Ok((_, stat)) => stat.version == epoch.version && stat.mzxid == epoch.token,
+            Err(zk::Error::NoNode) => false,
+            Err(e) => return Err(Error::zk("epoch", &epoch.path, e)),
+        };
+        if !current {
+            self.inner.shared.fence.superseded();
+        }
+        Ok(current)
     }
 
     /// Turns true, for good, once a write of this engine found its leader epoch superseded:

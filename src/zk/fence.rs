@@ -20,6 +20,9 @@ use zookeeper_client as zk;
 pub(super) struct Epoch {
     pub path: String,
     pub version: i32,
+    /// The zxid of the bump: unique to this leader's term and larger than every earlier term's,
+    /// also if the epoch node was ever deleted and made again (its version starts over then).
+    pub token: i64,
 }
 
 /// The engine's epoch, once it took one, and whether a write found it superseded.
@@ -47,6 +50,11 @@ impl Fence {
 
     pub fn epoch(&self) -> Option<&Epoch> {
         self.epoch.get()
+    }
+
+    /// Records that another leader's epoch superseded ours (found by a read).
+    pub fn superseded(&self) {
+        self.fenced.send_replace(true);
     }
 
     pub fn is_fenced(&self) -> bool {
@@ -136,18 +144,18 @@ impl Fence {
 /// Bumps the epoch node's version (making it if needed) and returns the new version: from then
 /// on, writes guarded by any earlier version fail. The bump is conditional on the version read
 /// just before, so that a late bump (a leader that was slow to get here) cannot supersede one
-/// made after it: it fails with [`FENCED`] instead.
-pub(super) async fn bump(client: &zk::Client, path: &str, holder: &str) -> Result<i32, zk::Error> {
+/// made after it: it fails with [`FENCED`] instead. Answers (version, zxid of the bump).
+pub(super) async fn bump(client: &zk::Client, path: &str, holder: &str) -> Result<(i32, i64), zk::Error> {
     let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
     super::retry::idempotent(|| client.mkdir(path, &options)).await?;
     let (_, read) = super::retry::idempotent(|| client.get_data(path)).await?;
     match super::retry::idempotent(|| client.set_data(path, holder.as_bytes(), Some(read.version))).await {
-        Ok(stat) => Ok(stat.version),
+        Ok(stat) => Ok((stat.version, stat.mzxid)),
         Err(zk::Error::BadVersion) => {
             // Either our own write, applied before its answer was lost, or another leader's.
             let (data, now) = super::retry::idempotent(|| client.get_data(path)).await?;
             if data == holder.as_bytes() && now.version == read.version + 1 {
-                Ok(now.version)
+                Ok((now.version, now.mzxid))
             } else {
                 Err(FENCED)
             }
