@@ -267,7 +267,11 @@ async fn work(env: &Env, worker: usize, mut rng: Rng, deadline: Instant, made: &
         }
         env.claim(&name, lock, spec).await;
         made.fetch_add(1, Ordering::SeqCst);
+        // Should the wait fail, what the lock's directory held just before says why.
+        let dump =
+            tokio::spawn(dump_lock_after(env.zk.clone(), env.ns.clone(), lock, PATIENCE - Duration::from_secs(3)));
         let claim = env.wait(&name, "Held or final", held_or_final).await;
+        dump.abort();
         if phase_of(&claim) == Some(Phase::Held) {
             tokio::time::sleep(Duration::from_millis(50 + rng.below(300))).await;
             if let Some(pod) = &pod {
@@ -283,6 +287,23 @@ async fn work(env: &Env, worker: usize, mut rng: Rng, deadline: Instant, made: &
         }
         let _ = env.claims.delete(&name, &DeleteParams::default()).await;
     }
+}
+
+/// After `delay`, prints the nodes of `lock` with their sessions (a worker's wait is about to
+/// fail: this is what it waited behind).
+async fn dump_lock_after(zk: String, namespace: String, lock: &str, delay: Duration) {
+    tokio::time::sleep(delay).await;
+    let Ok(client) = zookeeper_client::Client::connect(&zk).await else { return };
+    let dir = format!("/zklock/locks/{namespace}/{lock}");
+    let mut lines = vec![];
+    for node in client.list_children(&dir).await.unwrap_or_default() {
+        let path = format!("{dir}/{node}");
+        let owner = client.check_stat(&path).await.ok().flatten().map(|s| format!("{:#x}", s.ephemeral_owner));
+        lines.push(format!("  {node} owner={owner:?}"));
+    }
+    let epoch =
+        client.get_data("/zklock/leader-epoch").await.map(|(d, s)| (String::from_utf8_lossy(&d).into_owned(), s.mzxid));
+    eprintln!("chaos: a wait on {lock} is about to fail; leader epoch {epoch:?}; its directory:\n{}", lines.join("\n"));
 }
 
 /// Nodes of zklock claims still in the test's lock directories.

@@ -205,6 +205,7 @@ async fn stale_copy(claim: &LockClaim, ctx: &Context, uid: &str) -> Result<Optio
         return Ok(None);
     }
     if ctx.registry.written(uid) {
+        tracing::debug!("this copy is older than the operator's own write in this term; waiting for the newer one");
         ctx.schedule(uid, Duration::from_millis(500));
         return Ok(Some(Action::await_change()));
     }
@@ -297,6 +298,7 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut pl
             return Ok(Action::await_change());
         }
         written?;
+        tracing::debug!(phase = ?plan.status.phase, position = ?plan.status.position, "status written");
         ctx.registry.stamped(uid, true);
         if plan.status.phase == Some(Phase::Held) && before.phase != Some(Phase::Held) {
             observe_grant(claim, ctx, lock);

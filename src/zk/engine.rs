@@ -996,15 +996,34 @@ impl Inner {
 
 /// Follows one recursive watch: node deletions and data changes in every lock directory below
 /// `parent`, and the session's comings and goings.
-async fn dispatch(inner: Weak<Inner>, mut watcher: zk::PersistentWatcher, session_id: i64, parent: String) {
+async fn dispatch(inner_weak: Weak<Inner>, mut watcher: zk::PersistentWatcher, session_id: i64, parent: String) {
     loop {
         let event = watcher.changed().await;
-        let Some(inner) = inner.upgrade() else { return };
+        let Some(inner) = inner_weak.upgrade() else { return };
         match event.event_type {
             zk::EventType::Session => match event.session_state {
                 // The watcher must not be polled after a terminal state.
                 state if state.is_terminated() => return,
                 zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                    // The server keeps watches per connection, and zookeeper-client 0.11 leaves
+                    // persistent watches out of what it registers again after a reconnection
+                    // (its SetWatches request lists only one-shot watches): without adding the
+                    // watch again, nothing would be heard in this directory for the rest of the
+                    // session (seen in the chaos suite after ZooKeeper leader kills). Added
+                    // before the re-read, so that no change falls between the two; the old
+                    // watcher goes once the new one is in place (the path stays watched).
+                    let client = inner.client().ok().filter(|c| c.session_id().0 == session_id);
+                    drop(inner);
+                    if let Some(client) = client {
+                        match retry::idempotent(|| client.watch(&parent, zk::AddWatchMode::PersistentRecursive)).await {
+                            Ok(renewed) => watcher = renewed,
+                            // The session ended meanwhile: its monitor says so.
+                            Err(e) => {
+                                tracing::warn!(parent = %parent, error = %e, "could not watch again after a reconnection")
+                            }
+                        }
+                    }
+                    let Some(inner) = inner_weak.upgrade() else { return };
                     inner.resync(session_id, &parent)
                 }
                 _ => {}

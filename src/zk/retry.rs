@@ -64,7 +64,10 @@ where
     let mut backoff = Backoff::new();
     loop {
         match timed(call()).await {
-            Err(e) if is_unknown_outcome(&e) || e == zk::Error::Throttled => backoff.wait().await,
+            Err(e) if is_unknown_outcome(&e) || e == zk::Error::Throttled => {
+                tracing::debug!(error = %e, "ZooKeeper call failed; repeating it");
+                backoff.wait().await
+            }
             other => return other,
         }
     }
