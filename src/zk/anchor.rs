@@ -189,8 +189,12 @@ pub(super) async fn remove_if_empty(client: &zk::Client, shared: &Shared, lock: 
         return;
     }
     let removed = retry::idempotent(|| shared.fence.delete_version(client, lock, Some(stat.version))).await;
-    if removed.is_ok() {
-        Stats::bump(&shared.stats.directories_removed);
+    // No node: our own delete, repeated after its answer was lost, or somebody else's. Gone
+    // either way, so the parent may go too.
+    if matches!(removed, Ok(()) | Err(zk::Error::NoNode)) {
+        if removed.is_ok() {
+            Stats::bump(&shared.stats.directories_removed);
+        }
         if let Some((parent, _)) = lock.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
             // Fails while other locks of the namespace live: the usual case.
             let _ = retry::idempotent(|| shared.fence.delete_version(client, parent, None)).await;
