@@ -3,7 +3,9 @@
 //! The chart's RBAC test derives the permissions the operator needs from this log.
 
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 /// Environment variable naming the request log.
 pub const ENV: &str = "ZKLOCK_API_AUDIT";
@@ -27,7 +29,7 @@ pub async fn client() -> Result<kube::Client, String> {
             None => format!("{} {}\n", request.method(), uri.path()),
         };
         // One write per line, so concurrent requests never interleave within a line.
-        let _ = file.lock().unwrap_or_else(|p| p.into_inner()).write_all(line.as_bytes());
+        let _ = file.lock().write_all(line.as_bytes());
         request
     });
     Ok(builder.with_layer(&log).build())

@@ -1,7 +1,7 @@
 //! Prometheus metrics of the operator, served on `/metrics`.
 
+use parking_lot::Mutex;
 use std::future::Future;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -156,7 +156,7 @@ impl Metrics {
 
     /// Brings the engine's counters into the registry (called at scrape time).
     pub fn observe_engine(&self, now: StatsSnapshot) {
-        let mut seen = self.zk_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.zk_seen.lock();
         let pairs = [
             ("create", now.creates, seen.creates),
             ("create_unknown_outcome", now.create_unknown_outcomes, seen.create_unknown_outcomes),

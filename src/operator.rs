@@ -4,7 +4,9 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -62,7 +64,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
     health.ready.store(true, Ordering::SeqCst);
     let current_engine: Arc<Mutex<Option<LockEngine>>> = Arc::default();
     let stats_source = current_engine.clone();
-    let engine_stats = Arc::new(move || stats_source.lock().ok().and_then(|e| e.as_ref().map(|e| e.stats())));
+    let engine_stats = Arc::new(move || stats_source.lock().as_ref().map(|e| e.stats()));
     let (addr, _server) = http::serve(options.metrics_addr, metrics.clone(), health.clone(), engine_stats)
         .await
         .map_err(|source| RunError::Metrics { addr: options.metrics_addr, source })?;
@@ -94,7 +96,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
                 continue;
             }
         };
-        *current_engine.lock().unwrap_or_else(|p| p.into_inner()) = Some(engine.clone());
+        *current_engine.lock() = Some(engine.clone());
         let setup = crate::controller::Setup {
             client: client.clone(),
             zk_root: options.zk_root.clone(),
@@ -131,7 +133,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
             }
         };
         lease.step_down();
-        *current_engine.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *current_engine.lock() = None;
         metrics.leader.set(0);
         health.ready.store(true, Ordering::SeqCst);
         if let Err(e) = result {

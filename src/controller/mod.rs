@@ -23,7 +23,9 @@ mod watch;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kube::Api;
@@ -142,8 +144,7 @@ impl Context {
     }
 
     fn queue(&self) -> MutexGuard<'_, Queue> {
-        // No critical section on the queue can panic; a poisoned queue is still consistent.
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+        self.queue.lock()
     }
 
     /// One copy of a claim UID for all the operator's indexes: the engine's if it has one.

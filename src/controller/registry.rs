@@ -4,7 +4,9 @@
 //! the API and ZooKeeper; it is never the source of truth for who holds a lock.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::queue::Uid;
@@ -181,8 +183,7 @@ impl Inner {
 
 impl Registry {
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // No critical section below can panic; a poisoned lock still holds consistent data.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock()
     }
 
     /// Records (or refreshes) a claim the operator serves.

@@ -9,7 +9,9 @@
 //! (DESIGN.md §5).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::OnceLock;
+
+use parking_lot::{Mutex, MutexGuard};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -34,8 +36,7 @@ struct Entry {
 
 impl Store {
     fn lock(&self) -> MutexGuard<'_, HashMap<Uid, Entry>> {
-        // Nothing below can panic while holding the lock; a poisoned map is still consistent.
-        self.claims.lock().unwrap_or_else(|p| p.into_inner())
+        self.claims.lock()
     }
 
     /// Keeps `claim` (what the operator reads of it) under `uid`, dropping what it never reads.

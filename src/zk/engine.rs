@@ -16,7 +16,9 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 
 use tokio::sync::{mpsc, oneshot, watch, OnceCell};
 use zookeeper_client as zk;
@@ -152,7 +154,7 @@ impl Drop for Contender {
         // The last handle gone: the contender's channel goes too (it is made again on demand).
         // Handles are never dropped while the book is locked.
         if let Some(shared) = self.shared.upgrade() {
-            let mut book = lock(&shared.book);
+            let mut book = shared.book.lock();
             // Only this incarnation's channel: the id may have come back with a new node.
             if let Some(member) = book.contenders.get_mut(self.id.as_str()).filter(|m| m.path() == self.node) {
                 if member.watchers.as_ref().is_some_and(|tx| tx.receiver_count() <= 1) {
@@ -245,7 +247,7 @@ impl Shared {
     /// Notes that our last contender left `dir`; starts the sweeper if none runs.
     fn note_idle_directory(self: &Arc<Self>, client: &zk::Client, dir: &Arc<str>) {
         let start = {
-            let mut idle = lock(&self.idle_directories);
+            let mut idle = self.idle_directories.lock();
             let start = idle.is_empty();
             idle.insert(dir.clone(), std::time::Instant::now());
             start
@@ -301,12 +303,6 @@ fn current_state(member: &Member) -> ContenderState {
         }
         (Some(Decision::Missing), _) => ContenderState::Lost { why: LostReason::DeletedByOther },
     }
-}
-
-/// Poisoning would only follow a panic inside one of the short critical sections below, none
-/// of which can panic; recovering the guard keeps the engine usable regardless.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The directory whose recursive watch covers lock directory `lock`.
@@ -376,7 +372,7 @@ impl LockEngine {
         let client = self.inner.config.connect().await?;
         let session_id = client.session_id().0;
         let states = client.state_watcher();
-        let old = lock(&self.inner.session).replace(client);
+        let old = self.inner.session.lock().replace(client);
         if let Some(old) = old {
             self.inner.lose_session(old.session_id().0);
         }
@@ -391,7 +387,7 @@ impl LockEngine {
 
     /// The current session's id, if there is one.
     pub fn session_id(&self) -> Option<i64> {
-        lock(&self.inner.session).as_ref().map(|c| c.session_id().0)
+        self.inner.session.lock().as_ref().map(|c| c.session_id().0)
     }
 
     pub fn stats(&self) -> StatsSnapshot {
@@ -449,7 +445,7 @@ impl LockEngine {
     /// The state of contender `id`, if the engine tracks it.
     /// The state of contender `id`, if the engine tracks it (a lost one until it is released).
     pub fn state(&self, id: &str) -> Option<ContenderState> {
-        let book = lock(&self.inner.shared.book);
+        let book = self.inner.shared.book.lock();
         match book.contenders.get(id) {
             Some(member) => Some(current_state(member)),
             None => book.lost.get(id).map(|(why, _)| ContenderState::Lost { why: why.clone() }),
@@ -458,20 +454,20 @@ impl LockEngine {
 
     /// Every contender id the engine tracks, lost ones included.
     pub fn ids(&self) -> Vec<Arc<str>> {
-        let book = lock(&self.inner.shared.book);
+        let book = self.inner.shared.book.lock();
         book.contenders.keys().chain(book.lost.keys()).cloned().collect()
     }
 
     /// The engine's own copy of a contender id it tracks.
     pub fn id(&self, id: &str) -> Option<Arc<str>> {
-        let book = lock(&self.inner.shared.book);
+        let book = self.inner.shared.book.lock();
         let tracked = book.contenders.get_key_value(id).map(|(key, _)| key);
         tracked.or_else(|| book.lost.get_key_value(id).map(|(key, _)| key)).cloned()
     }
 
     /// The full path of contender `id`'s node (the node it had, if lost), if the engine tracks it.
     pub fn node(&self, id: &str) -> Option<String> {
-        let book = lock(&self.inner.shared.book);
+        let book = self.inner.shared.book.lock();
         match book.contenders.get(id) {
             Some(member) => Some(member.path()),
             None => book.lost.get(id).map(|(_, path)| path.clone()),
@@ -500,7 +496,7 @@ impl LockEngine {
         if !is_lock_path(&spec.lock) {
             return Err(Error::BadLockPath(spec.lock));
         }
-        if lock(&self.inner.shared.book).contenders.contains_key(&*spec.id) {
+        if self.inner.shared.book.lock().contenders.contains_key(&*spec.id) {
             return Ok(if want_handle { self.handle(&spec.id) } else { None });
         }
         let client = self.client()?;
@@ -546,7 +542,7 @@ impl LockEngine {
         guard.armed = false;
         let nodes = contenders.into_iter().zip(created.nodes).collect();
         if created.foreign_seen {
-            lock(&self.inner.shared.foreign_marked).insert(lock_path.to_string());
+            self.inner.shared.foreign_marked.lock().insert(lock_path.to_string());
         }
         let registered = self.inner.register(&client, &lock_arc, window, nodes, true)?;
         let handles = Inner::settle(registered).await;
@@ -555,7 +551,7 @@ impl LockEngine {
 
     /// A handle on a contender the engine tracks.
     pub fn handle(&self, id: &str) -> Option<Contender> {
-        let mut book = lock(&self.inner.shared.book);
+        let mut book = self.inner.shared.book.lock();
         let member = book.contenders.get_mut(id)?;
         Some(make_handle(&self.inner.shared, id, member))
     }
@@ -567,13 +563,13 @@ impl LockEngine {
         let shared = self.inner.shared.clone();
         // Out of the book first: the deletion event that follows is then nobody's loss.
         let taken = {
-            let mut book = lock(&shared.book);
+            let mut book = shared.book.lock();
             // A lost contender's node is gone already: forgetting the loss is its release.
             book.lost.remove(id);
             take(&mut book, id)
         };
         let Some((key, member)) = taken else { return Ok(false) };
-        let client = lock(&self.inner.session).clone().filter(|c| c.session_id().0 == member.session_id);
+        let client = self.inner.session.lock().clone().filter(|c| c.session_id().0 == member.session_id);
         let Some(client) = client else {
             // The node's session is over, and ephemeral nodes ended with it.
             shared.publish(&key, &member, &current_state(&member), ContenderState::Released);
@@ -587,8 +583,8 @@ impl LockEngine {
                     // The last of our contenders in the lock left: its directory goes too, if
                     // empty, so that locks no longer used do not pile up. In the background: a
                     // release waits for nothing but its own node.
-                    let idle = !lock(&shared.book).locks.contains_key(&*member.lock);
-                    if idle && !lock(&shared.foreign_marked).contains(&*member.lock) {
+                    let idle = !shared.book.lock().locks.contains_key(&*member.lock);
+                    if idle && !shared.foreign_marked.lock().contains(&*member.lock) {
                         shared.note_idle_directory(&client, &member.lock);
                     }
                     Ok(())
@@ -596,7 +592,7 @@ impl LockEngine {
                 Err(e) => {
                     // The node is still there (ZooKeeper refused the delete): keep tracking it,
                     // so that its state stays true and the release can be tried again.
-                    let mut book = lock(&shared.book);
+                    let mut book = shared.book.lock();
                     if !book.lost_sessions.contains(&member.session_id) && !book.contenders.contains_key(&key) {
                         let q = book.locks.entry(member.lock.clone()).or_default();
                         q.nodes.insert(member.sequence, key.clone());
@@ -659,7 +655,7 @@ impl LockEngine {
         let queue = recipe::queue(&children);
         let mut changed = 0;
         let shared = &self.inner.shared;
-        let mut book = lock(&shared.book);
+        let mut book = shared.book.lock();
         let ours = queue.iter().filter_map(|c| c.ours.map(|(id, _)| (id, c.name))).take(limit.saturating_add(1));
         for (id, name) in ours {
             let Some(member) = book.contenders.get_mut(id) else { continue };
@@ -727,7 +723,7 @@ type Registered = Vec<(Arc<str>, Option<oneshot::Receiver<()>>, Option<Contender
 
 impl Inner {
     fn client(&self) -> Result<zk::Client, Error> {
-        lock(&self.session).clone().ok_or(Error::SessionLost)
+        self.session.lock().clone().ok_or(Error::SessionLost)
     }
 
     /// Makes sure the parent of `lock_path` is watched recursively by this session before a
@@ -736,7 +732,7 @@ impl Inner {
     async fn watch_parent(self: &Arc<Self>, client: &zk::Client, lock_path: &str) -> Result<(), Error> {
         let parent = parent_of(lock_path);
         let session_id = client.session_id().0;
-        let cell = lock(&self.parents).entry((parent.to_string(), session_id)).or_default().clone();
+        let cell = self.parents.lock().entry((parent.to_string(), session_id)).or_default().clone();
         cell.get_or_try_init(|| async {
             let watcher = retry::idempotent(|| client.watch(parent, zk::AddWatchMode::PersistentRecursive))
                 .await
@@ -749,7 +745,7 @@ impl Inner {
     }
 
     fn open_window(&self, lock_path: &str) -> (Arc<str>, u64) {
-        let mut book = lock(&self.shared.book);
+        let mut book = self.shared.book.lock();
         let key = match book.locks.get_key_value(lock_path) {
             Some((k, _)) => k.clone(),
             None => {
@@ -763,7 +759,7 @@ impl Inner {
     }
 
     fn close_window(&self, lock_path: &str, window: u64) {
-        let mut book = lock(&self.shared.book);
+        let mut book = self.shared.book.lock();
         if let Some(q) = book.locks.get_mut(lock_path) {
             q.close(window);
         }
@@ -787,7 +783,7 @@ impl Inner {
         let mut extra = vec![];
         let mut data_changed = vec![];
         let start = {
-            let mut book = lock(&shared.book);
+            let mut book = shared.book.lock();
             if book.lost_sessions.contains(&session_id) {
                 // The session ended while the nodes were being made: they go with it, and
                 // nobody would ever decide for them.
@@ -878,14 +874,14 @@ impl Inner {
     /// Every contender of `session_id` is lost: its nodes went with the session.
     fn lose_session(&self, session_id: i64) {
         {
-            let mut session = lock(&self.session);
+            let mut session = self.session.lock();
             if session.as_ref().is_some_and(|c| c.session_id().0 == session_id) {
                 *session = None;
             }
         }
-        lock(&self.parents).retain(|(_, sid), _| *sid != session_id);
+        self.parents.lock().retain(|(_, sid), _| *sid != session_id);
         {
-            let mut book = lock(&self.shared.book);
+            let mut book = self.shared.book.lock();
             book.lost_sessions.insert(session_id);
             let ids: Vec<Arc<str>> =
                 book.contenders.iter().filter(|(_, m)| m.session_id == session_id).map(|(id, _)| id.clone()).collect();
@@ -904,8 +900,8 @@ impl Inner {
     /// zklock-only locks nobody else can be granted, and holders keep the lock.
     fn suspend_shared_holds(&self, session_id: i64) {
         let shared = &self.shared;
-        let marked = lock(&shared.foreign_marked).clone();
-        let mut book = lock(&shared.book);
+        let marked = shared.foreign_marked.lock().clone();
+        let mut book = shared.book.lock();
         for (id, member) in book.contenders.iter_mut() {
             let held = matches!(member.decision, Some(Decision::Held));
             if member.session_id == session_id && held && member.revoke.is_none() && marked.contains(&*member.lock) {
@@ -923,7 +919,7 @@ impl Inner {
         let mut evaluate_lock = None;
         let mut read_data = None;
         {
-            let mut book = lock(&shared.book);
+            let mut book = shared.book.lock();
             let Book { contenders, locks, .. } = &mut *book;
             let Some(lock_key) = locks.get_key_value(dir).map(|(k, _)| k.clone()) else { return };
             let Some(q) = locks.get_mut(dir) else { return };
@@ -976,7 +972,7 @@ impl Inner {
         let prefix = format!("{}/", parent.trim_end_matches('/'));
         let mut start = vec![];
         {
-            let mut book = lock(&self.shared.book);
+            let mut book = self.shared.book.lock();
             let Book { contenders, locks, .. } = &mut *book;
             for (path, q) in locks.iter_mut() {
                 let ours = q.nodes.values().any(|id| contenders.get(id).is_some_and(|m| m.session_id == session_id));
@@ -1044,24 +1040,24 @@ async fn sweep_idle_directories(shared: Weak<Shared>, client: zk::Client) {
             .await;
         let Some(shared) = shared.upgrade() else { return };
         let due: Vec<Arc<str>> = {
-            let mut idle = lock(&shared.idle_directories);
-            let book = lock(&shared.book);
+            let mut idle = shared.idle_directories.lock();
+            let book = shared.book.lock();
             idle.retain(|dir, _| !book.locks.contains_key(dir));
             let due = idle.iter().filter(|(_, since)| since.elapsed() >= grace).map(|(dir, _)| dir.clone()).collect();
             due
         };
         for dir in due {
             // Used again since it was due: its next idle time counts afresh.
-            if lock(&shared.book).locks.contains_key(&dir) {
-                lock(&shared.idle_directories).remove(&dir);
+            if shared.book.lock().locks.contains_key(&dir) {
+                shared.idle_directories.lock().remove(&dir);
                 continue;
             }
             anchor::remove_if_empty(&client, &shared, &dir).await;
-            lock(&shared.idle_directories).remove(&dir);
+            shared.idle_directories.lock().remove(&dir);
         }
         // Decided under the lock `note_idle_directory` takes: a directory noted after this
         // finds the map empty and starts a new sweeper.
-        if lock(&shared.idle_directories).is_empty() {
+        if shared.idle_directories.lock().is_empty() {
             return;
         }
     }
@@ -1076,7 +1072,7 @@ async fn read_revocation(inner: Weak<Inner>, id: Arc<str>, path: String) {
         Err(_) => return,
     };
     let Some(inner) = inner.upgrade() else { return };
-    note_revocation(&inner.shared, &mut lock(&inner.shared.book), &id, &path, &body);
+    note_revocation(&inner.shared, &mut inner.shared.book.lock(), &id, &path, &body);
 }
 
 /// Records the revocation request in a contender's node data, if its node is still `path`.
@@ -1107,7 +1103,7 @@ async fn evaluate(inner: Weak<Inner>, lock_path: Arc<str>) {
             Ok(client) => client,
             // No session: whoever makes nodes in a new one asks for an evaluation again.
             Err(_) => {
-                let mut book = lock(&shared.book);
+                let mut book = shared.book.lock();
                 if let Some(q) = book.locks.get_mut(&*lock_path) {
                     q.evaluating = false;
                 }
@@ -1118,7 +1114,7 @@ async fn evaluate(inner: Weak<Inner>, lock_path: Arc<str>) {
         let session_id = client.session_id().0;
         drop(engine);
         let (window, full, number) = {
-            let mut book = lock(&shared.book);
+            let mut book = shared.book.lock();
             let Some(q) = book.locks.get_mut(&lock_path) else { return };
             q.dirty = false;
             q.reads += 1;
@@ -1128,7 +1124,7 @@ async fn evaluate(inner: Weak<Inner>, lock_path: Arc<str>) {
             Ok(Some(read)) => read,
             // A repair changed the directory: read it again.
             Ok(None) => {
-                let mut book = lock(&shared.book);
+                let mut book = shared.book.lock();
                 if let Some(q) = book.locks.get_mut(&*lock_path) {
                     q.close(window);
                 }
@@ -1200,7 +1196,7 @@ fn finish_round(book: &mut Book, lock_path: &str) -> bool {
 /// block the queue. Returns true to go round again.
 fn fail_lock(shared: &Arc<Shared>, client: &zk::Client, lock_path: &str, window: u64, e: zk::Error) -> bool {
     let session_id = client.session_id().0;
-    let mut book = lock(&shared.book);
+    let mut book = shared.book.lock();
     if let Some(q) = book.locks.get_mut(lock_path) {
         q.close(window);
     }
@@ -1258,7 +1254,7 @@ struct Read {
 fn apply(shared: &Shared, lock_path: &str, read: Read, children: &[String]) -> bool {
     let Read { window, number, session_id, current, pzxid, full } = read;
     let queue = recipe::queue(children);
-    let mut book = lock(&shared.book);
+    let mut book = shared.book.lock();
     let Book { contenders, locks, .. } = &mut *book;
     let Some(q) = locks.get_mut(lock_path) else { return false };
     let mut missing = vec![];
@@ -1336,7 +1332,7 @@ async fn repair(
     let base = recipe::wrap_base(queue.iter().map(|c| c.sequence));
     // (duplicate's path, its sequence, our contender's sequence)
     let duplicates: Vec<(String, u64, u64)> = {
-        let book = lock(&shared.book);
+        let book = shared.book.lock();
         queue
             .iter()
             .filter_map(|c| {
@@ -1368,10 +1364,10 @@ async fn repair(
         }
         deleted = true;
     }
-    if !deleted && queue.iter().any(|c| c.ours.is_none()) && !lock(&shared.foreign_marked).contains(lock_path) {
+    if !deleted && queue.iter().any(|c| c.ours.is_none()) && !shared.foreign_marked.lock().contains(lock_path) {
         // After a session gap, holders in this directory cannot be assumed to have kept the lock.
         anchor::mark_foreign(client, lock_path).await?;
-        lock(&shared.foreign_marked).insert(lock_path.to_string());
+        shared.foreign_marked.lock().insert(lock_path.to_string());
     }
     Ok(deleted)
 }
@@ -1379,7 +1375,7 @@ async fn repair(
 /// Reads every contender's node in the lock for revocation requests (after a reconnection).
 async fn refresh_revocations(client: &zk::Client, shared: &Shared, lock_path: &str, session_id: i64) {
     let paths: Vec<(Arc<str>, String)> = {
-        let book = lock(&shared.book);
+        let book = shared.book.lock();
         let Some(q) = book.locks.get(lock_path) else { return };
         q.nodes
             .values()
@@ -1390,7 +1386,7 @@ async fn refresh_revocations(client: &zk::Client, shared: &Shared, lock_path: &s
     };
     let reads = paths.iter().map(|(_, path)| retry::idempotent(move || client.get_data(path)));
     let bodies = futures::future::join_all(reads).await;
-    let mut book = lock(&shared.book);
+    let mut book = shared.book.lock();
     for ((id, path), body) in paths.iter().zip(bodies) {
         if let Ok((body, _)) = body {
             note_revocation(shared, &mut book, id, path, &body);
