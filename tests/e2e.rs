@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use e2e_support::*;
+use futures::StreamExt;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use zklock::api::{conditions, Phase};
@@ -652,17 +653,13 @@ async fn a_deposed_leaders_late_status_write_does_not_land() {
     relay.set_hung(false);
     until("the deposed replica to be a ready standby", || async { first.ready().await }).await;
     // The late write reaches the server within milliseconds of the hang's end (it waited in
-    // the relay's socket buffers); three seconds show whether it landed.
-    let deadline = Instant::now() + std::time::Duration::from_secs(3);
-    while Instant::now() < deadline {
-        let now = env.claims.get("a").await.unwrap();
-        assert_eq!(
-            now.metadata.resource_version, version,
-            "a deposed leader's late status write landed on a: {:?}",
-            now.status
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    // the relay's socket buffers): any change to a from the version read above shows on a watch
+    // opened there, and three seconds without one show that the write did not land.
+    let version = version.expect("a claim read from the API has a resourceVersion");
+    let params = kube::api::WatchParams::default().fields("metadata.name=a");
+    let mut changes = env.claims.watch(&params, &version).await.unwrap().boxed();
+    let changed = tokio::time::timeout(std::time::Duration::from_secs(3), changes.next()).await;
+    assert!(changed.is_err(), "a deposed leader's late status write landed on a: {changed:?}");
     assert_eq!(first.metric("zklock_leader").await, 0.0, "only one replica leads");
     env.delete_claim("a").await;
     env.wait_phase("b", Phase::Held).await;

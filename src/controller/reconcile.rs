@@ -275,32 +275,29 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut pl
             Some(_) => Guard::Version(version.ok_or(Error::Malformed("a resourceVersion"))?),
         };
         let patch = status_patch(uid, &plan.status, guard)?;
-        let written = ctx
+        let answer = ctx
             .try_write("patch_status", api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch)))
-            .await
-            .and_then(|answer| match answer {
-                Ok(_) => Ok(None),
-                // The test of the epoch or the version failed: this copy is older than the
-                // claim (the watch brings the newer one), or a later leader wrote it.
-                Err(ApiCallError::Failed(kube::Error::Api(s))) if s.code == 409 || s.code == 422 => Ok(Some(s)),
-                Err(e) => Err(e.into()),
-            });
-        let refused = written.as_ref().ok().and_then(Option::as_ref);
-        if written.is_err() || refused.is_some() {
+            .await;
+        let granting = plan.status.phase == Some(Phase::Held) && before.phase != Some(Phase::Held);
+        if !matches!(answer, Ok(Ok(_))) && granting {
             // A grant reserved for this write did not happen (or is not known to have).
-            if plan.status.phase == Some(Phase::Held) && before.phase != Some(Phase::Held) {
-                ctx.registry.set_phase(uid, before.phase);
+            ctx.registry.set_phase(uid, before.phase);
+        }
+        match answer {
+            Ok(Ok(_)) => {}
+            // The test of the epoch or the version failed: this copy is older than the claim
+            // (the watch brings the newer one), or a later leader wrote it.
+            Ok(Err(ApiCallError::Failed(kube::Error::Api(s)))) if s.code == 409 || s.code == 422 => {
+                tracing::info!(claim = %name, answer = %s.message, "status write refused; planning again from a newer copy");
+                ctx.schedule(uid, Duration::from_millis(500));
+                return Ok(Action::await_change());
             }
+            Ok(Err(e)) => return Err(e.into()),
+            Err(e) => return Err(e),
         }
-        if let Some(s) = refused {
-            tracing::info!(claim = %name, answer = %s.message, "status write refused; planning again from a newer copy");
-            ctx.schedule(uid, Duration::from_millis(500));
-            return Ok(Action::await_change());
-        }
-        written?;
         tracing::debug!(phase = ?plan.status.phase, position = ?plan.status.position, "status written");
         ctx.registry.stamped(uid, true);
-        if plan.status.phase == Some(Phase::Held) && before.phase != Some(Phase::Held) {
+        if granting {
             observe_grant(claim, ctx, lock);
         }
         // The registry's phase is the operator's own last write, never a copy's.
