@@ -427,7 +427,7 @@ impl History {
     pub fn check(&self) {
         let records = self.records();
         let mut holding: HashMap<String, BTreeMap<String, (bool, Option<String>)>> = HashMap::new();
-        let mut last_token: HashMap<String, u64> = HashMap::new();
+        let mut last_token: HashMap<String, (u64, bool)> = HashMap::new();
         let mut last_phase: HashMap<String, Phase> = HashMap::new();
         for (i, r) in records.iter().enumerate() {
             // A claim being deleted holds until its status says otherwise or it is gone.
@@ -465,18 +465,25 @@ impl History {
                     .as_deref()
                     .and_then(|t| t.parse().ok())
                     .unwrap_or_else(|| panic!("record {i}: Held without a fencing token: {r:?}"));
-                if let Some(prev) = last_token.get(&r.lock) {
-                    // Shared holders granted together may be recorded in any order.
+                if let Some((prev, prev_shared)) = last_token.get(&r.lock) {
+                    // Shared holders granted together may be recorded in any order, and one may
+                    // be released before the other's Held is recorded: they share the token of
+                    // the read that granted both.
                     let together = lock.len() > 1 && lock.values().all(|(excl, _)| !excl);
+                    let same_read = token == *prev && *prev_shared && !r.exclusive;
                     assert!(
-                        together || token > *prev,
+                        together || same_read || token > *prev,
                         "record {i}: fencing token {token} after {prev} on {}\nhistory: {:#?}",
                         r.lock,
                         &records[..=i]
                     );
                 }
-                let max = last_token.entry(r.lock.clone()).or_insert(0);
-                *max = (*max).max(token);
+                let last = last_token.entry(r.lock.clone()).or_insert((0, true));
+                if token > last.0 {
+                    *last = (token, !r.exclusive);
+                } else if token == last.0 {
+                    last.1 &= !r.exclusive;
+                }
             }
             let exclusive_count = lock.values().filter(|(excl, _)| *excl).count();
             assert!(
