@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use kube::api::ListParams;
+use std::sync::Arc;
+
 use kube::ResourceExt;
 
 use super::{Context, Error};
@@ -12,37 +13,32 @@ use crate::api::{validate, LockClaim, Phase};
 use crate::recipe;
 use crate::zk::ContenderSpec;
 
+/// Re-anchors every lock from the claims the watches listed (they must have listed them once).
 pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     // Lock path → claims recorded as Held or Waiting there.
-    let mut locks: BTreeMap<String, Vec<LockClaim>> = BTreeMap::new();
-    for api in ctx.claim_apis() {
-        let mut params = ListParams::default().limit(500);
-        loop {
-            let page = ctx.metrics.api_call("list_claims", false, api.list(&params)).await?;
-            for claim in page.items {
-                let phase = claim.status.as_ref().and_then(|s| s.phase);
-                let live = matches!(phase, Some(Phase::Held | Phase::Waiting));
-                let (Some(namespace), Ok(spec)) = (claim.namespace(), validate(&claim)) else { continue };
-                // Listed now, after this term began: an earlier leader may still have a status
-                // write for it on the way, and no grant in its lock before this term's first
-                // write to it (DESIGN.md §5a). Claims created after this list never saw an
-                // earlier leader.
-                let epoch = claim.status.as_ref().and_then(|s| s.leader_epoch);
-                if let (Some(uid), false) = (claim.uid(), phase.is_some_and(Phase::is_terminal)) {
-                    if ctx.epoch().is_some() && epoch != ctx.epoch() {
-                        ctx.registry.expect_stamp(&uid.into(), &ctx.lock_path(&namespace, &spec.lock_name));
-                    }
-                }
-                // Claims being deleted too: a holder keeps the lock until its cleanup has
-                // written its final status (the next claim must not be Held before).
-                if live {
-                    locks.entry(ctx.lock_path(&namespace, &spec.lock_name)).or_default().push(claim);
-                }
-            }
-            match page.metadata.continue_ {
-                Some(token) if !token.is_empty() => params = params.continue_token(&token),
-                _ => break,
-            }
+    let mut locks: BTreeMap<String, Vec<Arc<LockClaim>>> = BTreeMap::new();
+    for claim in ctx.claims.iter().flat_map(|store| store.state()) {
+        let (Some(namespace), Some(uid), Ok(spec)) = (claim.namespace(), claim.uid(), validate(&claim)) else {
+            continue;
+        };
+        let copy = claim.status.as_ref().and_then(|s| s.phase);
+        // The operator's own last write is newer than any copy the watch may not have
+        // delivered yet.
+        let phase = ctx.registry.known_phase(&uid).or(copy);
+        let live = matches!(phase, Some(Phase::Held | Phase::Waiting));
+        let lock = ctx.lock_path(&namespace, &spec.lock_name);
+        // Listed after this term began: an earlier leader may still have a status write for
+        // it on the way, and no grant in its lock before this term's first write to it
+        // (DESIGN.md §5a). Claims created after the list never saw an earlier leader.
+        let epoch = claim.status.as_ref().and_then(|s| s.leader_epoch);
+        let written = ctx.registry.written(&uid);
+        if ctx.epoch().is_some() && epoch != ctx.epoch() && !written && !phase.is_some_and(Phase::is_terminal) {
+            ctx.registry.expect_stamp(&ctx.shared_uid(&uid), &lock);
+        }
+        // Claims being deleted too: a holder keeps the lock until its cleanup has written its
+        // final status (the next claim must not be Held before).
+        if live {
+            locks.entry(lock).or_default().push(claim);
         }
     }
     // Directories that hold nodes of earlier sessions but no live claim any more: their stale
@@ -66,14 +62,18 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
         }
     }
     for (path, mut claims) in locks {
-        let sequence = |c: &LockClaim| {
+        let sequence = |c: &Arc<LockClaim>| {
             let znode = c.status.as_ref().and_then(|s| s.znode.as_deref());
             znode.and_then(|z| z.rsplit('/').next()).and_then(recipe::parse_child).map(|c| c.sequence)
         };
         // In recorded queue order, also across a wrap of the sequence.
         let base = recipe::wrap_base(claims.iter().filter_map(sequence));
+        let held = |c: &Arc<LockClaim>| {
+            let copy = c.status.as_ref().and_then(|s| s.phase);
+            c.uid().and_then(|uid| ctx.registry.known_phase(&uid)).or(copy) == Some(Phase::Held)
+        };
         claims.sort_by_key(|c| {
-            let held = c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held);
+            let held = held(c);
             let place = sequence(c).map_or(u64::MAX, |s| recipe::queue_key(s, base));
             (!held, place, c.creation_timestamp().map(|t| t.0))
         });
@@ -109,7 +109,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
             }
         };
         for (claim, contender) in claims.iter().zip(&anchored.contenders) {
-            let recorded_held = claim.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held);
+            let recorded_held = held(claim);
             if recorded_held && anchored.foreign_seen {
                 ctx.registry.set_verdict(
                     &contender.id,

@@ -1,13 +1,9 @@
-//! The tasks that feed the controller besides its own watch: the lock engine's state changes,
-//! holder pod changes, the session supervisor, and the batched position refresh.
+//! The tasks that feed the controller besides its watches: the lock engine's state changes, the
+//! session supervisor, and the batched position refresh.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::watcher;
-use kube::{Api, ResourceExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -22,7 +18,6 @@ pub const POSITIONS_EVERY: Duration = Duration::from_secs(2);
 /// Spawns them into `tasks`, which ends them when it is dropped.
 pub fn spawn(tasks: &mut JoinSet<()>, ctx: Arc<Context>, engine_events: mpsc::UnboundedReceiver<EngineEvent>) {
     tasks.spawn(follow_engine(ctx.clone(), engine_events));
-    tasks.spawn(follow_pods(ctx.clone()));
     tasks.spawn(refresh_positions(ctx));
 }
 
@@ -63,41 +58,7 @@ async fn follow_engine(ctx: Arc<Context>, mut events: mpsc::UnboundedReceiver<En
                         }
                     }
                 }
-                for uid in ctx.registry.all() {
-                    ctx.trigger(&uid);
-                }
-            }
-        }
-    }
-}
-
-/// Any change to a pod that holds a claim reconciles that claim, which reads the pod afresh.
-/// After a re-list every claim with a holder is looked at, in case a deletion was missed.
-async fn follow_pods(ctx: Arc<Context>) {
-    let apis: Vec<Api<Pod>> = if ctx.namespaces.is_empty() {
-        vec![Api::all(ctx.client.clone())]
-    } else {
-        ctx.namespaces.iter().map(|ns| Api::namespaced(ctx.client.clone(), ns)).collect()
-    };
-    let streams = apis.into_iter().map(|api| watcher(api, watcher::Config::default()).boxed());
-    let mut events = futures::stream::select_all(streams);
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(watcher::Event::Apply(pod) | watcher::Event::Delete(pod) | watcher::Event::InitApply(pod)) => {
-                let namespace = pod.namespace().unwrap_or_default();
-                for uid in ctx.registry.claims_of_pod(&namespace, &pod.name_any()) {
-                    ctx.trigger(&uid);
-                }
-            }
-            Ok(watcher::Event::InitDone) => {
-                for uid in ctx.registry.claims_with_holders() {
-                    ctx.trigger(&uid);
-                }
-            }
-            Ok(watcher::Event::Init) => {}
-            Err(e) => {
-                tracing::debug!(error = %e, "pod watch error; the watcher retries");
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                ctx.trigger_all();
             }
         }
     }

@@ -1,33 +1,30 @@
-//! The operator: a controller over LockClaims, driven also by the lock engine's state changes
-//! and by holder pods.
+//! The operator: kube-runtime's `Controller` over LockClaims (one per served scope: a namespace,
+//! or all), driven also by the lock engine's state changes and by holder pods.
 //!
 //! Reconcile is a pipeline (see `reconcile`): dereference (the claim's holder pod and its
 //! contender in the engine) → validate (pure, `api::validate`) → plan (pure, `plan`) → apply
-//! (enqueue, znode writes, pod annotation, status, release) → events.
-//!
-//! The loop around it is the operator's own (`watch`, `store`, `queue`) rather than
-//! kube-runtime's `Controller`: that one keeps every claim as a full object plus several
-//! scheduler entries sized by the largest burst, some 2.3 KiB per claim in all, where the design
-//! allows 2 KiB for everything (DESIGN.md §5). The rules it keeps are the same: one reconcile per
-//! claim at a time, the earliest requested time wins, a bounded number at once.
+//! (enqueue, znode writes, pod annotation, status, release) → events. It answers with the
+//! `Action` that says when to look again; other claims it affects are triggered through
+//! `reconcile_on`.
 
 pub mod anchor;
 mod background;
 pub mod events;
 pub mod plan;
-mod queue;
 mod reconcile;
 pub mod registry;
-mod store;
 mod watch;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use parking_lot::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
-
+use futures::channel::mpsc::UnboundedSender;
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::Api;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
@@ -37,9 +34,10 @@ use crate::api::LockClaim;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::zk::LockEngine;
-use queue::{Queue, Uid};
 pub use registry::Registry;
-use store::Store;
+
+/// A claim UID, one copy shared by the registry and the engine.
+pub type Uid = Arc<str>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -85,15 +83,23 @@ pub struct Context {
     pub registry: Registry,
     pub metrics: Arc<Metrics>,
     pub events: events::EventWriter,
-    /// The served claims, as their watch last delivered them.
-    store: Store,
-    /// Which claims to reconcile, and when.
-    queue: Mutex<Queue>,
-    /// Wakes the worker loop when something is scheduled.
-    wake: Notify,
-    /// Claim watches (scopes) that have not yet listed their claims once.
+    /// Each scope's claims, as its watch last delivered them (index = scope).
+    claims: Vec<Store<LockClaim>>,
+    /// Each scope's requests to reconcile one claim, or all of them.
+    triggers: Vec<Triggers>,
+    /// Claims that may have left the API with a node still tracked (see `watch::release_orphans`).
+    orphans: mpsc::UnboundedSender<Uid>,
+    /// Scopes that have not yet listed their claims once.
     unsynced: AtomicUsize,
+    synced: Notify,
+    /// Set once the first re-anchoring is done: no claim is reconciled before (then all are).
+    anchored: AtomicBool,
     leadership: Leadership,
+}
+
+struct Triggers {
+    one: UnboundedSender<ObjectRef<LockClaim>>,
+    all: UnboundedSender<()>,
 }
 
 impl Context {
@@ -143,46 +149,98 @@ impl Context {
         }
     }
 
-    fn queue(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock()
-    }
-
-    /// One copy of a claim UID for all the operator's indexes: the engine's if it has one.
+    /// One copy of a claim UID for all the operator's indexes: the registry's or the engine's if
+    /// either has one.
     fn shared_uid(&self, uid: &str) -> Uid {
-        self.engine.id(uid).unwrap_or_else(|| uid.into())
+        self.registry.key(uid).or_else(|| self.engine.id(uid)).unwrap_or_else(|| uid.into())
     }
 
-    /// Whether every claim watch has listed its claims: from then on, a claim missing from the
-    /// store is missing from the API.
-    fn synced(&self) -> bool {
+    /// The scope that serves `namespace`.
+    fn scope_of(&self, namespace: &str) -> Option<usize> {
+        if self.namespaces.is_empty() {
+            Some(0)
+        } else {
+            self.namespaces.iter().position(|n| n == namespace)
+        }
+    }
+
+    fn object_ref(&self, uid: &str) -> Option<ObjectRef<LockClaim>> {
+        let (namespace, name) = self.registry.object(uid)?;
+        Some(ObjectRef::new(&name).within(&namespace))
+    }
+
+    /// Whether claim `uid` is in its scope's store, i.e. in the API as far as its watch knows.
+    fn is_served(&self, uid: &str) -> bool {
+        let Some((namespace, name)) = self.registry.object(uid) else { return false };
+        let Some(store) = self.scope_of(&namespace).and_then(|scope| self.claims.get(scope)) else { return false };
+        store.get(&ObjectRef::new(&name).within(&namespace)).is_some_and(|c| c.metadata.uid.as_deref() == Some(uid))
+    }
+
+    /// Asks for a reconcile of claim `uid` soon. A claim no watch knows (any more) is looked at
+    /// by the orphan release instead.
+    pub fn trigger(&self, uid: &str) {
+        let Some((namespace, name)) = self.registry.object(uid) else {
+            self.orphan(uid);
+            return;
+        };
+        let object = ObjectRef::new(&name).within(&namespace);
+        if let Some(triggers) = self.scope_of(&namespace).and_then(|scope| self.triggers.get(scope)) {
+            // Closed only when the controller has stopped, and this context with it.
+            let _ = triggers.one.unbounded_send(object);
+        }
+    }
+
+    /// Asks for a reconcile of every claim served.
+    pub fn trigger_all(&self) {
+        for triggers in &self.triggers {
+            let _ = triggers.all.unbounded_send(());
+        }
+    }
+
+    fn orphan(&self, uid: &str) {
+        // Closed only when the controller has stopped.
+        let _ = self.orphans.send(self.shared_uid(uid));
+    }
+
+    /// A scope listed its claims for the first time.
+    fn scope_synced(&self) {
+        if self.unsynced.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.synced.notify_waiters();
+        }
+    }
+
+    fn is_synced(&self) -> bool {
         self.unsynced.load(Ordering::SeqCst) == 0
     }
 
-    /// A claim watch listed its claims for the first time. Once all have, every contender the
-    /// engine tracks is looked at: one whose claim went before it was listed (deleted while
-    /// the operator started, or while it re-anchored) is released.
-    fn scope_synced(&self) {
-        if self.unsynced.fetch_sub(1, Ordering::SeqCst) == 1 {
-            for uid in self.engine.ids() {
-                self.trigger(&uid);
+    async fn wait_synced(&self) {
+        loop {
+            let notified = self.synced.notified();
+            if self.is_synced() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Once every scope has listed its claims: every claim the registry or the engine knows
+    /// that no store has any more is looked at by the orphan release (deleted while the
+    /// operator started, re-anchored, or while a watch was down).
+    fn sweep(&self) {
+        if !self.is_synced() {
+            return;
+        }
+        let mut known = self.registry.all();
+        known.extend(self.engine.ids().iter().map(|id| id.to_string()));
+        for uid in known {
+            if !self.is_served(&uid) {
+                self.orphan(&uid);
             }
         }
     }
 
-    /// Asks for a reconcile of claim `uid` soon.
-    pub fn trigger(&self, uid: &str) {
-        self.schedule(uid, Duration::ZERO);
-    }
-
-    /// Asks for a reconcile of claim `uid` after `delay` (an earlier request stands).
-    pub fn schedule(&self, uid: &str, delay: Duration) {
-        let uid = self.store.key(uid).unwrap_or_else(|| self.shared_uid(uid));
-        self.queue().schedule(&uid, Instant::now() + delay);
-        self.wake.notify_one();
-    }
-
     /// The APIs of the claims served: one per watched namespace, or one for all.
-    pub fn claim_apis(&self) -> Vec<Api<LockClaim>> {
+    fn scoped<K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>>(&self) -> Vec<Api<K>> {
         if self.namespaces.is_empty() {
             vec![Api::all(self.client.clone())]
         } else {
@@ -200,14 +258,15 @@ pub struct Setup {
     pub events: events::EventWriter,
     /// Set once re-anchoring is done (the readiness probe).
     pub ready: Arc<AtomicBool>,
-    /// Claims reconciled at once.
+    /// Claims reconciled at once, per scope.
     pub concurrency: u16,
     /// Whether this process may write; every Kubernetes write asks it first.
     pub leadership: Leadership,
 }
 
-/// Runs the controller until `shutdown` completes. The engine must hold a fresh session;
-/// re-anchoring runs first, and again after every session loss.
+/// Runs the controller until `shutdown` completes, then lets the running reconciles finish.
+/// The engine must hold a fresh session: the claims are listed by their watches, re-anchored
+/// from those lists, and only then reconciled; re-anchoring runs again after every session loss.
 pub async fn run(
     setup: Setup,
     engine: LockEngine,
@@ -216,6 +275,20 @@ pub async fn run(
 ) -> Result<(), Error> {
     let Setup { client, zk_root, namespaces, metrics, events, ready, concurrency, leadership } = setup;
     let scopes = namespaces.len().max(1);
+    let (orphans, orphans_rx) = mpsc::unbounded_channel();
+    let mut writers = Vec::new();
+    let mut readers = Vec::new();
+    let mut triggers = Vec::new();
+    let mut trigger_streams = Vec::new();
+    for _ in 0..scopes {
+        let (reader, writer) = reflector::store();
+        readers.push(reader);
+        writers.push(writer);
+        let (one, one_rx) = futures::channel::mpsc::unbounded();
+        let (all, all_rx) = futures::channel::mpsc::unbounded();
+        triggers.push(Triggers { one, all });
+        trigger_streams.push((one_rx, all_rx));
+    }
     let ctx = Arc::new(Context {
         client,
         engine,
@@ -224,124 +297,92 @@ pub async fn run(
         registry: Registry::default(),
         metrics,
         events,
-        store: Store::default(),
-        queue: Mutex::new(Queue::default()),
-        wake: Notify::new(),
+        claims: readers.clone(),
+        triggers,
+        orphans,
         unsynced: AtomicUsize::new(scopes),
+        synced: Notify::new(),
+        anchored: AtomicBool::new(false),
         leadership,
     });
-    anchor::reanchor_all(&ctx).await?;
-    ready.store(true, Ordering::SeqCst);
 
-    // Ended when dropped: when this future ends, or is dropped by a deposed leader.
-    let mut tasks = JoinSet::new();
-    background::spawn(&mut tasks, ctx.clone(), engine_events);
-    for (scope, api) in ctx.claim_apis().into_iter().enumerate() {
-        // At most one scope per namespace given on the command line.
-        let scope = u16::try_from(scope).unwrap_or(u16::MAX);
-        tasks.spawn(watch::follow_claims(ctx.clone(), scope, api));
+    let shutdown = shutdown.shared();
+    // Ended when dropped: when this future ends, or is dropped by a deposed leader (which
+    // aborts the reconciles in flight with their controller).
+    let mut controllers = JoinSet::new();
+    let claim_apis = ctx.scoped::<LockClaim>();
+    let pod_apis = ctx.scoped::<PartialObjectMeta<Pod>>();
+    let scoped = writers.into_iter().zip(readers).zip(trigger_streams).zip(claim_apis.into_iter().zip(pod_apis));
+    for (((writer, reader), (one_rx, all_rx)), (claim_api, pod_api)) in scoped {
+        let pods_ctx = ctx.clone();
+        let controller = Controller::for_stream(watch::claims(ctx.clone(), claim_api, writer), reader)
+            .watches_stream(watch::holder_pods(ctx.clone(), pod_api), move |pod| watch::claims_of_pod(&pods_ctx, &pod))
+            .reconcile_on(one_rx)
+            .reconcile_all_on(all_rx)
+            .with_config(Config::default().concurrency(concurrency.max(1)))
+            .graceful_shutdown_on(shutdown.clone())
+            .run(reconcile_claim, error_policy, ctx.clone())
+            .for_each(|result| async move { report(result) });
+        controllers.spawn(controller);
     }
-    work(&ctx, usize::from(concurrency.max(1)), shutdown).await;
+    let mut tasks = JoinSet::new();
+    tasks.spawn(watch::release_orphans(ctx.clone(), orphans_rx));
+
+    tokio::select! {
+        _ = ctx.wait_synced() => {}
+        _ = shutdown.clone() => return Ok(()),
+    }
+    anchor::reanchor_all(&ctx).await?;
+    ctx.anchored.store(true, Ordering::SeqCst);
+    ready.store(true, Ordering::SeqCst);
+    ctx.trigger_all();
+    background::spawn(&mut tasks, ctx.clone(), engine_events);
+    // Each ends after `shutdown`, once its running reconciles have.
+    while controllers.join_next().await.is_some() {}
     ready.store(false, Ordering::SeqCst);
     Ok(())
 }
 
-/// Starts the reconciles that are due, up to `limit` at once, until `shutdown`; then lets the
-/// running ones finish.
-async fn work(ctx: &Arc<Context>, limit: usize, shutdown: impl std::future::Future<Output = ()>) {
-    let mut running: JoinSet<()> = JoinSet::new();
-    let mut by_task: HashMap<tokio::task::Id, Uid> = HashMap::new();
-    tokio::pin!(shutdown);
-    loop {
-        let next = {
-            let mut queue = ctx.queue();
-            while let Some(uid) = queue.start(Instant::now(), limit) {
-                let task = running.spawn(reconcile_one(ctx.clone(), uid.clone()));
-                by_task.insert(task.id(), uid);
-            }
-            ctx.metrics.reconcile_queue.set(queue.scheduled() as i64);
-            ctx.metrics.reconciles_running.set(queue.running() as i64);
-            queue.next_due(limit)
-        };
-        let sleep = tokio::time::sleep_until(next.map_or_else(far_future, Into::into));
-        tokio::select! {
-            _ = &mut shutdown => break,
-            Some(done) = running.join_next_with_id() => finish(ctx, &mut by_task, done),
-            _ = ctx.wake.notified() => {}
-            _ = sleep => {}
-        }
+async fn reconcile_claim(claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.anchored.load(Ordering::SeqCst) {
+        // Re-anchoring comes first; every claim is reconciled when it is done.
+        return Ok(Action::await_change());
     }
-    while let Some(done) = running.join_next_with_id().await {
-        finish(ctx, &mut by_task, done);
-    }
-}
-
-fn far_future() -> tokio::time::Instant {
-    tokio::time::Instant::now() + Duration::from_secs(3600)
-}
-
-fn finish(
-    ctx: &Context,
-    by_task: &mut HashMap<tokio::task::Id, Uid>,
-    done: Result<(tokio::task::Id, ()), tokio::task::JoinError>,
-) {
-    let id = match &done {
-        Ok((id, ())) => *id,
-        Err(e) => e.id(),
-    };
-    let Some(uid) = by_task.remove(&id) else { return };
-    if let Err(e) = done {
-        // A reconcile does not panic on any input; should one ever, the claim is retried
-        // rather than left marked as running forever.
-        tracing::error!(uid = %uid, error = %e, "reconcile task failed");
-        ctx.queue().schedule(&uid, Instant::now() + Duration::from_secs(2));
-    }
-    ctx.queue().done(&uid);
-    if let Some(keep) = queue::shrunk_capacity(by_task.len(), by_task.capacity()) {
-        by_task.shrink_to(keep);
-    }
-}
-
-async fn reconcile_one(ctx: Arc<Context>, uid: Uid) {
-    let Some(claim) = ctx.store.get(&uid) else {
-        if ctx.engine.state(&uid).is_some() && !ctx.synced() {
-            // Maybe just not listed yet: look again once it could be.
-            ctx.schedule(&uid, Duration::from_secs(1));
-        } else if let Err(error) = release_orphan(&ctx, &uid).await {
-            error_policy(&uid, &error.into(), &ctx);
-        }
-        return;
-    };
+    let uid = ctx.shared_uid(claim.metadata.uid.as_deref().ok_or(Error::Malformed("a uid"))?);
     let span = tracing::info_span!(
         "reconcile",
         claim = claim.metadata.name.as_deref().unwrap_or_default(),
         namespace = claim.metadata.namespace.as_deref().unwrap_or_default(),
     );
-    let result = reconcile::reconcile(uid.clone(), Arc::new(claim), ctx.clone()).instrument(span).await;
-    if !ctx.store.contains(&uid) {
+    ctx.metrics.reconciles_running.inc();
+    let result = reconcile::reconcile(uid.clone(), claim, ctx.clone()).instrument(span).await;
+    ctx.metrics.reconciles_running.dec();
+    if !ctx.is_served(&uid) {
         // Gone while it was reconciled (a node it was just given would outlive it): look again.
-        ctx.trigger(&uid);
+        ctx.orphan(&uid);
     }
-    if let Err(error) = result {
-        error_policy(&uid, &error, &ctx);
-    }
+    result
 }
 
-/// Forgets a claim that is not in the API any more, releasing its node if the engine still
-/// tracks one: a node must not outlive its claim. Only once every watch has listed its claims
-/// (before, a claim missing from the store may simply not be listed yet).
-async fn release_orphan(ctx: &Context, uid: &str) -> Result<(), crate::zk::Error> {
-    if ctx.engine.state(uid).is_some() {
-        tracing::warn!(uid, "a claim was deleted without its finalizer; releasing its znode");
-        ctx.engine.release(uid).await?;
-    }
-    ctx.registry.forget(uid);
-    ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
-    Ok(())
-}
-
-fn error_policy(uid: &str, error: &Error, ctx: &Context) {
+fn error_policy(claim: Arc<LockClaim>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabel { error: error.metric_label() }).inc();
-    tracing::warn!(uid, %error, "reconcile failed; retrying");
-    ctx.schedule(uid, Duration::from_secs(2));
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    tracing::warn!(claim = name, %error, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(2))
+}
+
+/// What the controller's stream reports besides reconciles (those report through
+/// `error_policy`): a trigger for a claim that has left, or a watch error (the watchers retry).
+fn report(
+    result: Result<
+        (ObjectRef<LockClaim>, Action),
+        kube::runtime::controller::Error<Error, kube::runtime::watcher::Error>,
+    >,
+) {
+    use kube::runtime::controller::Error as ControllerError;
+    match result {
+        Ok(_) | Err(ControllerError::ReconcilerFailed(..)) => {}
+        Err(ControllerError::ObjectNotFound(object)) => tracing::debug!(%object, "triggered claim is gone"),
+        Err(e) => tracing::debug!(error = %e, "controller stream"),
+    }
 }

@@ -12,17 +12,20 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use super::plan::{self, ContenderView, HolderView, Inputs, Plan};
-use super::queue::Uid;
 use super::registry::GrantBlocked;
+use super::Uid;
 use super::{Context, Error};
 use crate::api::{validate, LockClaim, LockClaimStatus, Phase, FINALIZER, POD_REVOKE_ANNOTATION_PREFIX};
 use crate::metrics::ApiCallError;
 use crate::recipe::{self, Mode};
 use crate::zk::ContenderSpec;
 
-/// Reconciles one claim. What should happen next is scheduled through `ctx` (a reconcile at a
-/// deadline); the `Action`s below only answer kube-runtime's finalizer helper.
-pub async fn reconcile(uid: Uid, claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<(), Error> {
+/// How soon a grant that waits for another claim's write is tried again.
+const GRANT_RETRY: Duration = Duration::from_millis(20);
+
+/// Reconciles one claim; the answer says when to look at it again (its next deadline, or a
+/// retry after a refused write), besides the watch events that bring changes.
+pub async fn reconcile(uid: Uid, claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.metrics.reconciles.inc();
     let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
     let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -43,19 +46,18 @@ pub async fn reconcile(uid: Uid, claim: Arc<LockClaim>, ctx: Arc<Context>) -> Re
     })
     .await;
     match result {
-        Ok(_) => Ok(()),
+        Ok(action) => Ok(action),
         // Our own errors keep their metric label.
         Err(FinalizerError::ApplyFailed(e) | FinalizerError::CleanupFailed(e)) => Err(e),
         // Gone already: an earlier reconcile removed the finalizer and the claim went with it.
         Err(
             FinalizerError::RemoveFinalizer(kube::Error::Api(s)) | FinalizerError::AddFinalizer(kube::Error::Api(s)),
-        ) if s.code == 404 => Ok(()),
+        ) if s.code == 404 => Ok(Action::await_change()),
         // The finalizer patch tests the list it read; a cached copy older than our own last
         // write fails that test. The watch event that carries the write is on its way.
         Err(FinalizerError::AddFinalizer(kube::Error::Api(s))) if s.code == 422 || s.code == 409 => {
             tracing::debug!(status = %s.message, "finalizer patch met a newer object; retrying soon");
-            ctx.schedule(&uid, Duration::from_millis(500));
-            Ok(())
+            Ok(Action::requeue(Duration::from_millis(500)))
         }
         Err(e) => Err(Error::Finalizer(e.to_string())),
     }
@@ -91,8 +93,7 @@ async fn apply(uid: &Uid, claim: Arc<LockClaim>, ctx: &Context) -> Result<Action
         if ctx.engine.state(uid).is_some() {
             ctx.engine.release(uid).await?;
         }
-        ctx.schedule(uid, Duration::from_secs(1));
-        return Ok(Action::await_change());
+        return Ok(Action::requeue(Duration::from_secs(1)));
     }
     let holder = if terminal {
         HolderView::NotRequested
@@ -116,8 +117,7 @@ async fn apply(uid: &Uid, claim: Arc<LockClaim>, ctx: &Context) -> Result<Action
         let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
         if !ctx.registry.may_enqueue(&lock, uid, created) {
             // A claim created earlier enters the queue first; it triggers us when it has.
-            ctx.schedule(uid, Duration::from_millis(200));
-            return Ok(Action::await_change());
+            return Ok(Action::requeue(Duration::from_millis(200)));
         }
         let description = format!("{namespace}/{}", claim.name_any());
         let enqueued = ctx
@@ -138,22 +138,20 @@ async fn apply(uid: &Uid, claim: Arc<LockClaim>, ctx: &Context) -> Result<Action
                 // grant waits until the other's final status is written (by its own reconcile).
                 tracing::debug!(other = %other, "grant waits for the previous holder's final status");
                 ctx.trigger(&other);
-                ctx.schedule(uid, Duration::from_millis(20));
-                return Ok(Action::await_change());
+                return Ok(Action::requeue(GRANT_RETRY));
             }
             Err(GrantBlocked::Unstamped(other)) => {
                 // A deposed leader's late write could still make another claim of this lock
                 // Held: not before every one of them carries this term's epoch (DESIGN.md §5a).
                 tracing::debug!(other = %other, "grant waits until every claim of the lock carries this term's epoch");
                 ctx.trigger(&other);
-                ctx.schedule(uid, Duration::from_millis(20));
                 if claim.status.as_ref().and_then(|s| s.leader_epoch) != ctx.epoch() {
                     // This one's status as it is, stamped, so that it holds no grant up either
                     // (two claims waiting for each other's stamp would wait for ever).
                     let stamp = Plan { status: claim.status.clone().unwrap_or_default(), ..Plan::default() };
-                    return execute(&claim, ctx, uid, &lock, stamp).await;
+                    execute(&claim, ctx, uid, &lock, stamp).await?;
                 }
-                return Ok(Action::await_change());
+                return Ok(Action::requeue(GRANT_RETRY));
             }
         }
     }
@@ -206,8 +204,7 @@ async fn stale_copy(claim: &LockClaim, ctx: &Context, uid: &str) -> Result<Optio
     }
     if ctx.registry.written(uid) {
         tracing::debug!("this copy is older than the operator's own write in this term; waiting for the newer one");
-        ctx.schedule(uid, Duration::from_millis(500));
-        return Ok(Some(Action::await_change()));
+        return Ok(Some(Action::requeue(Duration::from_millis(500))));
     }
     Ok(None)
 }
@@ -289,8 +286,7 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut pl
             // (the watch brings the newer one), or a later leader wrote it.
             Ok(Err(ApiCallError::Failed(kube::Error::Api(s)))) if s.code == 409 || s.code == 422 => {
                 tracing::info!(claim = %name, answer = %s.message, "status write refused; planning again from a newer copy");
-                ctx.schedule(uid, Duration::from_millis(500));
-                return Ok(Action::await_change());
+                return Ok(Action::requeue(Duration::from_millis(500)));
             }
             Ok(Err(e)) => return Err(e.into()),
             Err(e) => return Err(e),
@@ -319,10 +315,7 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut pl
             tracing::info!(claim = %name, error = %e, "could not publish an event");
         }
     }
-    if let Some(after) = plan.requeue_after {
-        ctx.schedule(uid, after);
-    }
-    Ok(Action::await_change())
+    Ok(plan.requeue_after.map_or_else(Action::await_change, Action::requeue))
 }
 
 /// The status write: the whole new status, for this very claim. A JSON patch replaces the

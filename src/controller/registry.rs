@@ -9,7 +9,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::queue::Uid;
+use super::Uid;
 use crate::api::Phase;
 
 /// A claim as the watch first delivers it.
@@ -349,6 +349,16 @@ impl Registry {
 
     pub fn name(&self, uid: &str) -> Option<String> {
         self.lock().claims.get(uid).map(|c| c.name.to_string())
+    }
+
+    /// The registry's copy of a UID it knows, to share rather than allocate again.
+    pub fn key(&self, uid: &str) -> Option<Uid> {
+        self.lock().claims.get_key_value(uid).map(|(key, _)| key.clone())
+    }
+
+    /// Which object claim `uid` is: (namespace, name).
+    pub fn object(&self, uid: &str) -> Option<(String, String)> {
+        self.lock().claims.get(uid).map(|c| (c.namespace.to_string(), c.name.to_string()))
     }
 
     /// UIDs of the claims naming `pod` as holder.

@@ -1,80 +1,134 @@
-//! The claim watch: keeps the store current and schedules a reconcile for every change.
+//! What the controller watches: each served scope's claims (kept in its reflector store, noted in
+//! the registry in delivery order) and the metadata of holder pods. Claims that leave the API
+//! while the lock engine still tracks their node are handed to the orphan release.
 
-use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::Api;
+use kube::{Api, Resource, ResourceExt};
+use tokio::sync::mpsc;
 
-use super::queue::Uid;
 use super::registry::Seen;
-use super::Context;
+use super::{Context, Uid};
 use crate::api::LockClaim;
 use crate::recipe::Mode;
 
-/// Follows the claims of one scope (a namespace, or all) until the task is aborted. The
+/// Annotations the operator never reads and that can be large.
+const DROPPED_ANNOTATIONS: [&str; 1] = ["kubectl.kubernetes.io/last-applied-configuration"];
+
+/// The claims of one scope, kept in `writer`'s store, as the controller's trigger stream. The
 /// watcher lists and then watches, re-lists after a gap it cannot resume from, and backs off on
-/// errors.
-pub async fn follow_claims(ctx: Arc<Context>, scope: u16, api: Api<LockClaim>) {
-    let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
-    // The claims a re-list delivered; the ones kept from before and not among them are gone.
-    let mut relisted: HashSet<Uid> = HashSet::new();
+/// errors (which the controller's output reports).
+pub fn claims(
+    ctx: Arc<Context>,
+    api: Api<LockClaim>,
+    writer: Writer<LockClaim>,
+) -> impl Stream<Item = Result<LockClaim, watcher::Error>> + Send + 'static {
     let mut synced = false;
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(watcher::Event::Init) => relisted.clear(),
-            Ok(watcher::Event::InitApply(claim)) => {
-                if let Some(uid) = admit(&ctx, scope, claim) {
-                    relisted.insert(uid);
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(trim)
+        .reflect(writer)
+        .inspect(move |event| match event {
+            Ok(watcher::Event::InitApply(claim) | watcher::Event::Apply(claim)) => first_seen(&ctx, claim),
+            Ok(watcher::Event::Delete(claim)) => {
+                if let Some(uid) = claim.metadata.uid.as_deref() {
+                    ctx.orphan(uid);
                 }
             }
             Ok(watcher::Event::InitDone) => {
-                for uid in ctx.store.uids_in(scope) {
-                    if !relisted.contains(&uid) {
-                        gone(&ctx, &uid);
-                    }
-                }
-                relisted = HashSet::new();
                 if !std::mem::replace(&mut synced, true) {
                     ctx.scope_synced();
                 }
+                // Claims kept from before a re-list and not in it left the API unseen.
+                ctx.sweep();
             }
-            Ok(watcher::Event::Apply(claim)) => {
-                admit(&ctx, scope, claim);
-            }
-            Ok(watcher::Event::Delete(claim)) => {
-                if let Some(uid) = claim.metadata.uid.as_deref() {
-                    gone(&ctx, uid);
-                }
-            }
+            Ok(watcher::Event::Init) => {}
             Err(e) => tracing::warn!(error = %e, "claim watch failed; retrying"),
+        })
+        .applied_objects()
+}
+
+/// Drops what the operator never reads, so that the store keeps each claim small.
+fn trim(claim: &mut LockClaim) {
+    claim.meta_mut().managed_fields = None;
+    if let Some(annotations) = claim.meta_mut().annotations.as_mut() {
+        for key in DROPPED_ANNOTATIONS {
+            annotations.remove(key);
         }
     }
 }
 
-/// A claim as the watch delivers it: noted in delivery order, kept, and reconciled soon.
-fn admit(ctx: &Context, scope: u16, mut claim: LockClaim) -> Option<Uid> {
-    let uid = ctx.shared_uid(claim.metadata.uid.as_deref()?);
-    ctx.store.put(scope, &uid, &mut claim);
-    // The watch delivers new claims in creation order: note it before reconciling.
-    if let (Some(name), Some(namespace)) = (claim.metadata.name.as_deref(), claim.metadata.namespace.as_deref()) {
-        let phase = claim.status.as_ref().and_then(|s| s.phase);
-        let lock = ctx.lock_path(namespace, &claim.spec.lock_name);
-        let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
-        let exclusive = claim.spec.mode == Mode::Exclusive;
-        ctx.registry.first_seen(&uid, Seen { name, namespace, lock: &lock, exclusive }, created, phase);
-    }
-    ctx.trigger(&uid);
-    Some(uid)
+/// The watch delivers new claims in creation order: note it before any reconcile of them.
+fn first_seen(ctx: &Context, claim: &LockClaim) {
+    let (Some(uid), Some(name), Some(namespace)) =
+        (claim.metadata.uid.as_deref(), claim.metadata.name.as_deref(), claim.metadata.namespace.as_deref())
+    else {
+        return;
+    };
+    let uid = ctx.shared_uid(uid);
+    let phase = claim.status.as_ref().and_then(|s| s.phase);
+    let lock = ctx.lock_path(namespace, &claim.spec.lock_name);
+    let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
+    let exclusive = claim.spec.mode == Mode::Exclusive;
+    ctx.registry.first_seen(&uid, Seen { name, namespace, lock: &lock, exclusive }, created, phase);
 }
 
-/// A claim left the API. Normally its node went first (the finalizer). If somebody removed
-/// the finalizer by hand, the node would hold the lock for a claim nobody can see any more and
-/// block every waiter for good: the worker, finding the claim gone, releases the node (see
-/// `release_orphan`). That runs in the worker, not here, so that a ZooKeeper outage never holds
-/// up the watch, and never beside another reconcile of the same claim.
-fn gone(ctx: &Context, uid: &str) {
-    ctx.store.remove(uid);
-    ctx.trigger(uid);
+/// Holder pods, metadata only: any change to one (or its deletion) reconciles the claims it
+/// holds, which read the pod afresh. After a re-list every claim with a holder is looked at,
+/// in case a deletion was missed in the gap.
+pub fn holder_pods(
+    ctx: Arc<Context>,
+    api: Api<PartialObjectMeta<Pod>>,
+) -> impl Stream<Item = Result<PartialObjectMeta<Pod>, watcher::Error>> + Send + 'static {
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .inspect(move |event| match event {
+            Ok(watcher::Event::InitDone) => {
+                for uid in ctx.registry.claims_with_holders() {
+                    ctx.trigger(&uid);
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "pod watch error; the watcher retries"),
+            Ok(_) => {}
+        })
+        .touched_objects()
+}
+
+/// The claims a pod holds, as the controller's objects.
+pub fn claims_of_pod(ctx: &Context, pod: &PartialObjectMeta<Pod>) -> Vec<ObjectRef<LockClaim>> {
+    let namespace = pod.namespace().unwrap_or_default();
+    ctx.registry.claims_of_pod(&namespace, &pod.name_any()).iter().filter_map(|uid| ctx.object_ref(uid)).collect()
+}
+
+/// Releases the nodes of claims that left the API while the engine still tracks them. Normally
+/// a claim's node goes first (the finalizer); if somebody removed the finalizer by hand, the
+/// node would hold the lock for a claim nobody can see any more and block every waiter for good.
+/// One task, so that a ZooKeeper outage never holds up a watch.
+pub async fn release_orphans(ctx: Arc<Context>, mut orphans: mpsc::UnboundedReceiver<Uid>) {
+    // Before every scope has listed its claims, a claim missing from the stores may simply not
+    // be listed yet.
+    ctx.wait_synced().await;
+    while let Some(uid) = orphans.recv().await {
+        if ctx.is_served(&uid) {
+            continue;
+        }
+        if ctx.engine.state(&uid).is_some() {
+            tracing::warn!(uid = %uid, "a claim was deleted without its finalizer; releasing its znode");
+            if let Err(error) = ctx.engine.release(&uid).await {
+                tracing::warn!(uid = %uid, %error, "could not release an orphaned znode; retrying");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                ctx.orphan(&uid);
+                continue;
+            }
+        }
+        ctx.registry.forget(&uid);
+        ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
+    }
 }
