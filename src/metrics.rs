@@ -48,7 +48,6 @@ pub struct Metrics {
     pub leader: Gauge,
     pub reconciles: Counter,
     /// Claims waiting for a reconcile, and reconciles running.
-    pub reconcile_queue: Gauge,
     pub reconciles_running: Gauge,
     pub reconcile_errors: Family<ErrorLabel, Counter>,
     pub api_calls: Family<CallLabel, Counter>,
@@ -84,8 +83,6 @@ impl Default for Metrics {
         registry.register("leader", "1 while this replica is the leader", leader.clone());
         let reconciles = Counter::default();
         registry.register("reconciles", "Reconciliations run", reconciles.clone());
-        let reconcile_queue = Gauge::default();
-        registry.register("reconcile_queue", "Claims scheduled for a reconcile", reconcile_queue.clone());
         let reconciles_running = Gauge::default();
         registry.register("reconciles_running", "Reconciliations running now", reconciles_running.clone());
         let reconcile_errors = Family::<ErrorLabel, Counter>::default();
@@ -111,7 +108,6 @@ impl Default for Metrics {
             zk_sessions_lost,
             leader,
             reconciles,
-            reconcile_queue,
             reconciles_running,
             reconcile_errors,
             api_calls,

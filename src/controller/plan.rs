@@ -14,7 +14,7 @@ use crate::zk::{ContenderState, LostReason};
 /// How long a claim waits for its holder pod to appear before it is Invalid. Covers a claim
 /// applied together with (or just before) the Job or pod that will hold it.
 pub const HOLDER_APPEAR_WINDOW: Duration = Duration::from_secs(30);
-/// How often a claim without a nearer deadline is looked at again, as a safety net.
+/// How often a live claim without a nearer deadline is looked at again, as a safety net.
 pub const RESYNC: Duration = Duration::from_secs(300);
 
 /// What the API says about the holder pod.
@@ -366,7 +366,9 @@ pub fn plan(input: Inputs<'_>) -> Plan {
         Some(_) => {}
     }
     plan.status.znode = node.map(str::to_string).or(plan.status.znode.take());
-    if plan.requeue_after.is_none() {
+    // A final claim changes no more (its deletion comes as a watch event): no backstop entry
+    // kept for it in the controller's scheduler.
+    if plan.requeue_after.is_none() && !plan.status.phase.is_some_and(Phase::is_terminal) {
         plan.requeue_after = Some(RESYNC);
     }
     plan
@@ -447,6 +449,20 @@ mod tests {
             now: t(1),
         });
         assert!(!p.enqueue, "nothing is enqueued before re-anchoring");
+    }
+
+    #[test]
+    fn a_live_claim_is_looked_at_again_as_a_backstop_and_a_final_one_is_not() {
+        let c = claim(spec());
+        let waiting = run(&c, HolderView::NotRequested, tracked(ContenderState::Held { fencing_token: 1 }), t(1));
+        assert_eq!(waiting.requeue_after, Some(RESYNC));
+        let mut held = with_status(c, &waiting);
+        held.metadata.annotations = Some([(REVOKE_ANNOTATION.to_string(), "done".to_string())].into());
+        held.spec.revocation_grace_period_seconds = Some(0);
+        let done = run(&held, HolderView::NotRequested, tracked(ContenderState::Held { fencing_token: 1 }), t(2));
+        let done = run(&with_status(held, &done), HolderView::NotRequested, ContenderView::Untracked, t(3));
+        assert!(done.status.phase.is_some_and(Phase::is_terminal), "{:?}", done.status.phase);
+        assert_eq!(done.requeue_after, None);
     }
 
     #[test]
