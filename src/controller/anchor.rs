@@ -13,6 +13,13 @@ use crate::api::{validate, LockClaim, Phase};
 use crate::recipe;
 use crate::zk::ContenderSpec;
 
+/// The claim's phase as last recorded: the operator's own last write is newer than any copy
+/// the watch may not have delivered yet.
+fn recorded_phase(ctx: &Context, claim: &LockClaim) -> Option<Phase> {
+    let copy = claim.status.as_ref().and_then(|s| s.phase);
+    claim.uid().and_then(|uid| ctx.registry.known_phase(&uid)).or(copy)
+}
+
 /// Re-anchors every lock from the claims the watches listed (they must have listed them once).
 pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     // Lock path → claims recorded as Held or Waiting there.
@@ -21,10 +28,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
         let (Some(namespace), Some(uid), Ok(spec)) = (claim.namespace(), claim.uid(), validate(&claim)) else {
             continue;
         };
-        let copy = claim.status.as_ref().and_then(|s| s.phase);
-        // The operator's own last write is newer than any copy the watch may not have
-        // delivered yet.
-        let phase = ctx.registry.known_phase(&uid).or(copy);
+        let phase = recorded_phase(ctx, &claim);
         let live = matches!(phase, Some(Phase::Held | Phase::Waiting));
         let lock = ctx.lock_path(&namespace, &spec.lock_name);
         // Listed after this term began: an earlier leader may still have a status write for
@@ -68,10 +72,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
         };
         // In recorded queue order, also across a wrap of the sequence.
         let base = recipe::wrap_base(claims.iter().filter_map(sequence));
-        let held = |c: &Arc<LockClaim>| {
-            let copy = c.status.as_ref().and_then(|s| s.phase);
-            c.uid().and_then(|uid| ctx.registry.known_phase(&uid)).or(copy) == Some(Phase::Held)
-        };
+        let held = |c: &LockClaim| recorded_phase(ctx, c) == Some(Phase::Held);
         claims.sort_by_key(|c| {
             let held = held(c);
             let place = sequence(c).map_or(u64::MAX, |s| recipe::queue_key(s, base));

@@ -15,7 +15,7 @@ mod reconcile;
 pub mod registry;
 mod watch;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::Api;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -89,9 +89,6 @@ pub struct Context {
     triggers: Vec<Triggers>,
     /// Claims that may have left the API with a node still tracked (see `watch::release_orphans`).
     orphans: mpsc::UnboundedSender<Uid>,
-    /// Scopes that have not yet listed their claims once.
-    unsynced: AtomicUsize,
-    synced: Notify,
     /// Set once the first re-anchoring is done: no claim is reconciled before (then all are).
     anchored: AtomicBool,
     leadership: Leadership,
@@ -171,20 +168,23 @@ impl Context {
 
     /// Whether claim `uid` is in its scope's store, i.e. in the API as far as its watch knows.
     fn is_served(&self, uid: &str) -> bool {
-        let Some((namespace, name)) = self.registry.object(uid) else { return false };
-        let Some(store) = self.scope_of(&namespace).and_then(|scope| self.claims.get(scope)) else { return false };
-        store.get(&ObjectRef::new(&name).within(&namespace)).is_some_and(|c| c.metadata.uid.as_deref() == Some(uid))
+        let Some(object) = self.object_ref(uid) else { return false };
+        let Some(store) = self.scope_of_object(&object).and_then(|scope| self.claims.get(scope)) else { return false };
+        store.get(&object).is_some_and(|c| c.metadata.uid.as_deref() == Some(uid))
+    }
+
+    fn scope_of_object(&self, object: &ObjectRef<LockClaim>) -> Option<usize> {
+        self.scope_of(object.namespace.as_deref().unwrap_or_default())
     }
 
     /// Asks for a reconcile of claim `uid` soon. A claim no watch knows (any more) is looked at
     /// by the orphan release instead.
     pub fn trigger(&self, uid: &str) {
-        let Some((namespace, name)) = self.registry.object(uid) else {
+        let Some(object) = self.object_ref(uid) else {
             self.orphan(uid);
             return;
         };
-        let object = ObjectRef::new(&name).within(&namespace);
-        if let Some(triggers) = self.scope_of(&namespace).and_then(|scope| self.triggers.get(scope)) {
+        if let Some(triggers) = self.scope_of_object(&object).and_then(|scope| self.triggers.get(scope)) {
             // Closed only when the controller has stopped, and this context with it.
             let _ = triggers.one.unbounded_send(object);
         }
@@ -202,24 +202,16 @@ impl Context {
         let _ = self.orphans.send(self.shared_uid(uid));
     }
 
-    /// A scope listed its claims for the first time.
-    fn scope_synced(&self) {
-        if self.unsynced.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.synced.notify_waiters();
-        }
-    }
-
+    /// Whether every scope's watch has listed its claims once: from then on, a claim missing
+    /// from the stores is missing from the API.
     fn is_synced(&self) -> bool {
-        self.unsynced.load(Ordering::SeqCst) == 0
+        self.claims.iter().all(|store| matches!(store.wait_until_ready().now_or_never(), Some(Ok(()))))
     }
 
     async fn wait_synced(&self) {
-        loop {
-            let notified = self.synced.notified();
-            if self.is_synced() {
-                return;
-            }
-            notified.await;
+        for store in &self.claims {
+            // An error means the controller (and this context with it) is going away.
+            let _ = store.wait_until_ready().await;
         }
     }
 
@@ -300,8 +292,6 @@ pub async fn run(
         claims: readers.clone(),
         triggers,
         orphans,
-        unsynced: AtomicUsize::new(scopes),
-        synced: Notify::new(),
         anchored: AtomicBool::new(false),
         leadership,
     });
@@ -354,14 +344,31 @@ async fn reconcile_claim(claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<Act
         claim = claim.metadata.name.as_deref().unwrap_or_default(),
         namespace = claim.metadata.namespace.as_deref().unwrap_or_default(),
     );
-    ctx.metrics.reconciles_running.inc();
+    let running = Running::start(&ctx.metrics.reconciles_running);
     let result = reconcile::reconcile(uid.clone(), claim, ctx.clone()).instrument(span).await;
-    ctx.metrics.reconciles_running.dec();
+    drop(running);
     if !ctx.is_served(&uid) {
         // Gone while it was reconciled (a node it was just given would outlive it): look again.
         ctx.orphan(&uid);
     }
     result
+}
+
+/// Counts a reconcile as running until it ends, also when it is aborted (a deposed leader's
+/// controller is dropped with its reconciles in flight; the gauge outlives it).
+struct Running<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+
+impl<'a> Running<'a> {
+    fn start(gauge: &'a prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        Running(gauge)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 fn error_policy(claim: Arc<LockClaim>, error: &Error, ctx: Arc<Context>) -> Action {
