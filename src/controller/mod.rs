@@ -15,7 +15,7 @@ mod reconcile;
 pub mod registry;
 mod watch;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::Api;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -89,6 +89,11 @@ pub struct Context {
     triggers: Vec<Triggers>,
     /// Claims that may have left the API with a node still tracked (see `watch::release_orphans`).
     orphans: mpsc::UnboundedSender<Uid>,
+    /// Scopes that have not yet listed their claims once. Counted here rather than asked of the
+    /// reflector stores: their readiness is a one-shot channel that wakes one waiter only, and a
+    /// check without waiting would take that waiter's place.
+    unsynced: AtomicUsize,
+    synced: Notify,
     /// Set once the first re-anchoring is done: no claim is reconciled before (then all are).
     anchored: AtomicBool,
     leadership: Leadership,
@@ -202,16 +207,26 @@ impl Context {
         let _ = self.orphans.send(self.shared_uid(uid));
     }
 
+    /// A scope listed its claims for the first time.
+    fn scope_synced(&self) {
+        if self.unsynced.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.synced.notify_waiters();
+        }
+    }
+
     /// Whether every scope's watch has listed its claims once: from then on, a claim missing
     /// from the stores is missing from the API.
     fn is_synced(&self) -> bool {
-        self.claims.iter().all(|store| matches!(store.wait_until_ready().now_or_never(), Some(Ok(()))))
+        self.unsynced.load(Ordering::SeqCst) == 0
     }
 
     async fn wait_synced(&self) {
-        for store in &self.claims {
-            // An error means the controller (and this context with it) is going away.
-            let _ = store.wait_until_ready().await;
+        loop {
+            let notified = self.synced.notified();
+            if self.is_synced() {
+                return;
+            }
+            notified.await;
         }
     }
 
@@ -292,6 +307,8 @@ pub async fn run(
         claims: readers.clone(),
         triggers,
         orphans,
+        unsynced: AtomicUsize::new(scopes),
+        synced: Notify::new(),
         anchored: AtomicBool::new(false),
         leadership,
     });

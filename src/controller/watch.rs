@@ -30,6 +30,7 @@ pub fn claims(
     api: Api<LockClaim>,
     writer: Writer<LockClaim>,
 ) -> impl Stream<Item = Result<LockClaim, watcher::Error>> + Send + 'static {
+    let mut synced = false;
     watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(trim)
@@ -42,6 +43,9 @@ pub fn claims(
                 }
             }
             Ok(watcher::Event::InitDone) => {
+                if !std::mem::replace(&mut synced, true) {
+                    ctx.scope_synced();
+                }
                 // Claims kept from before a re-list and not in it left the API unseen.
                 ctx.sweep();
             }
