@@ -3,10 +3,12 @@
 
 mod claim;
 pub mod conditions;
+mod kept;
 mod validate;
 
 pub use claim::{Holder, LockClaim, LockClaimSpec, LockClaimStatus, Phase};
-pub use validate::{validate, ValidSpec};
+pub use kept::{KeptClaim, KeptStatus};
+pub use validate::{validate, validate_spec, ValidSpec};
 
 /// Finalizer that keeps a claim until its znode is deleted.
 pub const FINALIZER: &str = "zklock.io/release";

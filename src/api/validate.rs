@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::LockClaim;
+use super::{LockClaim, LockClaimSpec};
 use crate::recipe::Mode;
 
 /// Revocation grace period when the spec gives none.
@@ -28,8 +28,11 @@ pub struct ValidSpec {
 
 /// Checks a claim's spec; the error is the message for the Invalid condition.
 pub fn validate(claim: &LockClaim) -> Result<ValidSpec, String> {
-    let spec = &claim.spec;
-    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+    validate_spec(&claim.spec, claim.metadata.namespace.as_deref().unwrap_or_default())
+}
+
+/// [`validate`], for the spec of a claim in `namespace`.
+pub fn validate_spec(spec: &LockClaimSpec, namespace: &str) -> Result<ValidSpec, String> {
     check_lock_name(&spec.lock_name)?;
     let holder_pod = match &spec.holder {
         None => None,
@@ -104,7 +107,7 @@ fn seconds(field: &str, value: Option<i64>, min: i64, max: i64) -> Result<Option
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{Holder, LockClaimSpec};
+    use crate::api::Holder;
 
     fn claim(spec: LockClaimSpec) -> LockClaim {
         let mut c = LockClaim::new("c", spec);

@@ -9,32 +9,30 @@ use std::sync::Arc;
 use kube::ResourceExt;
 
 use super::{Context, Error};
-use crate::api::{validate, LockClaim, Phase};
+use crate::api::{validate_spec, KeptClaim, Phase};
 use crate::recipe;
 use crate::zk::ContenderSpec;
 
 /// The claim's phase as last recorded: the operator's own last write is newer than any copy
 /// the watch may not have delivered yet.
-fn recorded_phase(ctx: &Context, claim: &LockClaim) -> Option<Phase> {
-    let copy = claim.status.as_ref().and_then(|s| s.phase);
-    claim.uid().and_then(|uid| ctx.registry.known_phase(&uid)).or(copy)
+fn recorded_phase(ctx: &Context, claim: &KeptClaim) -> Option<Phase> {
+    claim.uid().and_then(|uid| ctx.registry.known_phase(&uid)).or(claim.phase())
 }
 
 /// Re-anchors every lock from the claims the watches listed (they must have listed them once).
 pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     // Lock path → claims recorded as Held or Waiting there.
-    let mut locks: BTreeMap<String, Vec<Arc<LockClaim>>> = BTreeMap::new();
+    let mut locks: BTreeMap<String, Vec<Arc<KeptClaim>>> = BTreeMap::new();
     for claim in ctx.claims.iter().flat_map(|store| store.state()) {
-        let (Some(namespace), Some(uid), Ok(spec)) = (claim.namespace(), claim.uid(), validate(&claim)) else {
-            continue;
-        };
+        let (Some(namespace), Some(uid)) = (claim.namespace(), claim.uid()) else { continue };
+        let Ok(spec) = validate_spec(&claim.spec, &namespace) else { continue };
         let phase = recorded_phase(ctx, &claim);
         let live = matches!(phase, Some(Phase::Held | Phase::Waiting));
         let lock = ctx.lock_path(&namespace, &spec.lock_name);
         // Listed after this term began: an earlier leader may still have a status write for
         // it on the way, and no grant in its lock before this term's first write to it
         // (DESIGN.md §5a). Claims created after the list never saw an earlier leader.
-        let epoch = claim.status.as_ref().and_then(|s| s.leader_epoch);
+        let epoch = claim.leader_epoch();
         let written = ctx.registry.written(&uid);
         if ctx.epoch().is_some() && epoch != ctx.epoch() && !written && !phase.is_some_and(Phase::is_terminal) {
             ctx.registry.expect_stamp(&ctx.shared_uid(&uid), &lock);
@@ -66,13 +64,12 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
         }
     }
     for (path, mut claims) in locks {
-        let sequence = |c: &Arc<LockClaim>| {
-            let znode = c.status.as_ref().and_then(|s| s.znode.as_deref());
-            znode.and_then(|z| z.rsplit('/').next()).and_then(recipe::parse_child).map(|c| c.sequence)
+        let sequence = |c: &Arc<KeptClaim>| {
+            c.znode().and_then(|z| z.rsplit('/').next()).and_then(recipe::parse_child).map(|c| c.sequence)
         };
         // In recorded queue order, also across a wrap of the sequence.
         let base = recipe::wrap_base(claims.iter().filter_map(sequence));
-        let held = |c: &LockClaim| recorded_phase(ctx, c) == Some(Phase::Held);
+        let held = |c: &KeptClaim| recorded_phase(ctx, c) == Some(Phase::Held);
         claims.sort_by_key(|c| {
             let held = held(c);
             let place = sequence(c).map_or(u64::MAX, |s| recipe::queue_key(s, base));
@@ -81,7 +78,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
         let specs: Vec<ContenderSpec> = claims
             .iter()
             .filter_map(|c| {
-                let spec = validate(c).ok()?;
+                let spec = validate_spec(&c.spec, &c.namespace()?).ok()?;
                 Some(ContenderSpec {
                     id: c.uid()?.into(),
                     lock: path.clone(),

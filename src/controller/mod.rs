@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use crate::api::LockClaim;
+use crate::api::KeptClaim;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::zk::LockEngine;
@@ -84,7 +84,7 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub events: events::EventWriter,
     /// Each scope's claims, as its watch last delivered them (index = scope).
-    claims: Vec<Store<LockClaim>>,
+    claims: Vec<Store<KeptClaim>>,
     /// Each scope's requests to reconcile one claim, or all of them.
     triggers: Vec<Triggers>,
     /// Claims that may have left the API with a node still tracked (see `watch::release_orphans`).
@@ -100,7 +100,7 @@ pub struct Context {
 }
 
 struct Triggers {
-    one: UnboundedSender<ObjectRef<LockClaim>>,
+    one: UnboundedSender<ObjectRef<KeptClaim>>,
     all: UnboundedSender<()>,
 }
 
@@ -166,7 +166,7 @@ impl Context {
         }
     }
 
-    fn object_ref(&self, uid: &str) -> Option<ObjectRef<LockClaim>> {
+    fn object_ref(&self, uid: &str) -> Option<ObjectRef<KeptClaim>> {
         let (namespace, name) = self.registry.object(uid)?;
         Some(ObjectRef::new(&name).within(&namespace))
     }
@@ -178,7 +178,7 @@ impl Context {
         store.get(&object).is_some_and(|c| c.metadata.uid.as_deref() == Some(uid))
     }
 
-    fn scope_of_object(&self, object: &ObjectRef<LockClaim>) -> Option<usize> {
+    fn scope_of_object(&self, object: &ObjectRef<KeptClaim>) -> Option<usize> {
         self.scope_of(object.namespace.as_deref().unwrap_or_default())
     }
 
@@ -317,7 +317,7 @@ pub async fn run(
     // Ended when dropped: when this future ends, or is dropped by a deposed leader (which
     // aborts the reconciles in flight with their controller).
     let mut controllers = JoinSet::new();
-    let claim_apis = ctx.scoped::<LockClaim>();
+    let claim_apis = ctx.scoped::<KeptClaim>();
     let pod_apis = ctx.scoped::<PartialObjectMeta<Pod>>();
     let scoped = writers.into_iter().zip(readers).zip(trigger_streams).zip(claim_apis.into_iter().zip(pod_apis));
     for (((writer, reader), (one_rx, all_rx)), (claim_api, pod_api)) in scoped {
@@ -350,7 +350,7 @@ pub async fn run(
     Ok(())
 }
 
-async fn reconcile_claim(claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
+async fn reconcile_claim(claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
     if !ctx.anchored.load(Ordering::SeqCst) {
         // Re-anchoring comes first; every claim is reconciled when it is done.
         return Ok(Action::await_change());
@@ -388,7 +388,7 @@ impl Drop for Running<'_> {
     }
 }
 
-fn error_policy(claim: Arc<LockClaim>, error: &Error, ctx: Arc<Context>) -> Action {
+fn error_policy(claim: Arc<KeptClaim>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabel { error: error.metric_label() }).inc();
     let name = claim.metadata.name.as_deref().unwrap_or_default();
     tracing::warn!(claim = name, %error, "reconcile failed; retrying");
@@ -399,7 +399,7 @@ fn error_policy(claim: Arc<LockClaim>, error: &Error, ctx: Arc<Context>) -> Acti
 /// `error_policy`): a trigger for a claim that has left, or a watch error (the watchers retry).
 fn report(
     result: Result<
-        (ObjectRef<LockClaim>, Action),
+        (ObjectRef<KeptClaim>, Action),
         kube::runtime::controller::Error<Error, kube::runtime::watcher::Error>,
     >,
 ) {

@@ -15,7 +15,7 @@ use super::plan::{self, ContenderView, HolderView, Inputs, Plan};
 use super::registry::GrantBlocked;
 use super::Uid;
 use super::{Context, Error};
-use crate::api::{validate, LockClaim, LockClaimStatus, Phase, FINALIZER, POD_REVOKE_ANNOTATION_PREFIX};
+use crate::api::{validate, KeptClaim, LockClaim, LockClaimStatus, Phase, FINALIZER, POD_REVOKE_ANNOTATION_PREFIX};
 use crate::metrics::ApiCallError;
 use crate::recipe::{self, Mode};
 use crate::zk::ContenderSpec;
@@ -25,10 +25,10 @@ const GRANT_RETRY: Duration = Duration::from_millis(20);
 
 /// Reconciles one claim; the answer says when to look at it again (its next deadline, or a
 /// retry after a refused write), besides the watch events that bring changes.
-pub async fn reconcile(uid: Uid, claim: Arc<LockClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(uid: Uid, claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.metrics.reconciles.inc();
     let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
-    let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    let api: Api<KeptClaim> = Api::namespaced(ctx.client.clone(), &namespace);
     // The finalizer helper writes once to add the finalizer (then returns), and once to remove
     // it after a cleanup; count those writes with ours.
     // The finalizer helper writes without asking: ask for it.
@@ -40,8 +40,9 @@ pub async fn reconcile(uid: Uid, claim: Arc<LockClaim>, ctx: Arc<Context>) -> Re
     }
     let result = finalizer(&api, FINALIZER, claim, |event| async {
         match event {
-            Finalizer::Apply(claim) => apply(&uid, claim, &ctx).await,
-            Finalizer::Cleanup(claim) => cleanup(claim, &ctx).await,
+            // Planned from the whole claim again (the store keeps a compact copy).
+            Finalizer::Apply(claim) => apply(&uid, claim.to_claim(), &ctx).await,
+            Finalizer::Cleanup(claim) => cleanup(claim.to_claim(), &ctx).await,
         }
     })
     .await;
@@ -63,7 +64,7 @@ pub async fn reconcile(uid: Uid, claim: Arc<LockClaim>, ctx: Arc<Context>) -> Re
     }
 }
 
-async fn apply(uid: &Uid, claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> {
+async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Error> {
     let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
     let now = Timestamp::now();
     let spec = match validate(&claim) {
@@ -170,7 +171,7 @@ async fn apply(uid: &Uid, claim: Arc<LockClaim>, ctx: &Context) -> Result<Action
 
 /// The claim is being deleted: a holder's final status first, then its node, then (the helper)
 /// the finalizer.
-async fn cleanup(claim: Arc<LockClaim>, ctx: &Context) -> Result<Action, Error> {
+async fn cleanup(claim: LockClaim, ctx: &Context) -> Result<Action, Error> {
     let uid = claim.uid().ok_or(Error::Malformed("a uid"))?;
     let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
     let lock = ctx.lock_path(&namespace, &claim.spec.lock_name);

@@ -11,29 +11,25 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use tokio::sync::mpsc;
 
 use super::registry::Seen;
 use super::{Context, Uid};
-use crate::api::LockClaim;
+use crate::api::KeptClaim;
 use crate::recipe::Mode;
-
-/// Annotations the operator never reads and that can be large.
-const DROPPED_ANNOTATIONS: [&str; 1] = ["kubectl.kubernetes.io/last-applied-configuration"];
 
 /// The claims of one scope, kept in `writer`'s store, as the controller's trigger stream. The
 /// watcher lists and then watches, re-lists after a gap it cannot resume from, and backs off on
 /// errors (which the controller's output reports).
 pub fn claims(
     ctx: Arc<Context>,
-    api: Api<LockClaim>,
-    writer: Writer<LockClaim>,
-) -> impl Stream<Item = Result<LockClaim, watcher::Error>> + Send + 'static {
+    api: Api<KeptClaim>,
+    writer: Writer<KeptClaim>,
+) -> impl Stream<Item = Result<KeptClaim, watcher::Error>> + Send + 'static {
     let mut synced = false;
     watcher(api, watcher::Config::default())
         .default_backoff()
-        .modify(trim)
         .reflect(writer)
         .inspect(move |event| match event {
             Ok(watcher::Event::InitApply(claim) | watcher::Event::Apply(claim)) => first_seen(&ctx, claim),
@@ -55,25 +51,15 @@ pub fn claims(
         .applied_objects()
 }
 
-/// Drops what the operator never reads, so that the store keeps each claim small.
-fn trim(claim: &mut LockClaim) {
-    claim.meta_mut().managed_fields = None;
-    if let Some(annotations) = claim.meta_mut().annotations.as_mut() {
-        for key in DROPPED_ANNOTATIONS {
-            annotations.remove(key);
-        }
-    }
-}
-
 /// The watch delivers new claims in creation order: note it before any reconcile of them.
-fn first_seen(ctx: &Context, claim: &LockClaim) {
+fn first_seen(ctx: &Context, claim: &KeptClaim) {
     let (Some(uid), Some(name), Some(namespace)) =
         (claim.metadata.uid.as_deref(), claim.metadata.name.as_deref(), claim.metadata.namespace.as_deref())
     else {
         return;
     };
     let uid = ctx.shared_uid(uid);
-    let phase = claim.status.as_ref().and_then(|s| s.phase);
+    let phase = claim.phase();
     let lock = ctx.lock_path(namespace, &claim.spec.lock_name);
     let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
     let exclusive = claim.spec.mode == Mode::Exclusive;
@@ -102,7 +88,7 @@ pub fn holder_pods(
 }
 
 /// The claims a pod holds, as the controller's objects.
-pub fn claims_of_pod(ctx: &Context, pod: &PartialObjectMeta<Pod>) -> Vec<ObjectRef<LockClaim>> {
+pub fn claims_of_pod(ctx: &Context, pod: &PartialObjectMeta<Pod>) -> Vec<ObjectRef<KeptClaim>> {
     let namespace = pod.namespace().unwrap_or_default();
     ctx.registry.claims_of_pod(&namespace, &pod.name_any()).iter().filter_map(|uid| ctx.object_ref(uid)).collect()
 }

@@ -1,0 +1,308 @@
+//! A claim as the operator keeps it between reconciles (its watch's store holds one per claim):
+//! the metadata the operator reads, the spec, and the status in a compact form. Converting it
+//! back gives the claim's status exactly as it was read, because status writes start from it.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use kube::Resource;
+use serde::{Deserialize, Serialize};
+
+use super::{LockClaim, LockClaimSpec, LockClaimStatus, Phase};
+
+/// Annotations the operator reads all start with this; no other annotation is kept.
+const OWN_ANNOTATIONS: &str = "zklock.io/";
+
+#[derive(Resource, Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[resource(inherit = "LockClaim")]
+#[serde(from = "LockClaim", into = "LockClaim")]
+pub struct KeptClaim {
+    /// Identity, resourceVersion, generation, creation and deletion times, finalizers, and the
+    /// `zklock.io/` annotations; no labels, owners, managed fields or other annotations.
+    pub metadata: ObjectMeta,
+    pub spec: LockClaimSpec,
+    pub status: Option<KeptStatus>,
+}
+
+/// `LockClaimStatus` with boxed strings and conditions whose words are shared constants.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeptStatus {
+    pub phase: Option<Phase>,
+    pub position: Option<i64>,
+    pub leader_epoch: Option<i64>,
+    pub znode: Option<Box<str>>,
+    observed_generation: Option<i64>,
+    acquired_at: Option<Time>,
+    lease_expires_at: Option<Time>,
+    waiting_for: Option<Box<str>>,
+    fencing_token: Option<Box<str>>,
+    holder_uid: Option<Box<str>>,
+    renewed: Option<Box<str>>,
+    conditions: Box<[KeptCondition]>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct KeptCondition {
+    type_: Word,
+    status: Word,
+    reason: Word,
+    message: Box<str>,
+    last_transition_time: Time,
+    observed_generation: Option<i64>,
+}
+
+/// A condition's type, status or reason: almost always one of the words the operator writes,
+/// kept without an allocation of its own.
+#[derive(Clone, Debug, PartialEq)]
+enum Word {
+    Known(&'static str),
+    Other(Box<str>),
+}
+
+const KNOWN_WORDS: [&str; 26] = [
+    "True",
+    "False",
+    "Unknown",
+    super::conditions::HELD,
+    super::conditions::FINISHED,
+    super::conditions::REVOKE_REQUESTED,
+    super::conditions::INVALID,
+    "Acquired",
+    "Waiting",
+    "Pending",
+    "WaitingForHolder",
+    "Released",
+    "Revoked",
+    "Expired",
+    "Lost",
+    "ClaimDeleted",
+    "HolderGone",
+    "HolderPodNotFound",
+    "InvalidSpec",
+    "LeaseExpired",
+    "NodeDeleted",
+    "SessionLost",
+    "ZooKeeperError",
+    "Succeeded",
+    "Failed",
+    "RevocationRequested",
+];
+
+impl Word {
+    fn new(s: String) -> Self {
+        match KNOWN_WORDS.iter().find(|w| **w == s) {
+            Some(known) => Word::Known(known),
+            None => Word::Other(s.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            Word::Known(s) => s,
+            Word::Other(s) => s,
+        }
+    }
+}
+
+impl KeptClaim {
+    pub fn phase(&self) -> Option<Phase> {
+        self.status.as_ref().and_then(|s| s.phase)
+    }
+
+    pub fn leader_epoch(&self) -> Option<i64> {
+        self.status.as_ref().and_then(|s| s.leader_epoch)
+    }
+
+    pub fn znode(&self) -> Option<&str> {
+        self.status.as_ref().and_then(|s| s.znode.as_deref())
+    }
+
+    /// The whole claim again, for planning (the dropped metadata is never read).
+    pub fn to_claim(&self) -> LockClaim {
+        LockClaim {
+            metadata: self.metadata.clone(),
+            spec: self.spec.clone(),
+            status: self.status.clone().map(LockClaimStatus::from),
+        }
+    }
+}
+
+impl From<LockClaim> for KeptClaim {
+    fn from(claim: LockClaim) -> Self {
+        let LockClaim { metadata, spec, status } = claim;
+        let annotations = metadata
+            .annotations
+            .map(|a| {
+                a.into_iter()
+                    .filter(|(k, _)| k.starts_with(OWN_ANNOTATIONS))
+                    .collect::<std::collections::BTreeMap<_, _>>()
+            })
+            .filter(|a| !a.is_empty());
+        let metadata = ObjectMeta {
+            name: metadata.name,
+            namespace: metadata.namespace,
+            uid: metadata.uid,
+            resource_version: metadata.resource_version,
+            generation: metadata.generation,
+            creation_timestamp: metadata.creation_timestamp,
+            deletion_timestamp: metadata.deletion_timestamp,
+            finalizers: metadata.finalizers,
+            annotations,
+            ..ObjectMeta::default()
+        };
+        KeptClaim { metadata, spec, status: status.map(KeptStatus::from) }
+    }
+}
+
+impl From<KeptClaim> for LockClaim {
+    fn from(kept: KeptClaim) -> Self {
+        LockClaim { metadata: kept.metadata, spec: kept.spec, status: kept.status.map(LockClaimStatus::from) }
+    }
+}
+
+impl From<LockClaimStatus> for KeptStatus {
+    fn from(s: LockClaimStatus) -> Self {
+        KeptStatus {
+            phase: s.phase,
+            position: s.position,
+            leader_epoch: s.leader_epoch,
+            znode: s.znode.map(Into::into),
+            observed_generation: s.observed_generation,
+            acquired_at: s.acquired_at,
+            lease_expires_at: s.lease_expires_at,
+            waiting_for: s.waiting_for.map(Into::into),
+            fencing_token: s.fencing_token.map(Into::into),
+            holder_uid: s.holder_uid.map(Into::into),
+            renewed: s.renewed.map(Into::into),
+            conditions: s
+                .conditions
+                .into_iter()
+                .map(|c| KeptCondition {
+                    type_: Word::new(c.type_),
+                    status: Word::new(c.status),
+                    reason: Word::new(c.reason),
+                    message: c.message.into(),
+                    last_transition_time: c.last_transition_time,
+                    observed_generation: c.observed_generation,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<KeptStatus> for LockClaimStatus {
+    fn from(s: KeptStatus) -> Self {
+        LockClaimStatus {
+            phase: s.phase,
+            position: s.position,
+            waiting_for: s.waiting_for.map(Into::into),
+            fencing_token: s.fencing_token.map(Into::into),
+            znode: s.znode.map(Into::into),
+            holder_uid: s.holder_uid.map(Into::into),
+            acquired_at: s.acquired_at,
+            lease_expires_at: s.lease_expires_at,
+            renewed: s.renewed.map(Into::into),
+            conditions: s
+                .conditions
+                .into_vec()
+                .into_iter()
+                .map(|c| Condition {
+                    type_: c.type_.as_str().into(),
+                    status: c.status.as_str().into(),
+                    reason: c.reason.as_str().into(),
+                    message: c.message.into(),
+                    last_transition_time: c.last_transition_time,
+                    observed_generation: c.observed_generation,
+                })
+                .collect(),
+            observed_generation: s.observed_generation,
+            leader_epoch: s.leader_epoch,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn demo_claim() -> LockClaim {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim",
+            "metadata": {
+                "annotations": {
+                    "kubectl.kubernetes.io/last-applied-configuration": "{\"spec\":{}}",
+                    "zklock.io/revoke": "maintenance",
+                },
+                "labels": {"team": "db"},
+                "creationTimestamp": "2026-11-23T17:59:06Z", "finalizers": ["zklock.io/release"],
+                "generation": 1, "name": "table-rebuild", "namespace": "demo", "resourceVersion": "20",
+                "uid": "4bf87072-2c81-4629-9a8b-bffc030bb21d",
+                "managedFields": [{"manager": "kubectl", "operation": "Update"}],
+            },
+            "spec": {"lockName": "sales-tables", "mode": "Exclusive", "holder": {"podName": "rebuild-0"}},
+            "status": {
+                "conditions": [
+                    {"lastTransitionTime": "2026-11-23T17:59:06Z", "message": "2 contender(s) ahead",
+                     "observedGeneration": 1, "reason": "Waiting", "status": "False", "type": "Held"},
+                    {"lastTransitionTime": "2026-11-23T17:59:07Z", "message": "set by hand",
+                     "reason": "SomeoneElses", "status": "Maybe", "type": "example.com/Custom"},
+                ],
+                "leaderEpoch": 10, "observedGeneration": 1, "phase": "Waiting", "position": 2,
+                "waitingFor": "report-reader-2", "fencingToken": "17", "holderUID": "p-1", "renewed": "3",
+                "acquiredAt": "2026-11-23T17:59:06Z", "leaseExpiresAt": "2026-11-23T18:59:06Z",
+                "znode": "/zklock/locks/demo/sales-tables/write-4bf87072-2c81-4629-9a8b-bffc030bb21d-lock-0000000002",
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_kept_claim_gives_back_its_status_spec_and_the_metadata_the_operator_reads() {
+        let claim = demo_claim();
+        let kept = KeptClaim::from(claim.clone());
+        let back = kept.to_claim();
+        assert_eq!(back.status, claim.status);
+        assert_eq!(back.spec, claim.spec);
+        let (m, o) = (&back.metadata, &claim.metadata);
+        assert_eq!(
+            (&m.name, &m.namespace, &m.uid, &m.resource_version),
+            (&o.name, &o.namespace, &o.uid, &o.resource_version)
+        );
+        assert_eq!(
+            (&m.generation, &m.creation_timestamp, &m.finalizers),
+            (&o.generation, &o.creation_timestamp, &o.finalizers)
+        );
+        assert_eq!(m.annotations, Some([("zklock.io/revoke".to_string(), "maintenance".to_string())].into()));
+        assert_eq!((&m.labels, &m.managed_fields), (&None, &None));
+        assert_eq!(kept.phase(), Some(Phase::Waiting));
+        assert_eq!(kept.leader_epoch(), Some(10));
+        assert!(kept.znode().is_some_and(|z| z.ends_with("lock-0000000002")));
+    }
+
+    #[test]
+    fn a_kept_claim_reads_from_the_api_as_a_claim_does() {
+        let json = serde_json::to_string(&demo_claim()).unwrap();
+        let kept: KeptClaim = serde_json::from_str(&json).unwrap();
+        assert_eq!(kept, KeptClaim::from(demo_claim()));
+    }
+
+    fn word() -> impl Strategy<Value = String> {
+        prop_oneof![prop::sample::select(KNOWN_WORDS.to_vec()).prop_map(String::from), "[A-Za-z/.]{0,12}"]
+    }
+
+    proptest! {
+        #[test]
+        fn conditions_come_back_exactly(
+            words in prop::collection::vec((word(), word(), word(), ".{0,20}", prop::option::of(any::<i64>())), 0..4)
+        ) {
+            let conditions: Vec<Condition> = words
+                .into_iter()
+                .map(|(type_, status, reason, message, observed_generation)| Condition {
+                    type_, status, reason, message, observed_generation,
+                    last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+                })
+                .collect();
+            let status = LockClaimStatus { conditions, ..LockClaimStatus::default() };
+            prop_assert_eq!(LockClaimStatus::from(KeptStatus::from(status.clone())), status);
+        }
+    }
+}
