@@ -9,6 +9,7 @@
 
 pub mod anchor;
 mod background;
+mod error;
 pub mod events;
 pub mod plan;
 mod reconcile;
@@ -17,7 +18,6 @@ mod watch;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::channel::mpsc::UnboundedSender;
 use futures::{FutureExt, StreamExt};
@@ -39,38 +39,7 @@ pub use registry::Registry;
 /// A claim UID, one copy shared by the registry and the engine.
 pub type Uid = Arc<str>;
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(String),
-    #[error("ZooKeeper: {0}")]
-    ZooKeeper(#[from] crate::zk::Error),
-    #[error("finalizer: {0}")]
-    Finalizer(String),
-    #[error("object without {0}")]
-    Malformed(&'static str),
-    #[error("not the leader any more: no write")]
-    NotLeading,
-}
-
-impl Error {
-    /// A short label for the reconcile error metric.
-    pub fn metric_label(&self) -> String {
-        match self {
-            Error::Kube(_) => "kubernetes".into(),
-            Error::ZooKeeper(e) => format!("zookeeper_{}", e.kind()),
-            Error::Finalizer(_) => "finalizer".into(),
-            Error::Malformed(_) => "malformed".into(),
-            Error::NotLeading => "not_leading".into(),
-        }
-    }
-}
-
-impl<E: std::fmt::Display> From<crate::metrics::ApiCallError<E>> for Error {
-    fn from(e: crate::metrics::ApiCallError<E>) -> Self {
-        Error::Kube(e.to_string())
-    }
-}
+pub use error::Error;
 
 /// What every reconcile shares.
 pub struct Context {
@@ -117,17 +86,8 @@ impl Context {
     }
 
     /// Runs one Kubernetes write, if this process still leads (DESIGN.md §5a), and gives up on
-    /// it when the leadership ends first.
+    /// it when the leadership ends first (the outer error); the inner result is the API's.
     pub async fn write<T, E: std::fmt::Display>(
-        &self,
-        call: &str,
-        f: impl std::future::Future<Output = Result<T, E>>,
-    ) -> Result<T, Error> {
-        Ok(self.try_write(call, f).await??)
-    }
-
-    /// [`Context::write`], with the API's own answer kept apart (outer: not leading).
-    pub async fn try_write<T, E: std::fmt::Display>(
         &self,
         call: &str,
         f: impl std::future::Future<Output = Result<T, E>>,
@@ -391,8 +351,8 @@ impl Drop for Running<'_> {
 fn error_policy(claim: Arc<KeptClaim>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabel { error: error.metric_label() }).inc();
     let name = claim.metadata.name.as_deref().unwrap_or_default();
-    tracing::warn!(claim = name, %error, "reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(2))
+    tracing::warn!(claim = name, %error, "reconcile failed");
+    error.retry_after().map_or_else(Action::await_change, Action::requeue)
 }
 
 /// What the controller's stream reports besides reconciles (those report through

@@ -60,7 +60,9 @@ pub async fn reconcile(uid: Uid, claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Re
             tracing::debug!(status = %s.message, "finalizer patch met a newer object; retrying soon");
             Ok(Action::requeue(Duration::from_millis(500)))
         }
-        Err(e) => Err(Error::Finalizer(e.to_string())),
+        Err(FinalizerError::AddFinalizer(e) | FinalizerError::RemoveFinalizer(e)) => Err(Error::Finalizer(e)),
+        Err(FinalizerError::UnnamedObject) => Err(Error::Malformed("a name")),
+        Err(FinalizerError::InvalidFinalizer) => Err(Error::Malformed("valid finalizer name")),
     }
 }
 
@@ -215,7 +217,11 @@ async fn stale_copy(claim: &LockClaim, ctx: &Context, uid: &str) -> Result<Optio
 async fn holder_view(ctx: &Context, namespace: &str, pod: Option<&str>) -> Result<HolderView, Error> {
     let Some(pod) = pod else { return Ok(HolderView::NotRequested) };
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    let found = ctx.metrics.api_call("get_pod", false, pods.get_opt(pod)).await?;
+    let found = ctx
+        .metrics
+        .api_call("get_pod", false, pods.get_opt(pod))
+        .await
+        .map_err(|e| Error::api("get_pod", e, |source| Error::GetPod { pod: pod.to_string(), source }))?;
     Ok(match found {
         None => HolderView::Missing,
         Some(p) => HolderView::Present {
@@ -258,7 +264,7 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut pl
         let key = format!("{POD_REVOKE_ANNOTATION_PREFIX}{name}");
         let patch = json!({ "metadata": { "annotations": { key: reason } } });
         let result = ctx.write("annotate_pod", pods.patch(pod, &PatchParams::default(), &Patch::Merge(&patch))).await;
-        if let Err(e) = result {
+        if let Some(e) = write_error(result) {
             // The pod may be gone already; the revocation goes on regardless.
             tracing::info!(pod, error = %e, "could not annotate the holder pod");
         }
@@ -274,7 +280,7 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut pl
         };
         let patch = status_patch(uid, &plan.status, guard)?;
         let answer = ctx
-            .try_write("patch_status", api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch)))
+            .write("patch_status", api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch)))
             .await;
         let granting = plan.status.phase == Some(Phase::Held) && before.phase != Some(Phase::Held);
         if !matches!(answer, Ok(Ok(_))) && granting {
@@ -289,7 +295,7 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut pl
                 tracing::info!(claim = %name, answer = %s.message, "status write refused; planning again from a newer copy");
                 return Ok(Action::requeue(Duration::from_millis(500)));
             }
-            Ok(Err(e)) => return Err(e.into()),
+            Ok(Err(e)) => return Err(Error::api("patch_status", e, Error::PatchStatus)),
             Err(e) => return Err(e),
         }
         tracing::debug!(phase = ?plan.status.phase, position = ?plan.status.position, "status written");
@@ -311,7 +317,7 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut pl
     for event in &plan.events {
         let publish = ctx.events.publish(&reference, event.warning, event.reason, &event.note);
         let published = ctx.write("publish_event", publish).await;
-        if let Err(e) = published {
+        if let Some(e) = write_error(published) {
             // Events are for people; the claim's status carries the truth.
             tracing::info!(claim = %name, error = %e, "could not publish an event");
         }
@@ -334,8 +340,16 @@ fn status_patch(uid: &str, status: &LockClaimStatus, guard: Guard<'_>) -> Result
         }
     }
     ops.push(json!({ "op": "add", "path": "/status", "value": status }));
-    serde_json::from_value(serde_json::Value::Array(ops))
-        .map_err(|e| Error::Kube(format!("building the status patch: {e}")))
+    serde_json::from_value(serde_json::Value::Array(ops)).map_err(Error::StatusPatch)
+}
+
+/// A write's failure, for a log line: refused, timed out, or not written (not leading).
+fn write_error<T>(result: Result<Result<T, ApiCallError<kube::Error>>, Error>) -> Option<String> {
+    match result {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(e) => Some(e.to_string()),
+    }
 }
 
 /// What a status write tests besides the UID, so that a deposed leader's late write fails

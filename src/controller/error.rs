@@ -1,0 +1,83 @@
+//! What a reconcile step can fail with: each variant names its step, gives the metric label
+//! of the reconcile error counter, and says when the error policy looks at the claim again.
+
+use std::time::Duration;
+
+use crate::metrics::{ApiCallError, API_TIMEOUT};
+
+/// How soon a claim whose reconcile failed is looked at again.
+const RETRY: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("reading holder pod {pod}: {source}")]
+    GetPod { pod: String, source: kube::Error },
+    #[error("writing the claim's status: {0}")]
+    PatchStatus(kube::Error),
+    #[error("building the status patch: {0}")]
+    StatusPatch(serde_json::Error),
+    #[error("{call}: no answer from the Kubernetes API within {API_TIMEOUT:?}")]
+    Timeout { call: &'static str },
+    #[error("adding or removing the finalizer: {0}")]
+    Finalizer(kube::Error),
+    #[error("ZooKeeper: {0}")]
+    ZooKeeper(#[from] crate::zk::Error),
+    #[error("the claim has no {0}")]
+    Malformed(&'static str),
+    #[error("not the leader any more: no write")]
+    NotLeading,
+}
+
+impl Error {
+    /// An API call's failure as the error of its step (`failed`), or as a timeout of `call`.
+    pub fn api(
+        call: &'static str,
+        error: ApiCallError<kube::Error>,
+        failed: impl FnOnce(kube::Error) -> Error,
+    ) -> Self {
+        match error {
+            ApiCallError::Failed(e) => failed(e),
+            ApiCallError::Timeout => Error::Timeout { call },
+        }
+    }
+
+    /// The label of the reconcile error counter.
+    pub fn metric_label(&self) -> String {
+        match self {
+            Error::GetPod { .. } => "get_pod".into(),
+            Error::PatchStatus(_) | Error::StatusPatch(_) => "patch_status".into(),
+            Error::Timeout { .. } => "timeout".into(),
+            Error::Finalizer(_) => "finalizer".into(),
+            Error::ZooKeeper(e) => format!("zookeeper_{}", e.kind()),
+            Error::Malformed(_) => "malformed".into(),
+            Error::NotLeading => "not_leading".into(),
+        }
+    }
+
+    /// When to reconcile the claim again; `None`: not before it changes (nothing else helps).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::Malformed(_) => None,
+            _ => Some(RETRY),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timed_out_call_is_a_timeout_of_that_call_and_a_failed_one_the_error_of_its_step() {
+        let timeout = Error::api("get_pod", ApiCallError::Timeout, |source| Error::GetPod { pod: "p".into(), source });
+        assert!(matches!(timeout, Error::Timeout { call: "get_pod" }));
+        assert_eq!(timeout.metric_label(), "timeout");
+        let refused = kube::Error::Api(Box::new(kube::core::Status::failure("forbidden", "Forbidden").with_code(403)));
+        let failed =
+            Error::api("get_pod", ApiCallError::Failed(refused), |source| Error::GetPod { pod: "p".into(), source });
+        assert_eq!(failed.metric_label(), "get_pod");
+        assert!(failed.to_string().starts_with("reading holder pod p: "), "{failed}");
+        assert_eq!(Error::Malformed("a uid").retry_after(), None);
+        assert_eq!(failed.retry_after(), Some(RETRY));
+    }
+}
