@@ -32,11 +32,12 @@ mod store;
 mod table;
 mod watch;
 
+use parking_lot::Mutex;
 use serde_json::Value;
 use server::Shared;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch as tokio_watch;
 use tokio::task::JoinHandle;

@@ -15,8 +15,9 @@ use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::Response;
+use parking_lot::{Mutex, MutexGuard};
 use serde_json::Value;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Largest request body accepted, as kube-apiserver's 3 MiB limit.
@@ -32,8 +33,7 @@ pub struct Shared {
 
 impl Shared {
     pub fn lock(&self) -> MutexGuard<'_, State> {
-        // A poisoned lock can only follow a panic, which request handling never does; keep serving.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 }
 

@@ -13,9 +13,10 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -70,7 +71,7 @@ impl Proxy {
                         relay(client, server, ctl2).await;
                     }
                 });
-                let mut connections = ctl.connections.lock().unwrap_or_else(|p| p.into_inner());
+                let mut connections = ctl.connections.lock();
                 connections.retain(|t| !t.is_finished());
                 connections.push(task);
             }
@@ -96,7 +97,7 @@ impl Proxy {
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
         let hook: Hook = Box::new(move || Box::pin(hook()));
-        *self.control.before_multi.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
+        *self.control.before_multi.lock() = Some(hook);
     }
 
     /// How many connections were cut after a create.
@@ -108,7 +109,7 @@ impl Proxy {
     pub fn set_blackhole(&self, on: bool) {
         self.control.blackhole.store(on, Ordering::SeqCst);
         if on {
-            for task in self.control.connections.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            for task in self.control.connections.lock().drain(..) {
                 task.abort();
             }
         }
@@ -153,7 +154,7 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
             break;
         }
         if !first && is_multi(&frame) {
-            let hook = control.before_multi.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let hook = control.before_multi.lock().take();
             if let Some(hook) = hook {
                 hook().await;
             }
