@@ -57,7 +57,8 @@ enum Word {
     Other(Box<str>),
 }
 
-const KNOWN_WORDS: [&str; 26] = [
+/// Condition statuses, and the types and reasons `controller::plan` writes.
+const KNOWN_WORDS: [&str; 20] = [
     "True",
     "False",
     "Unknown",
@@ -68,11 +69,8 @@ const KNOWN_WORDS: [&str; 26] = [
     "Acquired",
     "Waiting",
     "Pending",
-    "WaitingForHolder",
-    "Released",
     "Revoked",
     "Expired",
-    "Lost",
     "ClaimDeleted",
     "HolderGone",
     "HolderPodNotFound",
@@ -81,9 +79,6 @@ const KNOWN_WORDS: [&str; 26] = [
     "NodeDeleted",
     "SessionLost",
     "ZooKeeperError",
-    "Succeeded",
-    "Failed",
-    "RevocationRequested",
 ];
 
 impl Word {
