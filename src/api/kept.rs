@@ -112,11 +112,7 @@ impl KeptClaim {
 
     /// The whole claim again, for planning (the dropped metadata is never read).
     pub fn to_claim(&self) -> LockClaim {
-        LockClaim {
-            metadata: self.metadata.clone(),
-            spec: self.spec.clone(),
-            status: self.status.clone().map(LockClaimStatus::from),
-        }
+        self.clone().into()
     }
 }
 

@@ -58,7 +58,11 @@ fn first_seen(ctx: &Context, claim: &KeptClaim) {
     else {
         return;
     };
-    let uid = ctx.shared_uid(uid);
+    if ctx.registry.key(uid).is_some() {
+        // Known: every later event of the claim (each status write comes back as one) stops here.
+        return;
+    }
+    let uid = ctx.engine.id(uid).unwrap_or_else(|| uid.into());
     let phase = claim.phase();
     let lock = ctx.lock_path(namespace, &claim.spec.lock_name);
     let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
