@@ -36,7 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             mode: Mode::Exclusive,
             description: format!("bench/claim-{i}"),
         };
-        engine.enqueue_untracked(spec).await?;
+        engine.enqueue(spec).await?;
     }
     let after = rss()?;
     println!(

@@ -9,8 +9,9 @@
 
 use std::time::{Duration, Instant};
 
+use tokio::sync::mpsc::UnboundedReceiver;
 use zklock::recipe::Mode;
-use zklock::zk::{ContenderSpec, LockEngine, ZkConfig};
+use zklock::zk::{ContenderSpec, ContenderState, EngineEvent, LockEngine, ZkConfig};
 use zklock_testkit::{curator, ZkServer};
 
 #[tokio::main]
@@ -19,7 +20,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let server = ZkServer::shared();
     let connect = server.chroot().await;
 
-    let engine = LockEngine::connect(ZkConfig::new(&connect).with_session_timeout(Duration::from_secs(10))).await?;
+    let config = ZkConfig::new(&connect).with_session_timeout(Duration::from_secs(10));
+    let (engine, mut events) = LockEngine::connect_with_events(config).await?;
     let lock = "/bench/handoff";
     let spec = || ContenderSpec {
         id: uuid::Uuid::new_v4().to_string().into(),
@@ -27,17 +29,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         mode: Mode::Exclusive,
         description: "handoff bench".into(),
     };
-    let mut holder = engine.enqueue(spec()).await?;
-    holder.wait_for(|s| s.is_held()).await;
+    let mut holder = spec();
+    engine.enqueue(holder.clone()).await?;
+    held(&mut events, &holder.id).await?;
     // The first 100 rounds warm up (connections, caches; the JIT on Curator's side) and are
     // not counted.
     let mut samples = Vec::with_capacity(iterations);
     for i in 0..iterations + 100 {
-        let mut waiter = engine.enqueue(spec()).await?;
-        waiter.wait_for(|s| matches!(s, zklock::zk::ContenderState::Waiting { .. })).await;
+        let waiter = spec();
+        let first = engine.enqueue(waiter.clone()).await?;
+        assert!(matches!(first, ContenderState::Waiting { .. }), "the waiter waits: {first:?}");
         let start = Instant::now();
         engine.release(&holder.id).await?;
-        waiter.wait_for(|s| s.is_held()).await;
+        held(&mut events, &waiter.id).await?;
         if i >= 100 {
             samples.push(start.elapsed());
         }
@@ -57,6 +61,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .await?;
     print!("{out}");
     Ok(())
+}
+
+/// Waits for the event that says contender `id` holds the lock.
+async fn held(events: &mut UnboundedReceiver<EngineEvent>, id: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let wait = async {
+        while let Some(event) = events.recv().await {
+            if matches!(&event, EngineEvent::Contender { id: e, state } if e == id && state.is_held()) {
+                return Ok(());
+            }
+        }
+        Err("the engine's event stream ended".into())
+    };
+    tokio::time::timeout(Duration::from_secs(30), wait).await.map_err(|_| format!("{id} was not granted in 30 s"))?
 }
 
 fn percentiles(samples: &mut [Duration]) -> String {

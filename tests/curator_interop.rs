@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use support::*;
 use zklock::recipe::{self, Mode};
-use zklock::zk::ContenderState;
+
 use zklock_testkit::curator;
 use zookeeper_client as zkc;
 
@@ -51,10 +51,8 @@ async fn engine_and_curator_never_hold_at_the_same_time() {
     let (mut violations, mut waited_for_curator) = (0, 0);
     for _ in 0..ROUNDS {
         let mut c = enqueue(&engine, lock, Mode::Exclusive).await;
-        if let ContenderState::Waiting { watching, .. } = c.state() {
-            // Curator's nodes are `_c_<uuid>-lock-<seq>`: foreign to the recipe.
-            waited_for_curator += usize::from(recipe::parse_child(&watching).is_some_and(|n| n.ours.is_none()));
-        }
+        // Curator's nodes are `_c_<uuid>-lock-<seq>`: foreign to the recipe.
+        waited_for_curator += usize::from(c.state().waits_for_foreign());
         held(&mut c).await;
         if marker_client.create("/marker", b"zklock", &marker_options).await.is_err() {
             violations += 1;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use support::*;
 use tokio::sync::mpsc::UnboundedReceiver;
 use zklock::recipe::Mode;
-use zklock::zk::{ContenderState, EngineEvent, LockEngine, LostReason, SessionEvent, ZkConfig};
+use zklock::zk::{ContenderState, EngineEvent, LockEngine, LostReason, Recorded, SessionEvent, ZkConfig};
 use zklock_testkit::proxy::Proxy;
 use zklock_testkit::ZkServer;
 use zookeeper_client as zkc;
@@ -19,13 +19,13 @@ const LOCK: &str = "/locks/ns/db";
 
 /// An engine that reaches the shared server through a fault-injecting proxy, its event stream,
 /// and the direct connect string (chroot included) for other clients.
-async fn behind_proxy(session_timeout: Duration) -> (Proxy, LockEngine, UnboundedReceiver<EngineEvent>, String) {
+async fn behind_proxy(session_timeout: Duration) -> (Proxy, Engine, UnboundedReceiver<EngineEvent>, String) {
     let server = ZkServer::shared();
     let connect = server.chroot().await;
     let chroot = &connect[connect.find('/').unwrap()..];
     let proxy = Proxy::start(server.addr()).await;
     let config = ZkConfig::new(proxy.connect_string(chroot)).with_session_timeout(session_timeout);
-    let (engine, events) = LockEngine::connect_with_events(config).await.unwrap();
+    let (engine, events) = Engine::connect_with_events(config).await.unwrap();
     (proxy, engine, events, connect)
 }
 
@@ -260,8 +260,9 @@ async fn no_znodes_remain_after_every_contender_released() {
         assert_eq!(children(&raw, lock).await, Vec::<String>::new(), "{lock} still has nodes");
     }
     assert_eq!(engine.stats().deletes, 15);
-    for c in &all {
-        assert_eq!(c.state(), ContenderState::Released);
+    for c in &mut all {
+        let s = wait_state(c, "the release to be reported", |s| s.is_final()).await;
+        assert_eq!(s, ContenderState::Released);
     }
 }
 
@@ -396,7 +397,7 @@ async fn changes_made_while_disconnected_are_caught_up_after_reconnecting() {
 }
 
 #[tokio::test]
-async fn a_handle_of_an_earlier_incarnation_does_not_silence_the_new_one() {
+async fn an_id_that_comes_back_after_its_release_is_a_new_contender() {
     let connect = chroot().await;
     let engine = engine(&connect).await;
     let mut holder = enqueue(&engine, LOCK, Mode::Exclusive).await;
@@ -407,7 +408,7 @@ async fn a_handle_of_an_earlier_incarnation_does_not_silence_the_new_one() {
     // The same id comes back (a claim re-enqueued after a session loss does this).
     let mut second = engine.enqueue(again).await.unwrap();
     wait_state(&mut second, "the new incarnation waits", is_waiting).await;
-    drop(first);
+    assert_ne!(first.node, second.node, "a node of its own");
     engine.release(&holder.id).await.unwrap();
     held(&mut second).await;
 }
@@ -468,7 +469,8 @@ async fn a_deposed_leaders_engine_is_fenced_by_the_next_epoch() {
     assert!(matches!(release, Err(zklock::zk::Error::Fenced { .. })), "delete after the new epoch: {release:?}");
     let revoke = old.request_revocation(&holder.node, "stale").await;
     assert!(matches!(revoke, Err(zklock::zk::Error::Fenced { .. })), "revocation after the new epoch: {revoke:?}");
-    let reanchor = old.reanchor(LOCK, vec![spec(LOCK, Mode::Exclusive)]).await;
+    let reanchor =
+        old.reanchor(LOCK, vec![Recorded { spec: spec(LOCK, Mode::Exclusive), held: false, node: None }]).await;
     assert!(matches!(reanchor, Err(zklock::zk::Error::Fenced { .. })), "re-anchor after the new epoch: {reanchor:?}");
     let left = children(&raw, LOCK).await;
     assert_eq!(left.len(), 1, "only the holder's node, untouched: {left:?}");
@@ -494,7 +496,7 @@ async fn tls_with_the_right_ca_works_and_anything_else_is_refused_clearly() {
     let config =
         |connect: &str, tls: TlsPem| ZkConfig::new(connect).with_session_timeout(Duration::from_secs(4)).with_tls(tls);
 
-    let engine = LockEngine::connect(config(&secure, tls.clone())).await.expect("TLS with the right CA");
+    let engine = Engine::connect(config(&secure, tls.clone())).await.expect("TLS with the right CA");
     let mut c = enqueue(&engine, LOCK, Mode::Exclusive).await;
     held(&mut c).await;
     let raw = raw_client(server.connect()).await;
@@ -536,7 +538,7 @@ async fn a_detached_engine_leaves_its_nodes_to_the_session_timeout() {
     for detached in [false, true] {
         let mut config = ZkConfig::new(&connect).with_session_timeout(Duration::from_secs(4));
         config.detached = detached;
-        let engine = LockEngine::connect(config).await.unwrap();
+        let engine = Engine::connect(config).await.unwrap();
         let mut c = enqueue(&engine, LOCK, Mode::Exclusive).await;
         held(&mut c).await;
         let node = c.node.clone();
@@ -567,7 +569,7 @@ async fn empty_lock_directories_are_removed_unless_marked_foreign() {
     let connect = chroot().await;
     let mut config = ZkConfig::new(&connect).with_session_timeout(Duration::from_secs(4));
     config.idle_directory_grace = Duration::from_millis(100);
-    let engine = LockEngine::connect(config).await.unwrap();
+    let engine = Engine::connect(config).await.unwrap();
     let raw = raw_client(&connect).await;
     let gone = |path: &'static str| {
         let raw = &raw;

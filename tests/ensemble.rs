@@ -5,14 +5,14 @@ mod support;
 
 use support::*;
 use zklock::recipe::Mode;
-use zklock::zk::{ContenderState, EngineEvent, LockEngine, SessionEvent, ZkConfig};
+use zklock::zk::{ContenderState, EngineEvent, SessionEvent, ZkConfig};
 use zklock_testkit::Ensemble;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_failover_keeps_the_session_and_the_queue() {
     let mut ensemble = Ensemble::start(3);
     let config = ZkConfig::new(ensemble.connect()).with_session_timeout(std::time::Duration::from_secs(10));
-    let (engine, mut events) = LockEngine::connect_with_events(config).await.unwrap();
+    let (engine, mut events) = Engine::connect_with_events(config).await.unwrap();
     let lock = "/locks/failover";
     let mut a = enqueue(&engine, lock, Mode::Exclusive).await;
     let token = held(&mut a).await;
@@ -44,8 +44,8 @@ async fn a_leader_failover_keeps_the_session_and_the_queue() {
 async fn a_waiter_hears_its_predecessor_go_after_every_server_restarted() {
     let mut ensemble = Ensemble::start(3);
     let config = ZkConfig::new(ensemble.connect()).with_session_timeout(std::time::Duration::from_secs(20));
-    let engine = LockEngine::connect(config.clone()).await.unwrap();
-    let other = LockEngine::connect(config).await.unwrap();
+    let engine = Engine::connect(config.clone()).await.unwrap();
+    let other = Engine::connect(config).await.unwrap();
     let lock = "/locks/restarts";
     let mut holder = enqueue(&other, lock, Mode::Exclusive).await;
     held(&mut holder).await;

@@ -5,7 +5,7 @@ mod support;
 
 use support::*;
 use zklock::recipe::Mode;
-use zklock::zk::ContenderState;
+use zklock::zk::{ContenderSpec, ContenderState, Recorded};
 use zookeeper_client as zkc;
 
 const LOCK: &str = "/locks/ns/anchored";
@@ -22,25 +22,32 @@ async fn a_new_session_recreates_the_queue_in_order_and_replaces_the_old_nodes()
     let old_nodes = children(&raw, LOCK).await;
     assert_eq!(old_nodes.len(), 3);
 
-    // A new process: its own session, while the old session still lives.
+    // A new process: its own session, while the old session still lives. It gives the
+    // contenders in any order, with what their owner recorded: the engine puts the holder
+    // first, then the others in the order of their recorded nodes, then one without a node.
     let new = engine(&connect).await;
-    let specs: Vec<_> = [(&h, Mode::Exclusive), (&w1, Mode::Shared), (&w2, Mode::Exclusive)]
-        .iter()
-        .map(|(c, mode)| zklock::zk::ContenderSpec {
-            id: c.id.clone().into(),
-            lock: LOCK.into(),
-            mode: *mode,
-            description: "re-anchored".into(),
-        })
-        .collect();
-    let anchored = new.reanchor(LOCK, specs).await.unwrap();
+    let late = spec(LOCK, Mode::Exclusive);
+    let recorded = |c: &Contender, mode, held| Recorded {
+        spec: ContenderSpec { id: c.id.clone().into(), lock: LOCK.into(), mode, description: "re-anchored".into() },
+        held,
+        node: Some(c.node.clone()),
+    };
+    let given = vec![
+        Recorded { spec: late.clone(), held: false, node: None },
+        recorded(&w2, Mode::Exclusive, false),
+        recorded(&h, Mode::Exclusive, true),
+        recorded(&w1, Mode::Shared, false),
+    ];
+    let anchored = new.reanchor(LOCK, given).await.unwrap();
     assert!(!anchored.foreign_seen);
-    let [mut h2, mut w1b, mut w2b]: [_; 3] = anchored.contenders.try_into().unwrap();
+    let order: Vec<&str> = anchored.contenders.iter().map(|(id, _)| &**id).collect();
+    assert_eq!(order, [&*h.id, &*w1.id, &*w2.id, &*late.id], "holder, recorded nodes in order, then the rest");
+    let [mut h2, mut w1b, mut w2b] = [&h, &w1, &w2].map(|c| new.contender(&c.id));
     held(&mut h2).await;
     assert!(matches!(w1b.state(), ContenderState::Waiting { ahead: 1, .. }), "{:?}", w1b.state());
     assert!(matches!(w2b.state(), ContenderState::Waiting { ahead: 2, .. }), "{:?}", w2b.state());
     let now = children(&raw, LOCK).await;
-    assert_eq!(now.len(), 3, "old nodes replaced, not added to: {now:?}");
+    assert_eq!(now.len(), 4, "old nodes replaced, not added to: {now:?}");
     assert!(now.iter().all(|n| !old_nodes.contains(n)));
 
     // The old session's contenders saw their nodes deleted; the old process going away changes
@@ -68,17 +75,22 @@ async fn a_foreign_node_is_remembered_and_can_overtake_a_holder_across_sessions(
     assert_eq!(String::from_utf8_lossy(&marker), r#"{"foreignSeen":true}"#);
 
     let new = engine(&connect).await;
-    let spec = |id: &str| zklock::zk::ContenderSpec {
-        id: id.into(),
-        lock: LOCK.into(),
-        mode: Mode::Exclusive,
-        description: String::new(),
+    let recorded = |c: &Contender, held| Recorded {
+        spec: ContenderSpec {
+            id: c.id.clone().into(),
+            lock: LOCK.into(),
+            mode: Mode::Exclusive,
+            description: String::new(),
+        },
+        held,
+        node: Some(c.node.clone()),
     };
-    let anchored = new.reanchor(LOCK, vec![spec(&h.id), spec(&w.id)]).await.unwrap();
+    let anchored = new.reanchor(LOCK, vec![recorded(&h, true), recorded(&w, false)]).await.unwrap();
     assert!(anchored.foreign_seen, "the directory's marker says foreign clients use it");
     // The foreign node kept its place; the holder's new node comes after it.
-    let h2 = &anchored.contenders[0];
-    assert!(matches!(h2.state(), ContenderState::Waiting { ahead: 1, .. }), "{:?}", h2.state());
+    let (h2, state) = &anchored.contenders[0];
+    assert_eq!(**h2, *h.id);
+    assert!(matches!(state, ContenderState::Waiting { ahead: 1, .. }), "{state:?}");
 }
 
 /// A foreign node made between re-anchoring's listing and its multi-op (the multi's guard,
@@ -100,7 +112,7 @@ async fn a_foreign_node_made_during_re_anchoring_is_caught_after_the_commit() {
         stranger.create(&format!("{LOCK}/_c_stranger-lock-"), b"", &options).await.unwrap();
     });
     let holder = spec(LOCK, Mode::Exclusive);
-    let anchored = engine.reanchor(LOCK, vec![holder]).await.unwrap();
+    let anchored = engine.reanchor(LOCK, vec![Recorded { spec: holder, held: true, node: None }]).await.unwrap();
     assert!(anchored.foreign_seen, "the stranger's node made during re-anchoring was noticed");
     let (marker, _) = raw.get_data(LOCK).await.unwrap();
     assert!(String::from_utf8_lossy(&marker).contains("\"foreignSeen\":true"), "and recorded in the directory");

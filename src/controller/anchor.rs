@@ -2,16 +2,14 @@
 //! gets the nodes of its live claims back, in the order their status records (holders first),
 //! and the continuity rule decides whether a recorded holder keeps the lock.
 
-use std::collections::BTreeMap;
-
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use kube::ResourceExt;
 
 use super::{Context, Error};
 use crate::api::{validate_spec, KeptClaim, Phase};
-use crate::recipe;
-use crate::zk::ContenderSpec;
+use crate::zk::{ContenderSpec, Recorded};
 
 /// The claim's phase as last recorded: the operator's own last write is newer than any copy
 /// the watch may not have delivered yet.
@@ -46,48 +44,35 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     // Directories that hold nodes of earlier sessions but no live claim any more: their stale
     // nodes must go too, or new claims would queue behind them until the old session expires.
     let root = format!("{}/locks", ctx.zk_root.trim_end_matches('/'));
-    for namespace in ctx.engine.children(&root).await? {
-        if !ctx.namespaces.is_empty() && !ctx.namespaces.contains(&namespace) {
-            continue;
-        }
-        for lock_name in ctx.engine.children(&format!("{root}/{namespace}")).await? {
-            let path = format!("{root}/{namespace}/{lock_name}");
-            let has_ours = ctx
-                .engine
-                .children(&path)
-                .await?
-                .iter()
-                .any(|c| recipe::parse_child(c).is_some_and(|c| c.ours.is_some()));
-            if has_ours {
-                locks.entry(path).or_default();
-            }
+    for (namespace, path) in ctx.engine.directories_with_nodes(&root).await? {
+        if ctx.namespaces.is_empty() || ctx.namespaces.contains(&namespace) {
+            locks.entry(path).or_default();
         }
     }
     for (path, mut claims) in locks {
-        let sequence = |c: &Arc<KeptClaim>| {
-            c.znode().and_then(|z| z.rsplit('/').next()).and_then(recipe::parse_child).map(|c| c.sequence)
-        };
-        // In recorded queue order, also across a wrap of the sequence.
-        let base = recipe::wrap_base(claims.iter().filter_map(sequence));
+        // The engine orders holders first, then by the nodes recorded; equal ones (no node
+        // recorded) keep this order: creation order.
+        claims.sort_by_key(|c| c.creation_timestamp().map(|t| t.0));
         let held = |c: &KeptClaim| recorded_phase(ctx, c) == Some(Phase::Held);
-        claims.sort_by_key(|c| {
-            let held = held(c);
-            let place = sequence(c).map_or(u64::MAX, |s| recipe::queue_key(s, base));
-            (!held, place, c.creation_timestamp().map(|t| t.0))
-        });
-        let specs: Vec<ContenderSpec> = claims
+        let recorded: Vec<Recorded> = claims
             .iter()
             .filter_map(|c| {
-                let spec = validate_spec(&c.spec, &c.namespace()?).ok()?;
-                Some(ContenderSpec {
-                    id: c.uid()?.into(),
-                    lock: path.clone(),
-                    mode: spec.mode,
-                    description: format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()),
+                let namespace = c.namespace()?;
+                let spec = validate_spec(&c.spec, &namespace).ok()?;
+                Some(Recorded {
+                    spec: ContenderSpec {
+                        id: c.uid()?.into(),
+                        lock: path.clone(),
+                        mode: spec.mode,
+                        description: format!("{namespace}/{}", c.name_any()),
+                    },
+                    held: held(c),
+                    node: c.znode().map(str::to_string),
                 })
             })
             .collect();
-        let anchored = match ctx.engine.reanchor(&path, specs).await {
+        let recorded_held: HashSet<Arc<str>> = recorded.iter().filter(|r| r.held).map(|r| r.spec.id.clone()).collect();
+        let anchored = match ctx.engine.reanchor(&path, recorded).await {
             Ok(anchored) => anchored,
             // The session (or leadership) is gone: the whole pass starts over.
             Err(e) if e.ends_session() => return Err(e.into()),
@@ -106,20 +91,20 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
                 continue;
             }
         };
-        for (claim, contender) in claims.iter().zip(&anchored.contenders) {
-            let recorded_held = held(claim);
-            if recorded_held && anchored.foreign_seen {
+        for (id, state) in &anchored.contenders {
+            if !recorded_held.contains(id) {
+                continue;
+            }
+            if anchored.foreign_seen {
                 ctx.registry.set_verdict(
-                    &contender.id,
+                    id,
                     "the ZooKeeper session changed and this lock is shared with clients other than zklock, which \
                      may have held it in the gap"
                         .into(),
                 );
-            } else if recorded_held && !contender.state().is_held() {
-                ctx.registry.set_verdict(
-                    &contender.id,
-                    "after a new ZooKeeper session the claim's node could not come back first".into(),
-                );
+            } else if !state.is_held() {
+                ctx.registry
+                    .set_verdict(id, "after a new ZooKeeper session the claim's node could not come back first".into());
             }
         }
         tracing::info!(lock = %path, claims = anchored.contenders.len(), foreign = anchored.foreign_seen, "re-anchored");

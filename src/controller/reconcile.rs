@@ -17,7 +17,7 @@ use super::Uid;
 use super::{Context, Error};
 use crate::api::{validate, KeptClaim, LockClaim, LockClaimStatus, Phase, FINALIZER, POD_REVOKE_ANNOTATION_PREFIX};
 use crate::metrics::ApiCallError;
-use crate::recipe::{self, Mode};
+use crate::recipe::Mode;
 use crate::zk::ContenderSpec;
 
 /// How soon a grant that waits for another claim's write is tried again.
@@ -125,7 +125,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
         let description = format!("{namespace}/{}", claim.name_any());
         let enqueued = ctx
             .engine
-            .enqueue_untracked(ContenderSpec { id: uid.clone(), lock: lock.clone(), mode: spec.mode, description })
+            .enqueue(ContenderSpec { id: uid.clone(), lock: lock.clone(), mode: spec.mode, description })
             .await;
         if let Some(next) = ctx.registry.leave_gate(&lock, uid) {
             ctx.trigger(&next);
@@ -237,12 +237,9 @@ fn contender_view(ctx: &Context, uid: &str) -> ContenderView {
         return ContenderView::Untracked;
     };
     let waiting_for = match &state {
-        crate::zk::ContenderState::Waiting { watching, .. } => Some(
-            recipe::parse_child(watching)
-                .and_then(|c| c.ours)
-                .and_then(|(id, _)| ctx.registry.name(id))
-                .unwrap_or_else(|| watching.clone()),
-        ),
+        crate::zk::ContenderState::Waiting { watching, .. } => {
+            Some(state.waits_for_contender().and_then(|id| ctx.registry.name(id)).unwrap_or_else(|| watching.clone()))
+        }
         _ => None,
     };
     ContenderView::Tracked { state, node, waiting_for }

@@ -10,11 +10,13 @@
 use serde::{Deserialize, Serialize};
 use zookeeper_client as zk;
 
+use super::contender::{ContenderSpec, Recorded};
+use super::core::Core;
 use super::data::NodeData;
-use super::engine::{node_name, stat_of, ContenderSpec, Shared};
+use super::ops::{self, node_name};
 use super::retry::{self, Backoff};
 use super::stats::Stats;
-use super::{Error, ZkConfig};
+use super::Error;
 use crate::recipe;
 
 /// Attempts before giving up on a directory that keeps changing under us.
@@ -46,35 +48,41 @@ impl DirMarker {
     }
 }
 
+/// The order re-created nodes take: recorded holders first, then the others in the order of
+/// the nodes they had (across a wrap of the sequence too), then as given.
+pub(super) fn queue_order(mut recorded: Vec<Recorded>) -> Vec<ContenderSpec> {
+    let sequence = |r: &Recorded| r.node.as_deref().map(node_name).and_then(recipe::parse_child).map(|c| c.sequence);
+    let base = recipe::wrap_base(recorded.iter().filter_map(sequence));
+    recorded.sort_by_key(|r| (!r.held, sequence(r).map_or(u64::MAX, |s| recipe::queue_key(s, base))));
+    recorded.into_iter().map(|r| r.spec).collect()
+}
+
 pub(super) struct Recreated {
     /// The node name of each contender, in the order given.
     pub nodes: Vec<String>,
     pub foreign_seen: bool,
 }
 
+/// In one multi-op per thousand nodes, guarded by the directory's version: deletes every
+/// zklock node left by earlier sessions and creates `contenders`' nodes in the given order.
 pub(super) async fn recreate(
     client: &zk::Client,
-    shared: &Shared,
-    config: &ZkConfig,
+    core: &Core,
     lock: &str,
     contenders: &[ContenderSpec],
 ) -> Result<Recreated, Error> {
-    let dir_options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-    let node_options = zk::CreateMode::EphemeralSequential.with_acls(config.node_acls());
+    let node_options = zk::CreateMode::EphemeralSequential.with_acls(core.config.node_acls());
     let mut backoff = Backoff::new();
     for _ in 0..MAX_ATTEMPTS {
         let (body, stat) = match retry::idempotent(|| client.get_data(lock)).await {
             Ok(found) => found,
             Err(zk::Error::NoNode) => {
-                retry::idempotent(|| client.mkdir(lock, &dir_options))
-                    .await
-                    .map_err(|e| Error::zk("mkdir", lock, e))?;
+                ops::ensure_dir(client, lock).await?;
                 continue;
             }
             Err(e) => return Err(Error::zk("get", lock, e)),
         };
-        let children =
-            retry::idempotent(|| client.list_children(lock)).await.map_err(|e| Error::zk("list", lock, e))?;
+        let children = ops::list(client, lock).await?;
         let queue = recipe::queue(&children);
         let foreign_seen = DirMarker::parse(&body).foreign_seen || queue.iter().any(|c| c.ours.is_none());
         let stale: Vec<String> =
@@ -95,7 +103,7 @@ pub(super) async fn recreate(
         let chunks: Vec<&[Op]> = if ops.is_empty() { vec![&[]] } else { ops.chunks(OPS_PER_MULTI).collect() };
         for chunk in chunks {
             // Guarded by the leader epoch, like every write of the engine.
-            let mut multi = shared.fence.writer(client).map_err(|e| Error::zk("multi", lock, e))?;
+            let mut multi = core.fence.writer(client).map_err(|e| Error::zk("multi", lock, e))?;
             multi.add_set_data(lock, &marker, Some(version)).map_err(|e| Error::zk("multi", lock, e))?;
             for op in chunk {
                 match op {
@@ -108,16 +116,16 @@ pub(super) async fn recreate(
                 }
                 .map_err(|e| Error::zk("multi", lock, e))?;
             }
-            match shared.fence.commit(&mut multi).await {
+            match core.fence.commit(&mut multi).await {
                 Ok(results) => {
                     for result in results {
                         match result {
                             zk::MultiWriteResult::SetData { stat } => version = stat.version,
                             zk::MultiWriteResult::Create { path, .. } => {
-                                Stats::bump(&shared.stats.creates);
+                                Stats::bump(&core.stats.creates);
                                 nodes.push(node_name(&path).to_string());
                             }
-                            zk::MultiWriteResult::Delete => Stats::bump(&shared.stats.deletes),
+                            zk::MultiWriteResult::Delete => Stats::bump(&core.stats.deletes),
                             _ => {}
                         }
                     }
@@ -132,7 +140,7 @@ pub(super) async fn recreate(
                     // Whether it applied shows in the directory: start over, and the nodes we
                     // created (if it applied) are this session's, so they are not stale: find
                     // them by id instead of creating more.
-                    Stats::bump(&shared.stats.create_unknown_outcomes);
+                    Stats::bump(&core.stats.create_unknown_outcomes);
                     if let Some(found) = find_all(client, lock, contenders).await? {
                         return Ok(Recreated { nodes: found, foreign_seen });
                     }
@@ -148,8 +156,7 @@ pub(super) async fn recreate(
             // the listing above and the commit is found only by listing again. Its owner may be
             // granted the lock now, so the directory counts as shared with foreign clients, and
             // recorded holders there cannot claim continuity.
-            let after =
-                retry::idempotent(|| client.list_children(lock)).await.map_err(|e| Error::zk("list", lock, e))?;
+            let after = ops::list(client, lock).await?;
             let slipped_in =
                 recipe::queue(&after).iter().any(|c| c.ours.is_none() && !children.iter().any(|n| n == c.name));
             if slipped_in && !foreign_seen {
@@ -165,15 +172,11 @@ pub(super) async fn recreate(
 
 /// The nodes of all `contenders` made by this session, if every one of them has one.
 async fn find_all(client: &zk::Client, lock: &str, contenders: &[ContenderSpec]) -> Result<Option<Vec<String>>, Error> {
-    let children = retry::idempotent(|| client.list_children(lock)).await.map_err(|e| Error::zk("list", lock, e))?;
+    let children = ops::list(client, lock).await?;
     let mut found = Vec::with_capacity(contenders.len());
     for spec in contenders {
-        let Some(name) = recipe::find_node(&children, &spec.id) else { return Ok(None) };
-        let stat = stat_of(client, &format!("{lock}/{name}")).await?;
-        if stat.ephemeral_owner != client.session_id().0 {
-            return Ok(None);
-        }
-        found.push(name.to_string());
+        let Some(name) = ops::own_node(client, lock, &children, &spec.id).await? else { return Ok(None) };
+        found.push(name);
     }
     Ok(Some(found))
 }
@@ -183,21 +186,21 @@ async fn find_all(client: &zk::Client, lock: &str, contenders: &[ContenderSpec])
 /// session gap), then its parent (a namespace's directory) if that is empty too. Best effort:
 /// ZooKeeper refuses to delete a directory with children, and the delete is guarded by the
 /// version read, so a concurrent mark or a new contender always wins.
-pub(super) async fn remove_if_empty(client: &zk::Client, shared: &Shared, lock: &str) {
+pub(super) async fn remove_if_empty(client: &zk::Client, core: &Core, lock: &str) {
     let Ok((body, stat)) = retry::idempotent(|| client.get_data(lock)).await else { return };
     if DirMarker::parse(&body).foreign_seen {
         return;
     }
-    let removed = retry::idempotent(|| shared.fence.delete_version(client, lock, Some(stat.version))).await;
+    let removed = retry::idempotent(|| core.fence.delete_version(client, lock, Some(stat.version))).await;
     // No node: our own delete, repeated after its answer was lost, or somebody else's. Gone
     // either way, so the parent may go too.
     if matches!(removed, Ok(()) | Err(zk::Error::NoNode)) {
         if removed.is_ok() {
-            Stats::bump(&shared.stats.directories_removed);
+            Stats::bump(&core.stats.directories_removed);
         }
         if let Some((parent, _)) = lock.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
             // Fails while other locks of the namespace live: the usual case.
-            let _ = retry::idempotent(|| shared.fence.delete_version(client, parent, None)).await;
+            let _ = retry::idempotent(|| core.fence.delete_version(client, parent, None)).await;
         }
     }
 }
@@ -221,6 +224,26 @@ pub(super) async fn mark_foreign(client: &zk::Client, lock: &str) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn recorded(id: &str, held: bool, node: Option<&str>) -> Recorded {
+        let spec =
+            ContenderSpec { id: id.into(), lock: "/l".into(), mode: recipe::Mode::Exclusive, description: "".into() };
+        Recorded { spec, held, node: node.map(str::to_string) }
+    }
+
+    #[test]
+    fn recorded_holders_come_first_then_recorded_nodes_in_queue_order_then_the_rest_as_given() {
+        let given = vec![
+            recorded("late", false, None),
+            // Made after the sequence wrapped to negative: queued after the positive ones.
+            recorded("wrapped", false, Some("/l/write-c-lock--2147483648")),
+            recorded("second", false, Some("write-b-lock-2147483647")),
+            recorded("holder", true, Some("/l/write-a-lock--2147483647")),
+            recorded("later", false, None),
+        ];
+        let order: Vec<String> = queue_order(given).into_iter().map(|s| s.id.to_string()).collect();
+        assert_eq!(order, ["holder", "second", "wrapped", "late", "later"]);
+    }
 
     #[test]
     fn marker_reads_empty_as_ours_and_strangers_data_as_foreign() {

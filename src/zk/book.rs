@@ -13,9 +13,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
-use super::engine::{ContenderState, LostReason};
+use super::contender::{ContenderState, LostReason};
 use crate::recipe::Decision;
 
 #[derive(Default)]
@@ -30,6 +30,45 @@ pub(super) struct Book {
     /// Sessions that ended: nodes made in them are not entered any more. (A handful per
     /// process lifetime: one per session loss.)
     pub lost_sessions: HashSet<i64>,
+}
+
+impl Book {
+    /// Takes a contender out of the book (and its lock, once nothing else needs it).
+    pub fn take(&mut self, id: &str) -> Option<(Arc<str>, Box<Member>)> {
+        let (key, member) = self.contenders.remove_entry(id)?;
+        if let Some(q) = self.locks.get_mut(&member.lock) {
+            q.nodes.remove(&member.sequence);
+        }
+        self.drop_if_idle(&member.lock);
+        Some((key, member))
+    }
+
+    /// Forgets a lock nobody needs any more.
+    pub fn drop_if_idle(&mut self, lock_path: &str) {
+        if self.locks.get(lock_path).is_some_and(LockQueue::is_idle) {
+            self.locks.remove(lock_path);
+        }
+    }
+
+    /// Ends an evaluation round unless another was asked for meanwhile; true to go round again.
+    /// Decided under the same lock that `request_evaluation` takes, so no request is lost.
+    pub fn finish_round(&mut self, lock_path: &str) -> bool {
+        let Some(q) = self.locks.get_mut(lock_path) else { return false };
+        if q.dirty {
+            return true;
+        }
+        q.evaluating = false;
+        self.drop_if_idle(lock_path);
+        false
+    }
+
+    /// Where contender `id` stands, a lost one included (until it is released).
+    pub fn state(&self, id: &str) -> Option<ContenderState> {
+        match self.contenders.get(id) {
+            Some(member) => Some(member.state()),
+            None => self.lost.get(id).map(|(why, _)| ContenderState::Lost { why: why.clone() }),
+        }
+    }
 }
 
 /// One contender: its node and the last decision about it (its state is derived from these).
@@ -49,8 +88,6 @@ pub(super) struct Member {
     /// Reads of the directory started before the node was entered here: those may not show it
     /// yet, and must not decide for it.
     pub reads_before: u64,
-    /// Only while somebody holds a handle on the contender (see `Contender`'s `Drop`).
-    pub watchers: Option<watch::Sender<ContenderState>>,
     /// Told once the first decision is made (or dropped with the contender).
     pub decided: Option<oneshot::Sender<()>>,
 }
@@ -58,6 +95,25 @@ pub(super) struct Member {
 impl Member {
     pub fn path(&self) -> String {
         format!("{}/{}", self.lock, self.name)
+    }
+
+    /// The state its decision and revocation request add up to.
+    pub fn state(&self) -> ContenderState {
+        let token = self.fencing_token;
+        match (&self.decision, &self.revoke) {
+            (None, None) => ContenderState::Waiting { ahead: 0, watching: String::new() },
+            (None, Some(reason)) | (Some(Decision::Waiting { .. }), Some(reason)) => {
+                ContenderState::RevokeRequested { reason: reason.clone(), fencing_token: None }
+            }
+            (Some(Decision::Held), None) => ContenderState::Held { fencing_token: token },
+            (Some(Decision::Held), Some(reason)) => {
+                ContenderState::RevokeRequested { reason: reason.clone(), fencing_token: Some(token) }
+            }
+            (Some(Decision::Waiting { watch, ahead }), None) => {
+                ContenderState::Waiting { ahead: *ahead, watching: watch.clone() }
+            }
+            (Some(Decision::Missing), _) => ContenderState::Lost { why: LostReason::DeletedByOther },
+        }
     }
 
     /// The node this contender waits on to go away, if it waits.

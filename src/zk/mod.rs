@@ -1,18 +1,29 @@
 //! The lock engine: ZooKeeper's lock recipe on one session, for many contenders.
+//!
+//! `engine` is its face; `contender` what it tells; `book` its bookkeeping (pure); `core` what
+//! its tasks share; `session` the watches and the session's state; `rounds` the reads and
+//! decisions; `ops` the ZooKeeper operations; `anchor` re-anchoring after a new session;
+//! `fence` the leader epoch every write is guarded by.
 
 mod anchor;
 mod book;
 mod config;
+mod contender;
+mod core;
 pub mod data;
 mod engine;
 mod fence;
+mod ops;
 mod retry;
+mod rounds;
+mod session;
 mod stats;
 
 pub use config::{TlsPem, ZkConfig};
-pub use engine::{
-    Contender, ContenderSpec, ContenderState, EngineEvent, LockEngine, LostReason, QueueEntry, SessionEvent,
+pub use contender::{
+    ContenderSpec, ContenderState, EngineEvent, LostReason, QueueEntry, Reanchored, Recorded, SessionEvent,
 };
+pub use engine::LockEngine;
 pub use stats::StatsSnapshot;
 
 use zookeeper_client as zk;

@@ -1,11 +1,15 @@
 //! Helpers shared by the engine's integration tests.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::ops::Deref;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use tokio::sync::{mpsc, watch};
 use zklock::recipe::Mode;
-use zklock::zk::{Contender, ContenderSpec, ContenderState, LockEngine, ZkConfig};
+use zklock::zk::{ContenderSpec, ContenderState, EngineEvent, Error, LockEngine, LostReason, ZkConfig};
 use zklock_testkit::ZkServer;
 
 /// Upper bound on any single wait in a test: long enough for a loaded 2-core machine, short
@@ -23,9 +27,133 @@ pub async fn chroot() -> String {
     ZkServer::shared().chroot().await
 }
 
-pub async fn engine(connect: &str) -> LockEngine {
+pub async fn engine(connect: &str) -> Engine {
     let config = ZkConfig::new(connect).with_session_timeout(Duration::from_secs(4));
-    LockEngine::connect(config).await.unwrap_or_else(|e| panic!("engine: {e}"))
+    Engine::connect(config).await.unwrap_or_else(|e| panic!("engine: {e}"))
+}
+
+/// A lock engine with a handle per contender for tests to wait on. The engine itself offers
+/// no handles: its event stream is the one way to follow contenders, and this follows it.
+/// Dropping the last clone drops the engine (handles do not keep it alive).
+#[derive(Clone)]
+pub struct Engine {
+    engine: Arc<LockEngine>,
+    /// Counts the contender events seen so far.
+    changes: watch::Receiver<u64>,
+    /// The last state reported for each contender: what a contender the engine no longer
+    /// tracks ended as (Released, or Lost with its session).
+    last: Last,
+}
+
+type Last = Arc<parking_lot::Mutex<HashMap<String, ContenderState>>>;
+
+impl Deref for Engine {
+    type Target = LockEngine;
+    fn deref(&self) -> &LockEngine {
+        &self.engine
+    }
+}
+
+impl Engine {
+    pub async fn connect(config: ZkConfig) -> Result<Engine, Error> {
+        Ok(Self::connect_with_events(config).await?.0)
+    }
+
+    /// The engine, and its event stream passed on for the test.
+    pub async fn connect_with_events(
+        config: ZkConfig,
+    ) -> Result<(Engine, mpsc::UnboundedReceiver<EngineEvent>), Error> {
+        let (engine, mut events) = LockEngine::connect_with_events(config).await?;
+        let (seen, changes) = watch::channel(0u64);
+        let (forward, passed_on) = mpsc::unbounded_channel();
+        let last = Last::default();
+        let record = last.clone();
+        tokio::spawn(async move {
+            while let Some(event) = events.recv().await {
+                if let EngineEvent::Contender { id, state } = &event {
+                    record.lock().insert(id.clone(), state.clone());
+                    seen.send_modify(|n| *n += 1);
+                }
+                let _ = forward.send(event);
+            }
+        });
+        Ok((Engine { engine: Arc::new(engine), changes, last }, passed_on))
+    }
+
+    /// Enqueues and answers a handle on the contender.
+    pub async fn enqueue(&self, spec: ContenderSpec) -> Result<Contender, Error> {
+        let id = spec.id.clone();
+        self.engine.enqueue(spec).await?;
+        Ok(self.contender(&id))
+    }
+
+    /// A handle on a contender the engine tracks.
+    pub fn contender(&self, id: &str) -> Contender {
+        Contender {
+            id: id.to_string(),
+            node: self.engine.node(id).unwrap_or_default(),
+            engine: Arc::downgrade(&self.engine),
+            changes: self.changes.clone(),
+            last: self.last.clone(),
+        }
+    }
+}
+
+/// A contender to wait on: its state is the engine's answer, and every contender event wakes
+/// its waits.
+pub struct Contender {
+    pub id: String,
+    /// Full path of the contender's node.
+    pub node: String,
+    engine: Weak<LockEngine>,
+    changes: watch::Receiver<u64>,
+    last: Last,
+}
+
+impl std::fmt::Debug for Contender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Contender")
+            .field("id", &self.id)
+            .field("node", &self.node)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl Contender {
+    /// The engine's answer while it tracks the contender, else the last state reported (which
+    /// may lag behind the engine by the events on their way: wait rather than assert on it).
+    pub fn state(&self) -> ContenderState {
+        self.known_state().unwrap_or(ContenderState::Released)
+    }
+
+    /// `None` while the engine no longer tracks the contender and its last event has not
+    /// been seen yet.
+    fn known_state(&self) -> Option<ContenderState> {
+        let tracked = match self.engine.upgrade() {
+            Some(engine) => engine.state(&self.id),
+            // The session closed with the engine, and the node with it.
+            None => return Some(ContenderState::Lost { why: LostReason::SessionExpired }),
+        };
+        tracked.or_else(|| self.last.lock().get(&self.id).cloned())
+    }
+
+    /// Waits until the state satisfies `f`; `None` once it ended otherwise or the engine went.
+    pub async fn wait_for(&mut self, mut f: impl FnMut(&ContenderState) -> bool) -> Option<ContenderState> {
+        loop {
+            // Marked seen before the state is read: a change after the read wakes the wait.
+            self.changes.borrow_and_update();
+            if let Some(state) = self.known_state() {
+                if f(&state) {
+                    return Some(state);
+                }
+                if state.is_final() {
+                    return None;
+                }
+            }
+            self.changes.changed().await.ok()?;
+        }
+    }
 }
 
 pub async fn raw_client(connect: &str) -> zookeeper_client::Client {
@@ -36,7 +164,7 @@ pub fn spec(lock: &str, mode: Mode) -> ContenderSpec {
     ContenderSpec { id: uuid::Uuid::new_v4().to_string().into(), lock: lock.into(), mode, description: "test".into() }
 }
 
-pub async fn enqueue(engine: &LockEngine, lock: &str, mode: Mode) -> Contender {
+pub async fn enqueue(engine: &Engine, lock: &str, mode: Mode) -> Contender {
     engine.enqueue(spec(lock, mode)).await.unwrap_or_else(|e| panic!("enqueue: {e}"))
 }
 

@@ -1,0 +1,305 @@
+//! What the engine and its tasks share: the session, the book of contenders and the fence.
+//! The tasks hold it weakly, so that dropping the last [`super::LockEngine`] closes the
+//! session (ZooKeeper then deletes the ephemeral nodes) and stops them.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot, OnceCell};
+use zookeeper_client as zk;
+
+use super::book::{Book, LockQueue, Member, NodeEvent};
+use super::contender::{ContenderSpec, ContenderState, EngineEvent, LostReason, SessionEvent, CONNECTION_LOST};
+use super::fence::Fence;
+use super::stats::Stats;
+use super::{ops, rounds, session, Error, ZkConfig};
+use crate::recipe::{self, Decision};
+
+pub(super) struct Core {
+    pub config: ZkConfig,
+    pub stats: Stats,
+    events: Option<mpsc::UnboundedSender<EngineEvent>>,
+    pub book: Mutex<Book>,
+    pub session: Mutex<Option<zk::Client>>,
+    /// The session in which new contenders may join queues (0: none). A new session is
+    /// re-anchored first (DESIGN.md §3): a node made in it before would jump the recorded queue.
+    pub admitted: AtomicI64,
+    /// Parent directories of lock directories, watched recursively: (path, session) → set up.
+    pub parents: Mutex<HashMap<ParentKey, Arc<OnceCell<()>>>>,
+    /// Lock directories this engine has already marked as used by foreign clients.
+    pub foreign_marked: Mutex<HashSet<String>>,
+    /// The leader epoch every write of this engine is guarded by.
+    pub fence: Fence,
+    /// Lock directories our last contender left, and since when: removed, if still idle and
+    /// empty, once the config's `idle_directory_grace` has passed (one sweeper task at a time).
+    pub idle_directories: Mutex<HashMap<Arc<str>, Instant>>,
+}
+
+/// A parent directory watched recursively, and the session whose watch it is.
+pub(super) type ParentKey = (String, i64);
+
+/// Nodes just made, registered but not yet decided: (id, told when decided).
+pub(super) type Registered = Vec<(Arc<str>, Option<oneshot::Receiver<()>>)>;
+
+impl Core {
+    pub fn new(config: ZkConfig, events: Option<mpsc::UnboundedSender<EngineEvent>>) -> Self {
+        Core {
+            config,
+            stats: Stats::default(),
+            events,
+            book: Mutex::new(Book::default()),
+            session: Mutex::new(None),
+            admitted: AtomicI64::new(0),
+            parents: Mutex::new(HashMap::new()),
+            foreign_marked: Mutex::new(HashSet::new()),
+            fence: Fence::default(),
+            idle_directories: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn client(&self) -> Result<zk::Client, Error> {
+        self.session.lock().clone().ok_or(Error::SessionLost)
+    }
+
+    pub fn session_id(&self) -> Option<i64> {
+        self.session.lock().as_ref().map(|c| c.session_id().0)
+    }
+
+    pub fn is_admitted(&self, session_id: i64) -> bool {
+        session_id == self.admitted.load(Ordering::SeqCst)
+    }
+
+    pub fn emit(&self, event: EngineEvent) {
+        if let Some(events) = &self.events {
+            // A consumer that went away does not stop the engine.
+            let _ = events.send(event);
+        }
+    }
+
+    /// Reports `state` for contender `id` if it differs from `before` (the state the
+    /// contender had before the change at hand; states are derived, not stored).
+    pub fn publish(&self, id: &str, before: &ContenderState, state: ContenderState) {
+        if *before != state {
+            self.emit(EngineEvent::Contender { id: id.to_string(), state });
+        }
+    }
+
+    /// Reports what the member's decision and revocation request add up to now.
+    pub fn publish_current(&self, id: &str, member: &Member, before: &ContenderState) {
+        self.publish(id, before, member.state());
+    }
+
+    /// Removes a contender from the book and reports its final state.
+    /// A lost contender is remembered (with why, and its node) until it is released or comes
+    /// back, so that whoever reacts to the loss can still tell how it ended.
+    pub fn remove(&self, book: &mut Book, id: &str, last: ContenderState) -> Option<Box<Member>> {
+        let (key, mut member) = book.take(id)?;
+        // Not a session's end: re-anchoring and its verdicts judge those, and a claim that is
+        // not re-anchored (its Waiting status not yet written when the claims were listed)
+        // must be able to join the queue again.
+        if let ContenderState::Lost { why } = &last {
+            if *why != LostReason::SessionExpired {
+                book.lost.insert(key.clone(), (why.clone(), member.path()));
+            }
+        }
+        self.publish(&key, &member.state(), last);
+        member.decided = None;
+        Some(member)
+    }
+
+    /// Records the revocation request in a contender's node data, if its node is still `path`.
+    pub fn note_revocation(&self, book: &mut Book, id: &str, path: &str, body: &[u8]) {
+        if let Some(member) = book.contenders.get_mut(id).filter(|m| m.path() == path) {
+            if member.revoke.is_none() {
+                let before = member.state();
+                member.revoke = super::data::revoke_request(body);
+                self.publish_current(id, member, &before);
+            }
+        }
+    }
+
+    /// Opens a window on `lock_path` before a create is sent (see [`super::book`]).
+    pub fn open_window(&self, lock_path: &str) -> (Arc<str>, u64) {
+        let mut book = self.book.lock();
+        let key = match book.locks.get_key_value(lock_path) {
+            Some((k, _)) => k.clone(),
+            None => {
+                let k: Arc<str> = lock_path.into();
+                book.locks.insert(k.clone(), LockQueue::default());
+                k
+            }
+        };
+        let window = book.locks.get_mut(&key).map_or(0, LockQueue::open);
+        (key, window)
+    }
+
+    pub fn close_window(&self, lock_path: &str, window: u64) {
+        let mut book = self.book.lock();
+        if let Some(q) = book.locks.get_mut(lock_path) {
+            q.close(window);
+        }
+        book.drop_if_idle(lock_path);
+    }
+
+    /// Enters freshly made nodes in the book, asks for their first decision and closes the
+    /// create's window. A node whose contender id is tracked already (a concurrent enqueue of
+    /// the same id won) is deleted again.
+    pub fn register(
+        self: &Arc<Self>,
+        client: &zk::Client,
+        lock_path: &Arc<str>,
+        window: u64,
+        nodes: Vec<(ContenderSpec, String)>,
+    ) -> Result<Registered, Error> {
+        let session_id = client.session_id().0;
+        let mut registered = Vec::with_capacity(nodes.len());
+        let mut extra = vec![];
+        let mut data_changed = vec![];
+        let start = {
+            let mut book = self.book.lock();
+            if book.lost_sessions.contains(&session_id) {
+                // The session ended while the nodes were being made: they go with it, and
+                // nobody would ever decide for them.
+                if let Some(q) = book.locks.get_mut(&**lock_path) {
+                    q.close(window);
+                }
+                book.drop_if_idle(lock_path);
+                return Err(Error::SessionLost);
+            }
+            for (spec, name) in nodes {
+                if book.contenders.contains_key(&*spec.id) {
+                    extra.push(format!("{lock_path}/{name}"));
+                    registered.push((spec.id.clone(), None));
+                    continue;
+                }
+                let id = spec.id.clone();
+                // Back (re-anchored): no longer lost.
+                book.lost.remove(&*id);
+                let sequence = recipe::parse_child(&name).map_or(0, |c| c.sequence);
+                let (tx, rx) = oneshot::channel();
+                let member = Member {
+                    lock: lock_path.clone(),
+                    name: name.into_boxed_str(),
+                    sequence,
+                    session_id,
+                    fencing_token: 0,
+                    decision: None,
+                    revoke: None,
+                    stale: true,
+                    reads_before: book.locks.get(lock_path).map_or(0, |q| q.reads),
+                    decided: Some(tx),
+                };
+                if let Some(q) = book.locks.get_mut(lock_path) {
+                    q.nodes.insert(sequence, id.clone());
+                    if q.seen_since(window, &member.name, NodeEvent::DataChanged) {
+                        data_changed.push((id.clone(), member.path()));
+                    }
+                }
+                book.contenders.insert(id.clone(), Box::new(member));
+                registered.push((id, Some(rx)));
+            }
+            let q = book.locks.get_mut(lock_path);
+            let start = q.map(|q| {
+                let start = q.request_evaluation();
+                q.close(window);
+                start
+            });
+            start.unwrap_or(false)
+        };
+        if start {
+            tokio::spawn(rounds::evaluate(Arc::downgrade(self), lock_path.clone()));
+        }
+        for (id, path) in data_changed {
+            tokio::spawn(session::read_revocation(Arc::downgrade(self), id, path));
+        }
+        ops::delete_in_background(client, self, extra);
+        Ok(registered)
+    }
+
+    /// Waits until every registered node has had its first decision; answers each one's state.
+    pub async fn settle(&self, registered: Registered) -> Vec<(Arc<str>, ContenderState)> {
+        let mut settled = Vec::with_capacity(registered.len());
+        for (id, decided) in registered {
+            if let Some(decided) = decided {
+                // Dropped unanswered when the contender ended first: its state says how.
+                let _ = decided.await;
+            }
+            let state = self.book.lock().state(&id).unwrap_or(ContenderState::Released);
+            settled.push((id, state));
+        }
+        settled
+    }
+
+    /// Every contender of `session_id` is lost: its nodes went with the session.
+    pub fn lose_session(&self, session_id: i64) {
+        {
+            let mut session = self.session.lock();
+            if session.as_ref().is_some_and(|c| c.session_id().0 == session_id) {
+                *session = None;
+            }
+        }
+        self.parents.lock().retain(|(_, sid), _| *sid != session_id);
+        {
+            let mut book = self.book.lock();
+            book.lost_sessions.insert(session_id);
+            let ids: Vec<Arc<str>> =
+                book.contenders.iter().filter(|(_, m)| m.session_id == session_id).map(|(id, _)| id.clone()).collect();
+            for id in ids {
+                self.remove(&mut book, &id, ContenderState::Lost { why: LostReason::SessionExpired });
+            }
+        }
+        self.emit(EngineEvent::Session(SessionEvent::Lost { session_id }));
+    }
+
+    /// The connection dropped. Whether the session survives is unknown until it comes back, and
+    /// the server may expire it before this client can tell (it only gives up after 7/5 of the
+    /// session timeout). In a lock that clients other than zklock use, one of them could then be
+    /// granted the lock while our holder still reads Held. So, choosing safety over an
+    /// uninterrupted hold, holders there are asked to let go at once, as if revoked; in
+    /// zklock-only locks nobody else can be granted, and holders keep the lock.
+    pub fn suspend_shared_holds(&self, session_id: i64) {
+        let marked = self.foreign_marked.lock().clone();
+        let mut book = self.book.lock();
+        for (id, member) in book.contenders.iter_mut() {
+            let held = matches!(member.decision, Some(Decision::Held));
+            if member.session_id == session_id && held && member.revoke.is_none() && marked.contains(&*member.lock) {
+                let before = member.state();
+                member.revoke = Some(CONNECTION_LOST.to_string());
+                self.publish_current(id, member, &before);
+            }
+        }
+    }
+}
+
+/// Closes a create's window when the create fails or its caller gives up on it (drops the
+/// future) before the nodes are registered; otherwise the lock would record events forever.
+pub(super) struct WindowGuard<'a> {
+    core: &'a Core,
+    lock: Arc<str>,
+    start: u64,
+    armed: bool,
+}
+
+impl<'a> WindowGuard<'a> {
+    pub fn open(core: &'a Core, lock_path: &str) -> Self {
+        let (lock, start) = core.open_window(lock_path);
+        WindowGuard { core, lock, start, armed: true }
+    }
+
+    /// Hands the window to `register`, which closes it.
+    pub fn disarm(mut self) -> (Arc<str>, u64) {
+        self.armed = false;
+        (self.lock.clone(), self.start)
+    }
+}
+
+impl Drop for WindowGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.core.close_window(&self.lock, self.start);
+        }
+    }
+}

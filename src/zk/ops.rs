@@ -1,0 +1,135 @@
+//! The ZooKeeper operations the engine's rounds and re-anchoring both make: each retried
+//! through connection loss, each write guarded by the leader epoch.
+
+use zookeeper_client as zk;
+
+use super::contender::ContenderSpec;
+use super::core::Core;
+use super::data::NodeData;
+use super::retry::{self, Backoff};
+use super::stats::Stats;
+use super::{Error, ZkConfig};
+use crate::recipe;
+
+/// The last component of a node's path.
+pub(super) fn node_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or_default()
+}
+
+pub(super) fn is_lock_path(path: &str) -> bool {
+    path.len() > 1 && path.starts_with('/') && !path.ends_with('/') && !path.split('/').skip(1).any(str::is_empty)
+}
+
+/// The directory whose recursive watch covers lock directory `lock`.
+pub(super) fn parent_of(lock: &str) -> &str {
+    match lock.rsplit_once('/') {
+        Some(("", _)) | None => "/",
+        Some((parent, _)) => parent,
+    }
+}
+
+/// The children of `path`, and its pzxid; none (and 0) when it does not exist.
+pub(super) async fn children_or_empty(client: &zk::Client, path: &str) -> Result<(Vec<String>, i64), zk::Error> {
+    match retry::idempotent(|| client.get_children(path)).await {
+        Ok((children, stat)) => Ok((children, stat.pzxid)),
+        Err(zk::Error::NoNode) => Ok((vec![], 0)),
+        Err(e) => Err(e),
+    }
+}
+
+/// [`children_or_empty`] without the pzxid, with the engine's error.
+pub(super) async fn list(client: &zk::Client, path: &str) -> Result<Vec<String>, Error> {
+    children_or_empty(client, path).await.map(|(children, _)| children).map_err(|e| Error::zk("list", path, e))
+}
+
+pub(super) async fn stat_of(client: &zk::Client, path: &str) -> Result<zk::Stat, Error> {
+    match retry::idempotent(|| client.check_stat(path)).await {
+        Ok(Some(stat)) => Ok(stat),
+        Ok(None) => Err(Error::zk("stat", path, zk::Error::NoNode)),
+        Err(e) => Err(Error::zk("stat", path, e)),
+    }
+}
+
+/// Makes lock directory `lock` (and its parents). Lock directories stay open to everybody for
+/// create, so that Curator clients can contend.
+pub(super) async fn ensure_dir(client: &zk::Client, lock: &str) -> Result<(), Error> {
+    let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    retry::idempotent(|| client.mkdir(lock, &options)).await.map_err(|e| Error::zk("mkdir", lock, e))
+}
+
+/// Creates the contender's node (and its directory if needed); after a lost answer, looks for
+/// the node by contender id before trying again, so that one contender never gets two nodes.
+/// Answers the node's name.
+pub(super) async fn create_adopting(
+    client: &zk::Client,
+    core: &Core,
+    config: &ZkConfig,
+    spec: &ContenderSpec,
+) -> Result<String, Error> {
+    let path = format!("{}/{}", spec.lock, recipe::node_prefix(&spec.id, spec.mode));
+    let body = NodeData::new(&spec.id, spec.mode, &spec.description).to_bytes();
+    let options = zk::CreateMode::EphemeralSequential.with_acls(config.node_acls());
+    let mut backoff = Backoff::new();
+    loop {
+        match core.fence.create(client, &path, &body, &options).await {
+            Ok(created) => {
+                Stats::bump(&core.stats.creates);
+                return Ok(node_name(&created).to_string());
+            }
+            Err(zk::Error::NoNode) => ensure_dir(client, &spec.lock).await?,
+            Err(e) if retry::is_unknown_outcome(&e) => {
+                Stats::bump(&core.stats.create_unknown_outcomes);
+                let children = list(client, &spec.lock).await?;
+                if let Some(found) = own_node(client, &spec.lock, &children, &spec.id).await? {
+                    Stats::bump(&core.stats.nodes_adopted);
+                    return Ok(found);
+                }
+                backoff.wait().await;
+            }
+            Err(e) => return Err(Error::zk("create", &path, e)),
+        }
+    }
+}
+
+/// The node of contender `id` among `children` of `lock` that this session made, if any.
+pub(super) async fn own_node(
+    client: &zk::Client,
+    lock: &str,
+    children: &[String],
+    id: &str,
+) -> Result<Option<String>, Error> {
+    let Some(name) = recipe::find_node(children, id) else { return Ok(None) };
+    let stat = match stat_of(client, &format!("{lock}/{name}")).await {
+        Ok(stat) => stat,
+        Err(Error::ZooKeeper { source: zk::Error::NoNode, .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok((stat.ephemeral_owner == client.session_id().0).then(|| name.to_string()))
+}
+
+/// Deletes `path` until ZooKeeper confirms it is gone. The end of the session confirms it too:
+/// ephemeral nodes go with their session.
+pub(super) async fn delete_until_confirmed(client: &zk::Client, core: &Core, path: &str) -> Result<(), zk::Error> {
+    match retry::idempotent(|| core.fence.delete(client, path)).await {
+        Ok(()) => {
+            Stats::bump(&core.stats.deletes);
+            Ok(())
+        }
+        Err(zk::Error::NoNode) => Ok(()),
+        Err(e) if retry::is_session_end(&e) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletes each of `paths` in the background (nodes nobody must wait on).
+pub(super) fn delete_in_background(client: &zk::Client, core: &std::sync::Arc<Core>, paths: Vec<String>) {
+    if paths.is_empty() {
+        return;
+    }
+    let (client, core) = (client.clone(), core.clone());
+    tokio::spawn(async move {
+        for path in paths {
+            let _ = delete_until_confirmed(&client, &core, &path).await;
+        }
+    });
+}

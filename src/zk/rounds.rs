@@ -1,0 +1,289 @@
+//! Evaluation rounds: read a lock directory, decide for the contenders that need it, repeat
+//! while a new reason to read came up meanwhile. One task per lock at a time; a release costs
+//! one event and one read, whatever the length of the queue.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use zookeeper_client as zk;
+
+use super::book::{Book, NodeEvent};
+use super::contender::{ContenderState, LostReason};
+use super::core::Core;
+use super::stats::Stats;
+use super::{anchor, ops, retry};
+use crate::recipe::{self, Decision};
+
+/// How long an evaluation waits before going round again after its session ended.
+const SESSION_END_PAUSE: Duration = Duration::from_millis(50);
+
+/// Reads a lock directory and decides for the contenders that need it, until no new reason to
+/// read again came up meanwhile.
+pub(super) async fn evaluate(core: Weak<Core>, lock_path: Arc<str>) {
+    loop {
+        let Some(strong) = core.upgrade() else { return };
+        let client = match strong.client() {
+            Ok(client) => client,
+            // No session: whoever makes nodes in a new one asks for an evaluation again.
+            Err(_) => {
+                let mut book = strong.book.lock();
+                if let Some(q) = book.locks.get_mut(&*lock_path) {
+                    q.evaluating = false;
+                }
+                book.drop_if_idle(&lock_path);
+                return;
+            }
+        };
+        let session_id = client.session_id().0;
+        let (window, full, number) = {
+            let mut book = strong.book.lock();
+            let Some(q) = book.locks.get_mut(&lock_path) else { return };
+            q.dirty = false;
+            q.reads += 1;
+            (q.open(), std::mem::take(&mut q.full), q.reads)
+        };
+        let (children, pzxid) = match read_and_repair(&client, &strong, &lock_path).await {
+            Ok(Some(read)) => read,
+            // A repair changed the directory: read it again.
+            Ok(None) => {
+                let mut book = strong.book.lock();
+                if let Some(q) = book.locks.get_mut(&*lock_path) {
+                    q.close(window);
+                }
+                continue;
+            }
+            Err(e) => {
+                // After a session end, give its monitor the time to swap the session.
+                let pause = retry::is_session_end(&e);
+                let again = fail_lock(&strong, &client, &lock_path, window, e);
+                drop(strong);
+                if !again {
+                    return;
+                }
+                if pause {
+                    tokio::time::sleep(SESSION_END_PAUSE).await;
+                }
+                continue;
+            }
+        };
+        if full {
+            refresh_revocations(&client, &strong, &lock_path, session_id).await;
+        }
+        let current = strong.session_id();
+        let read = Read { window, number, session_id, current, pzxid, full };
+        if !apply(&strong, &lock_path, read, &children) {
+            return;
+        }
+    }
+}
+
+/// Reads the directory's children and pzxid, then makes the repairs that need ZooKeeper (see
+/// `repair`); `None` when a repair changed the directory.
+async fn read_and_repair(
+    client: &zk::Client,
+    core: &Core,
+    lock_path: &str,
+) -> Result<Option<(Vec<String>, i64)>, zk::Error> {
+    Stats::bump(&core.stats.children_reads);
+    // No directory, no nodes: every contender in it is gone.
+    let (children, pzxid) = ops::children_or_empty(client, lock_path).await?;
+    let repaired = repair(client, core, lock_path, client.session_id().0, &children).await?;
+    Ok((!repaired).then_some((children, pzxid)))
+}
+
+/// A read or a repair failed. A session end is its monitor's business: go round again (the
+/// next round takes the new session, if any). Any other failure leaves the contenders waiting
+/// for a decision without one: they are lost, and their nodes are deleted so that they do not
+/// block the queue. Returns true to go round again.
+fn fail_lock(core: &Arc<Core>, client: &zk::Client, lock_path: &str, window: u64, e: zk::Error) -> bool {
+    let session_id = client.session_id().0;
+    let mut book = core.book.lock();
+    if let Some(q) = book.locks.get_mut(lock_path) {
+        q.close(window);
+    }
+    if retry::is_session_end(&e) {
+        if let Some(q) = book.locks.get_mut(lock_path) {
+            q.dirty = true;
+        }
+        return book.finish_round(lock_path);
+    }
+    tracing::warn!(lock = %lock_path, error = %e, "cannot read the lock directory");
+    let stale: Vec<Arc<str>> = book
+        .locks
+        .get(lock_path)
+        .map(|q| q.nodes.values().cloned().collect::<Vec<Arc<str>>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|id| book.contenders.get(id).is_some_and(|m| m.stale && m.session_id == session_id))
+        .collect();
+    let mut orphans = vec![];
+    for id in stale {
+        let lost = LostReason::Failed(e.to_string());
+        if let Some(member) = core.remove(&mut book, &id, ContenderState::Lost { why: lost }) {
+            orphans.push(member.path());
+        }
+    }
+    let again = book.finish_round(lock_path);
+    drop(book);
+    ops::delete_in_background(client, core, orphans);
+    again
+}
+
+/// One read of a lock directory, as `apply` needs to know it.
+struct Read {
+    /// The window opened before the read was sent.
+    window: u64,
+    /// Its number among the directory's reads.
+    number: u64,
+    session_id: i64,
+    /// The engine's session when the answer is applied.
+    current: Option<i64>,
+    /// The directory's pzxid in the answer.
+    pzxid: i64,
+    /// Decide for every contender, not only the stale ones.
+    full: bool,
+}
+
+/// Applies one read of the directory; returns true when it must be read again.
+fn apply(core: &Core, lock_path: &str, read: Read, children: &[String]) -> bool {
+    let Read { window, number, session_id, current, pzxid, full } = read;
+    let queue = recipe::queue(children);
+    let mut book = core.book.lock();
+    let Book { contenders, locks, .. } = &mut *book;
+    let Some(q) = locks.get_mut(lock_path) else { return false };
+    let mut missing = vec![];
+    for id in q.nodes.values() {
+        let Some(member) = contenders.get_mut(id) else { continue };
+        if !(member.stale || full) {
+            continue;
+        }
+        if member.session_id != session_id {
+            // Made in a newer session than this read: the next round, on that session, decides.
+            // (Members of an older one go with it.)
+            if Some(member.session_id) == current {
+                q.dirty = true;
+            }
+            continue;
+        }
+        if member.reads_before >= number {
+            // Sent before the node was made: the next read (already asked for) decides.
+            q.dirty = true;
+            continue;
+        }
+        let before = member.state();
+        let decision = recipe::decide_in(&queue, &member.name);
+        match &decision {
+            Decision::Missing => {
+                missing.push(id.clone());
+                continue;
+            }
+            Decision::Held if member.fencing_token == 0 => {
+                // The fencing token is the zxid of the directory state in which the grant was
+                // decided: it is above the zxid that removed the previous holder, so tokens of
+                // successive holders strictly increase. (The node's czxid alone is not enough:
+                // nodes re-created together by one multi-op share one czxid.) This read was
+                // sent after the node was made (`reads_before`), so the pzxid it answers is at
+                // least the node's czxid; granted at once, the two are equal.
+                member.fencing_token = pzxid;
+            }
+            _ => {}
+        }
+        // The node to watch went away after the read was answered, before this task got
+        // here: the dispatcher could not know we would watch it. Read again.
+        let gone =
+            matches!(&decision, Decision::Waiting { watch, .. } if q.seen_since(window, watch, NodeEvent::Deleted));
+        member.stale = gone;
+        if gone {
+            q.dirty = true;
+        }
+        // A decision never goes back from Held: only the node's deletion ends a hold.
+        if member.decision != Some(Decision::Held) {
+            member.decision = Some(decision);
+        }
+        core.publish_current(id, member, &before);
+        if let Some(decided) = member.decided.take() {
+            let _ = decided.send(());
+        }
+    }
+    q.close(window);
+    for id in missing {
+        core.remove(&mut book, &id, ContenderState::Lost { why: LostReason::DeletedByOther });
+    }
+    book.finish_round(lock_path)
+}
+
+/// Before deciding: deletes second nodes carrying the id of one of our contenders, and marks
+/// the directory when a client other than zklock uses it. Returns true when it deleted a node
+/// (the directory must be read again).
+async fn repair(
+    client: &zk::Client,
+    core: &Core,
+    lock_path: &str,
+    session_id: i64,
+    children: &[String],
+) -> Result<bool, zk::Error> {
+    let queue = recipe::queue(children);
+    let base = recipe::wrap_base(queue.iter().map(|c| c.sequence));
+    // (duplicate's path, its sequence, our contender's sequence)
+    let duplicates: Vec<(String, u64, u64)> = {
+        let book = core.book.lock();
+        queue
+            .iter()
+            .filter_map(|c| {
+                let (id, _) = c.ours?;
+                let member = book.contenders.get(id)?;
+                (member.session_id == session_id && *member.name != *c.name && *member.lock == *lock_path)
+                    .then(|| (format!("{lock_path}/{}", c.name), c.sequence, member.sequence))
+            })
+            .collect()
+    };
+    // A second node with our id. Ours wins over one of our own session (a create retried
+    // after a lost answer) and over an older one (left by an earlier session). A newer node of
+    // another session is a newer incarnation of this contender (re-anchored by a new leader):
+    // that one wins, and ours will be deleted by it.
+    let mut deleted = false;
+    for (path, sequence, mine) in duplicates {
+        let owner = match retry::idempotent(|| client.check_stat(&path)).await? {
+            Some(stat) => stat.ephemeral_owner,
+            None => continue,
+        };
+        if owner != session_id && recipe::queue_key(sequence, base) > recipe::queue_key(mine, base) {
+            continue;
+        }
+        tracing::warn!(node = %path, "deleting a second node of one contender");
+        match retry::idempotent(|| core.fence.delete(client, &path)).await {
+            Ok(()) => Stats::bump(&core.stats.duplicates_deleted),
+            Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(e),
+        }
+        deleted = true;
+    }
+    if !deleted && queue.iter().any(|c| c.ours.is_none()) && !core.foreign_marked.lock().contains(lock_path) {
+        // After a session gap, holders in this directory cannot be assumed to have kept the lock.
+        anchor::mark_foreign(client, lock_path).await?;
+        core.foreign_marked.lock().insert(lock_path.to_string());
+    }
+    Ok(deleted)
+}
+
+/// Reads every contender's node in the lock for revocation requests (after a reconnection).
+async fn refresh_revocations(client: &zk::Client, core: &Core, lock_path: &str, session_id: i64) {
+    let paths: Vec<(Arc<str>, String)> = {
+        let book = core.book.lock();
+        let Some(q) = book.locks.get(lock_path) else { return };
+        q.nodes
+            .values()
+            .filter_map(|id| {
+                book.contenders.get(id).filter(|m| m.session_id == session_id).map(|m| (id.clone(), m.path()))
+            })
+            .collect()
+    };
+    let reads = paths.iter().map(|(_, path)| retry::idempotent(move || client.get_data(path)));
+    let bodies = futures::future::join_all(reads).await;
+    let mut book = core.book.lock();
+    for ((id, path), body) in paths.iter().zip(bodies) {
+        if let Ok((body, _)) = body {
+            core.note_revocation(&mut book, id, path, &body);
+        }
+    }
+}
