@@ -7,6 +7,7 @@
 //! `Action` that says when to look again; other claims it affects are triggered through
 //! `reconcile_on`.
 
+mod admission;
 pub mod anchor;
 mod background;
 mod error;

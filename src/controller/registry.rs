@@ -3,12 +3,13 @@
 //! phase and position, and the verdicts of re-anchoring. Everything here can be rebuilt from
 //! the API and ZooKeeper; it is never the source of truth for who holds a lock.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::admission::Gates;
 use super::Uid;
 use crate::api::Phase;
 
@@ -20,14 +21,8 @@ pub struct Seen<'a> {
     pub exclusive: bool,
 }
 
-/// One lock's admission gate: (creation second, first seen) → (claim UID, since when).
-type Gate = BTreeMap<(i64, u64), (Uid, Instant)>;
-
 /// How long a release waits in the registry for the grant that ends its handoff.
 const RELEASE_MEMORY: Duration = Duration::from_secs(60);
-
-/// How long a claim that asked to be enqueued holds back the claims created after it.
-pub const GATE_PATIENCE: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 pub struct Registry {
@@ -47,10 +42,8 @@ struct Inner {
     /// Lock path → when its last holder let go (for the handoff histogram).
     released_at: HashMap<String, Instant>,
     next_seen: u64,
-    /// Lock path → claims ready to be enqueued, by (creation second, first seen): the gate that
-    /// makes claims created in quick succession enter the queue in creation order even though
-    /// they are reconciled concurrently.
-    gate: HashMap<String, Gate>,
+    /// The admission gates of the locks (see [`super::admission`]).
+    gates: Gates,
     /// Claims per recorded phase, kept as phases change (the claims metric), so that no
     /// reconcile has to count all claims.
     counts: HashMap<Phase, i64>,
@@ -143,12 +136,7 @@ impl Inner {
     /// Takes claim `uid` out of its lock's admission gate.
     fn leave_gates(&mut self, uid: &str) {
         let Some(lock) = self.claims.get(uid).map(|c| c.lock.clone()) else { return };
-        if let Some(gate) = self.gate.get_mut(&*lock) {
-            gate.retain(|_, (other, _)| **other != *uid);
-            if gate.is_empty() {
-                self.gate.remove(&*lock);
-            }
-        }
+        self.gates.leave(&lock, uid);
     }
 
     fn set_phase(&mut self, uid: &str, phase: Option<Phase>) {
@@ -288,39 +276,23 @@ impl Registry {
         inner.set_phase(uid, phase);
         let pending = matches!(phase, None | Some(Phase::Pending));
         if pending {
-            inner.gate.entry(lock.to_string()).or_default().insert((created, seen), (uid.clone(), Instant::now()));
+            inner.gates.arrive(lock, (created, seen), uid);
         }
     }
 
-    /// Asks to enqueue claim `uid` on `lock`; true when no claim created before it waits to be
-    /// enqueued there. A claim that has been in the gate for [`GATE_PATIENCE`] without entering
-    /// the queue (its reconcile keeps failing, say) no longer holds the others up.
+    /// Asks to enqueue claim `uid` on `lock`; true when it is first at the lock's admission gate.
     pub fn may_enqueue(&self, lock: &str, uid: &Uid, created: i64) -> bool {
         let mut inner = self.lock();
         let seen = inner.claims.get(uid).map_or(u64::MAX, |c| c.seen);
-        let gate = inner.gate.entry(lock.to_string()).or_default();
-        gate.retain(|_, (other, since)| other == uid || since.elapsed() < GATE_PATIENCE);
-        if !gate.values().any(|(other, _)| other == uid) {
-            gate.insert((created, seen), (uid.clone(), Instant::now()));
-        }
-        gate.first_key_value().is_some_and(|(_, (first, _))| first == uid)
+        inner.gates.may_enqueue(lock, (created, seen), uid)
     }
 
     /// The claim entered the queue, or cannot enter it now (waiting for its holder pod, or
     /// final): it leaves the gate. Returns the claim that is first in the gate now.
     pub fn leave_gate(&self, lock: &str, uid: &str) -> Option<String> {
         let mut inner = self.lock();
-        let gate = inner.gate.get_mut(lock)?;
-        let before = gate.len();
-        gate.retain(|_, (other, _)| **other != *uid);
-        if gate.len() == before {
-            return None;
-        }
-        let next = gate.first_key_value().map(|(_, (next, _))| next.clone());
-        if gate.is_empty() {
-            inner.gate.remove(lock);
-        }
-        next.filter(|n| inner.claims.contains_key(n)).map(|n| n.to_string())
+        let next = inner.gates.leave(lock, uid)?;
+        inner.claims.contains_key(&next).then(|| next.to_string())
     }
 
     pub fn forget(&self, uid: &str) {
@@ -459,10 +431,10 @@ mod tests {
         let (a, b): (Uid, Uid) = ("a".into(), "b".into());
         r.first_seen(&a, seen("/l", true), 1, None);
         r.first_seen(&b, seen("/m", true), 1, None);
-        assert_eq!(r.lock().gate.len(), 2);
+        assert_eq!(r.lock().gates.len(), 2);
         r.forget("a");
         assert!(r.leave_gate("/m", "b").is_none());
-        assert!(r.lock().gate.is_empty(), "no empty gate left behind");
+        assert_eq!(r.lock().gates.len(), 0, "no empty gate left behind");
         r.forget("b");
         assert!(r.lock().claims.is_empty() && r.lock().held.is_empty());
     }
