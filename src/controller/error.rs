@@ -14,7 +14,7 @@ pub enum Error {
     GetPod { pod: String, source: kube::Error },
     #[error("writing the claim's status: {0}")]
     PatchStatus(kube::Error),
-    #[error("building the status patch: {0}")]
+    #[error("serialising the claim's status: {0}")]
     StatusPatch(serde_json::Error),
     #[error("{call}: no answer from the Kubernetes API within {API_TIMEOUT:?}")]
     Timeout { call: &'static str },

@@ -328,16 +328,19 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut pl
 /// goes by name: a claim deleted without its finalizer and re-created under the same name must
 /// not receive its predecessor's status.
 fn status_patch(uid: &str, status: &LockClaimStatus, guard: Guard<'_>) -> Result<json_patch::Patch, Error> {
-    let mut ops = vec![json!({ "op": "test", "path": "/metadata/uid", "value": uid })];
+    use json_patch::{jsonptr::Pointer, AddOperation, PatchOperation, TestOperation};
+    let test = |path: &'static str, value: serde_json::Value| {
+        PatchOperation::Test(TestOperation { path: Pointer::from_static(path).to_buf(), value })
+    };
+    let mut ops = vec![test("/metadata/uid", uid.into())];
     match guard {
         Guard::None => {}
-        Guard::Epoch(epoch) => ops.push(json!({ "op": "test", "path": "/status/leaderEpoch", "value": epoch })),
-        Guard::Version(version) => {
-            ops.push(json!({ "op": "test", "path": "/metadata/resourceVersion", "value": version }))
-        }
+        Guard::Epoch(epoch) => ops.push(test("/status/leaderEpoch", epoch.into())),
+        Guard::Version(version) => ops.push(test("/metadata/resourceVersion", version.into())),
     }
-    ops.push(json!({ "op": "add", "path": "/status", "value": status }));
-    serde_json::from_value(serde_json::Value::Array(ops)).map_err(Error::StatusPatch)
+    let value = serde_json::to_value(status).map_err(Error::StatusPatch)?;
+    ops.push(PatchOperation::Add(AddOperation { path: Pointer::from_static("/status").to_buf(), value }));
+    Ok(json_patch::Patch(ops))
 }
 
 /// A write's failure, for a log line: refused, timed out, or not written (not leading).
