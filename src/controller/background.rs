@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -14,6 +15,14 @@ use crate::zk::{ContenderState, EngineEvent, SessionEvent};
 /// kept exact, the rest is refreshed as it moves up. Bounds the API writes positions cost.
 pub const POSITIONS_PER_LOCK: usize = 10;
 pub const POSITIONS_EVERY: Duration = Duration::from_secs(2);
+
+/// Between attempts to open a new session and re-anchor: a ZooKeeper outage is waited out
+/// without limit, at most 10 s apart.
+const REANCHOR_DELAYS: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(Duration::from_millis(200))
+    .with_max_delay(Duration::from_secs(10))
+    .with_jitter()
+    .without_max_times();
 
 /// Spawns them into `tasks`, which ends them when it is dropped.
 pub fn spawn(tasks: &mut JoinSet<()>, ctx: Arc<Context>, engine_events: mpsc::UnboundedReceiver<EngineEvent>) {
@@ -43,20 +52,18 @@ async fn follow_engine(ctx: Arc<Context>, mut events: mpsc::UnboundedReceiver<En
                 ctx.metrics.zk_session_connected.set(0);
                 ctx.metrics.zk_sessions_lost.inc();
                 tracing::warn!("ZooKeeper session lost; opening a new one and re-anchoring");
-                let mut delay = Duration::from_millis(200);
-                loop {
-                    let result = match ctx.engine.reconnect().await {
-                        Ok(()) => anchor::reanchor_all(&ctx).await,
-                        Err(e) => Err(e.into()),
-                    };
-                    match result {
-                        Ok(()) => break,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "re-anchoring failed; retrying");
-                            tokio::time::sleep(delay).await;
-                            delay = (delay * 2).min(Duration::from_secs(10));
-                        }
-                    }
+                let renewed = (|| async {
+                    ctx.engine.reconnect().await?;
+                    anchor::reanchor_all(&ctx).await
+                })
+                .retry(REANCHOR_DELAYS)
+                .sleep(tokio::time::sleep)
+                .notify(|e, after| tracing::warn!(error = %e, ?after, "re-anchoring failed; retrying"))
+                .await;
+                // Retried without limit: only a stopped controller (which drops this task) ends it.
+                if let Err(e) = renewed {
+                    tracing::error!(error = %e, "re-anchoring gave up");
+                    return;
                 }
                 ctx.trigger_all();
             }

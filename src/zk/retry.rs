@@ -8,6 +8,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder, Retryable};
 use zookeeper_client as zk;
 
 /// An answer the server may never give (a stuck connection) must not hang a contender forever.
@@ -40,17 +41,29 @@ pub async fn timed<T>(call: impl Future<Output = Result<T, zk::Error>>) -> Resul
     tokio::time::timeout(CALL_TIMEOUT, call).await.unwrap_or(Err(zk::Error::Timeout))
 }
 
-/// Exponential backoff between attempts.
-pub struct Backoff(Duration);
+/// Delays between attempts: exponential from 5 ms to 500 ms with jitter (so that the many
+/// contenders of one session, cut off together, do not all come back at the same instant),
+/// and no limit on attempts: a connection loss ends when the session does, and then the call
+/// fails with the session's end.
+fn delays() -> ExponentialBuilder {
+    ExponentialBuilder::new()
+        .with_min_delay(FIRST_BACKOFF)
+        .with_max_delay(MAX_BACKOFF)
+        .with_jitter()
+        .without_max_times()
+}
+
+/// Backoff between attempts of a loop that decides for itself what to retry.
+pub struct Backoff(ExponentialBackoff);
 
 impl Backoff {
     pub fn new() -> Self {
-        Backoff(FIRST_BACKOFF)
+        Backoff(delays().build())
     }
 
     pub async fn wait(&mut self) {
-        tokio::time::sleep(self.0).await;
-        self.0 = (self.0 * 2).min(MAX_BACKOFF);
+        // Without a limit on attempts, the delays never run out.
+        tokio::time::sleep(self.0.next().unwrap_or(MAX_BACKOFF)).await;
     }
 }
 
@@ -61,14 +74,10 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, zk::Error>>,
 {
-    let mut backoff = Backoff::new();
-    loop {
-        match timed(call()).await {
-            Err(e) if is_unknown_outcome(&e) || e == zk::Error::Throttled => {
-                tracing::debug!(error = %e, "ZooKeeper call failed; repeating it");
-                backoff.wait().await
-            }
-            other => return other,
-        }
-    }
+    (|| timed(call()))
+        .retry(delays())
+        .sleep(tokio::time::sleep)
+        .when(|e| is_unknown_outcome(e) || *e == zk::Error::Throttled)
+        .notify(|e, _| tracing::debug!(error = %e, "ZooKeeper call failed; repeating it"))
+        .await
 }
