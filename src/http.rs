@@ -1,7 +1,6 @@
 //! `/metrics`, `/healthz` and `/readyz`.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -10,14 +9,14 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
+use crate::controller::supervisor::Readiness;
 use crate::metrics::Metrics;
 
 /// What the probes report.
 #[derive(Default)]
 pub struct Health {
-    /// Set by a standby replica (ready: it is healthy and waits), and by the leader once its
-    /// session is re-anchored.
-    pub ready: Arc<AtomicBool>,
+    /// Written by the session supervisor only (see [`Readiness`]).
+    pub readiness: Arc<Readiness>,
 }
 
 #[derive(Clone)]
@@ -57,7 +56,7 @@ async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
 }
 
 async fn ready_handler(State(state): State<AppState>) -> impl IntoResponse {
-    if state.health.ready.load(Ordering::SeqCst) {
+    if state.health.readiness.is_ready() {
         (StatusCode::OK, "ready")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready")

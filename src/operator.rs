@@ -3,7 +3,6 @@
 //! leadership is lost or SIGTERM arrives.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -13,6 +12,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use tokio_util::sync::CancellationToken;
 
+use crate::controller::supervisor::{self, Term};
 use crate::http::{self, Health};
 use crate::leader::{Leadership, LeaseLock};
 use crate::metrics::Metrics;
@@ -20,9 +20,6 @@ use crate::zk::{LockEngine, ZkConfig};
 
 /// Name of the Lease the replicas elect a leader on.
 pub const LEASE_NAME: &str = "zklock-leader";
-
-/// The leader epoch's node below the ZooKeeper root (DESIGN.md §5a).
-pub const EPOCH_NODE: &str = "leader-epoch";
 
 pub struct Options {
     pub zk: ZkConfig,
@@ -46,8 +43,6 @@ pub enum RunError {
     Metrics { addr: SocketAddr, source: std::io::Error },
     #[error("{0}")]
     Controller(#[from] crate::controller::Error),
-    #[error("the lease ran out before the ZooKeeper session was ready")]
-    NotLeading,
 }
 
 pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), RunError> {
@@ -61,7 +56,6 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
 
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::default());
-    health.ready.store(true, Ordering::SeqCst);
     let current_engine: Arc<Mutex<Option<LockEngine>>> = Arc::default();
     let stats_source = current_engine.clone();
     let engine_stats = Arc::new(move || stats_source.lock().as_ref().map(|e| e.stats()));
@@ -84,13 +78,15 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
         }
         tracing::info!(identity = %options.identity, "leading");
         metrics.leader.set(1);
-        health.ready.store(false, Ordering::SeqCst);
+        let term = Term::begin(&health.readiness);
         let leadership = if options.leader_election { lease.leadership() } else { Leadership::always() };
-        let (engine, events) = match lead(&options, leadership.clone()).await {
+        let connected = supervisor::connect(&options.zk, &options.zk_root, &options.identity, &leadership).await;
+        let (engine, events) = match connected {
             Ok(connected) => connected,
             Err(e) => {
                 tracing::error!(error = %e, "cannot open a ZooKeeper session and take the leader epoch; retrying");
                 metrics.leader.set(0);
+                term.end();
                 lease.step_down();
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 continue;
@@ -103,7 +99,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
             namespaces: options.namespaces.clone(),
             metrics: metrics.clone(),
             events: crate::controller::events::EventWriter::new(client.clone(), &options.identity),
-            ready: health.ready.clone(),
+            term: term.clone(),
             concurrency: options.concurrency,
             leadership: leadership.clone(),
         };
@@ -135,7 +131,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
         lease.step_down();
         *current_engine.lock() = None;
         metrics.leader.set(0);
-        health.ready.store(true, Ordering::SeqCst);
+        term.end();
         if let Err(e) = result {
             tracing::error!(error = %e, "controller stopped");
             tokio::time::sleep(Duration::from_secs(2)).await;
@@ -148,23 +144,6 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
     }
     tracing::info!("stopped");
     Ok(())
-}
-
-/// Opens the new leader's ZooKeeper session and takes the leader epoch, so that a deposed
-/// leader's writes fail from now on.
-async fn lead(
-    options: &Options,
-    leadership: Leadership,
-) -> Result<(LockEngine, tokio::sync::mpsc::UnboundedReceiver<crate::zk::EngineEvent>), RunError> {
-    let (engine, events) = LockEngine::connect_with_events(options.zk.clone()).await?;
-    // Taking the epoch fences whoever leads: only while the lease is still ours.
-    if !leadership.is_leading() {
-        return Err(RunError::NotLeading);
-    }
-    let epoch_path = format!("{}/{EPOCH_NODE}", options.zk_root.trim_end_matches('/'));
-    let epoch = engine.take_epoch(&epoch_path, &options.identity).await?;
-    tracing::info!(epoch, path = %epoch_path, "took the leader epoch");
-    Ok((engine, events))
 }
 
 /// With a chroot in the connect string, the chroot node must exist before a chrooted client can

@@ -344,11 +344,14 @@ async fn a_session_expiry_turns_no_holder_of_a_zklock_only_lock_lost() {
             op.metric("zklock_zookeeper_sessions_lost_total").await >= f64::from(round)
         })
         .await;
+        // Not ready while ZooKeeper is away and the session cannot be replaced.
+        until("the leader to report not ready", || async { !op.ready().await }).await;
         zk.resume();
         // Admitted again only once re-anchored.
         let probe = format!("probe{round}");
         env.claim(&probe, "probe", json!({})).await;
         env.wait_phase(&probe, Phase::Held).await;
+        until("the leader to be ready again", || async { op.ready().await }).await;
         env.delete_claim(&probe).await;
         env.wait_gone(&probe).await;
     }

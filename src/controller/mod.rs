@@ -9,12 +9,13 @@
 
 mod admission;
 pub mod anchor;
-mod background;
 mod error;
 pub mod events;
 pub mod plan;
+mod positions;
 mod reconcile;
 pub mod registry;
+pub mod supervisor;
 mod watch;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -224,8 +225,8 @@ pub struct Setup {
     pub namespaces: Vec<String>,
     pub metrics: Arc<Metrics>,
     pub events: events::EventWriter,
-    /// Set once re-anchoring is done (the readiness probe).
-    pub ready: Arc<AtomicBool>,
+    /// This leader's term, for readiness: the session supervisor marks it serving.
+    pub term: supervisor::Term,
     /// Claims reconciled at once, per scope.
     pub concurrency: u16,
     /// Whether this process may write; every Kubernetes write asks it first.
@@ -241,7 +242,7 @@ pub async fn run(
     engine_events: mpsc::UnboundedReceiver<crate::zk::EngineEvent>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let Setup { client, zk_root, namespaces, metrics, events, ready, concurrency, leadership } = setup;
+    let Setup { client, zk_root, namespaces, metrics, events, term, concurrency, leadership } = setup;
     let scopes = namespaces.len().max(1);
     let (orphans, orphans_rx) = mpsc::unbounded_channel();
     let mut writers = Vec::new();
@@ -297,17 +298,13 @@ pub async fn run(
     tasks.spawn(watch::release_orphans(ctx.clone(), orphans_rx));
 
     tokio::select! {
-        _ = ctx.wait_synced() => {}
+        anchored = supervisor::first_anchor(&ctx, &term) => anchored?,
         _ = shutdown.clone() => return Ok(()),
     }
-    anchor::reanchor_all(&ctx).await?;
-    ctx.anchored.store(true, Ordering::SeqCst);
-    ready.store(true, Ordering::SeqCst);
-    ctx.trigger_all();
-    background::spawn(&mut tasks, ctx.clone(), engine_events);
+    tasks.spawn(supervisor::follow(ctx.clone(), engine_events, term));
+    tasks.spawn(positions::refresh(ctx.clone()));
     // Each ends after `shutdown`, once its running reconciles have.
     while controllers.join_next().await.is_some() {}
-    ready.store(false, Ordering::SeqCst);
     Ok(())
 }
 
