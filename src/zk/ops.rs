@@ -42,14 +42,6 @@ pub(super) async fn list(client: &zk::Client, path: &str) -> Result<Vec<String>,
     children_or_empty(client, path).await.map(|(children, _)| children).map_err(|e| Error::zk("list", path, e))
 }
 
-pub(super) async fn stat_of(client: &zk::Client, path: &str) -> Result<zk::Stat, Error> {
-    match retry::idempotent(|| client.check_stat(path)).await {
-        Ok(Some(stat)) => Ok(stat),
-        Ok(None) => Err(Error::zk("stat", path, zk::Error::NoNode)),
-        Err(e) => Err(Error::zk("stat", path, e)),
-    }
-}
-
 /// Makes lock directory `lock` (and its parents). Lock directories stay open to everybody for
 /// create, so that Curator clients can contend.
 pub(super) async fn ensure_dir(client: &zk::Client, lock: &str) -> Result<(), Error> {
@@ -99,12 +91,11 @@ pub(super) async fn own_node(
     id: &str,
 ) -> Result<Option<String>, Error> {
     let Some(name) = recipe::find_node(children, id) else { return Ok(None) };
-    let stat = match stat_of(client, &format!("{lock}/{name}")).await {
-        Ok(stat) => stat,
-        Err(Error::ZooKeeper { source: zk::Error::NoNode, .. }) => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    Ok((stat.ephemeral_owner == client.session_id().0).then(|| name.to_string()))
+    let path = format!("{lock}/{name}");
+    match retry::idempotent(|| client.check_stat(&path)).await {
+        Ok(stat) => Ok(stat.filter(|s| s.ephemeral_owner == client.session_id().0).map(|_| name.to_string())),
+        Err(e) => Err(Error::zk("stat", &path, e)),
+    }
 }
 
 /// Deletes `path` until ZooKeeper confirms it is gone. The end of the session confirms it too:

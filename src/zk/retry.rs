@@ -45,20 +45,18 @@ pub async fn timed<T>(call: impl Future<Output = Result<T, zk::Error>>) -> Resul
 /// contenders of one session, cut off together, do not all come back at the same instant),
 /// and no limit on attempts: a connection loss ends when the session does, and then the call
 /// fails with the session's end.
-fn delays() -> ExponentialBuilder {
-    ExponentialBuilder::new()
-        .with_min_delay(FIRST_BACKOFF)
-        .with_max_delay(MAX_BACKOFF)
-        .with_jitter()
-        .without_max_times()
-}
+const DELAYS: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(FIRST_BACKOFF)
+    .with_max_delay(MAX_BACKOFF)
+    .with_jitter()
+    .without_max_times();
 
 /// Backoff between attempts of a loop that decides for itself what to retry.
 pub struct Backoff(ExponentialBackoff);
 
 impl Backoff {
     pub fn new() -> Self {
-        Backoff(delays().build())
+        Backoff(DELAYS.build())
     }
 
     pub async fn wait(&mut self) {
@@ -75,7 +73,7 @@ where
     Fut: Future<Output = Result<T, zk::Error>>,
 {
     (|| timed(call()))
-        .retry(delays())
+        .retry(DELAYS)
         .sleep(tokio::time::sleep)
         .when(|e| is_unknown_outcome(e) || *e == zk::Error::Throttled)
         .notify(|e, _| tracing::debug!(error = %e, "ZooKeeper call failed; repeating it"))
