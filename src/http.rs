@@ -23,7 +23,6 @@ pub struct Health {
 struct AppState {
     metrics: Arc<Metrics>,
     health: Arc<Health>,
-    engine_stats: Arc<dyn Fn() -> Option<crate::zk::StatsSnapshot> + Send + Sync>,
 }
 
 /// Binds `addr` (the error says which address failed) and serves until the process ends.
@@ -31,7 +30,6 @@ pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
-    engine_stats: Arc<dyn Fn() -> Option<crate::zk::StatsSnapshot> + Send + Sync>,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
@@ -39,7 +37,7 @@ pub async fn serve(
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready_handler))
-        .with_state(AppState { metrics, health, engine_stats });
+        .with_state(AppState { metrics, health });
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "metrics server stopped");
@@ -49,9 +47,6 @@ pub async fn serve(
 }
 
 async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
-    if let Some(stats) = (state.engine_stats)() {
-        state.metrics.observe_engine(stats);
-    }
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
 }
 

@@ -1,25 +1,28 @@
 //! Prometheus metrics of the operator, served on `/metrics`.
 
-use parking_lot::Mutex;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use parking_lot::Mutex;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::api::Phase;
-use crate::zk::StatsSnapshot;
+use crate::zk::LockEngine;
 
 /// Every write to the Kubernetes API gives up after this long (and is retried by the caller).
 pub const API_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabel {
-    pub phase: String,
+    pub phase: Phase,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -34,8 +37,8 @@ pub struct CallLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OpLabel {
-    pub op: String,
+struct OpLabel {
+    op: &'static str,
 }
 
 pub struct Metrics {
@@ -52,70 +55,89 @@ pub struct Metrics {
     pub reconcile_errors: Family<ErrorLabel, Counter>,
     pub api_calls: Family<CallLabel, Counter>,
     pub api_call_seconds: Histogram,
-    zk_ops: Family<OpLabel, Counter>,
-    zk_seen: Mutex<StatsSnapshot>,
     /// Kubernetes API writes (status, finalizers, pod annotations, events).
     pub api_writes: Counter,
+    /// The engine whose ZooKeeper counters a scrape reads: the current term's.
+    pub engine: EngineCounters,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("zklock");
-        let claims = Family::<PhaseLabel, Gauge>::default();
-        registry.register("claims", "LockClaims served, by phase", claims.clone());
-        let acquire_wait = Histogram::new(exponential_buckets(0.005, 2.0, 20));
-        registry.register("acquire_wait_seconds", "From claim creation to Held", acquire_wait.clone());
-        let handoff = Histogram::new(exponential_buckets(0.001, 2.0, 16));
-        registry.register("handoff_seconds", "From a holder letting go to the next claim Held", handoff.clone());
-        let zk_session_connected = Gauge::default();
-        registry.register(
-            "zookeeper_session_connected",
-            "1 while the ZooKeeper session is connected",
-            zk_session_connected.clone(),
-        );
-        let zk_sessions_lost = Counter::default();
-        registry.register(
-            "zookeeper_sessions_lost",
-            "ZooKeeper sessions that ended (each is followed by re-anchoring)",
-            zk_sessions_lost.clone(),
-        );
-        let leader = Gauge::default();
-        registry.register("leader", "1 while this replica is the leader", leader.clone());
-        let reconciles = Counter::default();
-        registry.register("reconciles", "Reconciliations run", reconciles.clone());
-        let reconciles_running = Gauge::default();
-        registry.register("reconciles_running", "Reconciliations running now", reconciles_running.clone());
-        let reconcile_errors = Family::<ErrorLabel, Counter>::default();
-        registry.register("reconcile_errors", "Reconciliations that failed, by error", reconcile_errors.clone());
-        let api_calls = Family::<CallLabel, Counter>::default();
-        registry.register("kubernetes_calls", "Kubernetes API calls, by call and outcome", api_calls.clone());
-        let api_call_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
-        registry.register("kubernetes_call_seconds", "Kubernetes API call latency", api_call_seconds.clone());
-        let api_writes = Counter::default();
-        registry.register(
-            "kubernetes_writes",
-            "Kubernetes API writes: status, finalizers, annotations, events",
-            api_writes.clone(),
-        );
-        let zk_ops = Family::<OpLabel, Counter>::default();
-        registry.register("zookeeper_operations", "ZooKeeper operations of the lock engine", zk_ops.clone());
-        Metrics {
-            registry,
-            claims,
-            acquire_wait,
-            handoff,
-            zk_session_connected,
-            zk_sessions_lost,
-            leader,
-            reconciles,
-            reconciles_running,
-            reconcile_errors,
-            api_calls,
-            api_call_seconds,
-            zk_ops,
-            zk_seen: Mutex::new(StatsSnapshot::default()),
-            api_writes,
+        let mut m = Metrics {
+            registry: Registry::with_prefix("zklock"),
+            claims: Family::default(),
+            acquire_wait: Histogram::new(exponential_buckets(0.005, 2.0, 20)),
+            handoff: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            zk_session_connected: Gauge::default(),
+            zk_sessions_lost: Counter::default(),
+            leader: Gauge::default(),
+            reconciles: Counter::default(),
+            reconciles_running: Gauge::default(),
+            reconcile_errors: Family::default(),
+            api_calls: Family::default(),
+            api_call_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            api_writes: Counter::default(),
+            engine: EngineCounters::default(),
+        };
+        let r = &mut m.registry;
+        r.register("claims", "LockClaims served, by phase", m.claims.clone());
+        r.register("acquire_wait_seconds", "From claim creation to Held", m.acquire_wait.clone());
+        r.register("handoff_seconds", "From a holder letting go to the next claim Held", m.handoff.clone());
+        let connected = "1 while the ZooKeeper session is connected";
+        r.register("zookeeper_session_connected", connected, m.zk_session_connected.clone());
+        let lost = "ZooKeeper sessions that ended (each is followed by re-anchoring)";
+        r.register("zookeeper_sessions_lost", lost, m.zk_sessions_lost.clone());
+        r.register("leader", "1 while this replica is the leader", m.leader.clone());
+        r.register("reconciles", "Reconciliations run", m.reconciles.clone());
+        r.register("reconciles_running", "Reconciliations running now", m.reconciles_running.clone());
+        r.register("reconcile_errors", "Reconciliations that failed, by error", m.reconcile_errors.clone());
+        r.register("kubernetes_calls", "Kubernetes API calls, by call and outcome", m.api_calls.clone());
+        r.register("kubernetes_call_seconds", "Kubernetes API call latency", m.api_call_seconds.clone());
+        let writes = "Kubernetes API writes: status, finalizers, annotations, events";
+        r.register("kubernetes_writes", writes, m.api_writes.clone());
+        r.register_collector(Box::new(m.engine.clone()));
+        m
+    }
+}
+
+/// The lock engine's ZooKeeper counters, read at each scrape from the engine of the current
+/// term (a new term has a new engine, whose counters start again at zero: Prometheus reads
+/// that as a counter reset).
+#[derive(Clone, Default)]
+pub struct EngineCounters(Arc<Mutex<Option<LockEngine>>>);
+
+impl EngineCounters {
+    pub fn follow(&self, engine: Option<LockEngine>) {
+        *self.0.lock() = engine;
+    }
+}
+
+impl std::fmt::Debug for EngineCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EngineCounters")
+    }
+}
+
+impl Collector for EngineCounters {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(s) = self.0.lock().as_ref().map(LockEngine::stats) else { return Ok(()) };
+        let counts = [
+            ("create", s.creates),
+            ("create_unknown_outcome", s.create_unknown_outcomes),
+            ("delete", s.deletes),
+            ("get_children", s.children_reads),
+            ("predecessor_notification", s.predecessor_notifications),
+            ("own_node_notification", s.own_node_notifications),
+            ("revocation_written", s.revocations_written),
+            ("directory_removed", s.directories_removed),
+            ("duplicate_deleted", s.duplicates_deleted),
+        ];
+        let help = "ZooKeeper operations of the lock engine";
+        let mut family = encoder.encode_descriptor("zookeeper_operations", help, None, MetricType::Counter)?;
+        for (op, count) in counts {
+            ConstCounter::new(count).encode(family.encode_family(&OpLabel { op })?)?;
         }
+        Ok(())
     }
 }
 
@@ -144,30 +166,8 @@ impl Metrics {
 
     pub fn set_phase_counts(&self, counts: &std::collections::HashMap<Phase, i64>) {
         for phase in Phase::ALL {
-            self.claims
-                .get_or_create(&PhaseLabel { phase: phase.as_str().into() })
-                .set(*counts.get(&phase).unwrap_or(&0));
+            self.claims.get_or_create(&PhaseLabel { phase }).set(*counts.get(&phase).unwrap_or(&0));
         }
-    }
-
-    /// Brings the engine's counters into the registry (called at scrape time).
-    pub fn observe_engine(&self, now: StatsSnapshot) {
-        let mut seen = self.zk_seen.lock();
-        let pairs = [
-            ("create", now.creates, seen.creates),
-            ("create_unknown_outcome", now.create_unknown_outcomes, seen.create_unknown_outcomes),
-            ("delete", now.deletes, seen.deletes),
-            ("get_children", now.children_reads, seen.children_reads),
-            ("predecessor_notification", now.predecessor_notifications, seen.predecessor_notifications),
-            ("own_node_notification", now.own_node_notifications, seen.own_node_notifications),
-            ("revocation_written", now.revocations_written, seen.revocations_written),
-            ("directory_removed", now.directories_removed, seen.directories_removed),
-            ("duplicate_deleted", now.duplicates_deleted, seen.duplicates_deleted),
-        ];
-        for (op, now, before) in pairs {
-            self.zk_ops.get_or_create(&OpLabel { op: op.into() }).inc_by(now.saturating_sub(before));
-        }
-        *seen = now;
     }
 
     pub fn encode(&self) -> String {
@@ -184,4 +184,16 @@ pub enum ApiCallError<E> {
     Failed(E),
     #[error("no answer within {API_TIMEOUT:?}")]
     Timeout,
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn phases_are_labelled_by_their_api_names() {
+        let metrics = super::Metrics::default();
+        metrics.set_phase_counts(&[(super::Phase::Held, 3)].into());
+        let text = metrics.encode();
+        assert!(text.contains("zklock_claims{phase=\"Held\"} 3\n"), "{text}");
+        assert!(text.contains("zklock_claims{phase=\"Waiting\"} 0\n"), "{text}");
+    }
 }

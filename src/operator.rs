@@ -5,7 +5,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -16,7 +15,7 @@ use crate::controller::supervisor::{self, Term};
 use crate::http::{self, Health};
 use crate::leader::{Leadership, LeaseLock};
 use crate::metrics::Metrics;
-use crate::zk::{LockEngine, ZkConfig};
+use crate::zk::ZkConfig;
 
 /// Name of the Lease the replicas elect a leader on.
 pub const LEASE_NAME: &str = "zklock-leader";
@@ -56,10 +55,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
 
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::default());
-    let current_engine: Arc<Mutex<Option<LockEngine>>> = Arc::default();
-    let stats_source = current_engine.clone();
-    let engine_stats = Arc::new(move || stats_source.lock().as_ref().map(|e| e.stats()));
-    let (addr, _server) = http::serve(options.metrics_addr, metrics.clone(), health.clone(), engine_stats)
+    let (addr, _server) = http::serve(options.metrics_addr, metrics.clone(), health.clone())
         .await
         .map_err(|source| RunError::Metrics { addr: options.metrics_addr, source })?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
@@ -92,7 +88,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
                 continue;
             }
         };
-        *current_engine.lock() = Some(engine.clone());
+        metrics.engine.follow(Some(engine.clone()));
         let setup = crate::controller::Setup {
             client: client.clone(),
             zk_root: options.zk_root.clone(),
@@ -129,7 +125,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
             }
         };
         lease.step_down();
-        *current_engine.lock() = None;
+        metrics.engine.follow(None);
         metrics.leader.set(0);
         term.end();
         if let Err(e) = result {

@@ -77,7 +77,18 @@ pub struct Holder {
 }
 
 /// Where a claim stands.
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, schemars::JsonSchema)]
+#[derive(
+    Deserialize,
+    Serialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    schemars::JsonSchema,
+    prometheus_client::encoding::EncodeLabelValue,
+)]
 pub enum Phase {
     /// Accepted; node not created yet.
     Pending,
@@ -100,19 +111,6 @@ pub enum Phase {
 impl Phase {
     pub fn is_terminal(self) -> bool {
         !matches!(self, Phase::Pending | Phase::Waiting | Phase::Held)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Pending => "Pending",
-            Phase::Waiting => "Waiting",
-            Phase::Held => "Held",
-            Phase::Released => "Released",
-            Phase::Revoked => "Revoked",
-            Phase::Expired => "Expired",
-            Phase::Lost => "Lost",
-            Phase::Invalid => "Invalid",
-        }
     }
 
     pub const ALL: [Phase; 8] = [

@@ -18,7 +18,7 @@ pub mod registry;
 pub mod supervisor;
 mod watch;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use futures::channel::mpsc::UnboundedSender;
@@ -28,7 +28,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::Api;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, watch as channel};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -61,10 +61,8 @@ pub struct Context {
     /// Claims that may have left the API with a node still tracked (see `watch::release_orphans`).
     orphans: mpsc::UnboundedSender<Uid>,
     /// Scopes that have not yet listed their claims once. Counted here rather than asked of the
-    /// reflector stores: their readiness is a one-shot channel that wakes one waiter only, and a
-    /// check without waiting would take that waiter's place.
-    unsynced: AtomicUsize,
-    synced: Notify,
+    /// reflector stores: their readiness is a one-shot channel that wakes one waiter only.
+    unsynced: channel::Sender<usize>,
     /// Set once the first re-anchoring is done: no claim is reconciled before (then all are).
     anchored: AtomicBool,
     leadership: Leadership,
@@ -171,25 +169,18 @@ impl Context {
 
     /// A scope listed its claims for the first time.
     fn scope_synced(&self) {
-        if self.unsynced.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.synced.notify_waiters();
-        }
+        self.unsynced.send_modify(|n| *n = n.saturating_sub(1));
     }
 
     /// Whether every scope's watch has listed its claims once: from then on, a claim missing
     /// from the stores is missing from the API.
     fn is_synced(&self) -> bool {
-        self.unsynced.load(Ordering::SeqCst) == 0
+        *self.unsynced.borrow() == 0
     }
 
     async fn wait_synced(&self) {
-        loop {
-            let notified = self.synced.notified();
-            if self.is_synced() {
-                return;
-            }
-            notified.await;
-        }
+        // The sender lives in this context, so the channel cannot close while it is awaited.
+        let _ = self.unsynced.subscribe().wait_for(|n| *n == 0).await;
     }
 
     /// Once every scope has listed its claims: every claim the registry or the engine knows
@@ -269,8 +260,7 @@ pub async fn run(
         claims: readers.clone(),
         triggers,
         orphans,
-        unsynced: AtomicUsize::new(scopes),
-        synced: Notify::new(),
+        unsynced: channel::Sender::new(scopes),
         anchored: AtomicBool::new(false),
         leadership,
     });

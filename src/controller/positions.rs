@@ -26,6 +26,5 @@ pub(super) async fn refresh(ctx: Arc<Context>) {
                 tracing::debug!(lock, error = %e, "position refresh failed");
             }
         }
-        ctx.metrics.observe_engine(ctx.engine.stats());
     }
 }

@@ -93,7 +93,7 @@ impl Env {
     }
 
     pub async fn wait_phase(&self, name: &str, phase: Phase) -> LockClaim {
-        self.wait(name, phase.as_str(), |c| phase_of(c) == Some(phase)).await
+        self.wait(name, &format!("{phase:?}"), |c| phase_of(c) == Some(phase)).await
     }
 
     pub async fn status(&self, name: &str) -> Option<Phase> {
