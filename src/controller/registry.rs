@@ -37,8 +37,6 @@ struct Inner {
     strings: HashSet<Arc<str>>,
     /// (namespace, pod name) → claim UIDs naming that pod as holder.
     by_pod: HashMap<(String, String), HashSet<Uid>>,
-    /// Claim UID → why re-anchoring could not keep its hold.
-    verdicts: HashMap<String, String>,
     /// Lock path → when its last holder let go (for the handoff histogram).
     released_at: HashMap<String, Instant>,
     next_seen: u64,
@@ -55,7 +53,6 @@ struct Inner {
     /// land on any of them (DESIGN.md §5a), so no grant is made in their lock until each was
     /// written once in this term (its epoch test then fails every such write).
     unstamped: HashMap<Arc<str>, HashSet<Uid>>,
-    unstamped_lock: HashMap<Uid, Arc<str>>,
 }
 
 /// Why a grant has to wait.
@@ -82,6 +79,10 @@ struct Claim {
     /// Its status was written in this leader's term: a copy without this term's epoch is
     /// older than that write.
     written: bool,
+    /// The lock in whose `unstamped` set the claim waits for this term's first write.
+    unstamped: Option<Arc<str>>,
+    /// Why re-anchoring could not keep its hold.
+    verdict: Option<Box<str>>,
 }
 
 impl Inner {
@@ -101,6 +102,8 @@ impl Inner {
             exclusive,
             seen: self.next_seen,
             written: false,
+            unstamped: None,
+            verdict: None,
         };
         self.claims.insert(uid.clone(), claim);
         Some(self.next_seen)
@@ -241,7 +244,8 @@ impl Registry {
     pub fn expect_stamp(&self, uid: &Uid, lock: &str) {
         let mut inner = self.lock();
         let lock = inner.intern(lock);
-        if let Some(old) = inner.unstamped_lock.insert(uid.clone(), lock.clone()) {
+        let Some(claim) = inner.claims.get_mut(uid) else { return inner.unintern(lock) };
+        if let Some(old) = claim.unstamped.replace(lock.clone()) {
             inner.unstamp(uid, old);
         }
         inner.unstamped.entry(lock).or_default().insert(uid.clone());
@@ -251,11 +255,10 @@ impl Registry {
     /// write), or it is final: no deposed leader's write can land on it any more.
     pub fn stamped(&self, uid: &str, written: bool) {
         let mut inner = self.lock();
-        if let Some(lock) = inner.unstamped_lock.remove(uid) {
+        let Some(claim) = inner.claims.get_mut(uid) else { return };
+        claim.written |= written;
+        if let Some(lock) = claim.unstamped.take() {
             inner.unstamp(uid, lock);
-        }
-        if let Some(claim) = inner.claims.get_mut(uid).filter(|_| written) {
-            claim.written = true;
         }
     }
 
@@ -298,11 +301,11 @@ impl Registry {
     pub fn forget(&self, uid: &str) {
         let mut inner = self.lock();
         inner.leave_gates(uid);
-        if let Some(lock) = inner.unstamped_lock.remove(uid) {
-            inner.unstamp(uid, lock);
-        }
         inner.set_phase(uid, None);
-        if let Some(claim) = inner.claims.remove(uid) {
+        if let Some(mut claim) = inner.claims.remove(uid) {
+            if let Some(lock) = claim.unstamped.take() {
+                inner.unstamp(uid, lock);
+            }
             inner.count(claim.phase, -1);
             if let Some(pod) = claim.pod {
                 let key = (claim.namespace.to_string(), pod.into_string());
@@ -316,7 +319,6 @@ impl Registry {
             inner.unintern(claim.namespace);
             inner.unintern(claim.lock);
         }
-        inner.verdicts.remove(uid);
     }
 
     pub fn name(&self, uid: &str) -> Option<String> {
@@ -363,11 +365,13 @@ impl Registry {
     }
 
     pub fn set_verdict(&self, uid: &str, why: String) {
-        self.lock().verdicts.insert(uid.to_string(), why);
+        if let Some(claim) = self.lock().claims.get_mut(uid) {
+            claim.verdict = Some(why.into());
+        }
     }
 
     pub fn verdict(&self, uid: &str) -> Option<String> {
-        self.lock().verdicts.get(uid).cloned()
+        self.lock().claims.get(uid).and_then(|c| c.verdict.as_deref().map(String::from))
     }
 
     /// Notes a holder's release for the handoff histogram. Entries no grant took within a
@@ -457,10 +461,7 @@ mod tests {
         assert_eq!(r.reserve_grant("a", "/l", true), Ok(()), "its own stamp is the grant's write");
         r.stamped("a", true);
         r.forget("c");
-        assert!(
-            r.lock().unstamped.is_empty() && r.lock().unstamped_lock.is_empty(),
-            "a deleted claim is awaited no more"
-        );
+        assert!(r.lock().unstamped.is_empty(), "a deleted claim is awaited no more");
         r.expect_stamp(&b, "/l");
         r.stamped("b", false);
         assert!(r.lock().unstamped.is_empty(), "read with this term's epoch, or final");
