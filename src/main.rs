@@ -160,15 +160,12 @@ impl RunArgs {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = || {
-        tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
-    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     match &cli.command {
         Command::Run(args) if args.log_format == "json" => {
-            tracing_subscriber::fmt().json().with_env_filter(filter()).init()
+            tracing_subscriber::fmt().json().with_env_filter(filter).init()
         }
-        _ => tracing_subscriber::fmt().with_env_filter(filter()).with_writer(std::io::stderr).init(),
+        _ => tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init(),
     }
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -217,24 +214,12 @@ async fn run(cli: Cli) -> Result<(), String> {
     }
 }
 
+/// SIGINT, or SIGTERM (what Kubernetes sends a pod it stops).
 async fn wait_for_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
-    {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
-        }
+    if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        tokio::select! { _ = tokio::signal::ctrl_c() => {} _ = term.recv() => {} }
+        return;
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
+    let _ = tokio::signal::ctrl_c().await;
 }

@@ -4,6 +4,8 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
+use prometheus_client::encoding::EncodeLabelValue;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::recipe::Mode;
@@ -77,18 +79,7 @@ pub struct Holder {
 }
 
 /// Where a claim stands.
-#[derive(
-    Deserialize,
-    Serialize,
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Hash,
-    schemars::JsonSchema,
-    prometheus_client::encoding::EncodeLabelValue,
-)]
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema, EncodeLabelValue)]
 pub enum Phase {
     /// Accepted; node not created yet.
     Pending,
@@ -125,7 +116,7 @@ impl Phase {
     ];
 }
 
-#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LockClaimStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -23,25 +23,21 @@ pub fn set(
     now: &Time,
 ) {
     let status = if status { "True" } else { "False" }.to_string();
-    let existing = conditions.iter_mut().find(|c| c.type_ == type_);
-    match existing {
-        Some(c) => {
-            if c.status != status {
-                c.last_transition_time = now.clone();
-            }
-            c.status = status;
-            c.reason = reason.into();
-            c.message = message.into();
-            c.observed_generation = generation;
+    let mut new = Condition {
+        type_: type_.into(),
+        status,
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: now.clone(),
+    };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(old) if old.status == new.status => {
+            new.last_transition_time = old.last_transition_time.clone();
+            *old = new;
         }
-        None => conditions.push(Condition {
-            type_: type_.into(),
-            status,
-            reason: reason.into(),
-            message: message.into(),
-            observed_generation: generation,
-            last_transition_time: now.clone(),
-        }),
+        Some(old) => *old = new,
+        None => conditions.push(new),
     }
 }
 

@@ -116,14 +116,7 @@ mod tests {
     }
 
     fn spec(lock: &str) -> LockClaimSpec {
-        LockClaimSpec {
-            lock_name: lock.into(),
-            mode: Mode::Exclusive,
-            holder: None,
-            acquire_timeout_seconds: None,
-            lease_duration_seconds: None,
-            revocation_grace_period_seconds: None,
-        }
+        serde_json::from_value(serde_json::json!({ "lockName": lock })).unwrap()
     }
 
     #[test]

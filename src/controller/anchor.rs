@@ -81,31 +81,23 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
             // other locks go on.
             Err(e) => {
                 tracing::error!(lock = %path, error = %e, "cannot re-anchor this lock; its claims end Lost");
-                for claim in &claims {
-                    if let Some(uid) = claim.uid() {
-                        let why =
-                            format!("the claim's node could not be re-created after a new ZooKeeper session: {e}");
-                        ctx.registry.set_verdict(&uid, why);
-                    }
+                let why = format!("the claim's node could not be re-created after a new ZooKeeper session: {e}");
+                for uid in claims.iter().filter_map(|c| c.uid()) {
+                    ctx.registry.set_verdict(&uid, why.clone());
                 }
                 continue;
             }
         };
-        for (id, state) in &anchored.contenders {
-            if !recorded_held.contains(id) {
-                continue;
-            }
-            if anchored.foreign_seen {
-                ctx.registry.set_verdict(
-                    id,
-                    "the ZooKeeper session changed and this lock is shared with clients other than zklock, which \
-                     may have held it in the gap"
-                        .into(),
-                );
+        for (id, state) in anchored.contenders.iter().filter(|(id, _)| recorded_held.contains(id)) {
+            let why = if anchored.foreign_seen {
+                "the ZooKeeper session changed and this lock is shared with clients other than zklock, which may \
+                 have held it in the gap"
             } else if !state.is_held() {
-                ctx.registry
-                    .set_verdict(id, "after a new ZooKeeper session the claim's node could not come back first".into());
-            }
+                "after a new ZooKeeper session the claim's node could not come back first"
+            } else {
+                continue;
+            };
+            ctx.registry.set_verdict(id, why.into());
         }
         tracing::info!(lock = %path, claims = anchored.contenders.len(), foreign = anchored.foreign_seen, "re-anchored");
     }

@@ -25,8 +25,9 @@ use futures::channel::mpsc::UnboundedSender;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::PartialObjectMeta;
-use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::controller::{Action, Config, Controller, Error as ControllerError};
 use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::Api;
 use tokio::sync::{mpsc, watch as channel};
 use tokio::task::JoinSet;
@@ -102,27 +103,18 @@ impl Context {
         self.engine.epoch()
     }
 
-    /// Fails unless this process still leads.
-    pub fn ensure_leading(&self) -> Result<(), Error> {
-        if self.leadership.is_leading() {
-            Ok(())
-        } else {
-            Err(Error::NotLeading)
-        }
-    }
-
     /// One copy of a claim UID for all the operator's indexes: the registry's or the engine's if
     /// either has one.
     fn shared_uid(&self, uid: &str) -> Uid {
         self.registry.key(uid).or_else(|| self.engine.id(uid)).unwrap_or_else(|| uid.into())
     }
 
-    /// The scope that serves `namespace`.
-    fn scope_of(&self, namespace: &str) -> Option<usize> {
+    /// The scope that serves the claim.
+    fn scope_of(&self, object: &ObjectRef<KeptClaim>) -> Option<usize> {
         if self.namespaces.is_empty() {
             Some(0)
         } else {
-            self.namespaces.iter().position(|n| n == namespace)
+            self.namespaces.iter().position(|n| Some(n) == object.namespace.as_ref())
         }
     }
 
@@ -134,12 +126,8 @@ impl Context {
     /// Whether claim `uid` is in its scope's store, i.e. in the API as far as its watch knows.
     fn is_served(&self, uid: &str) -> bool {
         let Some(object) = self.object_ref(uid) else { return false };
-        let Some(store) = self.scope_of_object(&object).and_then(|scope| self.claims.get(scope)) else { return false };
+        let Some(store) = self.scope_of(&object).and_then(|scope| self.claims.get(scope)) else { return false };
         store.get(&object).is_some_and(|c| c.metadata.uid.as_deref() == Some(uid))
-    }
-
-    fn scope_of_object(&self, object: &ObjectRef<KeptClaim>) -> Option<usize> {
-        self.scope_of(object.namespace.as_deref().unwrap_or_default())
     }
 
     /// Asks for a reconcile of claim `uid` soon. A claim no watch knows (any more) is looked at
@@ -149,7 +137,7 @@ impl Context {
             self.orphan(uid);
             return;
         };
-        if let Some(triggers) = self.scope_of_object(&object).and_then(|scope| self.triggers.get(scope)) {
+        if let Some(triggers) = self.scope_of(&object).and_then(|scope| self.triggers.get(scope)) {
             // Closed only when the controller has stopped, and this context with it.
             let _ = triggers.one.unbounded_send(object);
         }
@@ -167,27 +155,17 @@ impl Context {
         let _ = self.orphans.send(self.shared_uid(uid));
     }
 
-    /// A scope listed its claims for the first time.
-    fn scope_synced(&self) {
-        self.unsynced.send_modify(|n| *n = n.saturating_sub(1));
-    }
-
-    /// Whether every scope's watch has listed its claims once: from then on, a claim missing
-    /// from the stores is missing from the API.
-    fn is_synced(&self) -> bool {
-        *self.unsynced.borrow() == 0
-    }
-
     async fn wait_synced(&self) {
         // The sender lives in this context, so the channel cannot close while it is awaited.
         let _ = self.unsynced.subscribe().wait_for(|n| *n == 0).await;
     }
 
-    /// Once every scope has listed its claims: every claim the registry or the engine knows
+    /// Once every scope has listed its claims (from then on, a claim missing from the stores is
+    /// missing from the API): every claim the registry or the engine knows
     /// that no store has any more is looked at by the orphan release (deleted while the
     /// operator started, re-anchored, or while a watch was down).
     fn sweep(&self) {
-        if !self.is_synced() {
+        if *self.unsynced.borrow() != 0 {
             return;
         }
         let mut known = self.registry.all();
@@ -236,18 +214,15 @@ pub async fn run(
     let Setup { client, zk_root, namespaces, metrics, events, term, concurrency, leadership } = setup;
     let scopes = namespaces.len().max(1);
     let (orphans, orphans_rx) = mpsc::unbounded_channel();
-    let mut writers = Vec::new();
-    let mut readers = Vec::new();
-    let mut triggers = Vec::new();
-    let mut trigger_streams = Vec::new();
+    // Per scope: its store, and its triggers (the senders go into the context).
+    let (mut claims, mut triggers, mut scoped) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..scopes {
         let (reader, writer) = reflector::store();
-        readers.push(reader);
-        writers.push(writer);
         let (one, one_rx) = futures::channel::mpsc::unbounded();
         let (all, all_rx) = futures::channel::mpsc::unbounded();
+        claims.push(reader.clone());
         triggers.push(Triggers { one, all });
-        trigger_streams.push((one_rx, all_rx));
+        scoped.push((writer, reader, one_rx, all_rx));
     }
     let ctx = Arc::new(Context {
         client,
@@ -257,7 +232,7 @@ pub async fn run(
         registry: Registry::default(),
         metrics,
         events,
-        claims: readers.clone(),
+        claims,
         triggers,
         orphans,
         unsynced: channel::Sender::new(scopes),
@@ -269,10 +244,8 @@ pub async fn run(
     // Ended when dropped: when this future ends, or is dropped by a deposed leader (which
     // aborts the reconciles in flight with their controller).
     let mut controllers = JoinSet::new();
-    let claim_apis = ctx.scoped::<KeptClaim>();
-    let pod_apis = ctx.scoped::<PartialObjectMeta<Pod>>();
-    let scoped = writers.into_iter().zip(readers).zip(trigger_streams).zip(claim_apis.into_iter().zip(pod_apis));
-    for (((writer, reader), (one_rx, all_rx)), (claim_api, pod_api)) in scoped {
+    let apis = ctx.scoped::<KeptClaim>().into_iter().zip(ctx.scoped::<PartialObjectMeta<Pod>>());
+    for ((writer, reader, one_rx, all_rx), (claim_api, pod_api)) in scoped.into_iter().zip(apis) {
         let pods_ctx = ctx.clone();
         let controller = Controller::for_stream(watch::claims(ctx.clone(), claim_api, writer), reader)
             .watches_stream(watch::holder_pods(ctx.clone(), pod_api), move |pod| watch::claims_of_pod(&pods_ctx, &pod))
@@ -309,7 +282,8 @@ async fn reconcile_claim(claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Result<Act
         claim = claim.metadata.name.as_deref().unwrap_or_default(),
         namespace = claim.metadata.namespace.as_deref().unwrap_or_default(),
     );
-    let running = Running::start(&ctx.metrics.reconciles_running);
+    ctx.metrics.reconciles_running.inc();
+    let running = Running(&ctx.metrics.reconciles_running);
     let result = reconcile::reconcile(uid.clone(), claim, ctx.clone()).instrument(span).await;
     drop(running);
     if !ctx.is_served(&uid) {
@@ -322,13 +296,6 @@ async fn reconcile_claim(claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Result<Act
 /// Counts a reconcile as running until it ends, also when it is aborted (a deposed leader's
 /// controller is dropped with its reconciles in flight; the gauge outlives it).
 struct Running<'a>(&'a prometheus_client::metrics::gauge::Gauge);
-
-impl<'a> Running<'a> {
-    fn start(gauge: &'a prometheus_client::metrics::gauge::Gauge) -> Self {
-        gauge.inc();
-        Running(gauge)
-    }
-}
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {
@@ -345,13 +312,7 @@ fn error_policy(claim: Arc<KeptClaim>, error: &Error, ctx: Arc<Context>) -> Acti
 
 /// What the controller's stream reports besides reconciles (those report through
 /// `error_policy`): a trigger for a claim that has left, or a watch error (the watchers retry).
-fn report(
-    result: Result<
-        (ObjectRef<KeptClaim>, Action),
-        kube::runtime::controller::Error<Error, kube::runtime::watcher::Error>,
-    >,
-) {
-    use kube::runtime::controller::Error as ControllerError;
+fn report(result: Result<(ObjectRef<KeptClaim>, Action), ControllerError<Error, watcher::Error>>) {
     match result {
         Ok(_) | Err(ControllerError::ReconcilerFailed(..)) => {}
         Err(ControllerError::ObjectNotFound(object)) => tracing::debug!(%object, "triggered claim is gone"),

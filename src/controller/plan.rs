@@ -89,7 +89,14 @@ impl Plan {
     }
 
     /// Ends the claim: phase, conditions, and a release of its node.
-    fn finish(&mut self, phase: Phase, reason: &'static str, message: String, generation: Option<i64>, now: &Time) {
+    fn finish(
+        mut self,
+        phase: Phase,
+        reason: &'static str,
+        message: String,
+        generation: Option<i64>,
+        now: &Time,
+    ) -> Plan {
         let st = &mut self.status;
         st.phase = Some(phase);
         st.position = None;
@@ -111,6 +118,7 @@ impl Plan {
             _ => "Invalid",
         };
         self.event(warning, event_reason, message);
+        self
     }
 }
 
@@ -123,7 +131,7 @@ pub fn deleted(claim: &LockClaim, known_held: bool, now: Timestamp) -> Plan {
     let terminal = plan.status.phase.is_some_and(Phase::is_terminal);
     if !terminal && (plan.status.phase == Some(Phase::Held) || known_held) {
         let message = "the claim was deleted".to_string();
-        plan.finish(Phase::Released, "ClaimDeleted", message, claim.metadata.generation, &Time(now));
+        plan = plan.finish(Phase::Released, "ClaimDeleted", message, claim.metadata.generation, &Time(now));
         plan.events.clear();
     }
     plan
@@ -135,8 +143,7 @@ pub fn invalid(claim: &LockClaim, message: String, now: Timestamp) -> Plan {
     if plan.status.phase.is_some_and(Phase::is_terminal) {
         return plan;
     }
-    let now_t = Time(now);
-    plan.finish(Phase::Invalid, "InvalidSpec", message, claim.metadata.generation, &now_t);
+    plan = plan.finish(Phase::Invalid, "InvalidSpec", message, claim.metadata.generation, &Time(now));
     plan.status.observed_generation = claim.metadata.generation;
     plan
 }
@@ -152,7 +159,6 @@ pub fn plan(input: Inputs<'_>) -> Plan {
         plan.release = matches!(contender, ContenderView::Tracked { .. });
         return plan;
     }
-    plan.status.observed_generation = generation;
     let created = claim.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
     let pod = spec.holder_pod.as_deref().unwrap_or_default();
     let (state, node, waiting_for) = match &contender {
@@ -164,15 +170,14 @@ pub fn plan(input: Inputs<'_>) -> Plan {
     // While a new session is being re-anchored, a claim that was queued may not be back yet:
     // leave its status alone (never turn Held into anything but a final phase).
     if !admitting && matches!(recorded, Some(Phase::Held | Phase::Waiting)) && !held_now {
-        plan.status = claim.status.clone().unwrap_or_default();
         plan.requeue_after = Some(Duration::from_secs(1));
         return plan;
     }
+    plan.status.observed_generation = generation;
 
     // Re-anchoring found that a recorded holder cannot prove it kept the lock.
     if let Some(why) = anchor_verdict {
-        plan.finish(Phase::Lost, "SessionLost", why, generation, &now_t);
-        return plan;
+        return plan.finish(Phase::Lost, "SessionLost", why, generation, &now_t);
     }
 
     // The holder pod.
@@ -180,8 +185,7 @@ pub fn plan(input: Inputs<'_>) -> Plan {
         HolderView::NotRequested => {}
         HolderView::Missing if plan.status.holder_uid.is_some() => {
             let msg = format!("holder pod {pod} was deleted");
-            plan.finish(Phase::Released, "HolderGone", msg, generation, &now_t);
-            return plan;
+            return plan.finish(Phase::Released, "HolderGone", msg, generation, &now_t);
         }
         HolderView::Missing => {
             let deadline = created + HOLDER_APPEAR_WINDOW;
@@ -192,8 +196,7 @@ pub fn plan(input: Inputs<'_>) -> Plan {
                     claim.metadata.namespace.as_deref().unwrap_or_default(),
                     HOLDER_APPEAR_WINDOW.as_secs()
                 );
-                plan.finish(Phase::Invalid, "HolderPodNotFound", msg, generation, &now_t);
-                return plan;
+                return plan.finish(Phase::Invalid, "HolderPodNotFound", msg, generation, &now_t);
             }
             let msg = format!("waiting for holder pod {pod} to appear");
             set_phase(&mut plan, Phase::Pending, "HolderPodNotFound", &msg, generation, &now_t);
@@ -205,15 +208,13 @@ pub fn plan(input: Inputs<'_>) -> Plan {
                 None => plan.status.holder_uid = Some(uid.clone()),
                 Some(bound) if bound != uid => {
                     let msg = format!("holder pod {pod} was replaced by a new pod of the same name (uid {uid})");
-                    plan.finish(Phase::Released, "HolderGone", msg, generation, &now_t);
-                    return plan;
+                    return plan.finish(Phase::Released, "HolderGone", msg, generation, &now_t);
                 }
                 Some(_) => {}
             }
             if let Some(phase) = finished {
                 let msg = format!("holder pod {pod} finished (phase {phase})");
-                plan.finish(Phase::Released, "HolderGone", msg, generation, &now_t);
-                return plan;
+                return plan.finish(Phase::Released, "HolderGone", msg, generation, &now_t);
             }
         }
     }
@@ -226,8 +227,7 @@ pub fn plan(input: Inputs<'_>) -> Plan {
             LostReason::Failed(e) => ("ZooKeeperError", format!("ZooKeeper refused an operation: {e}")),
         };
         if *why != LostReason::SessionExpired || admitting {
-            plan.finish(Phase::Lost, reason, msg, generation, &now_t);
-            return plan;
+            return plan.finish(Phase::Lost, reason, msg, generation, &now_t);
         }
     }
     if recorded == Some(Phase::Held) && !held_now && admitting {
@@ -237,8 +237,7 @@ pub fn plan(input: Inputs<'_>) -> Plan {
             None => "the znode is gone and the claim could not be re-anchored".to_string(),
             Some(_) => "after a new ZooKeeper session the claim's node could not come back first".to_string(),
         };
-        plan.finish(Phase::Lost, "SessionLost", msg, generation, &now_t);
-        return plan;
+        return plan.finish(Phase::Lost, "SessionLost", msg, generation, &now_t);
     }
 
     // Revocation: by annotation, or written into the znode by another client.
@@ -252,8 +251,7 @@ pub fn plan(input: Inputs<'_>) -> Plan {
     if let Some(reason) = revoke {
         if !held_now {
             let msg = format!("revoked while not holding the lock: {reason}");
-            plan.finish(Phase::Revoked, "Revoked", msg, generation, &now_t);
-            return plan;
+            return plan.finish(Phase::Revoked, "Revoked", msg, generation, &now_t);
         }
         let requested_at = conditions::get(&plan.status.conditions, REVOKE_REQUESTED)
             .filter(|c| c.status == "True")
@@ -283,8 +281,7 @@ pub fn plan(input: Inputs<'_>) -> Plan {
                 let deadline = at + spec.grace;
                 if now >= deadline {
                     let msg = format!("revoked ({reason}); the grace period of {}s ran out", spec.grace.as_secs());
-                    plan.finish(Phase::Revoked, "Revoked", msg, generation, &now_t);
-                    return plan;
+                    return plan.finish(Phase::Revoked, "Revoked", msg, generation, &now_t);
                 }
                 plan.requeue_at(now, deadline);
             }
@@ -295,8 +292,7 @@ pub fn plan(input: Inputs<'_>) -> Plan {
         None => {
             if recorded == Some(Phase::Waiting) && admitting {
                 let msg = "the znode is gone and the claim could not be re-anchored".to_string();
-                plan.finish(Phase::Lost, "SessionLost", msg, generation, &now_t);
-                return plan;
+                return plan.finish(Phase::Lost, "SessionLost", msg, generation, &now_t);
             }
             set_phase(
                 &mut plan,
@@ -315,15 +311,13 @@ pub fn plan(input: Inputs<'_>) -> Plan {
             };
             if spec.acquire_timeout == Some(Duration::ZERO) {
                 let msg = "the lock was busy and acquireTimeoutSeconds is 0 (try once)".to_string();
-                plan.finish(Phase::Expired, "Expired", msg, generation, &now_t);
-                return plan;
+                return plan.finish(Phase::Expired, "Expired", msg, generation, &now_t);
             }
             if let Some(timeout) = spec.acquire_timeout {
                 let deadline = created + timeout;
                 if now >= deadline {
                     let msg = format!("not held within acquireTimeoutSeconds ({}s)", timeout.as_secs());
-                    plan.finish(Phase::Expired, "Expired", msg, generation, &now_t);
-                    return plan;
+                    return plan.finish(Phase::Expired, "Expired", msg, generation, &now_t);
                 }
                 plan.requeue_at(now, deadline);
             }
@@ -356,8 +350,7 @@ pub fn plan(input: Inputs<'_>) -> Plan {
                 let expires = plan.status.lease_expires_at.as_ref().map_or(now + lease, |t| t.0);
                 if now >= expires {
                     let msg = format!("the lease of {}s ran out without renewal", lease.as_secs());
-                    plan.finish(Phase::Released, "LeaseExpired", msg, generation, &now_t);
-                    return plan;
+                    return plan.finish(Phase::Released, "LeaseExpired", msg, generation, &now_t);
                 }
                 plan.requeue_at(now, expires);
             }
@@ -389,8 +382,6 @@ fn set_phase(plan: &mut Plan, phase: Phase, reason: &str, message: &str, generat
 mod tests {
     use super::*;
     use crate::api::{validate, LockClaimSpec};
-    use crate::recipe::Mode;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn t(secs: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + secs).unwrap()
@@ -405,14 +396,7 @@ mod tests {
     }
 
     fn spec() -> LockClaimSpec {
-        LockClaimSpec {
-            lock_name: "db".into(),
-            mode: Mode::Exclusive,
-            holder: None,
-            acquire_timeout_seconds: None,
-            lease_duration_seconds: None,
-            revocation_grace_period_seconds: None,
-        }
+        serde_json::from_value(serde_json::json!({ "lockName": "db" })).unwrap()
     }
 
     fn tracked(state: ContenderState) -> ContenderView {
@@ -424,8 +408,12 @@ mod tests {
     }
 
     fn run(c: &LockClaim, holder: HolderView, contender: ContenderView, now: Timestamp) -> Plan {
+        run_as(c, holder, contender, now, true)
+    }
+
+    fn run_as(c: &LockClaim, holder: HolderView, contender: ContenderView, now: Timestamp, admitting: bool) -> Plan {
         let spec = validate(c).unwrap();
-        plan(Inputs { claim: c, spec: &spec, holder, contender, admitting: true, anchor_verdict: None, now })
+        plan(Inputs { claim: c, spec: &spec, holder, contender, admitting, anchor_verdict: None, now })
     }
 
     fn with_status(mut c: LockClaim, p: &Plan) -> LockClaim {
@@ -438,16 +426,7 @@ mod tests {
         let c = claim(spec());
         let p = run(&c, HolderView::NotRequested, ContenderView::Untracked, t(1));
         assert_eq!((p.status.phase, p.enqueue), (Some(Phase::Pending), true));
-        let v = validate(&c).unwrap();
-        let p = plan(Inputs {
-            claim: &c,
-            spec: &v,
-            holder: HolderView::NotRequested,
-            contender: ContenderView::Untracked,
-            admitting: false,
-            anchor_verdict: None,
-            now: t(1),
-        });
+        let p = run_as(&c, HolderView::NotRequested, ContenderView::Untracked, t(1), false);
         assert!(!p.enqueue, "nothing is enqueued before re-anchoring");
     }
 
@@ -518,18 +497,9 @@ mod tests {
         let c = claim(spec());
         let p = run(&c, HolderView::NotRequested, tracked(ContenderState::Held { fencing_token: 1 }), t(1));
         let c = with_status(c, &p);
-        let spec = validate(&c).unwrap();
         let waiting = ContenderState::Waiting { ahead: 1, watching: "_c_x-lock-0000000009".into() };
         for contender in [tracked(waiting), ContenderView::Untracked] {
-            let p = plan(Inputs {
-                claim: &c,
-                spec: &spec,
-                holder: HolderView::NotRequested,
-                contender,
-                admitting: false,
-                anchor_verdict: None,
-                now: t(2),
-            });
+            let p = run_as(&c, HolderView::NotRequested, contender, t(2), false);
             assert_eq!(p.status, c.status.clone().unwrap(), "status untouched until re-anchored");
             assert!(!p.release && !p.enqueue && p.events.is_empty());
         }

@@ -32,7 +32,7 @@ pub async fn reconcile(uid: Uid, claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Re
     // The finalizer helper writes once to add the finalizer (then returns), and once to remove
     // it after a cleanup; count those writes with ours.
     // The finalizer helper writes without asking: ask for it.
-    ctx.ensure_leading()?;
+    ctx.leadership.time_left().ok_or(Error::NotLeading)?;
     let deleting = claim.metadata.deletion_timestamp.is_some();
     let has_finalizer = claim.finalizers().iter().any(|f| f == FINALIZER);
     if deleting == has_finalizer {
@@ -42,7 +42,7 @@ pub async fn reconcile(uid: Uid, claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Re
         match event {
             // Planned from the whole claim again (the store keeps a compact copy).
             Finalizer::Apply(claim) => apply(&uid, claim.to_claim(), &ctx).await,
-            Finalizer::Cleanup(claim) => cleanup(claim.to_claim(), &ctx).await,
+            Finalizer::Cleanup(claim) => cleanup(&uid, claim.to_claim(), &ctx).await,
         }
     })
     .await;
@@ -80,8 +80,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
     let lock = ctx.lock_path(&namespace, &spec.lock_name);
     let exclusive = spec.mode == Mode::Exclusive;
     ctx.registry.observe(uid, &claim.name_any(), &namespace, &lock, exclusive, spec.holder_pod.as_deref());
-    let recorded = claim.status.as_ref().and_then(|s| s.phase);
-    let terminal = recorded.is_some_and(Phase::is_terminal);
+    let terminal = claim.status.as_ref().and_then(|s| s.phase).is_some_and(Phase::is_terminal);
     if let Some(waiting) = stale_copy(&claim, ctx, uid).await? {
         return Ok(waiting);
     }
@@ -158,11 +157,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
             }
         }
     }
-    if !enqueue
-        && ctx.admitting()
-        && plan.status.phase != Some(Phase::Waiting)
-        && plan.status.phase != Some(Phase::Held)
-    {
+    if !enqueue && ctx.admitting() && !matches!(plan.status.phase, Some(Phase::Waiting | Phase::Held)) {
         // Not enqueueable now (waiting for its holder pod, or final): others go first.
         if let Some(next) = ctx.registry.leave_gate(&lock, uid) {
             ctx.trigger(&next);
@@ -173,18 +168,16 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
 
 /// The claim is being deleted: a holder's final status first, then its node, then (the helper)
 /// the finalizer.
-async fn cleanup(claim: LockClaim, ctx: &Context) -> Result<Action, Error> {
-    let uid = claim.uid().ok_or(Error::Malformed("a uid"))?;
-    let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
-    let lock = ctx.lock_path(&namespace, &claim.spec.lock_name);
-    if let Some(waiting) = stale_copy(&claim, ctx, &uid).await? {
+async fn cleanup(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Error> {
+    let lock = ctx.lock_path(&claim.namespace().unwrap_or_default(), &claim.spec.lock_name);
+    if let Some(waiting) = stale_copy(&claim, ctx, uid).await? {
         return Ok(waiting);
     }
     // Held as far as the operator knows: its own Held write may be newer than this copy.
-    let held = ctx.registry.known_phase(&uid) == Some(Phase::Held);
+    let held = ctx.registry.known_phase(uid) == Some(Phase::Held);
     let plan = plan::deleted(&claim, held, Timestamp::now());
-    execute(&claim, ctx, &uid, &lock, plan).await?;
-    ctx.registry.forget(&uid);
+    execute(&claim, ctx, uid, &lock, plan).await?;
+    ctx.registry.forget(uid);
     ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
     Ok(Action::await_change())
 }
@@ -345,11 +338,7 @@ fn status_patch(uid: &str, status: &LockClaimStatus, guard: Guard<'_>) -> Result
 
 /// A write's failure, for a log line: refused, timed out, or not written (not leading).
 fn write_error<T>(result: Result<Result<T, ApiCallError<kube::Error>>, Error>) -> Option<String> {
-    match result {
-        Ok(Ok(_)) => None,
-        Ok(Err(e)) => Some(e.to_string()),
-        Err(e) => Some(e.to_string()),
-    }
+    result.map_or_else(|e| Some(e.to_string()), |r| r.err().map(|e| e.to_string()))
 }
 
 /// What a status write tests besides the UID, so that a deposed leader's late write fails

@@ -40,7 +40,7 @@ pub fn claims(
             }
             Ok(watcher::Event::InitDone) => {
                 if !std::mem::replace(&mut synced, true) {
-                    ctx.scope_synced();
+                    ctx.unsynced.send_modify(|scopes| *scopes = scopes.saturating_sub(1));
                 }
                 // Claims kept from before a re-list and not in it left the API unseen.
                 ctx.sweep();
