@@ -113,10 +113,6 @@ impl LeaseLock {
         self.leading.send_replace(None);
     }
 
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
     /// One attempt to acquire or renew; true while we hold the lease.
     pub async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
         let now = MicroTime(Timestamp::now());

@@ -5,7 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
-pub mod audit;
+pub mod client;
 pub mod controller;
 pub mod http;
 pub mod leader;

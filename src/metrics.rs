@@ -1,8 +1,6 @@
 //! Prometheus metrics of the operator, served on `/metrics`.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use prometheus_client::collector::Collector;
@@ -17,9 +15,6 @@ use prometheus_client::registry::Registry;
 use crate::api::Phase;
 use crate::zk::LockEngine;
 
-/// Every write to the Kubernetes API gives up after this long (and is retried by the caller).
-pub const API_TIMEOUT: Duration = Duration::from_secs(10);
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabel {
     pub phase: Phase,
@@ -32,7 +27,9 @@ pub struct ErrorLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CallLabel {
-    pub call: String,
+    pub method: String,
+    pub resource: String,
+    /// The HTTP status, or `error` when no answer came.
     pub outcome: String,
 }
 
@@ -55,7 +52,8 @@ pub struct Metrics {
     pub reconcile_errors: Family<ErrorLabel, Counter>,
     pub api_calls: Family<CallLabel, Counter>,
     pub api_call_seconds: Histogram,
-    /// Kubernetes API writes (status, finalizers, pod annotations, events).
+    /// Kubernetes API writes for claims (status, finalizers, pod annotations, events; not
+    /// leader election's Lease).
     pub api_writes: Counter,
     /// The engine whose ZooKeeper counters a scrape reads: the current term's.
     pub engine: EngineCounters,
@@ -91,9 +89,9 @@ impl Default for Metrics {
         r.register("reconciles", "Reconciliations run", m.reconciles.clone());
         r.register("reconciles_running", "Reconciliations running now", m.reconciles_running.clone());
         r.register("reconcile_errors", "Reconciliations that failed, by error", m.reconcile_errors.clone());
-        r.register("kubernetes_calls", "Kubernetes API calls, by call and outcome", m.api_calls.clone());
+        r.register("kubernetes_calls", "Kubernetes API calls, by method, resource and outcome", m.api_calls.clone());
         r.register("kubernetes_call_seconds", "Kubernetes API call latency", m.api_call_seconds.clone());
-        let writes = "Kubernetes API writes: status, finalizers, annotations, events";
+        let writes = "Kubernetes API writes for claims: status, finalizers, pod annotations, events";
         r.register("kubernetes_writes", writes, m.api_writes.clone());
         r.register_collector(Box::new(m.engine.clone()));
         m
@@ -142,28 +140,6 @@ impl Collector for EngineCounters {
 }
 
 impl Metrics {
-    /// Runs one Kubernetes API call with the timeout, counting it and its outcome.
-    pub async fn api_call<T, E: std::fmt::Display>(
-        &self,
-        call: &str,
-        write: bool,
-        f: impl Future<Output = Result<T, E>>,
-    ) -> Result<T, ApiCallError<E>> {
-        let start = Instant::now();
-        let result = tokio::time::timeout(API_TIMEOUT, f).await;
-        self.api_call_seconds.observe(start.elapsed().as_secs_f64());
-        if write {
-            self.api_writes.inc();
-        }
-        let (outcome, result) = match result {
-            Ok(Ok(v)) => ("ok", Ok(v)),
-            Ok(Err(e)) => ("error", Err(ApiCallError::Failed(e))),
-            Err(_) => ("timeout", Err(ApiCallError::Timeout)),
-        };
-        self.api_calls.get_or_create(&CallLabel { call: call.into(), outcome: outcome.into() }).inc();
-        result
-    }
-
     pub fn set_phase_counts(&self, counts: &std::collections::HashMap<Phase, i64>) {
         for phase in Phase::ALL {
             self.claims.get_or_create(&PhaseLabel { phase }).set(*counts.get(&phase).unwrap_or(&0));
@@ -176,14 +152,6 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ApiCallError<E> {
-    #[error("{0}")]
-    Failed(E),
-    #[error("no answer within {API_TIMEOUT:?}")]
-    Timeout,
 }
 
 #[cfg(test)]

@@ -45,7 +45,8 @@ pub enum RunError {
 }
 
 pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), RunError> {
-    let client = crate::audit::client().await.map_err(RunError::Kube)?;
+    let metrics = Arc::new(Metrics::default());
+    let client = crate::client::client(metrics.clone()).await.map_err(RunError::Kube)?;
     // Fail at once, with a message that says what to fix, if ZooKeeper cannot be reached.
     ensure_chroot(&options.zk).await?;
     let mut probe = options.zk.clone();
@@ -53,7 +54,6 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
     probe.detached = false;
     drop(probe.connect().await?);
 
-    let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::default());
     let (addr, _server) = http::serve(options.metrics_addr, metrics.clone(), health.clone())
         .await

@@ -12,22 +12,15 @@
 use std::fmt;
 
 /// How a contender wants the lock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 pub enum Mode {
     /// Write lock: alone, after everyone ahead is gone.
+    #[default]
     Exclusive,
     /// Read lock: together with other shared holders, after every exclusive one ahead is gone.
     Shared,
-}
-
-impl Mode {
-    /// The node-name prefix of this mode.
-    pub fn prefix(self) -> &'static str {
-        match self {
-            Mode::Exclusive => "write",
-            Mode::Shared => "read",
-        }
-    }
 }
 
 impl fmt::Display for Mode {
@@ -90,11 +83,8 @@ pub fn parse_child(name: &str) -> Option<Child<'_>> {
     let ours = head
         .strip_suffix(LOCK_MARKER)
         .and_then(|rest| {
-            if let Some(uid) = rest.strip_prefix("write-") {
-                Some((uid, Mode::Exclusive))
-            } else {
-                rest.strip_prefix("read-").map(|uid| (uid, Mode::Shared))
-            }
+            let write = rest.strip_prefix("write-").map(|uid| (uid, Mode::Exclusive));
+            write.or_else(|| rest.strip_prefix("read-").map(|uid| (uid, Mode::Shared)))
         })
         .filter(|(uid, _)| is_contender_id(uid));
     Some(Child { name, sequence, ours })
@@ -112,7 +102,11 @@ pub fn is_contender_id(id: &str) -> bool {
 
 /// The name prefix of a contender's node; ZooKeeper appends the sequence.
 pub fn node_prefix(id: &str, mode: Mode) -> String {
-    format!("{}-{id}{LOCK_MARKER}", mode.prefix())
+    let prefix = match mode {
+        Mode::Exclusive => "write",
+        Mode::Shared => "read",
+    };
+    format!("{prefix}-{id}{LOCK_MARKER}")
 }
 
 /// Sorts the contenders among `children` in queue order (by sequence, ties by name so that the

@@ -217,7 +217,7 @@ fn start_operator(docs: &[Value], env: &Env, audit: &std::path::Path, log: &std:
     let log_file = std::fs::File::create(log).unwrap();
     let child = cmd
         .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())
-        .env(zklock::audit::ENV, audit)
+        .env(zklock::client::AUDIT_ENV, audit)
         .stdin(Stdio::null())
         .stdout(log_file.try_clone().unwrap())
         .stderr(log_file)

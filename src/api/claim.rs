@@ -38,7 +38,7 @@ pub struct LockClaimSpec {
     pub lock_name: String,
 
     /// Exclusive (one holder) or Shared (any number of Shared holders, no Exclusive one).
-    #[serde(default = "default_mode")]
+    #[serde(default)]
     pub mode: Mode,
 
     /// The pod the claim lives and dies with: released when the pod is deleted, finishes, or is
@@ -61,10 +61,6 @@ pub struct LockClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 86_400))]
     pub revocation_grace_period_seconds: Option<i64>,
-}
-
-fn default_mode() -> Mode {
-    Mode::Exclusive
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, KubeSchema)]

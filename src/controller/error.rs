@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::metrics::{ApiCallError, API_TIMEOUT};
+use super::API_TIMEOUT;
 
 /// How soon a claim whose reconcile failed is looked at again.
 const RETRY: Duration = Duration::from_secs(2);
@@ -29,18 +29,6 @@ pub enum Error {
 }
 
 impl Error {
-    /// An API call's failure as the error of its step (`failed`), or as a timeout of `call`.
-    pub fn api(
-        call: &'static str,
-        error: ApiCallError<kube::Error>,
-        failed: impl FnOnce(kube::Error) -> Error,
-    ) -> Self {
-        match error {
-            ApiCallError::Failed(e) => failed(e),
-            ApiCallError::Timeout => Error::Timeout { call },
-        }
-    }
-
     /// The label of the reconcile error counter.
     pub fn metric_label(&self) -> String {
         match self {
@@ -68,15 +56,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_timed_out_call_is_a_timeout_of_that_call_and_a_failed_one_the_error_of_its_step() {
-        let timeout = Error::api("get_pod", ApiCallError::Timeout, |source| Error::GetPod { pod: "p".into(), source });
-        assert!(matches!(timeout, Error::Timeout { call: "get_pod" }));
-        assert_eq!(timeout.metric_label(), "timeout");
+    fn each_step_has_its_label_and_a_malformed_claim_waits_for_a_change() {
         let refused = kube::Error::Api(Box::new(kube::core::Status::failure("forbidden", "Forbidden").with_code(403)));
-        let failed =
-            Error::api("get_pod", ApiCallError::Failed(refused), |source| Error::GetPod { pod: "p".into(), source });
+        let failed = Error::GetPod { pod: "p".into(), source: refused };
         assert_eq!(failed.metric_label(), "get_pod");
         assert!(failed.to_string().starts_with("reading holder pod p: "), "{failed}");
+        assert_eq!(Error::Timeout { call: "get_pod" }.metric_label(), "timeout");
         assert_eq!(Error::Malformed("a uid").retry_after(), None);
         assert_eq!(failed.retry_after(), Some(RETRY));
     }

@@ -20,6 +20,7 @@ mod watch;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::channel::mpsc::UnboundedSender;
 use futures::{FutureExt, StreamExt};
@@ -38,6 +39,9 @@ use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::zk::LockEngine;
 pub use registry::Registry;
+
+/// Every call to the Kubernetes API gives up after this long (and is retried by the caller).
+pub const API_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A claim UID, one copy shared by the registry and the engine.
 pub type Uid = Arc<str>;
@@ -87,14 +91,19 @@ impl Context {
     }
 
     /// Runs one Kubernetes write, if this process still leads (DESIGN.md §5a), and gives up on
-    /// it when the leadership ends first (the outer error); the inner result is the API's.
-    pub async fn write<T, E: std::fmt::Display>(
+    /// it when the leadership ends first (the outer error) or after [`API_TIMEOUT`]; the inner
+    /// result is the API's.
+    pub async fn write<T>(
         &self,
-        call: &str,
-        f: impl std::future::Future<Output = Result<T, E>>,
-    ) -> Result<Result<T, crate::metrics::ApiCallError<E>>, Error> {
+        call: &'static str,
+        f: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<Result<T, kube::Error>, Error> {
         let left = self.leadership.time_left().ok_or(Error::NotLeading)?;
-        tokio::time::timeout(left, self.metrics.api_call(call, true, f)).await.map_err(|_| Error::NotLeading)
+        match tokio::time::timeout(left.min(API_TIMEOUT), f).await {
+            Ok(answer) => Ok(answer),
+            Err(_) if left <= API_TIMEOUT => Err(Error::NotLeading),
+            Err(_) => Err(Error::Timeout { call }),
+        }
     }
 
     /// This leader's term (the token of its ZooKeeper leader epoch), stamped into every status

@@ -14,9 +14,8 @@ use serde_json::json;
 use super::plan::{self, ContenderView, HolderView, Inputs, Plan};
 use super::registry::GrantBlocked;
 use super::Uid;
-use super::{Context, Error};
+use super::{Context, Error, API_TIMEOUT};
 use crate::api::{validate, KeptClaim, LockClaim, LockClaimStatus, Phase, FINALIZER, POD_REVOKE_ANNOTATION_PREFIX};
-use crate::metrics::ApiCallError;
 use crate::recipe::Mode;
 use crate::zk::ContenderSpec;
 
@@ -29,15 +28,8 @@ pub async fn reconcile(uid: Uid, claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Re
     ctx.metrics.reconciles.inc();
     let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
     let api: Api<KeptClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-    // The finalizer helper writes once to add the finalizer (then returns), and once to remove
-    // it after a cleanup; count those writes with ours.
     // The finalizer helper writes without asking: ask for it.
     ctx.leadership.time_left().ok_or(Error::NotLeading)?;
-    let deleting = claim.metadata.deletion_timestamp.is_some();
-    let has_finalizer = claim.finalizers().iter().any(|f| f == FINALIZER);
-    if deleting == has_finalizer {
-        ctx.metrics.api_writes.inc();
-    }
     let result = finalizer(&api, FINALIZER, claim, |event| async {
         match event {
             // Planned from the whole claim again (the store keeps a compact copy).
@@ -210,11 +202,10 @@ async fn stale_copy(claim: &LockClaim, ctx: &Context, uid: &str) -> Result<Optio
 async fn holder_view(ctx: &Context, namespace: &str, pod: Option<&str>) -> Result<HolderView, Error> {
     let Some(pod) = pod else { return Ok(HolderView::NotRequested) };
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    let found = ctx
-        .metrics
-        .api_call("get_pod", false, pods.get_opt(pod))
+    let found = tokio::time::timeout(API_TIMEOUT, pods.get_opt(pod))
         .await
-        .map_err(|e| Error::api("get_pod", e, |source| Error::GetPod { pod: pod.to_string(), source }))?;
+        .map_err(|_| Error::Timeout { call: "get_pod" })?
+        .map_err(|source| Error::GetPod { pod: pod.to_string(), source })?;
     Ok(match found {
         None => HolderView::Missing,
         Some(p) => HolderView::Present {
@@ -281,11 +272,11 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut pl
             Ok(Ok(_)) => {}
             // The test of the epoch or the version failed: this copy is older than the claim
             // (the watch brings the newer one), or a later leader wrote it.
-            Ok(Err(ApiCallError::Failed(kube::Error::Api(s)))) if s.code == 409 || s.code == 422 => {
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 || s.code == 422 => {
                 tracing::info!(claim = %name, answer = %s.message, "status write refused; planning again from a newer copy");
                 return Ok(Action::requeue(Duration::from_millis(500)));
             }
-            Ok(Err(e)) => return Err(Error::api("patch_status", e, Error::PatchStatus)),
+            Ok(Err(e)) => return Err(Error::PatchStatus(e)),
             Err(e) => return Err(e),
         }
         tracing::debug!(phase = ?plan.status.phase, position = ?plan.status.position, "status written");
@@ -337,7 +328,7 @@ fn status_patch(uid: &str, status: &LockClaimStatus, guard: Guard<'_>) -> Result
 }
 
 /// A write's failure, for a log line: refused, timed out, or not written (not leading).
-fn write_error<T>(result: Result<Result<T, ApiCallError<kube::Error>>, Error>) -> Option<String> {
+fn write_error<T>(result: Result<Result<T, kube::Error>, Error>) -> Option<String> {
     result.map_or_else(|e| Some(e.to_string()), |r| r.err().map(|e| e.to_string()))
 }
 

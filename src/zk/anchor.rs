@@ -161,7 +161,7 @@ pub(super) async fn recreate(
                 recipe::queue(&after).iter().any(|c| c.ours.is_none() && !children.iter().any(|n| n == c.name));
             if slipped_in && !foreign_seen {
                 tracing::warn!(lock, "a foreign node was made while the lock was re-anchored");
-                mark_foreign(client, lock).await.map_err(|e| Error::zk("set", lock, e))?;
+                mark_foreign(client, core, lock).await.map_err(|e| Error::zk("set", lock, e))?;
             }
             return Ok(Recreated { nodes, foreign_seen: foreign_seen || slipped_in });
         }
@@ -205,16 +205,17 @@ pub(super) async fn remove_if_empty(client: &zk::Client, core: &Core, lock: &str
     }
 }
 
-/// Records in the directory's data that a foreign node was seen there. Idempotent.
-pub(super) async fn mark_foreign(client: &zk::Client, lock: &str) -> Result<(), zk::Error> {
+/// Records in the directory's data that a foreign node was seen there (guarded by the leader
+/// epoch, as every write). Idempotent.
+pub(super) async fn mark_foreign(client: &zk::Client, core: &Core, lock: &str) -> Result<(), zk::Error> {
     loop {
         let (body, stat) = retry::idempotent(|| client.get_data(lock)).await?;
         if DirMarker::parse(&body).foreign_seen {
             return Ok(());
         }
         let marker = DirMarker { foreign_seen: true }.to_bytes();
-        match retry::idempotent(|| client.set_data(lock, &marker, Some(stat.version))).await {
-            Ok(_) => return Ok(()),
+        match retry::idempotent(|| core.fence.set_data(client, lock, &marker, stat.version)).await {
+            Ok(()) => return Ok(()),
             Err(zk::Error::BadVersion) => continue,
             Err(e) => return Err(e),
         }

@@ -44,6 +44,14 @@ impl Book {
     }
 
     /// Forgets a lock nobody needs any more.
+    /// Closes a create's window on `lock_path` (see [`LockQueue::open`]) when nothing will.
+    pub fn close_window(&mut self, lock_path: &str, window: u64) {
+        if let Some(q) = self.locks.get_mut(lock_path) {
+            q.close(window);
+        }
+        self.drop_if_idle(lock_path);
+    }
+
     pub fn drop_if_idle(&mut self, lock_path: &str) {
         if self.locks.get(lock_path).is_some_and(LockQueue::is_idle) {
             self.locks.remove(lock_path);
@@ -64,10 +72,8 @@ impl Book {
 
     /// Where contender `id` stands, a lost one included (until it is released).
     pub fn state(&self, id: &str) -> Option<ContenderState> {
-        match self.contenders.get(id) {
-            Some(member) => Some(member.state()),
-            None => self.lost.get(id).map(|(why, _)| ContenderState::Lost { why: why.clone() }),
-        }
+        let lost = || self.lost.get(id).map(|(why, _)| ContenderState::Lost { why: why.clone() });
+        self.contenders.get(id).map(|member| member.state()).or_else(lost)
     }
 }
 

@@ -67,11 +67,6 @@ impl ZkConfig {
         self
     }
 
-    pub fn with_digest_auth(mut self, user_password: impl Into<String>) -> Self {
-        self.digest_auth = Some(user_password.into());
-        self
-    }
-
     pub fn with_tls(mut self, tls: TlsPem) -> Self {
         self.tls = Some(tls);
         self

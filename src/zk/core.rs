@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, OnceCell};
 use zookeeper_client as zk;
 
-use super::book::{Book, LockQueue, Member, NodeEvent};
+use super::book::{Book, Member, NodeEvent};
 use super::contender::{ContenderSpec, ContenderState, EngineEvent, LostReason, SessionEvent, CONNECTION_LOST};
 use super::fence::Fence;
 use super::stats::Stats;
@@ -87,11 +87,6 @@ impl Core {
         }
     }
 
-    /// Reports what the member's decision and revocation request add up to now.
-    pub fn publish_current(&self, id: &str, member: &Member, before: &ContenderState) {
-        self.publish(id, before, member.state());
-    }
-
     /// Removes a contender from the book and reports its final state.
     /// A lost contender is remembered (with why, and its node) until it is released or comes
     /// back, so that whoever reacts to the loss can still tell how it ended.
@@ -116,32 +111,9 @@ impl Core {
             if member.revoke.is_none() {
                 let before = member.state();
                 member.revoke = super::data::revoke_request(body);
-                self.publish_current(id, member, &before);
+                self.publish(id, &before, member.state());
             }
         }
-    }
-
-    /// Opens a window on `lock_path` before a create is sent (see [`super::book`]).
-    pub fn open_window(&self, lock_path: &str) -> (Arc<str>, u64) {
-        let mut book = self.book.lock();
-        let key = match book.locks.get_key_value(lock_path) {
-            Some((k, _)) => k.clone(),
-            None => {
-                let k: Arc<str> = lock_path.into();
-                book.locks.insert(k.clone(), LockQueue::default());
-                k
-            }
-        };
-        let window = book.locks.get_mut(&key).map_or(0, LockQueue::open);
-        (key, window)
-    }
-
-    pub fn close_window(&self, lock_path: &str, window: u64) {
-        let mut book = self.book.lock();
-        if let Some(q) = book.locks.get_mut(lock_path) {
-            q.close(window);
-        }
-        book.drop_if_idle(lock_path);
     }
 
     /// Enters freshly made nodes in the book, asks for their first decision and closes the
@@ -163,10 +135,7 @@ impl Core {
             if book.lost_sessions.contains(&session_id) {
                 // The session ended while the nodes were being made: they go with it, and
                 // nobody would ever decide for them.
-                if let Some(q) = book.locks.get_mut(&**lock_path) {
-                    q.close(window);
-                }
-                book.drop_if_idle(lock_path);
+                book.close_window(lock_path, window);
                 return Err(Error::SessionLost);
             }
             for (spec, name) in nodes {
@@ -201,13 +170,11 @@ impl Core {
                 book.contenders.insert(id.clone(), Box::new(member));
                 registered.push((id, Some(rx)));
             }
-            let q = book.locks.get_mut(lock_path);
-            let start = q.map(|q| {
+            book.locks.get_mut(lock_path).is_some_and(|q| {
                 let start = q.request_evaluation();
                 q.close(window);
                 start
-            });
-            start.unwrap_or(false)
+            })
         };
         if start {
             tokio::spawn(rounds::evaluate(Arc::downgrade(self), lock_path.clone()));
@@ -268,7 +235,7 @@ impl Core {
             if member.session_id == session_id && held && member.revoke.is_none() && marked.contains(&*member.lock) {
                 let before = member.state();
                 member.revoke = Some(CONNECTION_LOST.to_string());
-                self.publish_current(id, member, &before);
+                self.publish(id, &before, member.state());
             }
         }
     }
@@ -284,8 +251,12 @@ pub(super) struct WindowGuard<'a> {
 }
 
 impl<'a> WindowGuard<'a> {
+    /// Opens a window on `lock_path` before a create is sent (see [`super::book`]).
     pub fn open(core: &'a Core, lock_path: &str) -> Self {
-        let (lock, start) = core.open_window(lock_path);
+        let mut book = core.book.lock();
+        let lock: Arc<str> = book.locks.get_key_value(lock_path).map_or_else(|| lock_path.into(), |(k, _)| k.clone());
+        let start = book.locks.entry(lock.clone()).or_default().open();
+        drop(book);
         WindowGuard { core, lock, start, armed: true }
     }
 
@@ -299,7 +270,7 @@ impl<'a> WindowGuard<'a> {
 impl Drop for WindowGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.core.close_window(&self.lock, self.start);
+            self.core.book.lock().close_window(&self.lock, self.start);
         }
     }
 }

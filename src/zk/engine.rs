@@ -96,11 +96,6 @@ impl LockEngine {
         self.core.stats.snapshot()
     }
 
-    /// The config the engine was made with.
-    pub fn config(&self) -> &ZkConfig {
-        &self.core.config
-    }
-
     /// Takes the leader epoch at `path` (DESIGN.md §5a): bumps it, so that every write guarded
     /// by an earlier epoch fails from now on, and guards every later write of this engine by the
     /// new one. Call it once, before re-anchoring; `holder` is written into the node for people.
@@ -164,10 +159,7 @@ impl LockEngine {
     /// The full path of contender `id`'s node (the node it had, if lost), if the engine tracks it.
     pub fn node(&self, id: &str) -> Option<String> {
         let book = self.core.book.lock();
-        match book.contenders.get(id) {
-            Some(member) => Some(member.path()),
-            None => book.lost.get(id).map(|(_, path)| path.clone()),
-        }
+        book.contenders.get(id).map(|member| member.path()).or_else(|| book.lost.get(id).map(|(_, path)| path.clone()))
     }
 
     /// Puts a contender in the queue of its lock: creates its node (and the lock directory if
@@ -189,7 +181,7 @@ impl LockEngine {
         }
         self.core.watch_parent(&client, &spec.lock).await?;
         let guard = WindowGuard::open(&self.core, &spec.lock);
-        let name = ops::create_adopting(&client, &self.core, &self.core.config, &spec).await?;
+        let name = ops::create_adopting(&client, &self.core, &spec).await?;
         let (lock, window) = guard.disarm();
         let registered = self.core.register(&client, &lock, window, vec![(spec, name)])?;
         let mut settled = self.core.settle(registered).await;
@@ -344,7 +336,7 @@ impl LockEngine {
                 if fresh_watch == *watch && fresh != *ahead {
                     let before = member.state();
                     member.decision = Some(Decision::Waiting { watch: fresh_watch, ahead: fresh });
-                    self.core.publish_current(id, member, &before);
+                    self.core.publish(id, &before, member.state());
                     changed += 1;
                 }
             }

@@ -26,16 +26,11 @@ pub(super) struct Epoch {
 }
 
 /// The engine's epoch, once it took one, and whether a write found it superseded.
+#[derive(Default)]
 pub(super) struct Fence {
     epoch: OnceLock<Epoch>,
     /// Turns true, for good, when a write finds the epoch superseded.
     fenced: watch::Sender<bool>,
-}
-
-impl Default for Fence {
-    fn default() -> Self {
-        Fence { epoch: OnceLock::new(), fenced: watch::channel(false).0 }
-    }
 }
 
 /// What a guarded write reports when the epoch moved on: the client's own "runtime condition
@@ -57,10 +52,6 @@ impl Fence {
         self.fenced.send_replace(true);
     }
 
-    pub fn is_fenced(&self) -> bool {
-        *self.fenced.borrow()
-    }
-
     /// Follows whether the engine was fenced.
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.fenced.subscribe()
@@ -69,7 +60,7 @@ impl Fence {
     /// A multi-op that starts with the epoch check, if there is an epoch. Refused at once once
     /// a write was fenced: the epoch never comes back.
     pub fn writer<'a>(&self, client: &'a zk::Client) -> Result<zk::MultiWriter<'a>, zk::Error> {
-        if self.is_fenced() {
+        if *self.fenced.borrow() {
             return Err(FENCED);
         }
         let mut multi = client.new_multi_writer();
@@ -119,11 +110,6 @@ impl Fence {
             Some(zk::MultiWriteResult::Create { path, .. }) => Ok(path),
             other => Err(zk::Error::UnexpectedError(format!("a create answered {other:?}"))),
         }
-    }
-
-    /// Deletes `path`, whatever its version.
-    pub async fn delete(&self, client: &zk::Client, path: &str) -> Result<(), zk::Error> {
-        self.delete_version(client, path, None).await
     }
 
     /// Deletes `path` if its data version is still `version` (any, with `None`).

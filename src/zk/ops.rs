@@ -8,7 +8,7 @@ use super::core::Core;
 use super::data::NodeData;
 use super::retry::{self, Backoff};
 use super::stats::Stats;
-use super::{Error, ZkConfig};
+use super::Error;
 use crate::recipe;
 
 /// The last component of a node's path.
@@ -52,15 +52,10 @@ pub(super) async fn ensure_dir(client: &zk::Client, lock: &str) -> Result<(), Er
 /// Creates the contender's node (and its directory if needed); after a lost answer, looks for
 /// the node by contender id before trying again, so that one contender never gets two nodes.
 /// Answers the node's name.
-pub(super) async fn create_adopting(
-    client: &zk::Client,
-    core: &Core,
-    config: &ZkConfig,
-    spec: &ContenderSpec,
-) -> Result<String, Error> {
+pub(super) async fn create_adopting(client: &zk::Client, core: &Core, spec: &ContenderSpec) -> Result<String, Error> {
     let path = format!("{}/{}", spec.lock, recipe::node_prefix(&spec.id, spec.mode));
     let body = NodeData::new(&spec.id, spec.mode, &spec.description).to_bytes();
-    let options = zk::CreateMode::EphemeralSequential.with_acls(config.node_acls());
+    let options = zk::CreateMode::EphemeralSequential.with_acls(core.config.node_acls());
     let mut backoff = Backoff::new();
     loop {
         match core.fence.create(client, &path, &body, &options).await {
@@ -92,24 +87,19 @@ pub(super) async fn own_node(
 ) -> Result<Option<String>, Error> {
     let Some(name) = recipe::find_node(children, id) else { return Ok(None) };
     let path = format!("{lock}/{name}");
-    match retry::idempotent(|| client.check_stat(&path)).await {
-        Ok(stat) => Ok(stat.filter(|s| s.ephemeral_owner == client.session_id().0).map(|_| name.to_string())),
-        Err(e) => Err(Error::zk("stat", &path, e)),
-    }
+    let stat = retry::idempotent(|| client.check_stat(&path)).await.map_err(|e| Error::zk("stat", &path, e))?;
+    Ok(stat.filter(|s| s.ephemeral_owner == client.session_id().0).map(|_| name.to_string()))
 }
 
 /// Deletes `path` until ZooKeeper confirms it is gone. The end of the session confirms it too:
 /// ephemeral nodes go with their session.
 pub(super) async fn delete_until_confirmed(client: &zk::Client, core: &Core, path: &str) -> Result<(), zk::Error> {
-    match retry::idempotent(|| core.fence.delete(client, path)).await {
-        Ok(()) => {
-            Stats::bump(&core.stats.deletes);
-            Ok(())
-        }
-        Err(zk::Error::NoNode) => Ok(()),
-        Err(e) if retry::is_session_end(&e) => Ok(()),
-        Err(e) => Err(e),
+    match retry::idempotent(|| core.fence.delete_version(client, path, None)).await {
+        Ok(()) => Stats::bump(&core.stats.deletes),
+        Err(e) if e != zk::Error::NoNode && !retry::is_session_end(&e) => return Err(e),
+        Err(_) => {}
     }
+    Ok(())
 }
 
 /// Deletes each of `paths` in the background (nodes nobody must wait on).

@@ -22,17 +22,13 @@ const SESSION_END_PAUSE: Duration = Duration::from_millis(50);
 pub(super) async fn evaluate(core: Weak<Core>, lock_path: Arc<str>) {
     loop {
         let Some(strong) = core.upgrade() else { return };
-        let client = match strong.client() {
-            Ok(client) => client,
-            // No session: whoever makes nodes in a new one asks for an evaluation again.
-            Err(_) => {
-                let mut book = strong.book.lock();
-                if let Some(q) = book.locks.get_mut(&*lock_path) {
-                    q.evaluating = false;
-                }
-                book.drop_if_idle(&lock_path);
-                return;
+        // No session: whoever makes nodes in a new one asks for an evaluation again.
+        let Ok(client) = strong.client() else {
+            let mut book = strong.book.lock();
+            if let Some(q) = book.locks.get_mut(&*lock_path) {
+                q.evaluating = false;
             }
+            return book.drop_if_idle(&lock_path);
         };
         let session_id = client.session_id().0;
         let (window, full, number) = {
@@ -42,7 +38,7 @@ pub(super) async fn evaluate(core: Weak<Core>, lock_path: Arc<str>) {
             q.reads += 1;
             (q.open(), std::mem::take(&mut q.full), q.reads)
         };
-        let (children, pzxid) = match read_and_repair(&client, &strong, &lock_path).await {
+        let (children, pzxid) = match read(&client, &strong, &lock_path).await {
             Ok(Some(read)) => read,
             // A repair changed the directory: read it again.
             Ok(None) => {
@@ -77,20 +73,6 @@ pub(super) async fn evaluate(core: Weak<Core>, lock_path: Arc<str>) {
     }
 }
 
-/// Reads the directory's children and pzxid, then makes the repairs that need ZooKeeper (see
-/// `repair`); `None` when a repair changed the directory.
-async fn read_and_repair(
-    client: &zk::Client,
-    core: &Core,
-    lock_path: &str,
-) -> Result<Option<(Vec<String>, i64)>, zk::Error> {
-    Stats::bump(&core.stats.children_reads);
-    // No directory, no nodes: every contender in it is gone.
-    let (children, pzxid) = ops::children_or_empty(client, lock_path).await?;
-    let repaired = repair(client, core, lock_path, client.session_id().0, &children).await?;
-    Ok((!repaired).then_some((children, pzxid)))
-}
-
 /// A read or a repair failed. A session end is its monitor's business: go round again (the
 /// next round takes the new session, if any). Any other failure leaves the contenders waiting
 /// for a decision without one: they are lost, and their nodes are deleted so that they do not
@@ -108,19 +90,12 @@ fn fail_lock(core: &Arc<Core>, client: &zk::Client, lock_path: &str, window: u64
         return book.finish_round(lock_path);
     }
     tracing::warn!(lock = %lock_path, error = %e, "cannot read the lock directory");
-    let stale: Vec<Arc<str>> = book
-        .locks
-        .get(lock_path)
-        .map(|q| q.nodes.values().cloned().collect::<Vec<Arc<str>>>())
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|id| book.contenders.get(id).is_some_and(|m| m.stale && m.session_id == session_id))
-        .collect();
+    let ids: Vec<Arc<str>> = book.locks.get(lock_path).map_or(vec![], |q| q.nodes.values().cloned().collect());
     let mut orphans = vec![];
-    for id in stale {
-        let lost = LostReason::Failed(e.to_string());
-        if let Some(member) = core.remove(&mut book, &id, ContenderState::Lost { why: lost }) {
-            orphans.push(member.path());
+    for id in ids {
+        if book.contenders.get(&id).is_some_and(|m| m.stale && m.session_id == session_id) {
+            let lost = ContenderState::Lost { why: LostReason::Failed(e.to_string()) };
+            orphans.extend(core.remove(&mut book, &id, lost).map(|m| m.path()));
         }
     }
     let again = book.finish_round(lock_path);
@@ -200,7 +175,7 @@ fn apply(core: &Core, lock_path: &str, read: Read, children: &[String]) -> bool 
         if member.decision != Some(Decision::Held) {
             member.decision = Some(decision);
         }
-        core.publish_current(id, member, &before);
+        core.publish(id, &before, member.state());
         if let Some(decided) = member.decided.take() {
             let _ = decided.send(());
         }
@@ -212,17 +187,16 @@ fn apply(core: &Core, lock_path: &str, read: Read, children: &[String]) -> bool 
     book.finish_round(lock_path)
 }
 
-/// Before deciding: deletes second nodes carrying the id of one of our contenders, and marks
-/// the directory when a client other than zklock uses it. Returns true when it deleted a node
-/// (the directory must be read again).
-async fn repair(
-    client: &zk::Client,
-    core: &Core,
-    lock_path: &str,
-    session_id: i64,
-    children: &[String],
-) -> Result<bool, zk::Error> {
-    let queue = recipe::queue(children);
+/// Reads the directory's children and pzxid, then, before deciding, makes the repairs that
+/// need ZooKeeper: deletes second nodes carrying the id of one of our contenders, and marks the
+/// directory when a client other than zklock uses it. `None` when it deleted a node (the
+/// directory must be read again).
+async fn read(client: &zk::Client, core: &Core, lock_path: &str) -> Result<Option<(Vec<String>, i64)>, zk::Error> {
+    Stats::bump(&core.stats.children_reads);
+    // No directory, no nodes: every contender in it is gone.
+    let (children, pzxid) = ops::children_or_empty(client, lock_path).await?;
+    let session_id = client.session_id().0;
+    let queue = recipe::queue(&children);
     let base = recipe::wrap_base(queue.iter().map(|c| c.sequence));
     // (duplicate's path, its sequence, our contender's sequence)
     let duplicates: Vec<(String, u64, u64)> = {
@@ -251,7 +225,7 @@ async fn repair(
             continue;
         }
         tracing::warn!(node = %path, "deleting a second node of one contender");
-        match retry::idempotent(|| core.fence.delete(client, &path)).await {
+        match retry::idempotent(|| core.fence.delete_version(client, &path, None)).await {
             Ok(()) => Stats::bump(&core.stats.duplicates_deleted),
             Err(zk::Error::NoNode) => {}
             Err(e) => return Err(e),
@@ -260,10 +234,10 @@ async fn repair(
     }
     if !deleted && queue.iter().any(|c| c.ours.is_none()) && !core.foreign_marked.lock().contains(lock_path) {
         // After a session gap, holders in this directory cannot be assumed to have kept the lock.
-        anchor::mark_foreign(client, lock_path).await?;
+        anchor::mark_foreign(client, core, lock_path).await?;
         core.foreign_marked.lock().insert(lock_path.to_string());
     }
-    Ok(deleted)
+    Ok((!deleted).then_some((children, pzxid)))
 }
 
 /// Reads every contender's node in the lock for revocation requests (after a reconnection).
