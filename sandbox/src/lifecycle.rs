@@ -62,26 +62,29 @@ fn default_pod_spec(obj: &mut Value) {
 pub fn validate(def: &ResourceDef, obj: &Value) -> Vec<FieldError> {
     let mut errs = Vec::new();
     match (def.group.as_str(), def.plural.as_str()) {
-        ("", "pods") => match obj.pointer("/spec/containers").and_then(Value::as_array) {
-            Some(cs) if !cs.is_empty() => {
-                for (i, c) in cs.iter().enumerate() {
-                    let f = format!("spec.containers[{i}]");
-                    match c.get("name").and_then(Value::as_str) {
-                        Some(n) if crate::meta::is_dns1123_label(n) => {}
-                        Some(n) => errs.push(FieldError::invalid(
-                            format!("{f}.name"),
-                            &json!(n),
-                            &crate::meta::dns1123_label_message(),
-                        )),
-                        None => errs.push(FieldError::required(format!("{f}.name"), "")),
-                    }
-                    if c.get("image").and_then(Value::as_str).is_none_or(|s| s.trim().is_empty()) {
-                        errs.push(FieldError::required(format!("{f}.image"), ""));
+        ("", "pods") => {
+            errs.extend(validate_scheduling_gates(obj));
+            match obj.pointer("/spec/containers").and_then(Value::as_array) {
+                Some(cs) if !cs.is_empty() => {
+                    for (i, c) in cs.iter().enumerate() {
+                        let f = format!("spec.containers[{i}]");
+                        match c.get("name").and_then(Value::as_str) {
+                            Some(n) if crate::meta::is_dns1123_label(n) => {}
+                            Some(n) => errs.push(FieldError::invalid(
+                                format!("{f}.name"),
+                                &json!(n),
+                                &crate::meta::dns1123_label_message(),
+                            )),
+                            None => errs.push(FieldError::required(format!("{f}.name"), "")),
+                        }
+                        if c.get("image").and_then(Value::as_str).is_none_or(|s| s.trim().is_empty()) {
+                            errs.push(FieldError::required(format!("{f}.image"), ""));
+                        }
                     }
                 }
+                _ => errs.push(FieldError::required("spec.containers", "")),
             }
-            _ => errs.push(FieldError::required("spec.containers", "")),
-        },
+        }
         ("", "secrets") => {
             if let Some(Value::Object(data)) = obj.get("data") {
                 for (k, v) in data {
@@ -139,18 +142,52 @@ pub fn validate_update(def: &ResourceDef, old: &Value, new: &Value) -> Vec<Field
                 }
             }
             if let Some(m) = s.as_object_mut() {
+                m.remove("schedulingGates");
                 m.remove("activeDeadlineSeconds");
                 m.remove("tolerations");
                 m.remove("terminationGracePeriodSeconds");
             }
             s
         };
+        // Gates may only be removed (kube-apiserver's validateOnlyDeletedSchedulingGates).
+        let gates =
+            |v: &Value| v.pointer("/spec/schedulingGates").and_then(Value::as_array).cloned().unwrap_or_default();
+        let old_gates = gates(old);
+        for (i, gate) in gates(new).iter().enumerate().filter(|(_, g)| !old_gates.contains(g)) {
+            let name = gate.get("name").and_then(Value::as_str).unwrap_or_default();
+            errs.push(FieldError::forbidden(
+                format!("spec.schedulingGates[{i}].name"),
+                &format!("only deletion is allowed, but found new scheduling gate '{name}'"),
+            ));
+        }
         if strip(old) != strip(new) {
             errs.push(FieldError::forbidden(
                 "spec",
                 "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
             ));
         }
+    }
+    errs
+}
+
+/// A pod's scheduling gates: qualified names, each once, and none left on a pod bound to a node
+/// (kube-apiserver's validateSchedulingGates and its nodeName rule on create; on update the
+/// node name cannot change, so the rule holds there too).
+fn validate_scheduling_gates(pod: &Value) -> Vec<FieldError> {
+    let gates = pod.pointer("/spec/schedulingGates").and_then(Value::as_array).cloned().unwrap_or_default();
+    let mut errs = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (i, gate) in gates.iter().enumerate() {
+        let name = gate.get("name").and_then(Value::as_str).unwrap_or_default();
+        let field = format!("spec.schedulingGates[{i}]");
+        errs.extend(crate::meta::validate_qualified_name(name, &field));
+        if !seen.insert(name) {
+            errs.push(FieldError::duplicate(field, &json!(name)));
+        }
+    }
+    let bound = pod.pointer("/spec/nodeName").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
+    if bound && !gates.is_empty() {
+        errs.push(FieldError::forbidden("spec.nodeName", "cannot be set until all schedulingGates have been cleared"));
     }
     errs
 }

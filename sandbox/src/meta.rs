@@ -86,8 +86,8 @@ pub fn validate_path_segment(name: &str, field: &str) -> Vec<FieldError> {
     Vec::new()
 }
 
-/// `prefix/name` label and annotation keys.
-fn validate_qualified_name(key: &str, field: &str) -> Option<FieldError> {
+/// `prefix/name` label and annotation keys (and other qualified names, such as scheduling gates).
+pub fn validate_qualified_name(key: &str, field: &str) -> Option<FieldError> {
     static R: OnceLock<Option<Regex>> = OnceLock::new();
     let matches = |x: &str| anchored(&R, QUALIFIED_NAME).is_some_and(|r| r.is_match(x));
     let (prefix, name) = match key.split_once('/') {

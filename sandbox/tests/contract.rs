@@ -619,6 +619,74 @@ async fn pods_status_phase_and_field_selectors() {
 }
 
 #[tokio::test]
+async fn scheduling_gates_can_be_removed_but_never_added() {
+    let env = env().await;
+    let ns = namespace(&env.client).await;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &ns.name);
+    let gated = |name: &str, gates: Value| {
+        let mut p = serde_json::to_value(pod(name)).expect("pod");
+        p["spec"]["schedulingGates"] = gates;
+        serde_json::from_value::<Pod>(p).expect("gated pod")
+    };
+    let two = json!([{"name": "zklock.io/lock"}, {"name": "example.com/quota"}]);
+    pods.create(&PostParams::default(), &gated("g", two)).await.expect("create a gated pod");
+    let names = |p: &Pod| -> Vec<String> {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.scheduling_gates.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|g| g.name.clone())
+            .collect()
+    };
+    let json_patch = |ops: Value| Patch::<()>::Json(serde_json::from_value(ops).expect("ops"));
+
+    let add = json_patch(json!([{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": "x"}}]));
+    let e = api_err(pods.patch("g", &PatchParams::default(), &add).await);
+    assert_eq!(e.code, 422, "{e:?}");
+    assert!(
+        e.message.contains(
+            "spec.schedulingGates[2].name: Forbidden: only deletion is allowed, but found new scheduling gate 'x'"
+        ),
+        "{}",
+        e.message
+    );
+
+    // What the operator sends: remove its own gate, tested by name, and no other.
+    let remove = json_patch(json!([
+        {"op": "test", "path": "/spec/schedulingGates/0/name", "value": "zklock.io/lock"},
+        {"op": "remove", "path": "/spec/schedulingGates/0"},
+    ]));
+    let p = pods.patch("g", &PatchParams::default(), &remove).await.expect("remove one gate");
+    assert_eq!(names(&p), vec!["example.com/quota"]);
+    let e = api_err(pods.patch("g", &PatchParams::default(), &remove).await);
+    assert_eq!(e.code, 422, "the test of the gate's name fails once it is gone: {e:?}");
+    let p = pods.patch("g", &PatchParams::default(), &Patch::Merge(json!({"spec": {"schedulingGates": null}}))).await;
+    assert!(names(&p.expect("remove the last gate")).is_empty());
+
+    for (name, gates, field) in [
+        (
+            "dup",
+            json!([{"name": "a.io/g"}, {"name": "a.io/g"}]),
+            "spec.schedulingGates[1]: Duplicate value: \"a.io/g\"",
+        ),
+        ("bad", json!([{"name": "not a name"}]), "spec.schedulingGates[0]: Invalid value: \"not a name\""),
+    ] {
+        let e = api_err(pods.create(&PostParams::default(), &gated(name, gates)).await);
+        assert!(e.code == 422 && e.message.contains(field), "{name}: {e:?}");
+    }
+    let mut bound = serde_json::to_value(gated("bound", json!([{"name": "zklock.io/lock"}]))).expect("pod");
+    bound["spec"]["nodeName"] = json!("node-1");
+    let e = api_err(pods.create(&PostParams::default(), &serde_json::from_value(bound).expect("pod")).await);
+    assert!(
+        e.code == 422
+            && e.message
+                .contains("spec.nodeName: Forbidden: cannot be set until all schedulingGates have been cleared"),
+        "{e:?}"
+    );
+}
+
+#[tokio::test]
 async fn patch_kinds() {
     let env = env().await;
     let ns = namespace(&env.client).await;
