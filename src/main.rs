@@ -83,6 +83,11 @@ struct RunArgs {
     /// connections and memory) during bursts; handoffs are never queued behind more than this
     #[arg(long, env = "ZKLOCK_MAX_CONCURRENT_RECONCILES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
     max_concurrent_reconciles: u16,
+    /// Delete final claims that set no spec.ttlSecondsAfterFinished this many seconds after they
+    /// finished. Claims with an owner (those made for gated pods) are left to the garbage
+    /// collector. Default: kept
+    #[arg(long, env = "ZKLOCK_DEFAULT_TTL_SECONDS_AFTER_FINISHED", value_parser = clap::value_parser!(u32).range(0..=31_536_000))]
+    default_ttl_seconds_after_finished: Option<u32>,
     /// Log format
     #[arg(long, env = "ZKLOCK_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -152,6 +157,7 @@ impl RunArgs {
             lease_namespace: self.lease_namespace,
             leader_election: !self.no_leader_election,
             concurrency: self.max_concurrent_reconciles,
+            default_ttl: self.default_ttl_seconds_after_finished.map(|s| Duration::from_secs(s.into())),
             identity,
         })
     }

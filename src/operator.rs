@@ -29,6 +29,8 @@ pub struct Options {
     pub leader_election: bool,
     /// Claims reconciled at once.
     pub concurrency: u16,
+    /// Time to live after finishing for claims that set none and have no owner.
+    pub default_ttl: Option<std::time::Duration>,
     pub identity: String,
 }
 
@@ -97,6 +99,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
             events: crate::controller::events::EventWriter::new(client.clone(), &options.identity),
             term: term.clone(),
             concurrency: options.concurrency,
+            default_ttl: options.default_ttl,
             leadership: leadership.clone(),
         };
         let mut fenced = engine.fenced();

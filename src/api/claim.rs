@@ -61,6 +61,12 @@ pub struct LockClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 86_400))]
     pub revocation_grace_period_seconds: Option<i64>,
+
+    /// Delete the claim this many seconds after it reached a final phase (as in Job); unset:
+    /// keep it (or the operator's default, for claims that have no owner).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 31_536_000))]
+    pub ttl_seconds_after_finished: Option<i64>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, KubeSchema)]

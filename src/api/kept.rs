@@ -15,8 +15,9 @@ const OWN_ANNOTATIONS: &str = "zklock.io/";
 #[resource(inherit = "LockClaim")]
 #[serde(from = "LockClaim", into = "LockClaim")]
 pub struct KeptClaim {
-    /// Identity, resourceVersion, generation, creation and deletion times, finalizers, and the
-    /// `zklock.io/` annotations; no labels, owners, managed fields or other annotations.
+    /// Identity, resourceVersion, generation, creation and deletion times, finalizers, owners
+    /// (a pod's claim names its pod), and the `zklock.io/` annotations; no labels, managed
+    /// fields or other annotations.
     pub metadata: ObjectMeta,
     pub spec: LockClaimSpec,
     pub status: Option<KeptStatus>,
@@ -136,6 +137,7 @@ impl From<LockClaim> for KeptClaim {
             creation_timestamp: metadata.creation_timestamp,
             deletion_timestamp: metadata.deletion_timestamp,
             finalizers: metadata.finalizers,
+            owner_references: metadata.owner_references,
             annotations,
             ..ObjectMeta::default()
         };
@@ -227,6 +229,7 @@ mod tests {
                 "creationTimestamp": "2026-11-23T17:59:06Z", "finalizers": ["zklock.io/release"],
                 "generation": 1, "name": "table-rebuild", "namespace": "demo", "resourceVersion": "20",
                 "uid": "4bf87072-2c81-4629-9a8b-bffc030bb21d",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "rebuild-0", "uid": "p-1", "controller": true}],
                 "managedFields": [{"manager": "kubectl", "operation": "Update"}],
             },
             "spec": {"lockName": "sales-tables", "mode": "Exclusive", "holder": {"podName": "rebuild-0"}},
@@ -259,8 +262,8 @@ mod tests {
             (&o.name, &o.namespace, &o.uid, &o.resource_version)
         );
         assert_eq!(
-            (&m.generation, &m.creation_timestamp, &m.finalizers),
-            (&o.generation, &o.creation_timestamp, &o.finalizers)
+            (&m.generation, &m.creation_timestamp, &m.finalizers, &m.owner_references),
+            (&o.generation, &o.creation_timestamp, &o.finalizers, &o.owner_references)
         );
         assert_eq!(m.annotations, Some([("zklock.io/revoke".to_string(), "maintenance".to_string())].into()));
         assert_eq!((&m.labels, &m.managed_fields), (&None, &None));

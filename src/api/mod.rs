@@ -8,7 +8,7 @@ mod validate;
 
 pub use claim::{Holder, LockClaim, LockClaimSpec, LockClaimStatus, Phase};
 pub use kept::{KeptClaim, KeptStatus};
-pub use validate::{validate, validate_spec, ValidSpec};
+pub use validate::{check_lock_name, validate, validate_spec, ValidSpec};
 
 /// Finalizer that keeps a claim until its znode is deleted.
 pub const FINALIZER: &str = "zklock.io/release";

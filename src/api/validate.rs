@@ -24,6 +24,8 @@ pub struct ValidSpec {
     pub acquire_timeout: Option<Duration>,
     pub lease: Option<Duration>,
     pub grace: Duration,
+    /// How long after its final phase the claim is deleted.
+    pub ttl_after_finished: Option<Duration>,
 }
 
 /// Checks a claim's spec; the error is the message for the Invalid condition.
@@ -33,7 +35,7 @@ pub fn validate(claim: &LockClaim) -> Result<ValidSpec, String> {
 
 /// [`validate`], for the spec of a claim in `namespace`.
 pub fn validate_spec(spec: &LockClaimSpec, namespace: &str) -> Result<ValidSpec, String> {
-    check_lock_name(&spec.lock_name)?;
+    check_lock_name("spec.lockName", &spec.lock_name)?;
     let holder_pod = match &spec.holder {
         None => None,
         Some(holder) => {
@@ -60,22 +62,24 @@ pub fn validate_spec(spec: &LockClaimSpec, namespace: &str) -> Result<ValidSpec,
             MAX_GRACE_SECONDS,
         )?
         .unwrap_or(DEFAULT_GRACE),
+        ttl_after_finished: seconds("spec.ttlSecondsAfterFinished", spec.ttl_seconds_after_finished, 0, MAX_SECONDS)?,
     })
 }
 
-fn check_lock_name(name: &str) -> Result<(), String> {
+/// Checks a lock name; `field` says where it was read (the message names it).
+pub fn check_lock_name(field: &str, name: &str) -> Result<(), String> {
     let ok_chars = name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
     let ok_ends =
         name.starts_with(|c: char| c.is_ascii_alphanumeric()) && name.ends_with(|c: char| c.is_ascii_alphanumeric());
     if name.is_empty() || name.len() > 253 || !ok_chars || !ok_ends {
         return Err(format!(
-            "spec.lockName {name:?} is not a valid lock name: use 1-253 characters of lower-case letters, digits, \
+            "{field} {name:?} is not a valid lock name: use 1-253 characters of lower-case letters, digits, \
              '.' and '-', starting and ending with a letter or digit (e.g. \"db-migrations\")"
         ));
     }
     // Lock names become znode path segments.
     if name == "." || name == ".." || name == "zookeeper" {
-        return Err(format!("spec.lockName {name:?} is reserved: choose another name"));
+        return Err(format!("{field} {name:?} is reserved: choose another name"));
     }
     Ok(())
 }
@@ -156,5 +160,8 @@ mod tests {
         let mut s = spec("x");
         s.acquire_timeout_seconds = Some(-5);
         assert!(validate(&claim(s)).unwrap_err().contains("acquireTimeoutSeconds is -5"));
+        let mut s = spec("x");
+        s.ttl_seconds_after_finished = Some(-1);
+        assert!(validate(&claim(s)).unwrap_err().contains("ttlSecondsAfterFinished is -1"));
     }
 }

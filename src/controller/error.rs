@@ -24,6 +24,8 @@ pub enum Error {
     ZooKeeper(#[from] crate::zk::Error),
     #[error("the claim has no {0}")]
     Malformed(&'static str),
+    #[error("{call}: {source}")]
+    Write { call: &'static str, source: kube::Error },
     #[error("not the leader any more: no write")]
     NotLeading,
 }
@@ -38,6 +40,7 @@ impl Error {
             Error::Finalizer(_) => "finalizer".into(),
             Error::ZooKeeper(e) => format!("zookeeper_{}", e.kind()),
             Error::Malformed(_) => "malformed".into(),
+            Error::Write { call, .. } => (*call).into(),
             Error::NotLeading => "not_leading".into(),
         }
     }

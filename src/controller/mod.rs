@@ -59,6 +59,8 @@ pub struct Context {
     pub registry: Registry,
     pub metrics: Arc<Metrics>,
     pub events: events::EventWriter,
+    /// Time to live after finishing for claims that set none and have no owner.
+    pub default_ttl: Option<Duration>,
     /// Each scope's claims, as its watch last delivered them (index = scope).
     claims: Vec<Store<KeptClaim>>,
     /// Each scope's requests to reconcile one claim, or all of them.
@@ -207,6 +209,8 @@ pub struct Setup {
     pub term: supervisor::Term,
     /// Claims reconciled at once, per scope.
     pub concurrency: u16,
+    /// Time to live after finishing for claims that set none and have no owner.
+    pub default_ttl: Option<Duration>,
     /// Whether this process may write; every Kubernetes write asks it first.
     pub leadership: Leadership,
 }
@@ -220,7 +224,7 @@ pub async fn run(
     engine_events: mpsc::UnboundedReceiver<crate::zk::EngineEvent>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let Setup { client, zk_root, namespaces, metrics, events, term, concurrency, leadership } = setup;
+    let Setup { client, zk_root, namespaces, metrics, events, term, concurrency, default_ttl, leadership } = setup;
     let scopes = namespaces.len().max(1);
     let (orphans, orphans_rx) = mpsc::unbounded_channel();
     // Per scope: its store, and its triggers (the senders go into the context).
@@ -241,6 +245,7 @@ pub async fn run(
         registry: Registry::default(),
         metrics,
         events,
+        default_ttl,
         claims,
         triggers,
         orphans,

@@ -74,6 +74,8 @@ pub struct Plan {
     pub release: bool,
     pub events: Vec<Event>,
     pub requeue_after: Option<Duration>,
+    /// Delete the claim (last): its time to live after finishing has passed.
+    pub delete: bool,
 }
 
 impl Plan {
@@ -86,6 +88,23 @@ impl Plan {
         // Deadlines are checked a little after they pass, so that the check sees them passed.
         let wait = wait + Duration::from_millis(50);
         self.requeue_after = Some(self.requeue_after.map_or(wait, |w| w.min(wait)));
+    }
+
+    /// A final claim with a time to live (`spec.ttlSecondsAfterFinished`, or the operator's
+    /// default): deleted once that long has passed since it finished (the Finished condition's
+    /// transition, which this very plan may be making), else looked at again then.
+    pub fn expire_after(mut self, ttl: Option<Duration>, now: Timestamp) -> Plan {
+        let Some(ttl) = ttl.filter(|_| self.status.phase.is_some_and(Phase::is_terminal)) else { return self };
+        let finished = conditions::get(&self.status.conditions, FINISHED)
+            .filter(|c| c.status == "True")
+            .map_or(now, |c| c.last_transition_time.0);
+        let due = finished.checked_add(ttl).unwrap_or(finished);
+        if now >= due {
+            self.delete = true;
+        } else {
+            self.requeue_at(now, due);
+        }
+        self
     }
 
     /// Ends the claim: phase, conditions, and a release of its node.
@@ -611,6 +630,26 @@ mod tests {
         let p = run(&c, HolderView::NotRequested, tracked(held), t(191));
         assert_eq!(p.status.phase, Some(Phase::Released));
         assert_eq!(conditions::get(&p.status.conditions, FINISHED).unwrap().reason, "LeaseExpired");
+    }
+
+    #[test]
+    fn a_final_claim_is_deleted_its_time_to_live_after_it_finished() {
+        let ttl = Some(Duration::from_secs(60));
+        let c = claim(spec());
+        let waiting = run(&c, HolderView::NotRequested, ContenderView::Untracked, t(1));
+        assert_eq!(waiting.clone().expire_after(ttl, t(1)), waiting, "a live claim has no time to live");
+        let finished = invalid(&c, "bad".into(), t(10)).expire_after(ttl, t(10));
+        assert!(!finished.delete);
+        assert!(finished.requeue_after.is_some_and(|d| d >= Duration::from_secs(60) && d < Duration::from_secs(61)));
+        let c = with_status(c, &finished);
+        let later = run(&c, HolderView::NotRequested, ContenderView::Untracked, t(40)).expire_after(ttl, t(40));
+        assert!(!later.delete && later.requeue_after.is_some_and(|d| d <= Duration::from_secs(31)), "{later:?}");
+        let due = run(&c, HolderView::NotRequested, ContenderView::Untracked, t(70)).expire_after(ttl, t(70));
+        assert!(due.delete);
+        let kept = run(&c, HolderView::NotRequested, ContenderView::Untracked, t(9_999)).expire_after(None, t(9_999));
+        assert!(!kept.delete && kept.requeue_after.is_none(), "no time to live: kept for good");
+        let at_once = invalid(&claim(spec()), "bad".into(), t(10)).expire_after(Some(Duration::ZERO), t(10));
+        assert!(at_once.delete, "0 deletes it as soon as it is final");
     }
 
     #[test]

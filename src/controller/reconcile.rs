@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{finalizer, Error as FinalizerError, Event as Finalizer};
 use kube::{Api, Resource, ResourceExt};
@@ -65,7 +65,8 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
         Ok(spec) => spec,
         Err(message) => {
             ctx.registry.observe(uid, &claim.name_any(), &namespace, "", false, None);
-            let plan = plan::invalid(&claim, message, now);
+            let ttl = time_to_live(&claim, None, ctx);
+            let plan = plan::invalid(&claim, message, now).expire_after(ttl, now);
             return execute(&claim, ctx, uid, "", plan).await;
         }
     };
@@ -155,7 +156,19 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
             ctx.trigger(&next);
         }
     }
+    let plan = plan.expire_after(time_to_live(&claim, Some(&spec), ctx), now);
     execute(&claim, ctx, uid, &lock, plan).await
+}
+
+/// How long the claim is kept once final: its own `ttlSecondsAfterFinished` (if valid), else the
+/// operator's default for claims without an owner (an owner's deletion takes its claims along).
+fn time_to_live(claim: &LockClaim, spec: Option<&crate::api::ValidSpec>, ctx: &Context) -> Option<Duration> {
+    let own = match spec {
+        Some(spec) => spec.ttl_after_finished,
+        None => claim.spec.ttl_seconds_after_finished.and_then(|s| u64::try_from(s).ok()).map(Duration::from_secs),
+    };
+    let owned = claim.metadata.owner_references.as_ref().is_some_and(|o| !o.is_empty());
+    own.or(ctx.default_ttl.filter(|_| !owned))
 }
 
 /// The claim is being deleted: a holder's final status first, then its node, then (the helper)
@@ -302,6 +315,20 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut pl
             // Events are for people; the claim's status carries the truth.
             tracing::info!(claim = %name, error = %e, "could not publish an event");
         }
+    }
+    if plan.delete {
+        // Preconditioned on the UID: a new claim of the same name is not this one.
+        let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+        let only_this = DeleteParams {
+            preconditions: Some(Preconditions { uid: Some(uid.to_string()), resource_version: None }),
+            ..DeleteParams::default()
+        };
+        match ctx.write("delete_claim", api.delete(&name, &only_this)).await? {
+            Ok(_) => tracing::info!(claim = %name, "deleted: its time to live after finishing has passed"),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(source) => return Err(Error::Write { call: "delete_claim", source }),
+        }
+        return Ok(Action::await_change());
     }
     Ok(plan.requeue_after.map_or_else(Action::await_change, Action::requeue))
 }
