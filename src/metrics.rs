@@ -55,6 +55,8 @@ pub struct Metrics {
     /// Kubernetes API writes for claims (status, finalizers, pod annotations, events; not
     /// leader election's Lease).
     pub api_writes: Counter,
+    /// Gated pods whose scheduling gate the operator removed.
+    pub pods_ungated: Counter,
     /// The engine whose ZooKeeper counters a scrape reads: the current term's.
     pub engine: EngineCounters,
 }
@@ -75,6 +77,7 @@ impl Default for Metrics {
             api_calls: Family::default(),
             api_call_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             api_writes: Counter::default(),
+            pods_ungated: Counter::default(),
             engine: EngineCounters::default(),
         };
         let r = &mut m.registry;
@@ -93,6 +96,8 @@ impl Default for Metrics {
         r.register("kubernetes_call_seconds", "Kubernetes API call latency", m.api_call_seconds.clone());
         let writes = "Kubernetes API writes for claims: status, finalizers, pod annotations, events";
         r.register("kubernetes_writes", writes, m.api_writes.clone());
+        let ungated = "Gated pods whose scheduling gate zklock.io/lock was removed (their claim Held)";
+        r.register("pods_ungated", ungated, m.pods_ungated.clone());
         r.register_collector(Box::new(m.engine.clone()));
         m
     }

@@ -19,6 +19,7 @@ use crate::recipe::Mode;
     kind = "LockClaim",
     namespaced,
     shortname = "lc",
+    derive = "PartialEq",
     category = "zklock",
     status = "LockClaimStatus",
     doc = "LockClaim asks zklock for a lock backed by ZooKeeper; its status says Waiting or Held in queue order.",

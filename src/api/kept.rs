@@ -111,6 +111,16 @@ impl KeptClaim {
         self.status.as_ref().and_then(|s| s.znode.as_deref())
     }
 
+    pub fn fencing_token(&self) -> Option<&str> {
+        self.status.as_ref().and_then(|s| s.fencing_token.as_deref())
+    }
+
+    /// The message of condition `type_`, if the claim has it.
+    pub fn condition_message(&self, type_: &str) -> Option<&str> {
+        let conditions = self.status.as_ref().map(|s| &s.conditions[..]).unwrap_or_default();
+        conditions.iter().find(|c| c.type_.as_str() == type_).map(|c| &*c.message)
+    }
+
     /// The whole claim again, for planning (the dropped metadata is never read).
     pub fn to_claim(&self) -> LockClaim {
         self.clone().into()

@@ -11,6 +11,7 @@ mod admission;
 pub mod anchor;
 mod error;
 pub mod events;
+pub mod gated;
 pub mod plan;
 mod positions;
 mod reconcile;
@@ -65,6 +66,10 @@ pub struct Context {
     claims: Vec<Store<KeptClaim>>,
     /// Each scope's requests to reconcile one claim, or all of them.
     triggers: Vec<Triggers>,
+    /// Each scope's requests to reconcile one gated pod.
+    pod_triggers: Vec<UnboundedSender<ObjectRef<gated::KeptPod>>>,
+    /// Gated pods waiting to have their claims made, in creation order.
+    arrivals: parking_lot::Mutex<gated::Arrivals>,
     /// Claims that may have left the API with a node still tracked (see `watch::release_orphans`).
     orphans: mpsc::UnboundedSender<Uid>,
     /// Scopes that have not yet listed their claims once. Counted here rather than asked of the
@@ -161,6 +166,30 @@ impl Context {
         }
     }
 
+    /// Asks for a reconcile of gated pod `pod` soon (nothing happens if no watch has it).
+    fn trigger_pod(&self, pod: ObjectRef<gated::KeptPod>) {
+        let scope = if self.namespaces.is_empty() {
+            Some(0)
+        } else {
+            self.namespaces.iter().position(|n| Some(n) == pod.namespace.as_ref())
+        };
+        if let Some(triggers) = scope.and_then(|scope| self.pod_triggers.get(scope)) {
+            // Closed only when the controller has stopped.
+            let _ = triggers.unbounded_send(pod);
+        }
+    }
+
+    /// Claim `name` of `namespace` as its scope's watch last delivered it.
+    fn claim(&self, namespace: &str, name: &str) -> Option<Arc<KeptClaim>> {
+        let object = ObjectRef::new(name).within(namespace);
+        self.scope_of(&object).and_then(|scope| self.claims.get(scope)).and_then(|store| store.get(&object))
+    }
+
+    /// Whether the first re-anchoring is done.
+    fn anchored(&self) -> bool {
+        self.anchored.load(Ordering::SeqCst)
+    }
+
     fn orphan(&self, uid: &str) {
         // Closed only when the controller has stopped.
         let _ = self.orphans.send(self.shared_uid(uid));
@@ -228,14 +257,16 @@ pub async fn run(
     let scopes = namespaces.len().max(1);
     let (orphans, orphans_rx) = mpsc::unbounded_channel();
     // Per scope: its store, and its triggers (the senders go into the context).
-    let (mut claims, mut triggers, mut scoped) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut claims, mut triggers, mut pod_triggers, mut scoped) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..scopes {
         let (reader, writer) = reflector::store();
         let (one, one_rx) = futures::channel::mpsc::unbounded();
         let (all, all_rx) = futures::channel::mpsc::unbounded();
+        let (pod, pod_rx) = futures::channel::mpsc::unbounded();
         claims.push(reader.clone());
         triggers.push(Triggers { one, all });
-        scoped.push((writer, reader, one_rx, all_rx));
+        pod_triggers.push(pod);
+        scoped.push((writer, reader, one_rx, all_rx, pod_rx));
     }
     let ctx = Arc::new(Context {
         client,
@@ -248,6 +279,8 @@ pub async fn run(
         default_ttl,
         claims,
         triggers,
+        pod_triggers,
+        arrivals: Default::default(),
         orphans,
         unsynced: channel::Sender::new(scopes),
         anchored: AtomicBool::new(false),
@@ -258,8 +291,8 @@ pub async fn run(
     // Ended when dropped: when this future ends, or is dropped by a deposed leader (which
     // aborts the reconciles in flight with their controller).
     let mut controllers = JoinSet::new();
-    let apis = ctx.scoped::<KeptClaim>().into_iter().zip(ctx.scoped::<PartialObjectMeta<Pod>>());
-    for ((writer, reader, one_rx, all_rx), (claim_api, pod_api)) in scoped.into_iter().zip(apis) {
+    let apis = ctx.scoped::<KeptClaim>().into_iter().zip(ctx.scoped::<PartialObjectMeta<Pod>>()).zip(ctx.scoped());
+    for ((writer, reader, one_rx, all_rx, pod_rx), ((claim_api, pod_api), gated_api)) in scoped.into_iter().zip(apis) {
         let pods_ctx = ctx.clone();
         let controller = Controller::for_stream(watch::claims(ctx.clone(), claim_api, writer), reader)
             .watches_stream(watch::holder_pods(ctx.clone(), pod_api), move |pod| watch::claims_of_pod(&pods_ctx, &pod))
@@ -270,6 +303,14 @@ pub async fn run(
             .run(reconcile_claim, error_policy, ctx.clone())
             .for_each(|result| async move { report(result) });
         controllers.spawn(controller);
+        let (gated_reader, gated_writer) = reflector::store();
+        let gated = Controller::for_stream(gated::pods(ctx.clone(), gated_api, gated_writer), gated_reader)
+            .reconcile_on(pod_rx)
+            .with_config(Config::default().concurrency(concurrency.max(1)))
+            .graceful_shutdown_on(shutdown.clone())
+            .run(gated::reconcile, gated::error_policy, ctx.clone())
+            .for_each(|result| async move { report(result) });
+        controllers.spawn(gated);
     }
     let mut tasks = JoinSet::new();
     tasks.spawn(watch::release_orphans(ctx.clone(), orphans_rx));
@@ -286,7 +327,7 @@ pub async fn run(
 }
 
 async fn reconcile_claim(claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if !ctx.anchored.load(Ordering::SeqCst) {
+    if !ctx.anchored() {
         // Re-anchoring comes first; every claim is reconciled when it is done.
         return Ok(Action::await_change());
     }
@@ -326,7 +367,10 @@ fn error_policy(claim: Arc<KeptClaim>, error: &Error, ctx: Arc<Context>) -> Acti
 
 /// What the controller's stream reports besides reconciles (those report through
 /// `error_policy`): a trigger for a claim that has left, or a watch error (the watchers retry).
-fn report(result: Result<(ObjectRef<KeptClaim>, Action), ControllerError<Error, watcher::Error>>) {
+fn report<K: kube::Resource>(result: Result<(ObjectRef<K>, Action), ControllerError<Error, watcher::Error>>)
+where
+    ObjectRef<K>: std::fmt::Display,
+{
     match result {
         Ok(_) | Err(ControllerError::ReconcilerFailed(..)) => {}
         Err(ControllerError::ObjectNotFound(object)) => tracing::debug!(%object, "triggered claim is gone"),

@@ -32,11 +32,15 @@ pub fn claims(
         .default_backoff()
         .reflect(writer)
         .inspect(move |event| match event {
-            Ok(watcher::Event::InitApply(claim) | watcher::Event::Apply(claim)) => first_seen(&ctx, claim),
+            Ok(watcher::Event::InitApply(claim) | watcher::Event::Apply(claim)) => {
+                first_seen(&ctx, claim);
+                gated_pod_of(&ctx, claim);
+            }
             Ok(watcher::Event::Delete(claim)) => {
                 if let Some(uid) = claim.metadata.uid.as_deref() {
                     ctx.orphan(uid);
                 }
+                gated_pod_of(&ctx, claim);
             }
             Ok(watcher::Event::InitDone) => {
                 if !std::mem::replace(&mut synced, true) {
@@ -49,6 +53,14 @@ pub fn claims(
             Err(e) => tracing::warn!(error = %e, "claim watch failed; retrying"),
         })
         .applied_objects()
+}
+
+/// A change to a claim made for a pod is news for that pod (and for a new pod of its name).
+fn gated_pod_of(ctx: &Context, claim: &KeptClaim) {
+    if let (Some(owner), Some(namespace)) = (super::gated::plan::owner_pod(claim), claim.metadata.namespace.as_deref())
+    {
+        ctx.trigger_pod(ObjectRef::new(&owner.name).within(namespace));
+    }
 }
 
 /// The watch delivers new claims in creation order: note it before any reconcile of them.

@@ -1,0 +1,85 @@
+//! Claims for gated pods are made in the pods' creation order, per lock, although pods are
+//! reconciled concurrently: the claims' own admission then queues them in that order. The gate
+//! is the claims' (`admission::Gates`): a pod waits there from the moment the watch delivers it
+//! until its claim is made (or it needs none), and only the first one may make its claim.
+
+use std::collections::HashMap;
+
+use kube::runtime::reflector::ObjectRef;
+
+use super::KeptPod;
+use crate::controller::admission::{Gates, Place};
+use crate::controller::Uid;
+
+#[derive(Default)]
+pub struct Arrivals {
+    gates: Gates,
+    /// Pods seen so far: the second part of a place (creation times have whole seconds only).
+    seen: u64,
+    pods: HashMap<Uid, Arrival>,
+}
+
+struct Arrival {
+    lock: String,
+    place: Place,
+    pod: ObjectRef<KeptPod>,
+}
+
+impl Arrivals {
+    /// The pod arrives at `lock`'s gate, unless it is there already.
+    pub fn arrive(&mut self, lock: String, pod: &KeptPod) {
+        if self.pods.contains_key(pod.uid()) {
+            return;
+        }
+        self.seen += 1;
+        let created = pod.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
+        let place = (created, self.seen);
+        let uid: Uid = pod.uid().into();
+        self.gates.arrive(&lock, place, &uid);
+        self.pods.insert(uid, Arrival { lock, place, pod: ObjectRef::from_obj(pod) });
+    }
+
+    /// Whether the pod is first at `lock`'s gate (it arrives there if it was not).
+    pub fn may_create(&mut self, lock: String, pod: &KeptPod) -> bool {
+        self.arrive(lock, pod);
+        let Some(arrival) = self.pods.get(pod.uid()) else { return true };
+        let uid: Uid = pod.uid().into();
+        self.gates.may_enqueue(&arrival.lock, arrival.place, &uid)
+    }
+
+    /// The pod leaves its gate; answers the pod first there now, if any.
+    pub fn leave(&mut self, uid: &str) -> Option<ObjectRef<KeptPod>> {
+        let arrival = self.pods.remove(uid)?;
+        let next = self.gates.leave(&arrival.lock, uid)?;
+        self.pods.get(&next).map(|a| a.pod.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, second: i64) -> KeptPod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                         "creationTimestamp": k8s_openapi::jiff::Timestamp::from_second(second).unwrap().to_string()},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn pods_make_their_claims_in_creation_order_per_lock() {
+        let mut arrivals = Arrivals::default();
+        let (a, b, c) = (pod("a", 100), pod("b", 100), pod("c", 101));
+        arrivals.arrive("/l".into(), &a);
+        arrivals.arrive("/l".into(), &b);
+        assert!(!arrivals.may_create("/l".into(), &c), "c was created after a and b");
+        assert!(!arrivals.may_create("/l".into(), &b), "same second as a, seen after it");
+        assert!(arrivals.may_create("/other".into(), &pod("d", 200)), "gates are per lock");
+        assert!(arrivals.may_create("/l".into(), &a));
+        assert_eq!(arrivals.leave("uid-a").map(|r| r.name), Some("b".to_string()));
+        assert!(arrivals.may_create("/l".into(), &b));
+        assert_eq!(arrivals.leave("uid-b").map(|r| r.name), Some("c".to_string()));
+        assert_eq!(arrivals.leave("uid-b"), None, "left already");
+    }
+}

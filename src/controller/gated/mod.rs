@@ -1,0 +1,201 @@
+//! Pods gated on a lock (the rules are in `plan`): per served scope, a kube-runtime
+//! `Controller` over the pods not yet bound to a node (the field selection `spec.nodeName=`:
+//! its store holds the pods waiting to be scheduled, kept small by `KeptPod`, not every pod of
+//! the cluster), driven also by the changes of the claims made for them.
+//!
+//! Reconcile is a pipeline: dereference (the pod's claim from the claim watch's store, and the
+//! operator's own last word on it) → plan (pure) → apply (make the claim, delete a predecessor's,
+//! remove the gate) → report (the pod's condition, and an event when it changes).
+
+mod arrivals;
+pub mod plan;
+mod pod;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Resource};
+use serde_json::json;
+use tracing::Instrument;
+
+pub use arrivals::Arrivals;
+use plan::{PodPlan, Report, Step, CONDITION, GATE};
+pub use pod::KeptPod;
+
+use super::{Context, Error};
+use crate::api::{LockClaim, Phase};
+
+/// The pods of one scope that no node runs yet, kept in `writer`'s store, as the controller's
+/// trigger stream. A pod with a valid lock request arrives, in the order the watch delivers
+/// pods, at its lock's gate for claim making.
+pub fn pods(
+    ctx: Arc<Context>,
+    api: Api<KeptPod>,
+    writer: Writer<KeptPod>,
+) -> impl Stream<Item = Result<KeptPod, watcher::Error>> + Send + 'static {
+    watcher(api, watcher::Config::default().fields("spec.nodeName="))
+        .default_backoff()
+        .reflect(writer)
+        .inspect(move |event| match event {
+            Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod)) => {
+                if let (true, Ok(ask)) = (pod.gates.iter().any(|g| g == GATE), plan::read(pod)) {
+                    let lock = ctx.lock_path(pod.namespace(), &ask.lock_name);
+                    ctx.arrivals.lock().arrive(lock, pod);
+                }
+            }
+            Ok(watcher::Event::Delete(pod)) => leave(&ctx, pod.uid()),
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+            Err(e) => tracing::warn!(error = %e, "watch of unscheduled pods failed; retrying"),
+        })
+        .applied_objects()
+}
+
+/// The pod leaves its lock's gate for claim making; the next one there may go.
+fn leave(ctx: &Context, uid: &str) {
+    let next = ctx.arrivals.lock().leave(uid);
+    if let Some(next) = next {
+        ctx.trigger_pod(next);
+    }
+}
+
+pub async fn reconcile(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.anchored() {
+        // Until re-anchoring is done a claim's Held may still turn out Lost: no gate goes.
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let span = tracing::info_span!("gated_pod", pod = pod.name(), namespace = pod.namespace());
+    apply(pod, ctx).instrument(span).await
+}
+
+async fn apply(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let claim = ctx.claim(pod.namespace(), pod.name());
+    let known_held = claim
+        .as_ref()
+        .and_then(|c| c.metadata.uid.as_deref())
+        .is_some_and(|uid| ctx.registry.known_phase(uid) == Some(Phase::Held));
+    let PodPlan { step, mut report } = plan::plan(&pod, claim.as_deref(), known_held);
+    if !matches!(step, Step::Create { .. }) {
+        leave(&ctx, pod.uid());
+    }
+    let action = match step {
+        Step::Nothing => Action::await_change(),
+        Step::Create { lock, claim } => {
+            let lock = ctx.lock_path(pod.namespace(), &lock);
+            if !ctx.arrivals.lock().may_create(lock, &pod) {
+                // An older pod of the same lock gets its claim first; it triggers this one.
+                return Ok(Action::requeue(Duration::from_millis(200)));
+            }
+            let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), pod.namespace());
+            let created = ctx.write("create_claim", api.create(&PostParams::default(), &claim)).await?;
+            leave(&ctx, pod.uid());
+            match created {
+                // 409: made already (the watch has not brought it yet).
+                Ok(_) => tracing::info!(lock = %claim.spec.lock_name, "made a claim for the gated pod"),
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => {
+                    let message = format!("the LockClaim for this pod was refused: {}", s.message);
+                    report = Some(Report { acquired: false, reason: "ClaimRefused", message, warning: true });
+                }
+                Err(source) => return Err(Error::Write { call: "create_claim", source }),
+            }
+            Action::await_change()
+        }
+        Step::DeleteStale { uid } => {
+            let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), pod.namespace());
+            let only = DeleteParams {
+                preconditions: Some(Preconditions { uid: Some(uid), resource_version: None }),
+                ..DeleteParams::default()
+            };
+            match ctx.write("delete_claim", api.delete(pod.name(), &only)).await? {
+                Ok(_) => tracing::info!("deleted the claim an earlier pod of this name left"),
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(source) => return Err(Error::Write { call: "delete_claim", source }),
+            }
+            // Its deletion (the finalizer releases its node first) comes back as a watch event.
+            Action::requeue(Duration::from_secs(5))
+        }
+        Step::Ungate { index } => {
+            if !ungate(&ctx, &pod, index).await? {
+                // The copy was out of date (gates changed, or another pod of this name).
+                return Ok(Action::requeue(Duration::from_millis(100)));
+            }
+            Action::await_change()
+        }
+    };
+    if let Some(report) = report.filter(|r| !r.is_shown_by(pod.condition.as_ref())) {
+        show(&ctx, &pod, &report).await?;
+    }
+    Ok(action)
+}
+
+/// Removes zklock's gate, by a JSON patch that first tests the pod's UID and the gate's name at
+/// that index: a stale copy, or a gate list changed since, fails the test instead of removing
+/// another gate (the API server refuses to add gates back). False: the test failed.
+async fn ungate(ctx: &Context, pod: &KeptPod, index: usize) -> Result<bool, Error> {
+    let path = format!("/spec/schedulingGates/{index}");
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        { "op": "test", "path": "/metadata/uid", "value": pod.uid() },
+        { "op": "test", "path": format!("{path}/name"), "value": GATE },
+        { "op": "remove", "path": path },
+    ]))
+    .map_err(Error::StatusPatch)?;
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), pod.namespace());
+    match ctx.write("ungate_pod", api.patch(pod.name(), &PatchParams::default(), &Patch::Json::<()>(patch))).await? {
+        Ok(_) => {
+            tracing::info!("removed the scheduling gate: the pod holds its lock");
+            ctx.metrics.pods_ungated.inc();
+            Ok(true)
+        }
+        Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 || s.code == 404 => {
+            tracing::debug!(answer = %s.message, "gate removal refused; looking again");
+            Ok(false)
+        }
+        Err(source) => Err(Error::Write { call: "ungate_pod", source }),
+    }
+}
+
+/// Writes the pod's condition (a strategic merge patch: other conditions stay) and reports the
+/// change as an event.
+async fn show(ctx: &Context, pod: &KeptPod, report: &Report) -> Result<(), Error> {
+    let status = if report.acquired { "True" } else { "False" };
+    let since = match &pod.condition {
+        Some(c) if c.status == status => c.last_transition_time.clone(),
+        _ => None,
+    };
+    let since = since.map_or_else(|| Timestamp::now().to_string(), |t| t.0.to_string());
+    let patch = json!({ "status": { "conditions": [{
+        "type": CONDITION, "status": status, "reason": report.reason, "message": report.message,
+        "lastTransitionTime": since,
+    }]}});
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), pod.namespace());
+    match ctx
+        .write("patch_pod_status", api.patch_status(pod.name(), &PatchParams::default(), &Patch::Strategic(patch)))
+        .await?
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(source) => return Err(Error::Write { call: "patch_pod_status", source }),
+    }
+    let reference = pod.object_ref(&());
+    let published = ctx
+        .write("publish_event", ctx.events.publish(&reference, report.warning, report.reason, &report.message))
+        .await;
+    if let Err(e) = published.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+        // Events are for people; the condition carries the truth.
+        tracing::info!(error = %e, "could not publish an event");
+    }
+    Ok(())
+}
+
+pub fn error_policy(pod: Arc<KeptPod>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabel { error: error.metric_label() }).inc();
+    tracing::warn!(pod = pod.name(), namespace = pod.namespace(), %error, "gated pod reconcile failed");
+    error.retry_after().map_or_else(Action::await_change, Action::requeue)
+}

@@ -1,0 +1,438 @@
+//! What to do for a gated pod, from the pod and its claim as the watches have them: pure, so
+//! every rule is a unit test.
+//!
+//! A pod asks for a lock with the annotation `zklock.io/lock` (and optionally `zklock.io/mode`,
+//! `zklock.io/acquire-timeout-seconds`) and the scheduling gate `zklock.io/lock`. The operator
+//! makes a LockClaim for it (named as the pod, owned by it, the pod its holder), removes that
+//! gate once the claim is Held, and keeps the condition `zklock.io/LockAcquired` on the pod
+//! saying where it stands. The annotations are read when the claim is made: the claim, whose
+//! spec cannot change, is the record from then on.
+
+use k8s_openapi::api::core::v1::PodCondition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use super::pod::KeptPod;
+use crate::api::conditions::FINISHED;
+use crate::api::{check_lock_name, Holder, KeptClaim, LockClaim, LockClaimSpec, Phase};
+use crate::recipe::Mode;
+
+/// The scheduling gate that holds a pod back until it holds its lock.
+pub const GATE: &str = "zklock.io/lock";
+/// The annotation naming the lock (its `lockName`).
+pub const LOCK: &str = "zklock.io/lock";
+/// The annotation giving the mode: Exclusive (default) or Shared.
+pub const MODE: &str = "zklock.io/mode";
+/// The annotation giving `acquireTimeoutSeconds`.
+pub const ACQUIRE_TIMEOUT: &str = "zklock.io/acquire-timeout-seconds";
+/// The pod condition the operator writes: True once the lock was granted and the gate removed.
+pub const CONDITION: &str = "zklock.io/LockAcquired";
+
+const KNOWN: [&str; 3] = [LOCK, MODE, ACQUIRE_TIMEOUT];
+const MAX_TIMEOUT_SECONDS: i64 = 31_536_000;
+
+/// What the pod's annotations ask for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ask {
+    pub lock_name: String,
+    pub mode: Mode,
+    pub acquire_timeout_seconds: Option<i64>,
+}
+
+/// The step the pod needs, besides its condition.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    Nothing,
+    /// Make this claim for the pod (in the pods' creation order, per lock).
+    Create {
+        lock: String,
+        claim: Box<LockClaim>,
+    },
+    /// Delete the claim of an earlier pod of the same name (this UID), to make room.
+    DeleteStale {
+        uid: String,
+    },
+    /// Remove the gate at this index of `spec.schedulingGates`.
+    Ungate {
+        index: usize,
+    },
+}
+
+/// The condition the pod should carry, and whether a change to it is worth a Warning event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    pub acquired: bool,
+    pub reason: &'static str,
+    pub message: String,
+    pub warning: bool,
+}
+
+impl Report {
+    fn ok(acquired: bool, reason: &'static str, message: String) -> Self {
+        Report { acquired, reason, message, warning: false }
+    }
+
+    fn problem(reason: &'static str, message: String) -> Self {
+        Report { acquired: false, reason, message, warning: true }
+    }
+
+    /// Whether the pod already carries this condition (then nothing is written, and no event).
+    pub fn is_shown_by(&self, current: Option<&PodCondition>) -> bool {
+        current.is_some_and(|c| {
+            c.status == if self.acquired { "True" } else { "False" }
+                && c.reason.as_deref() == Some(self.reason)
+                && c.message.as_deref() == Some(self.message.as_str())
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodPlan {
+    pub step: Step,
+    pub report: Option<Report>,
+}
+
+impl PodPlan {
+    fn nothing() -> Self {
+        PodPlan { step: Step::Nothing, report: None }
+    }
+
+    fn report(report: Report) -> Self {
+        PodPlan { step: Step::Nothing, report: Some(report) }
+    }
+}
+
+/// Reads the annotations of a pod that has some: the lock it asks for, or what to fix.
+pub fn read(pod: &KeptPod) -> Result<Ask, Report> {
+    let invalid = |message: String| Report::problem("InvalidAnnotation", message);
+    if let Some(unknown) =
+        pod.metadata.annotations.iter().flatten().map(|(k, _)| k).find(|k| !KNOWN.contains(&k.as_str()))
+    {
+        return Err(invalid(format!(
+            "unknown annotation {unknown}: zklock reads {LOCK}, {MODE} and {ACQUIRE_TIMEOUT}; fix the pod template and \
+             recreate the pod"
+        )));
+    }
+    let Some(lock_name) = pod.annotation(LOCK) else {
+        return Err(Report::problem(
+            "MissingLockAnnotation",
+            format!(
+                "the pod has scheduling gate {GATE} but no annotation {LOCK} naming the lock it waits for: annotate it \
+                 (kubectl annotate pod {} {LOCK}=LOCK-NAME) or fix the pod template",
+                pod.name()
+            ),
+        ));
+    };
+    check_lock_name(&format!("annotation {LOCK}"), lock_name).map_err(invalid)?;
+    let mode = match pod.annotation(MODE) {
+        None | Some("Exclusive") => Mode::Exclusive,
+        Some("Shared") => Mode::Shared,
+        Some(other) => return Err(invalid(format!("annotation {MODE} is {other:?}; use Exclusive or Shared"))),
+    };
+    let acquire_timeout_seconds = match pod.annotation(ACQUIRE_TIMEOUT) {
+        None => None,
+        Some(text) => match text.trim().parse::<i64>() {
+            Ok(s) if (0..=MAX_TIMEOUT_SECONDS).contains(&s) => Some(s),
+            _ => {
+                return Err(invalid(format!(
+                    "annotation {ACQUIRE_TIMEOUT} is {text:?}; use a whole number of seconds from 0 to \
+                     {MAX_TIMEOUT_SECONDS} (0: try once, never queue)"
+                )))
+            }
+        },
+    };
+    Ok(Ask { lock_name: lock_name.to_string(), mode, acquire_timeout_seconds })
+}
+
+/// The claim made for a pod: named as the pod (so that `kubectl get lockclaim POD` finds it),
+/// owned by it (the garbage collector deletes it with the pod), the pod its holder (so that the
+/// lock is released when the pod finishes or is deleted).
+pub fn claim_for(pod: &KeptPod, ask: &Ask) -> LockClaim {
+    let owner = OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: pod.name().into(),
+        uid: pod.uid().into(),
+        controller: Some(true),
+        // Blocking the owner's deletion needs the right to set finalizers on pods; the claim's
+        // own finalizer already keeps it until its node is gone.
+        block_owner_deletion: None,
+    };
+    LockClaim {
+        metadata: ObjectMeta {
+            name: Some(pod.name().into()),
+            namespace: Some(pod.namespace().into()),
+            owner_references: Some(vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec: LockClaimSpec {
+            lock_name: ask.lock_name.clone(),
+            mode: ask.mode,
+            holder: Some(Holder { pod_name: pod.name().into(), namespace: None }),
+            acquire_timeout_seconds: ask.acquire_timeout_seconds,
+            lease_duration_seconds: None,
+            revocation_grace_period_seconds: None,
+            ttl_seconds_after_finished: None,
+        },
+        status: None,
+    }
+}
+
+/// Which pod, if any, the claim was made for: its owner of kind Pod.
+pub fn owner_pod(claim: &KeptClaim) -> Option<&OwnerReference> {
+    claim.metadata.owner_references.iter().flatten().find(|o| o.kind == "Pod" && o.api_version == "v1")
+}
+
+/// What to do for `pod`, given the claim of the same name (if the claim watch has one) and
+/// whether the operator itself last wrote that claim Held (a copy from the watch may be older
+/// than the operator's own later write: both must say Held before the gate goes).
+pub fn plan(pod: &KeptPod, claim: Option<&KeptClaim>, known_held: bool) -> PodPlan {
+    let finished = matches!(pod.phase.as_deref(), Some("Succeeded" | "Failed"));
+    if pod.metadata.deletion_timestamp.is_some() || finished {
+        return PodPlan::nothing();
+    }
+    let gate = pod.gates.iter().position(|g| g == GATE);
+    let acquired = pod.condition.as_ref().is_some_and(|c| c.status == "True");
+    let name = pod.name();
+    match claim {
+        Some(claim) => match owner_pod(claim) {
+            Some(owner) if owner.uid == pod.uid() => for_own_claim(pod, claim, gate, known_held),
+            // Made for an earlier pod of this name, which is gone (this pod has the name now).
+            Some(_) => PodPlan {
+                step: Step::DeleteStale { uid: claim.metadata.uid.clone().unwrap_or_default() },
+                report: None,
+            },
+            None if gate.is_none() && pod.annotation(LOCK).is_none() => PodPlan::nothing(),
+            None => PodPlan::report(Report::problem(
+                "ClaimNameTaken",
+                format!(
+                    "a LockClaim named {name} exists and was not made for this pod; the pod's claim takes its pod's \
+                     name: delete or rename that claim"
+                ),
+            )),
+        },
+        None => match (gate, pod.annotation(LOCK).is_some()) {
+            (None, false) => PodPlan::nothing(),
+            // Granted earlier; its claim has been deleted since.
+            (None, true) if acquired => PodPlan::nothing(),
+            (None, true) => PodPlan::report(Report::problem(
+                "NotGated",
+                format!(
+                    "the pod has annotation {LOCK} but not scheduling gate {GATE}, so nothing holds it back: it runs \
+                     without the lock. Add spec.schedulingGates: [{{name: {GATE}}}] to the pod template"
+                ),
+            )),
+            (Some(_), _) => match read(pod) {
+                Err(problem) => PodPlan::report(problem),
+                Ok(ask) => PodPlan {
+                    report: Some(waiting(pod, &ask.lock_name)),
+                    step: Step::Create { lock: ask.lock_name.clone(), claim: Box::new(claim_for(pod, &ask)) },
+                },
+            },
+        },
+    }
+}
+
+fn for_own_claim(pod: &KeptPod, claim: &KeptClaim, gate: Option<usize>, known_held: bool) -> PodPlan {
+    let lock = &claim.spec.lock_name;
+    let name = pod.name();
+    match claim.phase() {
+        Some(Phase::Held) if known_held => {
+            let token = claim.fencing_token().unwrap_or("?");
+            let report = Report::ok(
+                true,
+                "Acquired",
+                format!("LockClaim {name} holds lock {lock} (fencing token {token}); scheduling gate {GATE} removed"),
+            );
+            let step = gate.map_or(Step::Nothing, |index| Step::Ungate { index });
+            PodPlan { step, report: Some(report) }
+        }
+        // The pod had the lock and ran; how its claim ended since is the claim's story.
+        Some(phase) if phase.is_terminal() && pod.condition.as_ref().is_some_and(|c| c.status == "True") => {
+            PodPlan::nothing()
+        }
+        Some(phase) if phase.is_terminal() => {
+            let why = claim.condition_message(FINISHED).unwrap_or_default();
+            PodPlan::report(Report::problem(
+                phase_reason(phase),
+                format!(
+                    "LockClaim {name} ended {phase:?} before lock {lock} was granted: {why}. The pod stays gated: \
+                     delete it (or its Job) to give up, or delete the LockClaim to queue again"
+                ),
+            ))
+        }
+        _ => PodPlan::report(waiting(pod, lock)),
+    }
+}
+
+fn waiting(pod: &KeptPod, lock: &str) -> Report {
+    let (name, namespace) = (pod.name(), pod.namespace());
+    Report::ok(
+        false,
+        "Waiting",
+        format!(
+            "LockClaim {name} waits for lock {lock}: kubectl get lockclaim -n {namespace} {name} shows its place in \
+             the queue"
+        ),
+    )
+}
+
+fn phase_reason(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Released => "Released",
+        Phase::Revoked => "Revoked",
+        Phase::Expired => "Expired",
+        Phase::Lost => "Lost",
+        _ => "Invalid",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn pod(annotations: Value, gates: &[&str], condition: Option<(&str, &str)>) -> KeptPod {
+        let gates: Vec<Value> = gates.iter().map(|g| json!({ "name": g })).collect();
+        let conditions: Vec<Value> = condition
+            .iter()
+            .map(|(status, reason)| json!({"type": CONDITION, "status": status, "reason": reason, "message": "m"}))
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": "job-abc", "namespace": "shop", "uid": "pod-1", "annotations": annotations},
+            "spec": {"containers": [], "schedulingGates": gates},
+            "status": {"phase": "Pending", "conditions": conditions},
+        }))
+        .unwrap()
+    }
+
+    fn claim_of(pod: &KeptPod, phase: Option<Phase>) -> KeptClaim {
+        let mut claim = claim_for(pod, &read(pod).unwrap());
+        claim.metadata.uid = Some("claim-1".into());
+        claim.status = phase.map(|phase| crate::api::LockClaimStatus {
+            phase: Some(phase),
+            fencing_token: Some("42".into()),
+            ..Default::default()
+        });
+        claim.into()
+    }
+
+    fn gated(annotations: Value) -> KeptPod {
+        pod(annotations, &["example.com/other", GATE], None)
+    }
+
+    #[test]
+    fn a_gated_pod_gets_a_claim_named_and_owned_as_the_pod_with_its_lock_mode_and_timeout() {
+        let p = gated(json!({LOCK: "db", MODE: "Shared", ACQUIRE_TIMEOUT: "600"}));
+        let plan = plan(&p, None, false);
+        let Step::Create { lock, claim } = plan.step else { panic!("{plan:?}") };
+        assert_eq!(lock, "db");
+        assert_eq!(claim.metadata.name.as_deref(), Some("job-abc"));
+        let owner = &claim.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!((owner.kind.as_str(), owner.uid.as_str(), owner.controller), ("Pod", "pod-1", Some(true)));
+        assert_eq!(claim.spec.holder.as_ref().map(|h| h.pod_name.as_str()), Some("job-abc"));
+        assert_eq!((claim.spec.mode, claim.spec.acquire_timeout_seconds), (Mode::Shared, Some(600)));
+        let report = plan.report.unwrap();
+        assert_eq!((report.acquired, report.reason, report.warning), (false, "Waiting", false));
+        let plain = plan_of(&gated(json!({ LOCK: "db" })));
+        assert!(
+            matches!(plain.step, Step::Create { ref claim, .. } if claim.spec.mode == Mode::Exclusive && claim.spec.acquire_timeout_seconds.is_none())
+        );
+    }
+
+    fn plan_of(p: &KeptPod) -> PodPlan {
+        plan(p, None, false)
+    }
+
+    #[test]
+    fn bad_annotations_are_reported_on_the_pod_and_nothing_is_made() {
+        for (annotations, gates, reason, needle) in [
+            (json!({}), vec![GATE], "MissingLockAnnotation", "no annotation zklock.io/lock"),
+            (json!({ LOCK: "db" }), vec![], "NotGated", "runs without the lock"),
+            (json!({ LOCK: "Bad_Name" }), vec![GATE], "InvalidAnnotation", "annotation zklock.io/lock \"Bad_Name\""),
+            (json!({ LOCK: "db", MODE: "shared" }), vec![GATE], "InvalidAnnotation", "use Exclusive or Shared"),
+            (json!({ LOCK: "db", ACQUIRE_TIMEOUT: "10m" }), vec![GATE], "InvalidAnnotation", "whole number"),
+            (json!({ LOCK: "db", ACQUIRE_TIMEOUT: "-1" }), vec![GATE], "InvalidAnnotation", "whole number"),
+            (
+                json!({ LOCK: "db", "zklock.io/acquire-timeout": "5" }),
+                vec![GATE],
+                "InvalidAnnotation",
+                "unknown annotation",
+            ),
+        ] {
+            let p = pod(annotations.clone(), &gates, None);
+            let plan = plan_of(&p);
+            assert_eq!(plan.step, Step::Nothing, "{annotations}");
+            let report = plan.report.unwrap_or_else(|| panic!("{annotations}: no report"));
+            assert_eq!((report.reason, report.warning, report.acquired), (reason, true, false), "{annotations}");
+            assert!(report.message.contains(needle), "{annotations}: {}", report.message);
+        }
+        assert_eq!(plan_of(&pod(json!({}), &[], None)), PodPlan::nothing(), "not a gated pod at all");
+        assert_eq!(plan_of(&pod(json!({}), &["example.com/other"], None)), PodPlan::nothing(), "somebody else's gate");
+    }
+
+    #[test]
+    fn the_gate_goes_when_the_claim_is_held_and_the_operator_knows_it() {
+        let p = gated(json!({ LOCK: "db" }));
+        let held = claim_of(&p, Some(Phase::Held));
+        let stale = plan(&p, Some(&held), false);
+        assert_eq!(stale.step, Step::Nothing, "a Held copy the operator has not written (or has since changed)");
+        let go = plan(&p, Some(&held), true);
+        assert_eq!(go.step, Step::Ungate { index: 1 }, "only zklock's gate, at its index");
+        let report = go.report.unwrap();
+        assert!(report.acquired && report.message.contains("fencing token 42"), "{report:?}");
+        let ungated = pod(json!({ LOCK: "db" }), &["example.com/other"], None);
+        assert_eq!(plan(&ungated, Some(&held), true).step, Step::Nothing, "gate gone: only the condition");
+        let waiting = plan(&p, Some(&claim_of(&p, Some(Phase::Waiting))), false);
+        assert_eq!((waiting.step, waiting.report.unwrap().reason), (Step::Nothing, "Waiting"));
+    }
+
+    #[test]
+    fn a_claim_that_ends_before_the_grant_keeps_the_pod_gated_and_says_why() {
+        let p = gated(json!({ LOCK: "db" }));
+        for phase in [Phase::Expired, Phase::Revoked, Phase::Invalid, Phase::Lost, Phase::Released] {
+            let plan = plan(&p, Some(&claim_of(&p, Some(phase))), false);
+            assert_eq!(plan.step, Step::Nothing, "{phase:?}: not ungated");
+            let report = plan.report.unwrap();
+            assert!(report.warning && report.message.contains(&format!("ended {phase:?}")), "{report:?}");
+        }
+        let ran = pod(json!({ LOCK: "db" }), &[], Some(("True", "Acquired")));
+        assert_eq!(plan(&ran, Some(&claim_of(&ran, Some(Phase::Released))), false), PodPlan::nothing());
+        assert_eq!(plan(&ran, None, false), PodPlan::nothing(), "claim deleted after the pod ran");
+    }
+
+    #[test]
+    fn a_claim_of_the_same_name_not_made_for_this_pod_is_replaced_or_reported() {
+        let p = gated(json!({ LOCK: "db" }));
+        let mut earlier = claim_of(&p, Some(Phase::Released));
+        earlier.metadata.owner_references.as_mut().unwrap()[0].uid = "pod-0".into();
+        assert_eq!(plan(&p, Some(&earlier), false).step, Step::DeleteStale { uid: "claim-1".into() });
+        let mut users = claim_of(&p, Some(Phase::Held));
+        users.metadata.owner_references = None;
+        let report = plan(&p, Some(&users), true).report.unwrap();
+        assert_eq!((report.reason, report.warning), ("ClaimNameTaken", true));
+    }
+
+    #[test]
+    fn finished_or_deleted_pods_are_left_alone() {
+        let mut p = gated(json!({ LOCK: "db" }));
+        p.phase = Some("Failed".into());
+        assert_eq!(plan_of(&p), PodPlan::nothing());
+        let mut p = gated(json!({ LOCK: "db" }));
+        p.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        assert_eq!(plan_of(&p), PodPlan::nothing());
+    }
+
+    #[test]
+    fn a_condition_already_shown_is_not_written_again() {
+        let p = gated(json!({ LOCK: "db" }));
+        let report = plan_of(&p).report.unwrap();
+        let mut shown = PodCondition { type_: CONDITION.into(), status: "False".into(), ..Default::default() };
+        shown.reason = Some("Waiting".into());
+        shown.message = Some(report.message.clone());
+        assert!(report.is_shown_by(Some(&shown)));
+        shown.status = "True".into();
+        assert!(!report.is_shown_by(Some(&shown)));
+        assert!(!report.is_shown_by(None));
+    }
+}
