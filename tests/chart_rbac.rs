@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use chart_support::*;
 use e2e_support::{http_get, Env};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
 use serde_json::{json, Value};
@@ -260,6 +260,30 @@ async fn scenario(env: &Env) {
         env.delete_claim(name).await;
         env.wait_gone(name).await;
     }
+    // A gated pod: its claim made, its gate removed, its condition written.
+    let gated: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "gated", "annotations": { "zklock.io/lock": "gate" } },
+        "spec": {
+            "schedulerName": "zklock-test-no-scheduler",
+            "schedulingGates": [{ "name": "zklock.io/lock" }],
+            "containers": [{ "name": "main", "image": "busybox:1.36" }],
+        },
+    }))
+    .unwrap();
+    env.pods.create(&PostParams::default(), &gated).await.unwrap();
+    env.wait_phase("gated", Phase::Held).await;
+    let ungated = async {
+        while env.pods.get("gated").await.unwrap().spec.unwrap().scheduling_gates.is_some_and(|g| !g.is_empty()) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), ungated).await.expect("the gated pod is ungated");
+    // A claim deleted by the operator once final (it expires at once: the lock is busy).
+    env.claim("short", "gate", json!({ "acquireTimeoutSeconds": 0, "ttlSecondsAfterFinished": 0 })).await;
+    env.wait_gone("short").await;
+    // The garbage collector deletes the pod's claim with it; the operator releases its node.
+    env.pods.delete("gated", &DeleteParams::default()).await.unwrap();
+    env.wait_gone("gated").await;
 }
 
 /// Renders the chart into a release namespace of its own, runs the scenario with the operator as
