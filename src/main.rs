@@ -29,6 +29,23 @@ enum Command {
         /// Absolute path of the lock directory, e.g. /zklock/locks/shop/db-migrations
         lock: String,
     },
+    /// Wait for a lock (a LockClaim, through the Kubernetes API only); when it is Held, print
+    /// ZKLOCK_CLAIM=<claim> and ZKLOCK_FENCING_TOKEN=<token> and exit 0. The claim then holds the
+    /// lock until it is deleted or its holder pod (--holder-pod, or POD_NAME) finishes. Exit
+    /// codes: 1 error or invalid claim, 75 timed out, 76 revoked, 77 lost, 130/143 interrupted
+    Acquire(LockArgs),
+    /// Run a command while holding a lock; delete the claim when it exits. The command gets
+    /// ZKLOCK_CLAIM, ZKLOCK_FENCING_TOKEN, ZKLOCK_LOCK and ZKLOCK_NAMESPACE, and the signals
+    /// zklock receives; on a revocation request SIGTERM, then SIGKILL shortly before the grace
+    /// period ends. Exits with the command's status, or 75 timed out waiting, 76 revoked, 77 lost
+    /// (the lock went while the command ran), 1 error, 126/127 command not runnable/found
+    Exec {
+        #[command(flatten)]
+        lock: LockArgs,
+        /// The command and its arguments, after --
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
     /// Ask the holder of a lock node to let go, by writing a revocation request into its data.
     Revoke {
         #[arg(long, env = "ZKLOCK_ZK_CONNECT")]
@@ -91,6 +108,52 @@ struct RunArgs {
     /// Log format
     #[arg(long, env = "ZKLOCK_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
+}
+
+#[derive(clap::Args)]
+struct LockArgs {
+    /// The lock's name (the lockName claims share)
+    lock: String,
+    /// Exclusive, or Shared (with other Shared holders)
+    #[arg(long, default_value = "Exclusive", value_parser = ["Exclusive", "Shared"])]
+    mode: String,
+    /// Give up when not Held after this long (e.g. 90s, 10m; 0 = try once, never queue).
+    /// Default: wait as long as it takes
+    #[arg(long, value_parser = parse_timeout)]
+    timeout: Option<Duration>,
+    /// The pod the claim lives and dies with (in an init container: the pod's own name)
+    #[arg(long, env = "POD_NAME")]
+    holder_pod: Option<String>,
+    /// Namespace of the claim (default: the kubeconfig context's, or the pod's own in a cluster)
+    #[arg(long, short = 'n', env = "ZKLOCK_NAMESPACE")]
+    namespace: Option<String>,
+    /// Name of the claim (default: generated from the lock's name)
+    #[arg(long)]
+    name: Option<String>,
+    /// Time the holder gets to let go when the claim is revoked (default 30s)
+    #[arg(long, value_parser = parse_timeout)]
+    revocation_grace_period: Option<Duration>,
+}
+
+impl LockArgs {
+    fn into_request(self, client: &kube::Client) -> zklock::acquire::Request {
+        zklock::acquire::Request {
+            mode: if self.mode == "Shared" { zklock::recipe::Mode::Shared } else { zklock::recipe::Mode::Exclusive },
+            namespace: self.namespace.unwrap_or_else(|| client.default_namespace().to_string()),
+            lock: self.lock,
+            timeout: self.timeout,
+            holder_pod: self.holder_pod.filter(|p| !p.is_empty()),
+            name: self.name,
+            grace: self.revocation_grace_period,
+        }
+    }
+}
+
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    if s.trim_end_matches(['s', 'm']).trim_end_matches('m') == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration(s)
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -174,7 +237,7 @@ async fn main() -> ExitCode {
         _ => tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init(),
     }
     match run(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("zklock: {e}");
             ExitCode::FAILURE
@@ -182,7 +245,8 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), String> {
+/// Runs the command; the answer is the exit code (or the one line that says what went wrong).
+async fn run(cli: Cli) -> Result<u8, String> {
     let config = |connect: String| ZkConfig::new(connect).with_session_timeout(Duration::from_secs(10));
     match cli.command {
         Command::Run(args) => {
@@ -194,12 +258,15 @@ async fn run(cli: Cli) -> Result<(), String> {
                 tracing::info!("shutting down");
                 on_signal.cancel();
             });
-            zklock::operator::run(options, shutdown).await.map_err(|e| e.to_string())
+            zklock::operator::run(options, shutdown).await.map_err(|e| e.to_string())?;
+            Ok(0)
         }
         Command::Crd => {
             print!("{}", zklock::api::crd_yaml());
-            Ok(())
+            Ok(0)
         }
+        Command::Acquire(args) => Ok(acquire(args).await),
+        Command::Exec { lock, command } => Ok(exec(lock, command).await),
         Command::Queue { zk_connect, lock } => {
             let engine = LockEngine::connect(config(zk_connect)).await.map_err(|e| e.to_string())?;
             let queue = engine.queue(&lock).await.map_err(|e| e.to_string())?;
@@ -211,13 +278,60 @@ async fn run(cli: Cli) -> Result<(), String> {
                 let pos = if held { "held".to_string() } else { position.to_string() };
                 println!("{pos:<4} {:<10} {id:<38} {}", entry.mode.to_string(), entry.node);
             }
-            Ok(())
+            Ok(0)
         }
         Command::Revoke { zk_connect, node, reason } => {
             let engine = LockEngine::connect(config(zk_connect)).await.map_err(|e| e.to_string())?;
-            engine.request_revocation(&node, &reason).await.map_err(|e| e.to_string())
+            engine.request_revocation(&node, &reason).await.map_err(|e| e.to_string())?;
+            Ok(0)
         }
     }
+}
+
+async fn kube_client() -> Result<kube::Client, u8> {
+    kube::Client::try_default().await.map_err(|e| {
+        eprintln!("zklock: no Kubernetes API: {e} (set KUBECONFIG, or run in a cluster)");
+        zklock::acquire::exit::ERROR
+    })
+}
+
+async fn acquire(args: LockArgs) -> u8 {
+    let client = match kube_client().await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let request = args.into_request(&client);
+    let interrupted = async {
+        wait_for_signal().await;
+        ("a signal", 130)
+    };
+    match zklock::acquire::acquire(client, &request, interrupted).await {
+        Ok(held) => {
+            println!("ZKLOCK_CLAIM={}\nZKLOCK_FENCING_TOKEN={}", held.claim, held.fencing_token);
+            let until = match &request.holder_pod {
+                Some(pod) => format!("until pod {pod} finishes or the claim is deleted"),
+                None => format!(
+                    "until the claim is deleted: kubectl delete lockclaim -n {} {}",
+                    request.namespace, held.claim
+                ),
+            };
+            eprintln!("zklock: holding lock {} (fencing token {}) {until}", request.lock, held.fencing_token);
+            0
+        }
+        Err(failure) => {
+            eprintln!("zklock: {failure}");
+            failure.code()
+        }
+    }
+}
+
+async fn exec(args: LockArgs, command: Vec<String>) -> u8 {
+    let client = match kube_client().await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let request = args.into_request(&client);
+    zklock::exec::run(client, request, command).await
 }
 
 /// SIGINT, or SIGTERM (what Kubernetes sends a pod it stops).

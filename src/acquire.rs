@@ -1,0 +1,269 @@
+//! `zklock acquire` (and the first half of `zklock exec`): asks for a lock through the claim API
+//! only — a LockClaim, no ZooKeeper access — and follows the claim until it is Held or ends,
+//! saying on stderr where it waits. Needs create, get, watch and delete on lockclaims.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, ResourceExt};
+
+use crate::api::conditions::{self, FINISHED, REVOKE_REQUESTED};
+use crate::api::{Holder, LockClaim, LockClaimSpec, LockClaimStatus, Phase};
+use crate::recipe::Mode;
+
+/// Exit codes besides the command's own (documented in README and `zklock exec --help`).
+pub mod exit {
+    /// zklock's own failure: bad flags, the API refused or is unreachable, the claim is Invalid.
+    pub const ERROR: u8 = 1;
+    /// The lock was not Held within the timeout.
+    pub const TIMED_OUT: u8 = 75;
+    /// The claim was revoked.
+    pub const REVOKED: u8 = 76;
+    /// The lock was lost (the claim ended Lost, or ended or vanished otherwise while held).
+    pub const LOST: u8 = 77;
+}
+
+/// How long past its own timeout the client waits for the operator to say Expired (the
+/// operator may be failing over) before it gives up by itself.
+const OPERATOR_SLACK: Duration = Duration::from_secs(30);
+
+/// What to ask for.
+pub struct Request {
+    pub lock: String,
+    pub mode: Mode,
+    pub timeout: Option<Duration>,
+    pub holder_pod: Option<String>,
+    pub namespace: String,
+    /// The claim's name; default: generated from the lock's.
+    pub name: Option<String>,
+    /// The claim's revocation grace period; default: the operator's (30 s).
+    pub grace: Option<Duration>,
+}
+
+/// The lock, held.
+#[derive(Clone, Debug)]
+pub struct Held {
+    pub claim: String,
+    pub uid: String,
+    pub fencing_token: String,
+    /// The claim's revocation grace period.
+    pub grace: Duration,
+}
+
+/// Why there is no lock (each with its exit code).
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    #[error("{0}")]
+    Error(String),
+    #[error("timed out: {0}")]
+    TimedOut(String),
+    #[error("revoked: {0}")]
+    Revoked(String),
+    #[error("lost: {0}")]
+    Lost(String),
+    #[error("interrupted by {0}")]
+    Interrupted(&'static str, u8),
+}
+
+impl Failure {
+    pub fn code(&self) -> u8 {
+        match self {
+            Failure::Error(_) => exit::ERROR,
+            Failure::TimedOut(_) => exit::TIMED_OUT,
+            Failure::Revoked(_) => exit::REVOKED,
+            Failure::Lost(_) => exit::LOST,
+            Failure::Interrupted(_, code) => *code,
+        }
+    }
+}
+
+/// The claim for `request`.
+pub fn claim_for(request: &Request) -> LockClaim {
+    let base: String = request.lock.chars().take(52).collect();
+    LockClaim {
+        metadata: ObjectMeta {
+            name: request.name.clone(),
+            generate_name: request.name.is_none().then(|| format!("{}-", base.trim_end_matches(['.', '-']))),
+            namespace: Some(request.namespace.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: LockClaimSpec {
+            lock_name: request.lock.clone(),
+            mode: request.mode,
+            holder: request.holder_pod.clone().map(|pod_name| Holder { pod_name, namespace: None }),
+            // Whole seconds, rounded up: never less patience than asked for.
+            acquire_timeout_seconds: request.timeout.map(|t| t.as_secs() as i64 + i64::from(t.subsec_nanos() > 0)),
+            lease_duration_seconds: None,
+            revocation_grace_period_seconds: request.grace.map(|g| g.as_secs() as i64),
+            ttl_seconds_after_finished: None,
+        },
+        status: None,
+    }
+}
+
+/// Creates the claim and waits until it is Held (or ends, or `interrupt` fires, which deletes
+/// it). Progress goes to stderr.
+pub async fn acquire(
+    client: kube::Client,
+    request: &Request,
+    interrupt: impl std::future::Future<Output = (&'static str, u8)>,
+) -> Result<Held, Failure> {
+    let api: Api<LockClaim> = Api::namespaced(client, &request.namespace);
+    let created = api
+        .create(&PostParams::default(), &claim_for(request))
+        .await
+        .map_err(|e| Failure::Error(format!("cannot create a LockClaim in namespace {}: {e}", request.namespace)))?;
+    let name = created.name_any();
+    let uid = created.uid().unwrap_or_default();
+    eprintln!("zklock: LockClaim {}/{name} asks for lock {} ({})", request.namespace, request.lock, request.mode);
+    let deadline = request.timeout.map(|t| tokio::time::Instant::now() + t + OPERATOR_SLACK);
+    let outcome = tokio::select! {
+        outcome = follow(&api, &name, &uid) => outcome,
+        (signal, code) = interrupt => Err(Failure::Interrupted(signal, code)),
+        _ = sleep_until(deadline) => Err(Failure::TimedOut(format!(
+            "no answer from the operator within the timeout and {}s more", OPERATOR_SLACK.as_secs()
+        ))),
+    };
+    if outcome.is_err() {
+        delete(&api, &name, &uid).await;
+    }
+    outcome
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => futures::future::pending().await,
+    }
+}
+
+/// Deletes the claim (this very one: a new claim of the same name is not touched); the
+/// operator releases its node.
+pub async fn delete(api: &Api<LockClaim>, name: &str, uid: &str) {
+    let only = DeleteParams {
+        preconditions: Some(Preconditions { uid: Some(uid.to_string()), resource_version: None }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &only).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+        Err(e) => eprintln!("zklock: could not delete LockClaim {name} ({e}); delete it to release the lock"),
+    }
+}
+
+/// The claim as a watch sees it, or None once it is gone.
+pub fn watch(api: &Api<LockClaim>, name: &str) -> impl futures::Stream<Item = Option<LockClaim>> + Send + 'static {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    watcher(api.clone(), config).default_backoff().filter_map(|event| async move {
+        match event {
+            Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c)) => Some(Some(c)),
+            Ok(watcher::Event::Delete(_)) => Some(None),
+            Ok(_) => None,
+            Err(e) => {
+                eprintln!("zklock: watching the claim failed ({e}); retrying");
+                None
+            }
+        }
+    })
+}
+
+/// Follows the claim until it is Held or ends.
+async fn follow(api: &Api<LockClaim>, name: &str, uid: &str) -> Result<Held, Failure> {
+    let mut claims = std::pin::pin!(watch(api, name));
+    let mut shown = None;
+    while let Some(seen) = claims.next().await {
+        let Some(claim) = seen.filter(|c| c.uid().as_deref() == Some(uid)) else {
+            return Err(Failure::Lost(format!("LockClaim {name} was deleted before it was Held")));
+        };
+        let status = claim.status.clone().unwrap_or_default();
+        match status.phase {
+            Some(Phase::Held) => {
+                let grace = claim.spec.revocation_grace_period_seconds.unwrap_or(30).max(0) as u64;
+                return Ok(Held {
+                    claim: name.to_string(),
+                    uid: uid.to_string(),
+                    fencing_token: status.fencing_token.unwrap_or_default(),
+                    grace: Duration::from_secs(grace),
+                });
+            }
+            Some(phase) if phase.is_terminal() => return Err(ended(name, phase, &status)),
+            _ => {}
+        }
+        let now = (status.phase, status.position, status.waiting_for.clone());
+        if shown.as_ref() != Some(&now) {
+            match (&now.1, &now.2) {
+                (Some(position), Some(ahead)) => {
+                    eprintln!("zklock: waiting: {position} ahead, next to go is {ahead}")
+                }
+                (Some(position), None) => eprintln!("zklock: waiting: {position} ahead"),
+                _ => eprintln!(
+                    "zklock: {}",
+                    now.0.map_or("not looked at by the operator yet".into(), |p| format!("{p:?}"))
+                ),
+            }
+            shown = Some(now);
+        }
+    }
+    Err(Failure::Error("the claim watch ended".into()))
+}
+
+/// The failure a final phase means.
+pub fn ended(name: &str, phase: Phase, status: &LockClaimStatus) -> Failure {
+    let why = conditions::get(&status.conditions, FINISHED).map(|c| c.message.clone()).unwrap_or_default();
+    let what = format!("LockClaim {name} ended {phase:?}: {why}");
+    match phase {
+        Phase::Expired => Failure::TimedOut(what),
+        Phase::Revoked => Failure::Revoked(what),
+        Phase::Invalid => Failure::Error(what),
+        _ => Failure::Lost(what),
+    }
+}
+
+/// Whether the claim's holder was asked to let go.
+pub fn revoke_requested(claim: &LockClaim) -> bool {
+    claim.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, REVOKE_REQUESTED))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(name: Option<&str>, timeout: Option<Duration>) -> Request {
+        Request {
+            lock: "db-migrations".into(),
+            mode: Mode::Shared,
+            timeout,
+            holder_pod: Some("init-pod".into()),
+            namespace: "shop".into(),
+            name: name.map(Into::into),
+            grace: None,
+        }
+    }
+
+    #[test]
+    fn the_claim_asks_for_what_the_flags_say() {
+        let claim = claim_for(&request(None, Some(Duration::from_millis(1500))));
+        assert_eq!(claim.metadata.generate_name.as_deref(), Some("db-migrations-"));
+        assert_eq!(claim.metadata.name, None);
+        assert_eq!(claim.spec.acquire_timeout_seconds, Some(2), "rounded up");
+        assert_eq!(claim.spec.mode, Mode::Shared);
+        assert_eq!(claim.spec.holder.map(|h| h.pod_name).as_deref(), Some("init-pod"));
+        let named = claim_for(&request(Some("mine"), None));
+        assert_eq!((named.metadata.name.as_deref(), named.metadata.generate_name), (Some("mine"), None));
+        assert_eq!(named.spec.acquire_timeout_seconds, None);
+        let long = Request { lock: format!("{}-x", "a".repeat(51)), ..request(None, None) };
+        assert_eq!(claim_for(&long).metadata.generate_name, Some(format!("{}-", "a".repeat(51))));
+    }
+
+    #[test]
+    fn each_end_has_its_exit_code() {
+        let status = LockClaimStatus::default();
+        assert_eq!(ended("c", Phase::Expired, &status).code(), exit::TIMED_OUT);
+        assert_eq!(ended("c", Phase::Revoked, &status).code(), exit::REVOKED);
+        assert_eq!(ended("c", Phase::Lost, &status).code(), exit::LOST);
+        assert_eq!(ended("c", Phase::Released, &status).code(), exit::LOST);
+        assert_eq!(ended("c", Phase::Invalid, &status).code(), exit::ERROR);
+    }
+}

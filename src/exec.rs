@@ -1,0 +1,194 @@
+//! `zklock exec`: runs a command while it holds a lock, like `etcdctl lock` and `consul lock`.
+//!
+//! The command gets `ZKLOCK_CLAIM`, `ZKLOCK_FENCING_TOKEN`, `ZKLOCK_LOCK` and `ZKLOCK_NAMESPACE`
+//! in its environment. Signals zklock receives are passed on to it (SIGINT only when stdin is
+//! not a terminal: a terminal's Ctrl-C reaches the command directly). When the holder is asked
+//! to let go (`RevokeRequested`), the command gets SIGTERM, and SIGKILL shortly before the
+//! revocation grace period ends (so that it is gone before the lock moves on); when the lock is
+//! lost, SIGTERM at once and SIGKILL after [`LOST_GRACE`]. When the command exits, the claim is
+//! deleted. zklock exits with the command's status, or with the codes of `acquire::exit`.
+
+use std::io::IsTerminal;
+use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::Api;
+use rustix::process::{kill_process, Pid, Signal};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::time::Instant;
+
+use crate::acquire::{self, exit, Failure, Held, Request};
+use crate::api::{LockClaim, Phase};
+
+/// How long a command whose lock is already gone gets between SIGTERM and SIGKILL.
+pub const LOST_GRACE: Duration = Duration::from_secs(5);
+/// How much earlier than the end of the revocation grace period the command is killed: the
+/// claim's watch event reaches zklock a little after the operator started counting.
+const GRACE_MARGIN: Duration = Duration::from_secs(2);
+
+/// The signals zklock passes on, with their conventional exit codes (128 + number).
+const FORWARDED: [(SignalKind, Signal, &str, u8); 6] = [
+    (SignalKind::interrupt(), Signal::INT, "SIGINT", 130),
+    (SignalKind::terminate(), Signal::TERM, "SIGTERM", 143),
+    (SignalKind::hangup(), Signal::HUP, "SIGHUP", 129),
+    (SignalKind::quit(), Signal::QUIT, "SIGQUIT", 131),
+    (SignalKind::user_defined1(), Signal::USR1, "SIGUSR1", 138),
+    (SignalKind::user_defined2(), Signal::USR2, "SIGUSR2", 140),
+];
+
+struct Signals(Vec<(tokio::signal::unix::Signal, usize)>);
+
+impl Signals {
+    fn new() -> Result<Self, String> {
+        let streams = FORWARDED.iter().enumerate().map(|(i, (kind, ..))| signal(*kind).map(|s| (s, i)));
+        Ok(Signals(streams.collect::<Result<_, _>>().map_err(|e| format!("cannot handle signals: {e}"))?))
+    }
+
+    /// The next signal received: its index in [`FORWARDED`].
+    async fn next(&mut self) -> usize {
+        let waits = self.0.iter_mut().map(|(s, i)| Box::pin(async move { s.recv().await.map(|_| *i) }));
+        match futures::future::select_all(waits).await {
+            (Some(i), ..) => i,
+            // A signal stream ends only when the runtime shuts down.
+            (None, ..) => futures::future::pending().await,
+        }
+    }
+
+    /// The next SIGINT or SIGTERM, as (name, exit code).
+    async fn terminating(&mut self) -> (&'static str, u8) {
+        loop {
+            let i = self.next().await;
+            if i < 2 {
+                return (FORWARDED[i].2, FORWARDED[i].3);
+            }
+        }
+    }
+}
+
+/// Acquires, runs `command`, releases; the answer is zklock's exit code.
+pub async fn run(client: kube::Client, request: Request, command: Vec<String>) -> u8 {
+    let mut signals = match Signals::new() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("zklock: {e}");
+            return exit::ERROR;
+        }
+    };
+    let held = match acquire::acquire(client.clone(), &request, signals.terminating()).await {
+        Ok(held) => held,
+        Err(failure) => {
+            eprintln!("zklock: {failure}");
+            return failure.code();
+        }
+    };
+    eprintln!("zklock: holding lock {} (fencing token {}); running {}", request.lock, held.fencing_token, command[0]);
+    let api: Api<LockClaim> = Api::namespaced(client, &request.namespace);
+    let code = supervise(&api, &request, &held, &command, &mut signals).await;
+    acquire::delete(&api, &held.claim, &held.uid).await;
+    code
+}
+
+async fn supervise(
+    api: &Api<LockClaim>,
+    request: &Request,
+    held: &Held,
+    command: &[String],
+    signals: &mut Signals,
+) -> u8 {
+    let spawned = tokio::process::Command::new(&command[0])
+        .args(&command[1..])
+        .env("ZKLOCK_CLAIM", &held.claim)
+        .env("ZKLOCK_FENCING_TOKEN", &held.fencing_token)
+        .env("ZKLOCK_LOCK", &request.lock)
+        .env("ZKLOCK_NAMESPACE", &request.namespace)
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("zklock: cannot run {}: {e}", command[0]);
+            // As shells do: 127 not found, 126 found but not runnable.
+            return if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+        }
+    };
+    let Some(pid) = child.id().and_then(|id| Pid::from_raw(id as i32)) else {
+        // No pid: it has exited already.
+        return status_code(child.wait().await.ok());
+    };
+    let send = |signal: Signal| {
+        if let Err(e) = kill_process(pid, signal) {
+            tracing::debug!(error = %e, "signal not delivered (the command has exited)");
+        }
+    };
+    let interactive = std::io::stdin().is_terminal();
+    let mut claims = std::pin::pin!(acquire::watch(api, &held.claim));
+    let mut ending: Option<Failure> = None;
+    let mut kill_at: Option<Instant> = None;
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status.ok(),
+            i = signals.next() => {
+                let (_, signal, name, _) = FORWARDED[i];
+                if !(signal == Signal::INT && interactive) {
+                    tracing::debug!(signal = name, "passing the signal on");
+                    send(signal);
+                }
+            }
+            seen = claims.next(), if ending.is_none() => {
+                let claim = seen.flatten().filter(|c| c.metadata.uid.as_deref() == Some(held.uid.as_str()));
+                let phase = claim.as_ref().and_then(|c| c.status.as_ref()).and_then(|s| s.phase);
+                let why = match (&claim, phase) {
+                    (None, _) => Some(Failure::Lost(format!("LockClaim {} was deleted while the command ran", held.claim))),
+                    (Some(c), Some(Phase::Held)) if acquire::revoke_requested(c) => {
+                        Some(Failure::Revoked(format!("LockClaim {} was asked to let go", held.claim)))
+                    }
+                    (Some(c), Some(p)) if p.is_terminal() => Some(acquire::ended(&held.claim, p, &c.status.clone().unwrap_or_default())),
+                    _ => None,
+                };
+                if let Some(why) = why {
+                    let grace = match &why {
+                        Failure::Revoked(_) if phase == Some(Phase::Held) => {
+                            held.grace.saturating_sub(GRACE_MARGIN).max(held.grace / 2)
+                        }
+                        _ => LOST_GRACE,
+                    };
+                    eprintln!("zklock: {why}; SIGTERM to the command, SIGKILL in {}s if it is still running", grace.as_secs_f32());
+                    send(Signal::TERM);
+                    kill_at = Some(Instant::now() + grace);
+                    ending = Some(why);
+                }
+            }
+            _ = sleep_until(kill_at) => {
+                eprintln!("zklock: the command did not stop in time; SIGKILL");
+                send(Signal::KILL);
+                kill_at = None;
+            }
+        }
+    };
+    match ending {
+        Some(why) => {
+            eprintln!("zklock: exiting {} ({why})", why.code());
+            why.code()
+        }
+        None => status_code(status),
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => futures::future::pending().await,
+    }
+}
+
+/// A child's exit status as a process exit code: its own, or 128 + the signal that ended it.
+fn status_code(status: Option<std::process::ExitStatus>) -> u8 {
+    match status {
+        Some(s) => match (s.code(), s.signal()) {
+            (Some(code), _) => (code & 0xff) as u8,
+            (None, Some(signal)) => 128u8.saturating_add(signal as u8),
+            (None, None) => exit::ERROR,
+        },
+        None => exit::ERROR,
+    }
+}

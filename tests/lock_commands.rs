@@ -1,0 +1,196 @@
+//! End to end, `zklock acquire` and `zklock exec`: the real binary as operator and as client
+//! (through KUBECONFIG, the claim API only), a real ZooKeeper, the Kubernetes API under test.
+
+mod e2e_support;
+
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use e2e_support::*;
+use kube::ResourceExt;
+use serde_json::json;
+use tokio::process::{Child, Command};
+use zklock::api::Phase;
+
+fn zklock(env: &Env, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zklock"));
+    // The namespace right after the subcommand: after `--` it would be the command's.
+    cmd.arg(args[0])
+        .args(["-n", &env.ns])
+        .args(&args[1..])
+        .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())
+        .env_remove("POD_NAME")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn finish(child: Child, what: &str) -> Output {
+    match tokio::time::timeout(PATIENCE, child.wait_with_output()).await {
+        Ok(out) => out.expect("wait for zklock"),
+        Err(_) => panic!("{what} did not end within {PATIENCE:?}"),
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Waits until a file exists with content; returns it.
+async fn read_when_written(path: &std::path::Path) -> String {
+    let written = async {
+        loop {
+            match std::fs::read_to_string(path) {
+                Ok(s) if s.ends_with('\n') => return s,
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    };
+    tokio::time::timeout(PATIENCE, written).await.unwrap_or_else(|_| panic!("{} was never written", path.display()))
+}
+
+/// The only claim of `lock` in the namespace.
+async fn claim_of(env: &Env, lock: &str) -> String {
+    let found = async {
+        loop {
+            let list = env.claims.list(&Default::default()).await.expect("list claims");
+            if let Some(c) = list.items.iter().find(|c| c.spec.lock_name == lock) {
+                return c.name_any();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, found).await.expect("a claim for the lock")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_prints_the_claim_and_token_waits_in_line_and_times_out() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    let first = finish(zklock(&env, &["acquire", "deploy"]).spawn().unwrap(), "the first acquire").await;
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let out = text(&first.stdout);
+    let claim = out.lines().find_map(|l| l.strip_prefix("ZKLOCK_CLAIM=")).expect("the claim's name").to_string();
+    let token = out.lines().find_map(|l| l.strip_prefix("ZKLOCK_FENCING_TOKEN=")).expect("the token").to_string();
+    let held = env.wait_phase(&claim, Phase::Held).await;
+    assert_eq!(held.status.unwrap().fencing_token.as_deref(), Some(token.as_str()));
+
+    // Busy: shows where it waits, then gives up with the timeout code and takes its claim along.
+    let busy =
+        finish(zklock(&env, &["acquire", "deploy", "--timeout", "2s"]).spawn().unwrap(), "a timed acquire").await;
+    let err = text(&busy.stderr);
+    assert_eq!(busy.status.code(), Some(75), "{err}");
+    assert!(err.contains("1 ahead, next to go is ") && err.contains(&claim), "{err}");
+    // A waiter that gets the lock once the holder goes.
+    let waiter = zklock(&env, &["acquire", "deploy", "--name", "second"]).spawn().unwrap();
+    env.wait_phase("second", Phase::Waiting).await;
+    env.delete_claim(&claim).await;
+    let second = finish(waiter, "the waiting acquire").await;
+    assert!(second.status.success(), "{}", text(&second.stderr));
+    assert!(text(&second.stdout).contains("ZKLOCK_CLAIM=second\n"));
+    let remaining: Vec<String> =
+        env.claims.list(&Default::default()).await.unwrap().iter().map(|c| c.name_any()).collect();
+    assert_eq!(remaining, ["second"], "the timed-out claim was deleted");
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_runs_the_command_with_its_token_and_exits_with_its_status() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    let dir = tempdir(&env);
+    let seen = dir.join("seen");
+    let script = format!("echo \"$ZKLOCK_CLAIM $ZKLOCK_FENCING_TOKEN $ZKLOCK_LOCK\" > {}; exit 3", seen.display());
+    let out = finish(zklock(&env, &["exec", "ci", "--", "sh", "-c", &script]).spawn().unwrap(), "exec").await;
+    assert_eq!(out.status.code(), Some(3), "the command's status: {}", text(&out.stderr));
+    let seen = std::fs::read_to_string(&seen).expect("the command ran");
+    let parts: Vec<&str> = seen.split_whitespace().collect();
+    assert_eq!((parts.len(), parts[2]), (3, "ci"), "{seen}");
+    let record = env.history.records().into_iter().find(|r| r.name == parts[0]).expect("the claim is in the history");
+    let token = env.history.records().into_iter().filter(|r| r.name == parts[0]).find_map(|r| r.fencing);
+    assert_eq!(token.as_deref(), Some(parts[1]), "the command saw its claim's fencing token");
+    env.history.await_gone(&record.name).await;
+
+    let missing = finish(zklock(&env, &["exec", "ci", "--", "/no/such/command"]).spawn().unwrap(), "exec").await;
+    assert_eq!(missing.status.code(), Some(127));
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_stops_the_command_on_revocation_and_when_the_lock_is_lost() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    let dir = tempdir(&env);
+    // A command that stops on SIGTERM.
+    let got = dir.join("got-term");
+    let polite = format!("trap 'echo term > {}; exit 0' TERM; while true; do sleep 0.1; done", got.display());
+    let child = zklock(&env, &["exec", "maint", "--", "sh", "-c", &polite]).spawn().unwrap();
+    let claim = claim_of(&env, "maint").await;
+    env.wait_phase(&claim, Phase::Held).await;
+    env.annotate(&claim, "zklock.io/revoke", "maintenance window").await;
+    assert_eq!(read_when_written(&got).await, "term\n");
+    let out = finish(child, "a revoked exec").await;
+    assert_eq!(out.status.code(), Some(76), "{}", text(&out.stderr));
+    env.history.await_gone(&claim).await;
+
+    // A command that ignores SIGTERM is killed before the grace period ends.
+    let stubborn = "trap '' TERM; while true; do sleep 0.1; done";
+    let started = std::time::Instant::now();
+    let args = ["exec", "maint", "--revocation-grace-period", "3s", "--", "sh", "-c", stubborn];
+    let child = zklock(&env, &args).spawn().unwrap();
+    let claim = claim_of(&env, "maint").await;
+    env.wait_phase(&claim, Phase::Held).await;
+    env.annotate(&claim, "zklock.io/revoke", "now").await;
+    let out = finish(child, "a revoked exec whose command ignores SIGTERM").await;
+    assert_eq!(out.status.code(), Some(76), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("SIGKILL"), "{}", text(&out.stderr));
+    assert!(started.elapsed() < PATIENCE);
+    env.history.await_gone(&claim).await;
+
+    // The claim deleted under a running command: the lock is lost.
+    let child = zklock(&env, &["exec", "maint", "--", "sh", "-c", &polite]).spawn().unwrap();
+    let claim = claim_of(&env, "maint").await;
+    env.wait_phase(&claim, Phase::Held).await;
+    std::fs::remove_file(&got).unwrap();
+    env.delete_claim(&claim).await;
+    assert_eq!(read_when_written(&got).await, "term\n");
+    let out = finish(child, "an exec whose claim was deleted").await;
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_passes_signals_on_and_releases_the_lock() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    let dir = tempdir(&env);
+    let got = dir.join("got");
+    let script = format!(
+        "trap 'echo hup >> {0}' HUP; trap 'echo term >> {0}; exit 7' TERM; while true; do sleep 0.1; done",
+        got.display()
+    );
+    let child = zklock(&env, &["exec", "jobs", "--", "sh", "-c", &script]).spawn().unwrap();
+    let claim = claim_of(&env, "jobs").await;
+    env.wait_phase(&claim, Phase::Held).await;
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap();
+    assert_eq!(read_when_written(&got).await, "hup\n");
+    std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let out = finish(child, "a signalled exec").await;
+    assert_eq!(out.status.code(), Some(7), "the command's own status: {}", text(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&got).unwrap(), "hup\nterm\n");
+    env.history.await_gone(&claim).await;
+    // Released: the next one gets the lock at once.
+    env.claim("next", "jobs", json!({})).await;
+    env.wait_phase("next", Phase::Held).await;
+    env.history.check();
+}
+
+fn tempdir(env: &Env) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("zklock-commands-{}", env.ns));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
