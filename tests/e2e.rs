@@ -668,3 +668,37 @@ async fn a_deposed_leaders_late_status_write_does_not_land() {
     env.wait_phase("b", Phase::Held).await;
     env.history.check();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_claims_are_deleted_after_their_time_to_live() {
+    let env = Env::new().await;
+    let _op = Operator::start(&env, &["--default-ttl-seconds-after-finished", "3"]);
+    env.claim("holder", "batch", json!({})).await;
+    env.wait_phase("holder", Phase::Held).await;
+    // Each ends Expired at once (the lock is busy): own time to live, the default, and an owned
+    // claim, which the default leaves to its owner's garbage collection.
+    env.claim("own", "batch", json!({ "acquireTimeoutSeconds": 0, "ttlSecondsAfterFinished": 1 })).await;
+    env.claim("default", "batch", json!({ "acquireTimeoutSeconds": 0 })).await;
+    let owner = env.pod("owner").await;
+    let owned: zklock::api::LockClaim = serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim",
+        "metadata": { "name": "owned", "ownerReferences": [{
+            "apiVersion": "v1", "kind": "Pod", "name": "owner", "uid": owner.metadata.uid.unwrap(),
+        }]},
+        "spec": { "lockName": "batch", "acquireTimeoutSeconds": 0 },
+    }))
+    .unwrap();
+    env.claims.create(&Default::default(), &owned).await.unwrap();
+    let finished = Instant::now();
+    for name in ["own", "default", "owned"] {
+        env.wait_phase(name, Phase::Expired).await;
+    }
+    env.wait_gone("own").await;
+    assert!(env.status("default").await.is_some(), "the default (3 s) has not passed yet");
+    env.wait_gone("default").await;
+    assert!(finished.elapsed() >= std::time::Duration::from_secs(2), "deleted too early: {:?}", finished.elapsed());
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(env.status("owned").await, Some(Phase::Expired), "an owned claim goes with its owner");
+    assert_eq!(env.status("holder").await, Some(Phase::Held), "a live claim has no time to live");
+    env.history.check();
+}
