@@ -33,7 +33,13 @@ enum Command {
     /// ZKLOCK_CLAIM=<claim> and ZKLOCK_FENCING_TOKEN=<token> and exit 0. The claim then holds the
     /// lock until it is deleted or its holder pod (--holder-pod, or POD_NAME) finishes. Exit
     /// codes: 1 error or invalid claim, 75 timed out, 76 revoked, 77 lost, 130/143 interrupted
-    Acquire(LockArgs),
+    Acquire {
+        #[command(flatten)]
+        lock: LockArgs,
+        /// Also write the two lines to this file (e.g. on a volume the pod's main container reads)
+        #[arg(long, value_name = "FILE")]
+        env_file: Option<std::path::PathBuf>,
+    },
     /// Run a command while holding a lock; delete the claim when it exits. The command gets
     /// ZKLOCK_CLAIM, ZKLOCK_FENCING_TOKEN, ZKLOCK_LOCK and ZKLOCK_NAMESPACE, and the signals
     /// zklock receives; on a revocation request SIGTERM, then SIGKILL shortly before the grace
@@ -265,7 +271,7 @@ async fn run(cli: Cli) -> Result<u8, String> {
             print!("{}", zklock::api::crd_yaml());
             Ok(0)
         }
-        Command::Acquire(args) => Ok(acquire(args).await),
+        Command::Acquire { lock, env_file } => Ok(acquire(lock, env_file).await),
         Command::Exec { lock, command } => Ok(exec(lock, command).await),
         Command::Queue { zk_connect, lock } => {
             let engine = LockEngine::connect(config(zk_connect)).await.map_err(|e| e.to_string())?;
@@ -295,7 +301,7 @@ async fn kube_client() -> Result<kube::Client, u8> {
     })
 }
 
-async fn acquire(args: LockArgs) -> u8 {
+async fn acquire(args: LockArgs, env_file: Option<std::path::PathBuf>) -> u8 {
     let client = match kube_client().await {
         Ok(c) => c,
         Err(code) => return code,
@@ -305,9 +311,19 @@ async fn acquire(args: LockArgs) -> u8 {
         wait_for_signal().await;
         ("a signal", 130)
     };
-    match zklock::acquire::acquire(client, &request, interrupted).await {
+    match zklock::acquire::acquire(client.clone(), &request, interrupted).await {
         Ok(held) => {
-            println!("ZKLOCK_CLAIM={}\nZKLOCK_FENCING_TOKEN={}", held.claim, held.fencing_token);
+            let lines = format!("ZKLOCK_CLAIM={}\nZKLOCK_FENCING_TOKEN={}\n", held.claim, held.fencing_token);
+            print!("{lines}");
+            if let Some(file) = env_file {
+                if let Err(e) = std::fs::write(&file, &lines) {
+                    // Held, but the caller cannot learn it as asked: let go rather than hold blind.
+                    eprintln!("zklock: cannot write {}: {e}; releasing the lock", file.display());
+                    let api = kube::Api::namespaced(client, &request.namespace);
+                    zklock::acquire::delete(&api, &held.claim, &held.uid).await;
+                    return zklock::acquire::exit::ERROR;
+                }
+            }
             let until = match &request.holder_pod {
                 Some(pod) => format!("until pod {pod} finishes or the claim is deleted"),
                 None => format!(

@@ -70,9 +70,12 @@ async fn claim_of(env: &Env, lock: &str) -> String {
 async fn acquire_prints_the_claim_and_token_waits_in_line_and_times_out() {
     let env = Env::new().await;
     let _op = env.operator();
-    let first = finish(zklock(&env, &["acquire", "deploy"]).spawn().unwrap(), "the first acquire").await;
+    let env_file = tempdir(&env).join("lock.env");
+    let args = ["acquire", "deploy", "--env-file", env_file.to_str().unwrap()];
+    let first = finish(zklock(&env, &args).spawn().unwrap(), "the first acquire").await;
     assert!(first.status.success(), "{}", text(&first.stderr));
     let out = text(&first.stdout);
+    assert_eq!(std::fs::read_to_string(&env_file).unwrap(), out, "--env-file holds what is printed");
     let claim = out.lines().find_map(|l| l.strip_prefix("ZKLOCK_CLAIM=")).expect("the claim's name").to_string();
     let token = out.lines().find_map(|l| l.strip_prefix("ZKLOCK_FENCING_TOKEN=")).expect("the token").to_string();
     let held = env.wait_phase(&claim, Phase::Held).await;
