@@ -520,7 +520,8 @@ fn example_manifests_fit_the_chart() {
     }
     // The gated Job's pods pass the API server's pod validation (scheduling gates included).
     let job = std::fs::read_to_string(examples.join("job-gated.yaml")).unwrap();
-    let template = &find(&documents(&job), "Job")[0]["spec"]["template"];
+    let docs = documents(&job);
+    let template = &find(&docs, "Job")[0]["spec"]["template"];
     assert_eq!(template["metadata"]["annotations"]["zklock.io/lock"], "db-migrations");
     let mut pod = template.clone();
     pod["apiVersion"] = "v1".into();
