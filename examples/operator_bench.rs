@@ -5,10 +5,11 @@
 //! Runs the release `zklock` binary as the operator against a real ZooKeeper (started here, or
 //! ZKLOCK_TEST_ZK) and kube-sandbox (in this process, or ZKLOCK_TEST_KUBECONFIG), and prints:
 //! handoff latency at 10 and 1,000 waiters, ZooKeeper watch events and API writes per handoff,
-//! holder-pod-deleted → next Held, uncontended acquire/release throughput over 1,000 locks next
+//! holder-pod-deleted → next Held, gated pod finished → next gated pod's scheduling gate removed
+//! (with API writes per gated handoff), uncontended acquire/release throughput over 1,000 locks next
 //! to Apache Curator's on the same ZooKeeper, and the operator's memory per claim at 10,000
-//! claims (`--memory-claims N` for another count, such as 100000). `--quick` runs smaller sizes (for a smoke test); `--only handoff|pods|throughput|memory`
-//! runs one part. `ZKLOCK_BENCH_WRAP="heaptrack -o /tmp/op"` runs the operator under a wrapper
+//! claims (`--memory-claims N` for another count, such as 100000). `--quick` runs smaller sizes (for a smoke test);
+//! `--only handoff|pods|gated|throughput|memory` runs one part. `ZKLOCK_BENCH_WRAP="heaptrack -o /tmp/op"` runs the operator under a wrapper
 //! command (a profiler); the RSS figure is then the wrapper's, not the operator's.
 //! `ZKLOCK_BENCH_OPERATOR=PATH` runs another build of the operator, such as the static (musl)
 //! one the container image ships (`scripts/build-static.sh` prints its path), and
@@ -44,7 +45,7 @@ async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
-    let parts = ["handoff", "pods", "throughput", "memory"];
+    let parts = ["handoff", "pods", "gated", "throughput", "memory"];
     if let Some(part) = only.as_deref().filter(|p| !parts.contains(p)) {
         return Err(format!("--only {part}: expected one of {}", parts.join(", ")).into());
     }
@@ -69,6 +70,11 @@ async fn main() -> Result<(), Error> {
         let bench = Bench::start(&client, zk, "pods").await?;
         let pods = bench.pod_deletions(sizes.pod_rounds).await?;
         println!("holder pod deleted -> next Held: {}", pods.summary());
+    }
+    if runs("gated") {
+        let bench = Bench::start(&client, zk, "gated").await?;
+        let (gated, writes) = bench.gated_handoffs(sizes.handoffs).await?;
+        println!("gated pod finished -> next gated pod ungated: {}  | API writes/handoff {writes:.2}", gated.summary());
     }
     if runs("throughput") {
         throughput(&client, zk, &sizes).await?;
@@ -311,6 +317,62 @@ impl Bench {
             samples.push(start.elapsed());
         }
         Ok(samples)
+    }
+
+    /// Gated pods in one queue: each round, the holder pod is marked Succeeded (as its kubelet
+    /// would) and the time until the next pod's scheduling gate is gone is taken, as a watch of
+    /// the namespace's pods sees it. Also the operator's API writes per such handoff.
+    async fn gated_handoffs(&self, rounds: usize) -> Result<(Samples, f64), Error> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        let gated = |name: &str| -> Result<Pod, Error> {
+            Ok(serde_json::from_value(json!({
+                "metadata": {"name": name, "annotations": {"zklock.io/lock": "gated"}},
+                "spec": {"schedulingGates": [{"name": "zklock.io/lock"}], "containers": [{"name": "m", "image": "busybox"}]},
+            }))?)
+        };
+        let ungated = Arc::new(Seen::default());
+        let follower = {
+            let seen = ungated.clone();
+            let stream = watcher(pods.clone(), watcher::Config::default());
+            tokio::spawn(async move {
+                let mut stream = std::pin::pin!(stream);
+                while let Some(event) = stream.next().await {
+                    let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = event else { continue };
+                    let gates = p.spec.and_then(|s| s.scheduling_gates).unwrap_or_default();
+                    if gates.iter().all(|g| g.name != "zklock.io/lock") {
+                        seen.sets
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0
+                            .insert(p.metadata.name.unwrap_or_default());
+                        seen.changed.notify_waiters();
+                    }
+                }
+            })
+        };
+        let mut samples = Samples::default();
+        pods.create(&PostParams::default(), &gated("g0")?).await?;
+        ungated.wait(|sets| sets.0.contains("g0")).await;
+        let succeeded = json!({"status": {"phase": "Succeeded"}});
+        let mut writes = 0.0;
+        for i in 0..rounds {
+            let next = format!("g{}", i + 1);
+            pods.create(&PostParams::default(), &gated(&next)?).await?;
+            self.wait_phase(&next, Phase::Waiting).await?;
+            let writes_before = self.metric("zklock_kubernetes_writes_total").await;
+            let start = Instant::now();
+            let finish = kube::api::Patch::Merge(&succeeded);
+            pods.patch_status(&format!("g{i}"), &kube::api::PatchParams::default(), &finish).await?;
+            tokio::time::timeout(Duration::from_secs(120), ungated.wait(|sets| sets.0.contains(&next)))
+                .await
+                .map_err(|_| format!("{next} not ungated within 120 s"))?;
+            samples.push(start.elapsed());
+            // The handoff's remaining writes (the pod's condition, events) land before the next.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            writes += self.metric("zklock_kubernetes_writes_total").await - writes_before;
+        }
+        follower.abort();
+        Ok((samples, writes / rounds as f64))
     }
 
     /// One watch of the bench's namespace: which claims were seen Held, and which deleted.

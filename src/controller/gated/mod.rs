@@ -161,8 +161,9 @@ async fn ungate(ctx: &Context, pod: &KeptPod, index: usize) -> Result<bool, Erro
     }
 }
 
-/// Writes the pod's condition (a strategic merge patch: other conditions stay) and reports the
-/// change as an event.
+/// Writes the pod's condition (a strategic merge patch: other conditions stay), and a problem
+/// also as a Warning event. Waiting and Acquired are not events: the claim has its own, and a
+/// handoff costs one write fewer.
 async fn show(ctx: &Context, pod: &KeptPod, report: &Report) -> Result<(), Error> {
     let status = if report.acquired { "True" } else { "False" };
     let since = match &pod.condition {
@@ -182,6 +183,9 @@ async fn show(ctx: &Context, pod: &KeptPod, report: &Report) -> Result<(), Error
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
         Err(source) => return Err(Error::Write { call: "patch_pod_status", source }),
+    }
+    if !report.warning {
+        return Ok(());
     }
     let reference = pod.object_ref(&());
     let published = ctx
