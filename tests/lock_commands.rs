@@ -127,12 +127,18 @@ async fn exec_stops_the_command_on_revocation_and_when_the_lock_is_lost() {
     let env = Env::new().await;
     let _op = env.operator();
     let dir = tempdir(&env);
-    // A command that stops on SIGTERM.
-    let got = dir.join("got-term");
-    let polite = format!("trap 'echo term > {}; exit 0' TERM; while true; do sleep 0.1; done", got.display());
+    // A command that stops on SIGTERM (and says when its trap is set: a signal before that
+    // would end the shell without running the trap).
+    let (got, ready) = (dir.join("got-term"), dir.join("ready"));
+    let polite = format!(
+        "trap 'echo term > {}; exit 0' TERM; echo > {}; while true; do sleep 0.1; done",
+        got.display(),
+        ready.display()
+    );
     let child = zklock(&env, &["exec", "maint", "--", "sh", "-c", &polite]).spawn().unwrap();
     let claim = claim_of(&env, "maint").await;
     env.wait_phase(&claim, Phase::Held).await;
+    read_when_written(&ready).await;
     env.annotate(&claim, "zklock.io/revoke", "maintenance window").await;
     assert_eq!(read_when_written(&got).await, "term\n");
     let out = finish(child, "a revoked exec").await;
@@ -140,12 +146,14 @@ async fn exec_stops_the_command_on_revocation_and_when_the_lock_is_lost() {
     env.history.await_gone(&claim).await;
 
     // A command that ignores SIGTERM is killed before the grace period ends.
-    let stubborn = "trap '' TERM; while true; do sleep 0.1; done";
+    std::fs::remove_file(&ready).unwrap();
+    let stubborn = format!("trap '' TERM; echo > {}; while true; do sleep 0.1; done", ready.display());
     let started = std::time::Instant::now();
-    let args = ["exec", "maint", "--revocation-grace-period", "3s", "--", "sh", "-c", stubborn];
+    let args = ["exec", "maint", "--revocation-grace-period", "3s", "--", "sh", "-c", &stubborn];
     let child = zklock(&env, &args).spawn().unwrap();
     let claim = claim_of(&env, "maint").await;
     env.wait_phase(&claim, Phase::Held).await;
+    read_when_written(&ready).await;
     env.annotate(&claim, "zklock.io/revoke", "now").await;
     let out = finish(child, "a revoked exec whose command ignores SIGTERM").await;
     assert_eq!(out.status.code(), Some(76), "{}", text(&out.stderr));
@@ -154,9 +162,11 @@ async fn exec_stops_the_command_on_revocation_and_when_the_lock_is_lost() {
     env.history.await_gone(&claim).await;
 
     // The claim deleted under a running command: the lock is lost.
+    std::fs::remove_file(&ready).unwrap();
     let child = zklock(&env, &["exec", "maint", "--", "sh", "-c", &polite]).spawn().unwrap();
     let claim = claim_of(&env, "maint").await;
     env.wait_phase(&claim, Phase::Held).await;
+    read_when_written(&ready).await;
     std::fs::remove_file(&got).unwrap();
     env.delete_claim(&claim).await;
     assert_eq!(read_when_written(&got).await, "term\n");
@@ -170,14 +180,17 @@ async fn exec_passes_signals_on_and_releases_the_lock() {
     let env = Env::new().await;
     let _op = env.operator();
     let dir = tempdir(&env);
-    let got = dir.join("got");
+    let (got, ready) = (dir.join("got"), dir.join("ready"));
     let script = format!(
-        "trap 'echo hup >> {0}' HUP; trap 'echo term >> {0}; exit 7' TERM; while true; do sleep 0.1; done",
-        got.display()
+        "trap 'echo hup >> {0}' HUP; trap 'echo term >> {0}; exit 7' TERM; echo > {1}; while true; do sleep 0.1; done",
+        got.display(),
+        ready.display()
     );
     let child = zklock(&env, &["exec", "jobs", "--", "sh", "-c", &script]).spawn().unwrap();
     let claim = claim_of(&env, "jobs").await;
     env.wait_phase(&claim, Phase::Held).await;
+    // The command's traps are set (a signal before would end the shell without running them).
+    read_when_written(&ready).await;
     let pid = child.id().unwrap().to_string();
     std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap();
     assert_eq!(read_when_written(&got).await, "hup\n");
