@@ -308,8 +308,11 @@ async fn acquire(args: LockArgs, env_file: Option<std::path::PathBuf>) -> u8 {
     };
     let request = args.into_request(&client);
     let interrupted = async {
-        wait_for_signal().await;
-        ("a signal", 130)
+        if wait_for_signal().await {
+            ("SIGTERM", 143)
+        } else {
+            ("SIGINT", 130)
+        }
     };
     match zklock::acquire::acquire(client.clone(), &request, interrupted).await {
         Ok(held) => {
@@ -351,11 +354,12 @@ async fn exec(args: LockArgs, command: Vec<String>) -> u8 {
 }
 
 /// SIGINT, or SIGTERM (what Kubernetes sends a pod it stops).
-async fn wait_for_signal() {
+/// True for SIGTERM.
+async fn wait_for_signal() -> bool {
     #[cfg(unix)]
     if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        tokio::select! { _ = tokio::signal::ctrl_c() => {} _ = term.recv() => {} }
-        return;
+        return tokio::select! { _ = tokio::signal::ctrl_c() => false, _ = term.recv() => true };
     }
     let _ = tokio::signal::ctrl_c().await;
+    false
 }

@@ -94,6 +94,13 @@ async fn acquire_prints_the_claim_and_token_waits_in_line_and_times_out() {
     let second = finish(waiter, "the waiting acquire").await;
     assert!(second.status.success(), "{}", text(&second.stderr));
     assert!(text(&second.stdout).contains("ZKLOCK_CLAIM=second\n"));
+    // Stopped while waiting: the SIGTERM code, and the claim is withdrawn.
+    let stopped = zklock(&env, &["acquire", "deploy", "--name", "third"]).spawn().unwrap();
+    env.wait_phase("third", Phase::Waiting).await;
+    std::process::Command::new("kill").args(["-TERM", &stopped.id().unwrap().to_string()]).status().unwrap();
+    let out = finish(stopped, "a stopped acquire").await;
+    assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
+    env.wait_gone("third").await;
     let remaining: Vec<String> =
         env.claims.list(&Default::default()).await.unwrap().iter().map(|c| c.name_any()).collect();
     assert_eq!(remaining, ["second"], "the timed-out claim was deleted");
