@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 scripts/zookeeper.sh install
 TOOLS_WITH_HELM=1 scripts/tools.sh >/dev/null
 
+# A one-off build gains nothing from incremental caches (2.6 GB of a test build's 11 GB).
+export CARGO_INCREMENTAL=0
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # Every wait inside the tests has its own deadline; this one bounds the whole run, so that a
