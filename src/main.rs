@@ -28,6 +28,9 @@ enum Command {
         zk_connect: String,
         /// Absolute path of the lock directory, e.g. /zklock/locks/shop/db-migrations
         lock: String,
+        /// The permits of the lock's `Lock` object, if it has one (a mutex without)
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        permits: Option<u32>,
     },
     /// Wait for a lock (a LockClaim, through the Kubernetes API only); when it is Held, print
     /// ZKLOCK_CLAIM=<claim> and ZKLOCK_FENCING_TOKEN=<token> and exit 0. The claim then holds the
@@ -273,14 +276,17 @@ async fn run(cli: Cli) -> Result<u8, String> {
         }
         Command::Acquire { lock, env_file } => Ok(acquire(lock, env_file).await),
         Command::Exec { lock, command } => Ok(exec(lock, command).await),
-        Command::Queue { zk_connect, lock } => {
+        Command::Queue { zk_connect, lock, permits } => {
             let engine = LockEngine::connect(config(zk_connect)).await.map_err(|e| e.to_string())?;
             let queue = engine.queue(&lock).await.map_err(|e| e.to_string())?;
             let names: Vec<&str> = queue.iter().map(|e| e.node.as_str()).collect();
             println!("{:<4} {:<10} {:<38} NODE", "POS", "MODE", "CONTENDER");
             for (position, entry) in queue.iter().enumerate() {
                 let id = entry.id.as_deref().unwrap_or("(foreign)");
-                let held = matches!(zklock::recipe::decide(&names, &entry.node), zklock::recipe::Decision::Held);
+                let held = matches!(
+                    zklock::recipe::decide(&names, &entry.node, zklock::recipe::Limit::from_permits(permits)),
+                    zklock::recipe::Decision::Held
+                );
                 let pos = if held { "held".to_string() } else { position.to_string() };
                 println!("{pos:<4} {:<10} {id:<38} {}", entry.mode.to_string(), entry.node);
             }

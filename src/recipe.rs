@@ -1,6 +1,15 @@
-//! The pure ZooKeeper lock recipe: given a lock directory's children, our node and our mode,
-//! decide whether we hold the lock or which single node to watch. No I/O lives here, so the
-//! rules can be checked exhaustively against a model (see the proptest below).
+//! The pure ZooKeeper lock recipe: given a lock directory's children, our node and the lock's
+//! limit, decide whether we hold the lock or which nodes' deletion can change that. No I/O lives
+//! here, so the rules can be checked exhaustively against a model (see the proptest below).
+//!
+//! A mutex (no `Lock` object) follows the classic recipe: an exclusive contender watches the node
+//! right before it, a shared one the nearest exclusive node before it. A lock with N permits (a
+//! counting semaphore) lets the first N contenders hold, one permit each, whatever their mode. A
+//! waiter there needs more than one node: any departure among the N nodes right before it can
+//! move it into the first N, and a departure further ahead cannot (those N still stand before
+//! it). So it names the first node of that window, and the deletion of any node from there up to
+//! its own wakes it. One release thus wakes at most N waiters (the first waiter alone when the
+//! oldest holder leaves), whatever the length of the queue.
 //!
 //! Node names are `write-<uid>-lock-<seq>` (exclusive) and `read-<uid>-lock-<seq>` (shared).
 //! The `-lock-` before the sequence keeps the directory readable by Apache Curator's
@@ -10,6 +19,7 @@
 //! children without a sequence are not contenders and are ignored.
 
 use std::fmt;
+use std::num::NonZeroU32;
 
 /// How a contender wants the lock.
 #[derive(
@@ -151,35 +161,82 @@ pub fn queue_key(sequence: u64, base: u64) -> u64 {
     }
 }
 
+/// How many contenders may hold a lock at once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Limit {
+    /// No `Lock` object: one exclusive holder, or the shared contenders at the front together.
+    #[default]
+    Mutex,
+    /// A `Lock` object's permits: the first N contenders hold, one permit each, whatever their
+    /// mode (a semaphore has no readers; a shared claim simply takes a permit).
+    Permits(NonZeroU32),
+}
+
+impl Limit {
+    /// The limit `Some(permits)` of a `Lock` object declares, or a mutex without one. Zero
+    /// permits are refused where a `Lock` is validated; here they count as one.
+    pub fn from_permits(permits: Option<u32>) -> Limit {
+        permits.map_or(Limit::Mutex, |n| Limit::Permits(NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN)))
+    }
+}
+
 /// What the recipe tells a contender to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
     /// We hold the lock.
     Held,
-    /// We wait; `watch` is the one node whose deletion can change the answer, `ahead` is the
+    /// We wait. `watch` is the node whose deletion can change the answer; with `span` (a lock
+    /// with permits), so can the deletion of any node after it and before ours. `ahead` is the
     /// number of contenders that must go before we can hold.
-    Waiting { watch: String, ahead: usize },
+    Waiting { watch: String, ahead: usize, span: bool },
     /// Our node is not among the children: it was deleted (or never made).
     Missing,
 }
 
+impl Decision {
+    /// Whether the deletion of node `deleted` can change this decision of the contender whose
+    /// node is `me`: the one test that decides whom a deletion wakes.
+    pub fn woken_by(&self, me: &str, deleted: &str) -> bool {
+        match self {
+            Decision::Waiting { watch, span: false, .. } => watch == deleted,
+            Decision::Waiting { watch, span: true, .. } => {
+                let (Some(from), Some(to), Some(gone)) = (parse_child(watch), parse_child(me), parse_child(deleted))
+                else {
+                    return watch == deleted;
+                };
+                // From the window's first node round the 32-bit circle: it spans far less than
+                // half of it, so this holds across a wrap of the sequence too.
+                queue_key(gone.sequence, from.sequence) < queue_key(to.sequence, from.sequence)
+            }
+            Decision::Held | Decision::Missing => false,
+        }
+    }
+}
+
 /// Decides for the contender whose node is named `me` among `children`.
-pub fn decide<S: AsRef<str>>(children: &[S], me: &str) -> Decision {
-    decide_in(&queue(children), me)
+pub fn decide<S: AsRef<str>>(children: &[S], me: &str, limit: Limit) -> Decision {
+    decide_in(&queue(children), me, limit)
 }
 
 /// [`decide`] on a queue already sorted by [`queue`] (to decide for many contenders at once).
-pub fn decide_in(queue: &[Child<'_>], me: &str) -> Decision {
+pub fn decide_in(queue: &[Child<'_>], me: &str, limit: Limit) -> Decision {
     let Some(index) = queue.iter().position(|c| c.name == me) else {
         return Decision::Missing;
     };
+    if let Limit::Permits(permits) = limit {
+        let permits = usize::try_from(permits.get()).unwrap_or(usize::MAX);
+        return match index.checked_sub(permits) {
+            None => Decision::Held,
+            Some(first) => Decision::Waiting { watch: queue[first].name.to_string(), ahead: first + 1, span: true },
+        };
+    }
     let blocker = match queue[index].mode() {
         Mode::Exclusive => index.checked_sub(1),
         Mode::Shared => queue[..index].iter().rposition(|c| c.mode() == Mode::Exclusive),
     };
     match blocker {
         None => Decision::Held,
-        Some(b) => Decision::Waiting { watch: queue[b].name.to_string(), ahead: b + 1 },
+        Some(b) => Decision::Waiting { watch: queue[b].name.to_string(), ahead: b + 1, span: false },
     }
 }
 
@@ -199,7 +256,7 @@ pub fn find_node<'a, S: AsRef<str>>(children: &'a [S], id: &str) -> Option<&'a s
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, BTreeSet};
 
     fn name(id: &str, mode: Mode, seq: u64) -> String {
         format!("{}{seq:010}", node_prefix(id, mode))
@@ -252,8 +309,11 @@ mod tests {
         shuffled.swap(1, 4);
         let order: Vec<&str> = queue(&shuffled).iter().map(|c| c.name).collect();
         assert_eq!(order, made.iter().map(String::as_str).collect::<Vec<_>>());
-        assert_eq!(decide(&shuffled, &made[0]), Decision::Held);
-        assert_eq!(decide(&shuffled, &made[2]), Decision::Waiting { watch: made[1].clone(), ahead: 2 });
+        assert_eq!(decide(&shuffled, &made[0], Limit::Mutex), Decision::Held);
+        assert_eq!(
+            decide(&shuffled, &made[2], Limit::Mutex),
+            Decision::Waiting { watch: made[1].clone(), ahead: 2, span: false }
+        );
         // A `-` before ten digits is a separator, not a sign, unless the number is 2^31.
         assert_eq!(parse_child("write-a-lock-0000000007").unwrap().sequence, 7);
         // Kazoo's negative names parse; a stray name with nine digits is no contender.
@@ -264,8 +324,8 @@ mod tests {
     #[test]
     fn exclusive_watches_the_node_right_before_it() {
         let c = vec![name("a", Mode::Exclusive, 1), name("b", Mode::Shared, 2), name("c", Mode::Exclusive, 3)];
-        assert_eq!(decide(&c, &c[0]), Decision::Held);
-        assert_eq!(decide(&c, &c[2]), Decision::Waiting { watch: c[1].clone(), ahead: 2 });
+        assert_eq!(decide(&c, &c[0], Limit::Mutex), Decision::Held);
+        assert_eq!(decide(&c, &c[2], Limit::Mutex), Decision::Waiting { watch: c[1].clone(), ahead: 2, span: false });
     }
 
     #[test]
@@ -277,16 +337,16 @@ mod tests {
             name("d", Mode::Shared, 4),
             name("e", Mode::Shared, 5),
         ];
-        assert_eq!(decide(&c, &c[1]), Decision::Held);
-        assert_eq!(decide(&c, &c[2]), Decision::Waiting { watch: c[1].clone(), ahead: 2 });
-        assert_eq!(decide(&c, &c[4]), Decision::Waiting { watch: c[2].clone(), ahead: 3 });
+        assert_eq!(decide(&c, &c[1], Limit::Mutex), Decision::Held);
+        assert_eq!(decide(&c, &c[2], Limit::Mutex), Decision::Waiting { watch: c[1].clone(), ahead: 2, span: false });
+        assert_eq!(decide(&c, &c[4], Limit::Mutex), Decision::Waiting { watch: c[2].clone(), ahead: 3, span: false });
     }
 
     #[test]
     fn foreign_nodes_are_exclusive_and_unsequenced_ones_ignored() {
         let c = vec!["_c_1234-lock-0000000002".to_string(), "leftover".to_string(), name("a", Mode::Shared, 3)];
-        assert_eq!(decide(&c, &c[2]), Decision::Waiting { watch: c[0].clone(), ahead: 1 });
-        assert_eq!(decide(&c, "read-zz-lock-0000000009"), Decision::Missing);
+        assert_eq!(decide(&c, &c[2], Limit::Mutex), Decision::Waiting { watch: c[0].clone(), ahead: 1, span: false });
+        assert_eq!(decide(&c, "read-zz-lock-0000000009", Limit::Mutex), Decision::Missing);
     }
 
     #[test]
@@ -297,13 +357,74 @@ mod tests {
         assert!(duplicates_of(&c, "b").is_empty());
     }
 
-    /// The model: a FIFO of contenders; the holders are the first one if it is exclusive, or
-    /// the run of shared ones at the front. Nothing about watches, positions or names.
-    fn model_holders(queue: &[(u64, Mode)]) -> Vec<u64> {
-        match queue.first() {
-            None => vec![],
-            Some((id, Mode::Exclusive)) => vec![*id],
-            Some(_) => queue.iter().take_while(|(_, m)| *m == Mode::Shared).map(|(id, _)| *id).collect(),
+    #[test]
+    fn with_permits_the_first_n_hold_whatever_their_mode_and_waiters_span_n_nodes() {
+        let c = vec![
+            name("a", Mode::Exclusive, 1),
+            name("b", Mode::Shared, 2),
+            "_c_f00-lock-0000000003".to_string(),
+            name("d", Mode::Shared, 4),
+            name("e", Mode::Exclusive, 5),
+        ];
+        let three = Limit::from_permits(Some(3));
+        assert_eq!(decide(&c, &c[0], three), Decision::Held);
+        assert_eq!(decide(&c, &c[1], three), Decision::Held);
+        assert_eq!(decide(&c, &c[3], three), Decision::Waiting { watch: c[0].clone(), ahead: 1, span: true });
+        assert_eq!(decide(&c, &c[4], three), Decision::Waiting { watch: c[1].clone(), ahead: 2, span: true });
+        // d, the first waiter, is woken by any holder's departure (the foreign one's too)...
+        let d = decide(&c, &c[3], three);
+        assert!([0, 1, 2].iter().all(|&i| d.woken_by(&c[3], &c[i])));
+        // ...e only by a departure among the three nodes right before it.
+        let e = decide(&c, &c[4], three);
+        assert!(!e.woken_by(&c[4], &c[0]));
+        assert!([1, 2, 3].iter().all(|&i| e.woken_by(&c[4], &c[i])));
+        assert!(!e.woken_by(&c[4], &c[4]), "not by its own node");
+        // One permit is a mutex in which shared contenders take the permit too.
+        let one = Limit::from_permits(Some(1));
+        assert_eq!(decide(&c, &c[1], one), Decision::Waiting { watch: c[0].clone(), ahead: 1, span: true });
+        assert_eq!(Limit::from_permits(Some(0)), one, "zero permits are refused before they get here");
+        assert_eq!(Limit::from_permits(None), Limit::Mutex);
+    }
+
+    #[test]
+    fn a_window_across_the_wrap_of_the_sequence_wakes_as_in_the_middle() {
+        let c = vec![
+            zk_name(&node_prefix("a", Mode::Exclusive), i32::MAX),
+            zk_name(&node_prefix("b", Mode::Exclusive), i32::MIN),
+            zk_name(&node_prefix("c", Mode::Exclusive), -1),
+            zk_name(&node_prefix("d", Mode::Exclusive), 0),
+        ];
+        let two = Limit::from_permits(Some(2));
+        let d = decide(&c, &c[3], two);
+        assert_eq!(d, Decision::Waiting { watch: c[1].clone(), ahead: 2, span: true });
+        assert!(!d.woken_by(&c[3], &c[0]));
+        assert!(d.woken_by(&c[3], &c[1]) && d.woken_by(&c[3], &c[2]));
+    }
+
+    /// The model: a FIFO of contenders and the set of those holding. Whoever holds keeps holding
+    /// until it leaves (a lower limit takes nothing away). After every step the front waiters
+    /// are granted while the limit allows: with N permits while fewer than N hold; on a mutex
+    /// the first if it is exclusive, or the run of shared ones at the front. Nothing about
+    /// watches, positions or names.
+    fn model_grant(queue: &[(u64, Mode)], holding: &mut BTreeSet<u64>, limit: Limit) {
+        match limit {
+            Limit::Permits(n) => {
+                for (id, _) in queue {
+                    if !holding.contains(id) {
+                        if holding.len() >= n.get() as usize {
+                            return;
+                        }
+                        holding.insert(*id);
+                    }
+                }
+            }
+            Limit::Mutex => match queue.first() {
+                None => {}
+                Some((id, Mode::Exclusive)) => {
+                    holding.insert(*id);
+                }
+                Some(_) => holding.extend(queue.iter().take_while(|(_, m)| *m == Mode::Shared).map(|(id, _)| *id)),
+            },
         }
     }
 
@@ -313,6 +434,8 @@ mod tests {
         Foreign,
         Junk,
         Release(usize),
+        /// A `Lock` object made, changed (0 is taken as "deleted": a mutex again).
+        SetPermits(u32),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -321,6 +444,7 @@ mod tests {
             1 => Just(Op::Foreign),
             1 => Just(Op::Junk),
             4 => any::<usize>().prop_map(Op::Release),
+            1 => (0u32..6).prop_map(Op::SetPermits),
         ]
     }
 
@@ -352,26 +476,31 @@ mod tests {
             prop_assert_eq!(order, made.iter().map(String::as_str).collect::<Vec<_>>());
         }
 
-        /// Random interleavings of enqueue and release (of holders and of waiters, ours and
-        /// foreign) agree with the model, every waiter watches exactly one live lower node, and
-        /// a release wakes only those that watched the released node: everyone else's decision
-        /// stays as it was, yet nobody who became a holder was left asleep.
+        /// Random interleavings of enqueue, release (of holders and of waiters, ours and foreign)
+        /// and changes of the limit agree with the model, as the engine runs the recipe: a
+        /// contender is decided when it is new, when a deletion wakes it (`woken_by`), or for
+        /// everyone when the limit changes; a hold is kept until the node goes. Every waiter
+        /// watches a live lower node (with permits, exactly N nodes from it up to its own), a
+        /// release wakes at most N waiters on a lock with N permits, and everyone not woken
+        /// would decide as before: nobody who became a holder was left asleep.
         #[test]
-        fn recipe_matches_the_fifo_model(ops in proptest::collection::vec(op(), 1..80)) {
+        fn recipe_matches_the_fifo_model(start_permits in 0u32..6, ops in proptest::collection::vec(op(), 1..80)) {
+            let mut limit = Limit::from_permits((start_permits > 0).then_some(start_permits));
             let mut children: Vec<String> = vec![];
-            // sequence -> (contender id, mode) in the model; junk has no entry.
+            // sequence -> (node, mode) in the model; junk has no entry.
             let mut contenders: BTreeMap<u64, (String, Mode)> = BTreeMap::new();
+            let mut holding: BTreeSet<u64> = BTreeSet::new();
             let mut next_seq = 0u64;
-            // What each contender last decided, as its watch target (None = held).
-            let mut last: BTreeMap<String, Option<String>> = BTreeMap::new();
+            // The engine's last decision for each of our contenders.
+            let mut last: BTreeMap<String, Decision> = BTreeMap::new();
 
             for op in ops {
                 next_seq += 1;
                 let mut released = None;
+                let mut everyone = false;
                 match op {
                     Op::Enqueue(mode) => {
-                        let id = format!("c{next_seq}");
-                        let node = name(&id, mode, next_seq);
+                        let node = name(&format!("c{next_seq}"), mode, next_seq);
                         children.push(node.clone());
                         contenders.insert(next_seq, (node, mode));
                     }
@@ -385,45 +514,72 @@ mod tests {
                         if contenders.is_empty() { continue; }
                         let seq = *contenders.keys().nth(i % contenders.len()).unwrap();
                         let (node, _) = contenders.remove(&seq).unwrap();
+                        holding.remove(&seq);
                         children.retain(|c| *c != node);
                         last.remove(&node);
                         released = Some(node);
                     }
+                    Op::SetPermits(n) => {
+                        limit = Limit::from_permits((n > 0).then_some(n));
+                        everyone = true;
+                    }
                 }
-                // Shuffle-free but unordered input: ZooKeeper returns children in no order.
+                // Unordered input: ZooKeeper returns children in no order.
                 children.reverse();
 
                 let model: Vec<(u64, Mode)> = contenders.iter().map(|(s, (_, m))| (*s, *m)).collect();
-                let holders = model_holders(&model);
-                for (seq, (node, mode)) in &contenders {
-                    let decision = decide(&children, node);
-                    let now = match &decision {
-                        Decision::Held => {
-                            prop_assert!(holders.contains(seq), "{node} held but the model says {holders:?}");
-                            None
-                        }
-                        Decision::Waiting { watch, ahead } => {
-                            prop_assert!(!holders.contains(seq), "{node} waits but the model holds it");
-                            let target = parse_child(watch).unwrap();
-                            prop_assert!(children.contains(watch), "watches a node that is gone");
-                            prop_assert!(target.sequence < *seq, "watches a node after itself");
-                            if *mode == Mode::Shared {
-                                prop_assert_eq!(target.mode(), Mode::Exclusive);
-                            }
-                            let lower = model.iter().filter(|(s, _)| s < seq).count();
-                            prop_assert!(*ahead >= 1 && *ahead <= lower);
-                            Some(watch.clone())
-                        }
-                        Decision::Missing => { prop_assert!(false, "{node} is missing"); None }
-                    };
-                    match (last.get(node), &released) {
-                        // Watched the released node: woken, may decide anything.
-                        (Some(Some(w)), Some(r)) if w == r => {}
-                        // Not woken: the decision must not have changed, or it would sleep on.
-                        (Some(before), _) => prop_assert_eq!(before, &now, "{} changed without a wake-up", node),
-                        (None, _) => {}
+                model_grant(&model, &mut holding, limit);
+                let order: Vec<&str> = queue(&children).iter().map(|c| c.name).collect();
+                let mut woken = 0;
+                let mut granted = false;
+                for (seq, (node, _)) in &contenders {
+                    if !node.starts_with("write-") && !node.starts_with("read-") {
+                        continue; // foreign: nobody decides for it here
                     }
-                    last.insert(node.clone(), now);
+                    let fresh = decide(&children, node, limit);
+                    let before = last.get(node).cloned();
+                    let decided = match &before {
+                        // A hold is kept until the node goes.
+                        Some(Decision::Held) => Decision::Held,
+                        Some(b) if !everyone && !released.as_deref().is_some_and(|r| b.woken_by(node, r)) => {
+                            // Not woken: it must not have anything new to learn.
+                            let same = match (b, &fresh) {
+                                (Decision::Waiting { watch: w0, span: s0, .. }, Decision::Waiting { watch: w1, span: s1, .. }) => w0 == w1 && s0 == s1,
+                                _ => false,
+                            };
+                            prop_assert!(same, "{} was not woken but would now decide {:?} instead of {:?}", node, fresh, b);
+                            b.clone()
+                        }
+                        Some(_) => { if released.is_some() { woken += 1; } fresh.clone() }
+                        None => fresh.clone(),
+                    };
+                    match &decided {
+                        Decision::Held => prop_assert!(holding.contains(seq), "{node} held but the model holds {holding:?}"),
+                        Decision::Waiting { watch, ahead, span } => {
+                            prop_assert!(!holding.contains(seq), "{node} waits but the model holds it");
+                            let from = order.iter().position(|n| n == watch);
+                            let me = order.iter().position(|n| n == node).unwrap();
+                            prop_assert!(from.is_some_and(|f| f < me), "{node} watches {watch}, not a live node before it");
+                            // A count kept from before may be stale (refreshed in batches).
+                            prop_assert!(*ahead >= 1 && (*ahead <= me || decided != fresh));
+                            if let (true, Limit::Permits(n)) = (*span, limit) {
+                                prop_assert_eq!(me - from.unwrap(), n.get() as usize, "a window of N nodes");
+                            }
+                        }
+                        Decision::Missing => prop_assert!(false, "{node} is missing"),
+                    }
+                    granted |= decided == Decision::Held && before != Some(Decision::Held);
+                    last.insert(node.clone(), decided);
+                }
+                if let (Some(_), Limit::Permits(n)) = (&released, limit) {
+                    prop_assert!(woken <= n.get() as usize, "one release woke {woken} waiters with {n} permits");
+                }
+                if let (true, Limit::Permits(n)) = (granted, limit) {
+                    // The safety the product is about, stated on its own: a grant never makes
+                    // more than N holders (ours as decided, foreign ones as the model has them).
+                    let ours = last.values().filter(|d| **d == Decision::Held).count();
+                    let foreign = contenders.iter().filter(|(s, (n, _))| n.starts_with("_c_") && holding.contains(s)).count();
+                    prop_assert!(ours + foreign <= n.get() as usize, "{} holders with {} permits", ours + foreign, n);
                 }
             }
         }

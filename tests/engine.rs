@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use support::*;
 use tokio::sync::mpsc::UnboundedReceiver;
-use zklock::recipe::Mode;
+use zklock::recipe::{Limit, Mode};
 use zklock::zk::{ContenderState, EngineEvent, LockEngine, LostReason, Recorded, SessionEvent, ZkConfig};
 use zklock_testkit::proxy::Proxy;
 use zklock_testkit::ZkServer;
@@ -169,6 +169,99 @@ async fn one_release_wakes_exactly_one_of_200_waiters() {
         assert!(c.state().is_held());
     }
     assert_eq!(engine.stats().predecessor_notifications - base.predecessor_notifications, 199);
+}
+
+fn permits(n: u32) -> Limit {
+    Limit::from_permits(Some(n))
+}
+
+/// How many of `queue` hold now, after the engine has settled (every contender decided).
+fn holding(queue: &[Contender]) -> usize {
+    queue.iter().filter(|c| c.state().is_held()).count()
+}
+
+#[tokio::test]
+async fn with_three_permits_three_hold_in_queue_order_and_a_release_wakes_one_waiter() {
+    let connect = chroot().await;
+    let engine = engine(&connect).await;
+    engine.set_limit(LOCK, permits(3));
+    let mut queue = vec![];
+    for i in 0..10 {
+        // Shared or not, each takes a permit.
+        queue.push(enqueue(&engine, LOCK, if i % 4 == 1 { Mode::Shared } else { Mode::Exclusive }).await);
+    }
+    let mut tokens = vec![];
+    for c in &mut queue[..3] {
+        tokens.push(held(c).await);
+    }
+    for c in &mut queue[3..] {
+        wait_state(c, "a waiter", is_waiting).await;
+    }
+    let base = engine.stats();
+    // The oldest holder leaves first: the first waiter alone is woken, one read each.
+    for i in 0..7 {
+        engine.release(&queue[i].id).await.unwrap();
+        tokens.push(held(&mut queue[i + 3]).await);
+        assert_eq!(holding(&queue), 3);
+        for later in &queue[i + 4..] {
+            assert!(!later.state().is_held(), "{} granted out of order", later.id);
+        }
+        let now = engine.stats();
+        assert_eq!(now.predecessor_notifications - base.predecessor_notifications, i as u64 + 1);
+        assert_eq!(now.children_reads - base.children_reads, i as u64 + 1);
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "fencing tokens must increase: {tokens:?}");
+    for c in &queue[7..] {
+        engine.release(&c.id).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_raise_of_permits_grants_at_once_and_a_lower_limit_takes_nothing_away() {
+    let connect = chroot().await;
+    let engine = engine(&connect).await;
+    engine.set_limit(LOCK, permits(2));
+    let mut queue = vec![];
+    for _ in 0..8 {
+        queue.push(enqueue(&engine, LOCK, Mode::Exclusive).await);
+    }
+    let mut tokens = vec![held(&mut queue[0]).await, held(&mut queue[1]).await];
+    for c in &mut queue[2..] {
+        wait_state(c, "a waiter", is_waiting).await;
+    }
+    // Raised to 5: three more at once, from a read that shows nothing new, each with a
+    // token of its own above every earlier one.
+    engine.set_limit(LOCK, permits(5));
+    for c in &mut queue[2..5] {
+        tokens.push(held(c).await);
+    }
+    let mut later: Vec<i64> = tokens[2..].to_vec();
+    later.sort_unstable();
+    later.dedup();
+    assert_eq!(later.len(), 3, "three grants, three tokens: {tokens:?}");
+    assert!(later[0] > tokens[1], "above the earlier grants: {tokens:?}");
+    assert!(engine.stats().grant_stamps >= 2, "grants after the first of one read write for a token");
+    for c in &queue[5..] {
+        assert!(is_waiting(&c.state()));
+    }
+    // Lowered to 2: the five keep it; grants stop until fewer than two hold.
+    engine.set_limit(LOCK, permits(2));
+    for i in 0..4 {
+        engine.release(&queue[i].id).await.unwrap();
+        wait_state(&mut queue[i], "released", |s| *s == ContenderState::Released).await;
+        assert_eq!(holding(&queue[5..]), 0, "granted while {} of 2 permits were taken", 4 - i);
+    }
+    // One left of the five: the first waiter gets the second permit.
+    let next = held(&mut queue[5]).await;
+    assert!(next > *tokens.iter().max().unwrap());
+    assert!(is_waiting(&queue[6].state()));
+    // Back to a mutex: nobody more until everyone ahead is gone.
+    engine.set_limit(LOCK, Limit::Mutex);
+    engine.release(&queue[4].id).await.unwrap();
+    wait_state(&mut queue[4], "released", |s| *s == ContenderState::Released).await;
+    assert!(is_waiting(&queue[6].state()), "a mutex holds one: queue[5] does");
+    engine.release(&queue[5].id).await.unwrap();
+    held(&mut queue[6]).await;
 }
 
 #[tokio::test]

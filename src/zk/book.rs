@@ -16,7 +16,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::contender::{ContenderState, LostReason};
-use crate::recipe::Decision;
+use crate::recipe::{Decision, Limit};
 
 #[derive(Default)]
 pub(super) struct Book {
@@ -30,6 +30,9 @@ pub(super) struct Book {
     /// Sessions that ended: nodes made in them are not entered any more. (A handful per
     /// process lifetime: one per session loss.)
     pub lost_sessions: HashSet<i64>,
+    /// Locks with permits (a `Lock` object), by directory; the others are mutexes. Kept apart
+    /// from `locks`, whose entries come and go with contenders.
+    pub limits: HashMap<Arc<str>, Limit>,
 }
 
 impl Book {
@@ -70,6 +73,11 @@ impl Book {
         false
     }
 
+    /// The limit of the lock in `lock_path`.
+    pub fn limit(&self, lock_path: &str) -> Limit {
+        self.limits.get(lock_path).copied().unwrap_or_default()
+    }
+
     /// Where contender `id` stands, a lost one included (until it is released).
     pub fn state(&self, id: &str) -> Option<ContenderState> {
         let lost = || self.lost.get(id).map(|(why, _)| ContenderState::Lost { why: why.clone() });
@@ -96,6 +104,8 @@ pub(super) struct Member {
     pub reads_before: u64,
     /// Told once the first decision is made (or dropped with the contender).
     pub decided: Option<oneshot::Sender<()>>,
+    /// Granted, and waiting for a fencing token of its own (see `rounds::stamp`).
+    pub granting: bool,
 }
 
 impl Member {
@@ -115,19 +125,17 @@ impl Member {
             (Some(Decision::Held), Some(reason)) => {
                 ContenderState::RevokeRequested { reason: reason.clone(), fencing_token: Some(token) }
             }
-            (Some(Decision::Waiting { watch, ahead }), None) => {
+            (Some(Decision::Waiting { watch, ahead, .. }), None) => {
                 ContenderState::Waiting { ahead: *ahead, watching: watch.clone() }
             }
             (Some(Decision::Missing), _) => ContenderState::Lost { why: LostReason::DeletedByOther },
         }
     }
 
-    /// The node this contender waits on to go away, if it waits.
-    pub fn watching(&self) -> Option<&str> {
-        match &self.decision {
-            Some(Decision::Waiting { watch, .. }) => Some(watch),
-            _ => None,
-        }
+    /// Whether the deletion of node `deleted` wakes this contender (see
+    /// [`Decision::woken_by`]).
+    pub fn woken_by(&self, deleted: &str) -> bool {
+        self.decision.as_ref().is_some_and(|d| d.woken_by(&self.name, deleted))
     }
 }
 
@@ -146,6 +154,10 @@ pub(super) struct LockQueue {
     pub evaluating: bool,
     /// Read again before the evaluating task stops.
     pub dirty: bool,
+    /// The highest fencing token granted in this lock since its queue was entered here. A
+    /// lock with permits may grant two contenders from one read (or a raise of the permits
+    /// from a read that shows nothing new): a grant needs a token above this one.
+    pub last_token: i64,
     /// Reads of the directory started so far.
     pub reads: u64,
     /// The next read re-checks every contender and its data (after a reconnection, when
@@ -190,7 +202,12 @@ impl LockQueue {
 
     /// Whether `event` happened to node `name` since the window opened at `start`.
     pub fn seen_since(&self, start: u64, name: &str, event: NodeEvent) -> bool {
-        self.seen.iter().any(|(mark, n, e)| *mark >= start && **n == *name && *e == event)
+        self.any_seen_since(start, event, |n| n == name)
+    }
+
+    /// Whether `event` happened since the window opened at `start` to a node `which` picks.
+    pub fn any_seen_since(&self, start: u64, event: NodeEvent, which: impl Fn(&str) -> bool) -> bool {
+        self.seen.iter().any(|(mark, n, e)| *mark >= start && *e == event && which(n))
     }
 
     /// Asks for a read and a decision; true when the caller must start the evaluating task.

@@ -160,6 +160,7 @@ impl Core {
                     stale: true,
                     reads_before: book.locks.get(lock_path).map_or(0, |q| q.reads),
                     decided: Some(tx),
+                    granting: false,
                 };
                 if let Some(q) = book.locks.get_mut(lock_path) {
                     q.nodes.insert(sequence, id.clone());

@@ -17,16 +17,18 @@ use tokio::sync::{mpsc, watch};
 use zookeeper_client as zk;
 
 use super::anchor;
+use super::book::Book;
 use super::contender::{ContenderSpec, ContenderState, EngineEvent, QueueEntry, Reanchored, Recorded, SessionEvent};
 use super::core::{Core, WindowGuard};
 use super::data;
 use super::fence::{self, Epoch};
 use super::ops::{self, is_lock_path};
 use super::retry;
+use super::rounds;
 use super::session;
 use super::stats::{Stats, StatsSnapshot};
 use super::{Error, ZkConfig};
-use crate::recipe::{self, Decision};
+use crate::recipe::{self, Decision, Limit};
 
 /// The lock engine. Cheap to clone; dropping the last clone closes the session (ZooKeeper
 /// then deletes the ephemeral nodes) and stops its tasks.
@@ -327,21 +329,57 @@ impl LockEngine {
         let queue = recipe::queue(&children);
         let mut changed = 0;
         let mut book = self.core.book.lock();
+        let lock_limit = book.limit(lock_path);
         let ours = queue.iter().filter_map(|c| c.ours.map(|(id, _)| (id, c.name))).take(limit.saturating_add(1));
         for (id, name) in ours {
             let Some(member) = book.contenders.get_mut(id) else { continue };
-            let Some(Decision::Waiting { watch, ahead }) = &member.decision else { continue };
+            let Some(Decision::Waiting { watch, ahead, .. }) = &member.decision else { continue };
             // Only the count: whom to watch is the event-driven part's business.
-            if let Decision::Waiting { watch: fresh_watch, ahead: fresh } = recipe::decide_in(&queue, name) {
+            if let Decision::Waiting { watch: fresh_watch, ahead: fresh, span } =
+                recipe::decide_in(&queue, name, lock_limit)
+            {
                 if fresh_watch == *watch && fresh != *ahead {
                     let before = member.state();
-                    member.decision = Some(Decision::Waiting { watch: fresh_watch, ahead: fresh });
+                    member.decision = Some(Decision::Waiting { watch: fresh_watch, ahead: fresh, span });
                     self.core.publish(id, &before, member.state());
                     changed += 1;
                 }
             }
         }
         Ok(changed)
+    }
+
+    /// Sets how many contenders may hold the lock in `lock_path` at once (a `Lock` object's
+    /// permits; a mutex without one). Every contender of that lock is decided again at once:
+    /// a raise grants the waiters it lets in, a lower limit stops grants until fewer hold.
+    pub fn set_limit(&self, lock_path: &str, limit: Limit) {
+        let mut book = self.core.book.lock();
+        if book.limit(lock_path) == limit {
+            return;
+        }
+        match limit {
+            Limit::Mutex => book.limits.remove(lock_path),
+            Limit::Permits(_) => book.limits.insert(lock_path.into(), limit),
+        };
+        let Book { contenders, locks, .. } = &mut *book;
+        let Some(q) = locks.get_mut(lock_path) else { return };
+        for id in q.nodes.values() {
+            if let Some(member) = contenders.get_mut(id) {
+                member.stale = true;
+            }
+        }
+        if q.request_evaluation() {
+            let key = locks.get_key_value(lock_path).map(|(k, _)| k.clone());
+            drop(book);
+            if let Some(key) = key {
+                tokio::spawn(rounds::evaluate(Arc::downgrade(&self.core), key));
+            }
+        }
+    }
+
+    /// The limit set for the lock in `lock_path` ([`LockEngine::set_limit`]).
+    pub fn limit(&self, lock_path: &str) -> Limit {
+        self.core.book.lock().limit(lock_path)
     }
 
     /// The contenders of a lock in queue order. One getChildren; for tools and position

@@ -121,9 +121,23 @@ impl Fence {
 
     /// Writes `data` into `path` if its version is still `version`.
     pub async fn set_data(&self, client: &zk::Client, path: &str, data: &[u8], version: i32) -> Result<(), zk::Error> {
+        self.set_data_stat(client, path, data, version).await.map(drop)
+    }
+
+    /// [`Fence::set_data`], answering the node's stat after the write.
+    pub async fn set_data_stat(
+        &self,
+        client: &zk::Client,
+        path: &str,
+        data: &[u8],
+        version: i32,
+    ) -> Result<zk::Stat, zk::Error> {
         let mut multi = self.writer(client)?;
         multi.add_set_data(path, data, Some(version))?;
-        self.commit(&mut multi).await.map(drop)
+        match self.commit(&mut multi).await?.pop() {
+            Some(zk::MultiWriteResult::SetData { stat }) => Ok(stat),
+            other => Err(zk::Error::UnexpectedError(format!("a setData answered {other:?}"))),
+        }
     }
 }
 

@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use zookeeper_client as zk;
 
-use super::book::{Book, NodeEvent};
+use super::book::{Book, LockQueue, NodeEvent};
 use super::contender::{ContenderState, LostReason};
 use super::core::Core;
 use super::stats::Stats;
 use super::{anchor, ops, retry};
-use crate::recipe::{self, Decision};
+use crate::recipe::{self, Decision, Limit};
 
 /// How long an evaluation waits before going round again after its session ended.
 const SESSION_END_PAUSE: Duration = Duration::from_millis(50);
@@ -120,16 +120,19 @@ struct Read {
 }
 
 /// Applies one read of the directory; returns true when it must be read again.
-fn apply(core: &Core, lock_path: &str, read: Read, children: &[String]) -> bool {
+fn apply(core: &Arc<Core>, lock_path: &str, read: Read, children: &[String]) -> bool {
     let Read { window, number, session_id, current, pzxid, full } = read;
     let queue = recipe::queue(children);
     let mut book = core.book.lock();
+    let limit = book.limit(lock_path);
     let Book { contenders, locks, .. } = &mut *book;
     let Some(q) = locks.get_mut(lock_path) else { return false };
     let mut missing = vec![];
+    let mut to_stamp = vec![];
     for id in q.nodes.values() {
         let Some(member) = contenders.get_mut(id) else { continue };
-        if !(member.stale || full) {
+        // Granted already: only its token is awaited, and a grant is never taken back.
+        if !(member.stale || full) || member.granting {
             continue;
         }
         if member.session_id != session_id {
@@ -146,10 +149,21 @@ fn apply(core: &Core, lock_path: &str, read: Read, children: &[String]) -> bool 
             continue;
         }
         let before = member.state();
-        let decision = recipe::decide_in(&queue, &member.name);
+        let decision = recipe::decide_in(&queue, &member.name, limit);
         match &decision {
             Decision::Missing => {
                 missing.push(id.clone());
+                continue;
+            }
+            Decision::Held
+                if member.fencing_token == 0 && matches!(limit, Limit::Permits(_)) && pzxid <= q.last_token =>
+            {
+                // With permits, one read can grant several contenders, and a raise of the
+                // permits grants from a read that shows no change: this read's zxid is taken.
+                // The grant waits for a zxid of its own (one write), as undecided as before.
+                member.granting = true;
+                member.stale = false;
+                to_stamp.push((id.clone(), member.path()));
                 continue;
             }
             Decision::Held if member.fencing_token == 0 => {
@@ -158,15 +172,17 @@ fn apply(core: &Core, lock_path: &str, read: Read, children: &[String]) -> bool 
                 // successive holders strictly increase. (The node's czxid alone is not enough:
                 // nodes re-created together by one multi-op share one czxid.) This read was
                 // sent after the node was made (`reads_before`), so the pzxid it answers is at
-                // least the node's czxid; granted at once, the two are equal.
+                // least the node's czxid; granted at once, the two are equal. Shared holders of
+                // a mutex granted together share it, as they share the lock.
                 member.fencing_token = pzxid;
+                q.last_token = q.last_token.max(pzxid);
             }
             _ => {}
         }
-        // The node to watch went away after the read was answered, before this task got
-        // here: the dispatcher could not know we would watch it. Read again.
-        let gone =
-            matches!(&decision, Decision::Waiting { watch, .. } if q.seen_since(window, watch, NodeEvent::Deleted));
+        // A node whose deletion wakes it went away after the read was answered, before this
+        // task got here: the dispatcher could not know it would wake us. Read again.
+        let gone = matches!(&decision, Decision::Waiting { .. })
+            && q.any_seen_since(window, NodeEvent::Deleted, |n| decision.woken_by(&member.name, n));
         member.stale = gone;
         if gone {
             q.dirty = true;
@@ -184,7 +200,66 @@ fn apply(core: &Core, lock_path: &str, read: Read, children: &[String]) -> bool 
     for id in missing {
         core.remove(&mut book, &id, ContenderState::Lost { why: LostReason::DeletedByOther });
     }
-    book.finish_round(lock_path)
+    let again = book.finish_round(lock_path);
+    drop(book);
+    for (id, path) in to_stamp {
+        tokio::spawn(stamp(Arc::downgrade(core), id, path));
+    }
+    again
+}
+
+/// Gives a grant a fencing token of its own: writes the node's data back unchanged, guarded by
+/// its version (a revocation request written meanwhile is kept: the write is made again) and
+/// by the leader epoch, and takes the write's zxid, again while it is not above the lock's last
+/// token (a later read may have granted meanwhile). Then the grant is published. A node gone
+/// or a session ended is for the deletion event or the session's monitor to report.
+async fn stamp(core: Weak<Core>, id: Arc<str>, path: String) {
+    loop {
+        let Some(strong) = core.upgrade() else { return };
+        let Ok(client) = strong.client() else { return };
+        let written = async {
+            let (body, stat) = retry::idempotent(|| client.get_data(&path)).await?;
+            strong.fence.set_data_stat(&client, &path, &body, stat.version).await
+        };
+        let zxid = match written.await {
+            Ok(stat) => stat.mzxid,
+            Err(zk::Error::BadVersion) => continue,
+            Err(e) => {
+                if !(retry::is_session_end(&e) || e == zk::Error::NoNode) {
+                    tracing::warn!(node = %path, error = %e, "cannot give a grant its fencing token; deciding again");
+                    let mut book = strong.book.lock();
+                    if let Some(member) = book.contenders.get_mut(&id).filter(|m| m.path() == path) {
+                        member.granting = false;
+                        member.stale = true;
+                        let lock = member.lock.clone();
+                        if book.locks.get_mut(&lock).is_some_and(LockQueue::request_evaluation) {
+                            drop(book);
+                            tokio::spawn(evaluate(Arc::downgrade(&strong), lock));
+                        }
+                    }
+                }
+                return;
+            }
+        };
+        Stats::bump(&strong.stats.grant_stamps);
+        let mut book = strong.book.lock();
+        let Book { contenders, locks, .. } = &mut *book;
+        let Some(member) = contenders.get_mut(&id).filter(|m| m.path() == path && m.granting) else { return };
+        let Some(q) = locks.get_mut(&member.lock) else { return };
+        if zxid <= q.last_token {
+            continue;
+        }
+        q.last_token = zxid;
+        let before = member.state();
+        member.granting = false;
+        member.fencing_token = zxid;
+        member.decision = Some(Decision::Held);
+        strong.publish(&id, &before, member.state());
+        if let Some(decided) = member.decided.take() {
+            let _ = decided.send(());
+        }
+        return;
+    }
 }
 
 /// Reads the directory's children and pzxid, then, before deciding, makes the repairs that

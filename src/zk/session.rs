@@ -74,7 +74,7 @@ impl Core {
                     let mut woke = false;
                     for id in q.nodes.values() {
                         if let Some(m) = contenders.get_mut(id) {
-                            if m.session_id == session_id && m.watching() == Some(name) {
+                            if m.session_id == session_id && m.woken_by(name) {
                                 m.stale = true;
                                 woke = true;
                             }

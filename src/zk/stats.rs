@@ -15,6 +15,7 @@ pub(crate) struct Stats {
     pub own_node_notifications: AtomicU64,
     pub revocations_written: AtomicU64,
     pub directories_removed: AtomicU64,
+    pub grant_stamps: AtomicU64,
 }
 
 /// A copy of the engine's counters at one moment.
@@ -40,6 +41,9 @@ pub struct StatsSnapshot {
     pub revocations_written: u64,
     /// Empty lock directories removed after their last contender left.
     pub directories_removed: u64,
+    /// Writes that gave a grant a fencing token of its own (a lock with permits granting two
+    /// contenders from one read).
+    pub grant_stamps: u64,
 }
 
 impl Stats {
@@ -60,6 +64,7 @@ impl Stats {
             own_node_notifications: get(&self.own_node_notifications),
             revocations_written: get(&self.revocations_written),
             directories_removed: get(&self.directories_removed),
+            grant_stamps: get(&self.grant_stamps),
         }
     }
 }
