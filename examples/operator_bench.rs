@@ -135,13 +135,16 @@ async fn throughput(client: &kube::Client, zk: &zklock_testkit::ZkServer, sizes:
 }
 
 async fn install_crd(client: &kube::Client) -> Result<(), Error> {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/crds/lockclaims.zklock.io.yaml"))?;
-    let crd: CustomResourceDefinition = serde_yaml::from_str(&text)?;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    if crds.get_opt("lockclaims.zklock.io").await?.is_none() {
-        crds.create(&PostParams::default(), &crd).await?;
+    for (file, _) in zklock::api::crds() {
+        let name = file.trim_end_matches(".yaml");
+        let text = std::fs::read_to_string(format!("{}/crds/{file}", env!("CARGO_MANIFEST_DIR")))?;
+        let crd: CustomResourceDefinition = serde_yaml::from_str(&text)?;
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        if crds.get_opt(name).await?.is_none() {
+            crds.create(&PostParams::default(), &crd).await?;
+        }
+        await_condition(crds, name, kube::runtime::conditions::is_crd_established()).await?;
     }
-    await_condition(crds, "lockclaims.zklock.io", kube::runtime::conditions::is_crd_established()).await?;
     Ok(())
 }
 

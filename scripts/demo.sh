@@ -63,8 +63,8 @@ up() {
   export KUBECONFIG=$state/kubeconfig
   say "kube-sandbox at $(head -1 "$state/sandbox.log")"
 
-  "$kubectl" apply -f crds/lockclaims.zklock.io.yaml >/dev/null
-  say "applied the LockClaim CRD"
+  "$kubectl" apply -f crds/ >/dev/null
+  say "applied the LockClaim and Lock CRDs"
   target/release/zklock run --zk-connect "127.0.0.1:$zk_port/zklock-demo" \
     --metrics-addr "127.0.0.1:$metrics_port" >"$state/operator.log" 2>&1 &
   echo $! >"$state/operator.pid"

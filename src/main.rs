@@ -19,8 +19,13 @@ enum Command {
     /// Run the operator (leader-elected; the Kubernetes client comes from KUBECONFIG or the
     /// in-cluster config).
     Run(Box<RunArgs>),
-    /// Print the LockClaim CustomResourceDefinition as YAML (what crds/ and the chart hold).
-    Crd,
+    /// Print the CustomResourceDefinitions (LockClaim, Lock) as YAML, or write them into a
+    /// directory one file each (what crds/ and the chart hold).
+    Crd {
+        /// Write `<plural>.zklock.io.yaml` files here instead of printing
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
     /// Print the queue of one lock, holders first, as ZooKeeper has it.
     Queue {
         /// ZooKeeper connect string: HOST:PORT[,HOST:PORT...][/chroot]
@@ -270,8 +275,15 @@ async fn run(cli: Cli) -> Result<u8, String> {
             zklock::operator::run(options, shutdown).await.map_err(|e| e.to_string())?;
             Ok(0)
         }
-        Command::Crd => {
+        Command::Crd { dir: None } => {
             print!("{}", zklock::api::crd_yaml());
+            Ok(0)
+        }
+        Command::Crd { dir: Some(dir) } => {
+            for (file, yaml) in zklock::api::crds() {
+                let path = dir.join(file);
+                std::fs::write(&path, yaml).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            }
             Ok(0)
         }
         Command::Acquire { lock, env_file } => Ok(acquire(lock, env_file).await),

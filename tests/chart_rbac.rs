@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
 use serde_json::{json, Value};
-use zklock::api::Phase;
+use zklock::api::{Lock, Phase};
 
 /// One API request as RBAC sees it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -284,6 +284,22 @@ async fn scenario(env: &Env) {
     // The garbage collector deletes the pod's claim with it; the operator releases its node.
     env.pods.delete("gated", &DeleteParams::default()).await.unwrap();
     env.wait_gone("gated").await;
+    // A lock with permits: its Lock object read, its status written.
+    let locks: Api<Lock> = Api::namespaced(env.client.clone(), &env.ns);
+    let lock: Lock = serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
+        "metadata": { "name": "sem" }, "spec": { "permits": 2 },
+    }))
+    .unwrap();
+    locks.create(&PostParams::default(), &lock).await.unwrap();
+    env.claim("s1", "sem", json!({})).await;
+    env.wait_phase("s1", Phase::Held).await;
+    let counted = kube::runtime::wait::await_condition(locks, "sem", |l: Option<&Lock>| {
+        l.and_then(|l| l.status.as_ref()).is_some_and(|s| s.held == 1)
+    });
+    tokio::time::timeout(Duration::from_secs(60), counted).await.expect("the Lock's status counts its holder").unwrap();
+    env.delete_claim("s1").await;
+    env.wait_gone("s1").await;
 }
 
 /// Renders the chart into a release namespace of its own, runs the scenario with the operator as

@@ -12,7 +12,7 @@ use e2e_support::*;
 use futures::StreamExt;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
-use zklock::api::{conditions, Phase};
+use zklock::api::{conditions, Lock, Phase};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_wait_gates_the_second_script_until_the_first_claim_is_deleted() {
@@ -701,4 +701,111 @@ async fn finished_claims_are_deleted_after_their_time_to_live() {
     assert_eq!(env.status("owned").await, Some(Phase::Expired), "an owned claim goes with its owner");
     assert_eq!(env.status("holder").await, Some(Phase::Held), "a live claim has no time to live");
     env.history.check();
+}
+
+/// Waits until `Lock` object `name` satisfies `f`; returns it.
+async fn wait_lock(locks: &kube::Api<Lock>, name: &str, what: &str, f: impl Fn(&Lock) -> bool) -> Lock {
+    let cond = move |l: Option<&Lock>| l.is_some_and(&f);
+    match tokio::time::timeout(PATIENCE, kube::runtime::wait::await_condition(locks.clone(), name, cond)).await {
+        Ok(Ok(Some(lock))) => lock,
+        other => {
+            let now = locks.get_opt(name).await.ok().flatten().map(|l| l.status);
+            panic!("waiting for Lock {name} to show {what}: {other:?}; its status is {now:?}");
+        }
+    }
+}
+
+fn lock_status(lock: &Lock) -> (Option<u32>, u32, Vec<String>, u32) {
+    let st = lock.status.clone().unwrap_or_default();
+    (st.permits, st.held, st.holders, st.queue_length)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_permits_hold_ten_claims_three_at_a_time_in_order_and_follow_a_live_raise_and_lower() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    let locks: kube::Api<Lock> = kube::Api::namespaced(env.client.clone(), &env.ns);
+    let lock: Lock = serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
+        "metadata": { "name": "api" }, "spec": { "permits": 3 },
+    }))
+    .unwrap();
+    env.history.set_permits("api", 3);
+    locks.create(&kube::api::PostParams::default(), &lock).await.expect("create the Lock");
+    let names: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        // Shared or not, a claim takes one permit.
+        env.claim(name, "api", if i == 1 { json!({ "mode": "Shared" }) } else { json!({}) }).await;
+    }
+    for name in &names[..3] {
+        env.wait_phase(name, Phase::Held).await;
+    }
+    for (i, name) in names[3..].iter().enumerate() {
+        env.wait(name, &format!("Waiting at position {}", i + 1), |c| {
+            c.status.as_ref().is_some_and(|s| s.phase == Some(Phase::Waiting) && s.position == Some(i as i64 + 1))
+        })
+        .await;
+    }
+    let held3 = |l: &Lock| lock_status(l) == (Some(3), 3, names[..3].to_vec(), 7);
+    wait_lock(&locks, "api", "3 of 3 permits held by c0..c2, 7 queued", held3).await;
+    let printed = kubectl(&env, &["get", "locks", "api"]);
+    for column in ["PERMITS", "HELD", "QUEUE", "HOLDERS", "c0", "c2"] {
+        assert!(printed.contains(column), "kubectl get locks shows {column}: {printed}");
+    }
+
+    // A release anywhere among the holders lets the first waiter in, and only it.
+    env.delete_claim("c1").await;
+    env.wait_phase("c3", Phase::Held).await;
+    env.delete_claim("c0").await;
+    env.wait_phase("c4", Phase::Held).await;
+    assert_eq!(env.status("c5").await, Some(Phase::Waiting));
+
+    // Raised to 5: two more at once.
+    env.history.set_permits("api", 5);
+    let raise = json!({ "spec": { "permits": 5 } });
+    locks.patch("api", &PatchParams::default(), &Patch::Merge(&raise)).await.expect("raise the permits");
+    env.wait_phase("c5", Phase::Held).await;
+    env.wait_phase("c6", Phase::Held).await;
+    let held5 = |l: &Lock| lock_status(l) == (Some(5), 5, ["c2", "c3", "c4", "c5", "c6"].map(String::from).to_vec(), 3);
+    wait_lock(&locks, "api", "5 of 5 permits held, 3 queued", held5).await;
+
+    // Lowered to 2 with all five permits taken (no grant in flight): nobody loses the lock, and
+    // nobody is granted until fewer than two hold.
+    let lower = json!({ "spec": { "permits": 2 } });
+    locks.patch("api", &PatchParams::default(), &Patch::Merge(&lower)).await.expect("lower the permits");
+    wait_lock(&locks, "api", "permits 2 in force", |l| lock_status(l).0 == Some(2)).await;
+    env.history.set_permits("api", 2);
+    for name in ["c2", "c3", "c4", "c5", "c6"] {
+        assert_eq!(env.status(name).await, Some(Phase::Held), "{name} keeps the lock after the lower limit");
+    }
+    for name in ["c2", "c3", "c4"] {
+        env.delete_claim(name).await;
+        env.history.await_gone(name).await;
+    }
+    // Two hold (c5, c6): c7 still waits. One more leaves: c7 is granted.
+    assert_eq!(env.status("c7").await, Some(Phase::Waiting));
+    env.delete_claim("c5").await;
+    env.wait_phase("c7", Phase::Held).await;
+    for name in ["c6", "c7", "c8", "c9"] {
+        env.wait(name, "Held", |c| phase_of(c) == Some(Phase::Held)).await;
+        env.delete_claim(name).await;
+    }
+    env.history.await_gone("c9").await;
+    // c0..c2 were granted together (their status writes land in any order); every later grant
+    // follows creation order.
+    let mut grants = env.history.grants("api");
+    grants[..3].sort();
+    assert_eq!(grants, names, "grants follow creation order");
+    env.history.check();
+}
+
+/// Runs the real kubectl in the test's namespace; its stdout (panics, with stderr, on failure).
+fn kubectl(env: &Env, args: &[&str]) -> String {
+    let out = Command::new(zklock_testkit::kube::kubectl())
+        .args(["--kubeconfig", &zklock_testkit::kube::kubeconfig().display().to_string(), "-n", &env.ns])
+        .args(args)
+        .output()
+        .expect("run kubectl");
+    assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -4,10 +4,12 @@
 mod claim;
 pub mod conditions;
 mod kept;
+mod lock;
 mod validate;
 
 pub use claim::{Holder, LockClaim, LockClaimSpec, LockClaimStatus, Phase};
 pub use kept::{KeptClaim, KeptStatus};
+pub use lock::{Lock, LockSpec, LockStatus, MAX_LISTED_HOLDERS, MAX_PERMITS};
 pub use validate::{check_lock_name, validate, validate_spec, ValidSpec};
 
 /// Finalizer that keeps a claim until its znode is deleted.
@@ -20,9 +22,15 @@ pub const RENEW_ANNOTATION: &str = "zklock.io/renew";
 /// `revoke.zklock.io/<claim name>: <reason>`.
 pub const POD_REVOKE_ANNOTATION_PREFIX: &str = "revoke.zklock.io/";
 
-/// The generated CRD as YAML (what `zklock crd` prints and `crds/` holds).
-pub fn crd_yaml() -> String {
+/// The generated CRDs as YAML, each with the file name `crds/` holds it under.
+pub fn crds() -> [(&'static str, String); 2] {
     use kube::CustomResourceExt;
     // Serialising a CRD (plain data) to YAML cannot fail.
-    serde_yaml::to_string(&LockClaim::crd()).unwrap_or_default()
+    let yaml = |crd| serde_yaml::to_string(&crd).unwrap_or_default();
+    [("lockclaims.zklock.io.yaml", yaml(LockClaim::crd())), ("locks.zklock.io.yaml", yaml(Lock::crd()))]
+}
+
+/// Every generated CRD as one YAML stream (what `zklock crd` prints).
+pub fn crd_yaml() -> String {
+    crds().map(|(_, yaml)| yaml).join("---\n")
 }

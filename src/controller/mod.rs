@@ -12,6 +12,7 @@ pub mod anchor;
 mod error;
 pub mod events;
 pub mod gated;
+pub mod locks;
 pub mod plan;
 mod positions;
 mod reconcile;
@@ -35,7 +36,7 @@ use tokio::sync::{mpsc, watch as channel};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use crate::api::KeptClaim;
+use crate::api::{KeptClaim, Lock};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::zk::LockEngine;
@@ -68,12 +69,16 @@ pub struct Context {
     triggers: Vec<Triggers>,
     /// Each scope's requests to reconcile one gated pod.
     pod_triggers: Vec<UnboundedSender<ObjectRef<gated::KeptPod>>>,
+    /// Each scope's `Lock` objects, and requests to refresh one's status.
+    locks: Vec<Store<Lock>>,
+    lock_triggers: Vec<UnboundedSender<ObjectRef<Lock>>>,
     /// Gated pods waiting to have their claims made, in creation order.
     arrivals: parking_lot::Mutex<gated::Arrivals>,
     /// Claims that may have left the API with a node still tracked (see `watch::release_orphans`).
     orphans: mpsc::UnboundedSender<Uid>,
-    /// Scopes that have not yet listed their claims once. Counted here rather than asked of the
-    /// reflector stores: their readiness is a one-shot channel that wakes one waiter only.
+    /// Listings not yet made once: each scope's claims and its `Lock` objects. Counted here
+    /// rather than asked of the reflector stores: their readiness is a one-shot channel that
+    /// wakes one waiter only.
     unsynced: channel::Sender<usize>,
     /// Set once the first re-anchoring is done: no claim is reconciled before (then all are).
     anchored: AtomicBool,
@@ -179,6 +184,35 @@ impl Context {
         }
     }
 
+    /// Asks for a status refresh of `Lock` object `lock`, if its scope's watch has it (most
+    /// locks have none).
+    fn trigger_lock(&self, lock: ObjectRef<Lock>) {
+        let scope = if self.namespaces.is_empty() {
+            Some(0)
+        } else {
+            self.namespaces.iter().position(|n| Some(n) == lock.namespace.as_ref())
+        };
+        let Some(scope) = scope else { return };
+        if self.locks.get(scope).is_some_and(|store| store.get(&lock).is_some()) {
+            if let Some(triggers) = self.lock_triggers.get(scope) {
+                // Closed only when the controller has stopped.
+                let _ = triggers.unbounded_send(lock);
+            }
+        }
+    }
+
+    /// The claims of lock `name` in `namespace`, as the claim watch last delivered them.
+    fn claims_of_lock(&self, namespace: &str, name: &str) -> Vec<Arc<KeptClaim>> {
+        let scope =
+            if self.namespaces.is_empty() { Some(0) } else { self.namespaces.iter().position(|n| n == namespace) };
+        let Some(store) = scope.and_then(|s| self.claims.get(s)) else { return vec![] };
+        store
+            .state()
+            .into_iter()
+            .filter(|c| c.metadata.namespace.as_deref() == Some(namespace) && c.spec.lock_name == name)
+            .collect()
+    }
+
     /// Claim `name` of `namespace` as its scope's watch last delivered it.
     fn claim(&self, namespace: &str, name: &str) -> Option<Arc<KeptClaim>> {
         let object = ObjectRef::new(name).within(namespace);
@@ -258,6 +292,7 @@ pub async fn run(
     let (orphans, orphans_rx) = mpsc::unbounded_channel();
     // Per scope: its store, and its triggers (the senders go into the context).
     let (mut claims, mut triggers, mut pod_triggers, mut scoped) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut locks, mut lock_triggers, mut lock_scoped) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..scopes {
         let (reader, writer) = reflector::store();
         let (one, one_rx) = futures::channel::mpsc::unbounded();
@@ -267,6 +302,11 @@ pub async fn run(
         triggers.push(Triggers { one, all });
         pod_triggers.push(pod);
         scoped.push((writer, reader, one_rx, all_rx, pod_rx));
+        let (lock_reader, lock_writer) = reflector::store();
+        let (lock, lock_rx) = futures::channel::mpsc::unbounded();
+        locks.push(lock_reader.clone());
+        lock_triggers.push(lock);
+        lock_scoped.push((lock_writer, lock_reader, lock_rx));
     }
     let ctx = Arc::new(Context {
         client,
@@ -280,9 +320,11 @@ pub async fn run(
         claims,
         triggers,
         pod_triggers,
+        locks,
+        lock_triggers,
         arrivals: Default::default(),
         orphans,
-        unsynced: channel::Sender::new(scopes),
+        unsynced: channel::Sender::new(2 * scopes),
         anchored: AtomicBool::new(false),
         leadership,
     });
@@ -311,6 +353,15 @@ pub async fn run(
             .run(gated::reconcile, gated::error_policy, ctx.clone())
             .for_each(|result| async move { report(result) });
         controllers.spawn(gated);
+    }
+    for (scope, ((writer, reader, lock_rx), api)) in lock_scoped.into_iter().zip(ctx.scoped::<Lock>()).enumerate() {
+        let controller = Controller::for_stream(locks::objects(ctx.clone(), scope, api, writer), reader)
+            .reconcile_on(lock_rx)
+            .with_config(Config::default().debounce(locks::STATUS_DEBOUNCE))
+            .graceful_shutdown_on(shutdown.clone())
+            .run(locks::reconcile, locks::error_policy, ctx.clone())
+            .for_each(|result| async move { report(result) });
+        controllers.spawn(controller);
     }
     let mut tasks = JoinSet::new();
     tasks.spawn(watch::release_orphans(ctx.clone(), orphans_rx));

@@ -126,7 +126,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
         plan = plan::plan(inputs(contender_view(ctx, uid)));
     }
     if plan.status.phase == Some(Phase::Held) && ctx.registry.known_phase(uid) != Some(Phase::Held) {
-        match ctx.registry.reserve_grant(uid, &lock, exclusive) {
+        match ctx.registry.reserve_grant(uid, &lock, exclusive, ctx.engine.limit(&lock)) {
             Ok(()) => {}
             Err(GrantBlocked::Holder(other)) => {
                 // The API must never show two conflicting holders, not even for a moment: this

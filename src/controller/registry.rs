@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use super::admission::Gates;
 use super::Uid;
 use crate::api::Phase;
+use crate::recipe::Limit;
 
 /// A claim as the watch first delivers it.
 pub struct Seen<'a> {
@@ -216,17 +217,23 @@ impl Registry {
     }
 
     /// Reserves a grant: records `uid` as Held in `lock` unless another claim recorded Held
-    /// there conflicts with it (one of the two exclusive), or another claim of the lock may
-    /// still receive a deposed leader's status write. Check and record are one step, so two
+    /// there conflicts with it (one of the two exclusive; with permits, all of them taken), or
+    /// another claim of the lock may still receive a deposed leader's status write. Check and record are one step, so two
     /// grants in flight cannot both pass. A grant whose write fails is rolled back with
     /// [`Registry::set_phase`] to the phase the claim had.
-    pub fn reserve_grant(&self, uid: &str, lock: &str, exclusive: bool) -> Result<(), GrantBlocked> {
+    pub fn reserve_grant(&self, uid: &str, lock: &str, exclusive: bool, limit: Limit) -> Result<(), GrantBlocked> {
         let mut inner = self.lock();
         let conflict = inner.held.get(lock).and_then(|holders| {
-            holders
-                .iter()
-                .find(|other| ***other != *uid && (exclusive || inner.claims.get(*other).is_none_or(|c| c.exclusive)))
-                .cloned()
+            let mut others = holders.iter().filter(|other| ***other != *uid);
+            match limit {
+                Limit::Permits(n) => {
+                    let taken = others.clone().count();
+                    (taken >= n.get() as usize).then(|| others.next().cloned()).flatten()
+                }
+                Limit::Mutex => {
+                    others.find(|other| exclusive || inner.claims.get(*other).is_none_or(|c| c.exclusive)).cloned()
+                }
+            }
         });
         if let Some(other) = conflict {
             return Err(GrantBlocked::Holder(other));
@@ -403,20 +410,20 @@ mod tests {
         r.first_seen(&a, seen("/l", true), 1, Some(Phase::Held));
         r.first_seen(&b, seen("/l", true), 2, Some(Phase::Waiting));
         r.first_seen(&c, seen("/other", true), 3, Some(Phase::Held));
-        assert_eq!(r.reserve_grant("b", "/l", true), Err(GrantBlocked::Holder("a".into())));
+        assert_eq!(r.reserve_grant("b", "/l", true, Limit::Mutex), Err(GrantBlocked::Holder("a".into())));
         assert_eq!(r.known_phase("b"), Some(Phase::Waiting), "a refused grant records nothing");
-        assert_eq!(r.reserve_grant("a", "/l", true), Ok(()), "a holder does not conflict with itself");
+        assert_eq!(r.reserve_grant("a", "/l", true, Limit::Mutex), Ok(()), "a holder does not conflict with itself");
         r.set_phase("a", Some(Phase::Lost));
-        assert_eq!(r.reserve_grant("b", "/l", true), Ok(()), "once its final status is written");
+        assert_eq!(r.reserve_grant("b", "/l", true, Limit::Mutex), Ok(()), "once its final status is written");
         assert_eq!(
-            r.reserve_grant("c", "/l", true),
+            r.reserve_grant("c", "/l", true, Limit::Mutex),
             Err(GrantBlocked::Holder("b".into())),
             "the reservation itself counts"
         );
         r.set_phase("b", Some(Phase::Waiting));
-        assert_eq!(r.reserve_grant("c", "/l", true), Ok(()), "a rolled-back reservation frees the lock");
+        assert_eq!(r.reserve_grant("c", "/l", true, Limit::Mutex), Ok(()), "a rolled-back reservation frees the lock");
         r.forget("c");
-        assert_eq!(r.reserve_grant("x", "/l", true), Ok(()), "a forgotten claim holds nothing");
+        assert_eq!(r.reserve_grant("x", "/l", true, Limit::Mutex), Ok(()), "a forgotten claim holds nothing");
     }
 
     #[test]
@@ -425,8 +432,26 @@ mod tests {
         let (s1, s2): (Uid, Uid) = ("s1".into(), "s2".into());
         r.first_seen(&s1, seen("/l", false), 1, Some(Phase::Held));
         r.first_seen(&s2, seen("/l", false), 2, Some(Phase::Waiting));
-        assert_eq!(r.reserve_grant("s2", "/l", false), Ok(()), "shared beside shared");
-        assert_eq!(r.reserve_grant("x", "/l", true), Err(GrantBlocked::Holder("s1".into())), "exclusive beside shared");
+        assert_eq!(r.reserve_grant("s2", "/l", false, Limit::Mutex), Ok(()), "shared beside shared");
+        let three = Limit::from_permits(Some(3));
+        for (i, uid) in ["e3", "e4"].into_iter().enumerate() {
+            r.first_seen(&Uid::from(uid), seen("/l", true), 3 + i as i64, Some(Phase::Waiting));
+        }
+        assert_eq!(r.reserve_grant("e3", "/l", true, three), Ok(()), "a third permit beside two holders");
+        assert_eq!(
+            r.reserve_grant("e4", "/l", true, three),
+            Err(GrantBlocked::Holder("s1".into())),
+            "no fourth of three"
+        );
+        assert_eq!(r.reserve_grant("e4", "/l", true, Limit::from_permits(Some(4))), Ok(()));
+        for uid in ["e3", "e4"] {
+            r.set_phase(uid, Some(Phase::Released));
+        }
+        assert_eq!(
+            r.reserve_grant("x", "/l", true, Limit::Mutex),
+            Err(GrantBlocked::Holder("s1".into())),
+            "exclusive beside shared"
+        );
     }
 
     #[test]
@@ -453,12 +478,16 @@ mod tests {
         r.expect_stamp(&a, "/l");
         r.expect_stamp(&b, "/l");
         r.expect_stamp(&c, "/other");
-        assert_eq!(r.reserve_grant("a", "/l", true), Err(GrantBlocked::Unstamped("b".into())));
+        assert_eq!(r.reserve_grant("a", "/l", true, Limit::Mutex), Err(GrantBlocked::Unstamped("b".into())));
         assert!(!r.written("b"));
         r.stamped("b", true);
         assert!(r.written("b"));
-        assert_eq!(r.reserve_grant("b", "/l", true), Err(GrantBlocked::Unstamped("a".into())), "nor for b");
-        assert_eq!(r.reserve_grant("a", "/l", true), Ok(()), "its own stamp is the grant's write");
+        assert_eq!(
+            r.reserve_grant("b", "/l", true, Limit::Mutex),
+            Err(GrantBlocked::Unstamped("a".into())),
+            "nor for b"
+        );
+        assert_eq!(r.reserve_grant("a", "/l", true, Limit::Mutex), Ok(()), "its own stamp is the grant's write");
         r.stamped("a", true);
         r.forget("c");
         assert!(r.lock().unstamped.is_empty(), "a deleted claim is awaited no more");
@@ -473,7 +502,7 @@ mod tests {
         let a: Uid = "a".into();
         r.first_seen(&a, seen("/l", true), 1, Some(Phase::Held));
         r.observe(&a, "c", "ns", "", false, None);
-        assert_eq!(r.reserve_grant("b", "/l", true), Ok(()), "no hold left behind under /l");
+        assert_eq!(r.reserve_grant("b", "/l", true, Limit::Mutex), Ok(()), "no hold left behind under /l");
         r.forget("a");
         assert!(!r.lock().held.contains_key(""));
     }

@@ -35,12 +35,14 @@ pub fn claims(
             Ok(watcher::Event::InitApply(claim) | watcher::Event::Apply(claim)) => {
                 first_seen(&ctx, claim);
                 gated_pod_of(&ctx, claim);
+                super::locks::claim_changed(&ctx, claim);
             }
             Ok(watcher::Event::Delete(claim)) => {
                 if let Some(uid) = claim.metadata.uid.as_deref() {
                     ctx.orphan(uid);
                 }
                 gated_pod_of(&ctx, claim);
+                super::locks::claim_changed(&ctx, claim);
             }
             Ok(watcher::Event::InitDone) => {
                 if !std::mem::replace(&mut synced, true) {

@@ -377,6 +377,11 @@ impl LockEngine {
         }
     }
 
+    /// Every lock with a limit other than a mutex's, by directory.
+    pub fn limits(&self) -> Vec<(String, Limit)> {
+        self.core.book.lock().limits.iter().map(|(path, limit)| (path.to_string(), *limit)).collect()
+    }
+
     /// The limit set for the lock in `lock_path` ([`LockEngine::set_limit`]).
     pub fn limit(&self, lock_path: &str) -> Limit {
         self.core.book.lock().limit(lock_path)

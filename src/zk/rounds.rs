@@ -129,7 +129,12 @@ fn apply(core: &Arc<Core>, lock_path: &str, read: Read, children: &[String]) -> 
     let Some(q) = locks.get_mut(lock_path) else { return false };
     let mut missing = vec![];
     let mut to_stamp = vec![];
-    for id in q.nodes.values() {
+    // In queue order, so that the grants of one read take their tokens in the queue's order.
+    let base = recipe::wrap_base(queue.iter().map(|c| c.sequence));
+    let mut ids: Vec<(u64, Arc<str>)> =
+        q.nodes.iter().map(|(sequence, id)| (recipe::queue_key(*sequence, base), id.clone())).collect();
+    ids.sort_unstable_by_key(|(key, _)| *key);
+    for (_, id) in &ids {
         let Some(member) = contenders.get_mut(id) else { continue };
         // Granted already: only its token is awaited, and a grant is never taken back.
         if !(member.stale || full) || member.granting {
@@ -202,10 +207,17 @@ fn apply(core: &Arc<Core>, lock_path: &str, read: Read, children: &[String]) -> 
     }
     let again = book.finish_round(lock_path);
     drop(book);
-    for (id, path) in to_stamp {
-        tokio::spawn(stamp(Arc::downgrade(core), id, path));
+    if !to_stamp.is_empty() {
+        tokio::spawn(stamp_all(Arc::downgrade(core), to_stamp));
     }
     again
+}
+
+/// Stamps the grants of one read one after the other, in queue order (see [`stamp`]).
+async fn stamp_all(core: Weak<Core>, grants: Vec<(Arc<str>, String)>) {
+    for (id, path) in grants {
+        stamp(core.clone(), id, path).await;
+    }
 }
 
 /// Gives a grant a fencing token of its own: writes the node's data back unchanged, guarded by

@@ -125,25 +125,28 @@ pub fn condition(c: &LockClaim, type_: &str) -> Option<(String, String, String)>
     conditions::get(&st.conditions, type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-/// Creates (or updates) the LockClaim CRD from `crds/` and waits until it is served.
+/// Creates (or updates) the CRDs from `crds/` and waits until they are served.
 pub async fn install_crd(client: &kube::Client) {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/crds/lockclaims.zklock.io.yaml")).unwrap();
-    let mut crd: CustomResourceDefinition = serde_yaml::from_str(&text).unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    match crds.get_opt("lockclaims.zklock.io").await.expect("read CRDs") {
-        None => match crds.create(&PostParams::default(), &crd).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => panic!("create the CRD: {e}"),
-        },
-        Some(current) if current.spec == crd.spec => {}
-        Some(current) => {
-            crd.metadata.resource_version = current.metadata.resource_version;
-            crds.replace("lockclaims.zklock.io", &PostParams::default(), &crd).await.expect("update the CRD");
+    for (file, _) in zklock::api::crds() {
+        let name = file.trim_end_matches(".yaml");
+        let text = std::fs::read_to_string(format!("{}/crds/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let mut crd: CustomResourceDefinition = serde_yaml::from_str(&text).unwrap();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        match crds.get_opt(name).await.expect("read CRDs") {
+            None => match crds.create(&PostParams::default(), &crd).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => panic!("create the CRD {name}: {e}"),
+            },
+            Some(current) if current.spec == crd.spec => {}
+            Some(current) => {
+                crd.metadata.resource_version = current.metadata.resource_version;
+                crds.replace(name, &PostParams::default(), &crd).await.expect("update the CRD");
+            }
         }
+        let established = await_condition(crds, name, kube::runtime::conditions::is_crd_established());
+        tokio::time::timeout(PATIENCE, established).await.expect("the CRD is not established").expect("watch CRD");
     }
-    let established = await_condition(crds, "lockclaims.zklock.io", kube::runtime::conditions::is_crd_established());
-    tokio::time::timeout(PATIENCE, established).await.expect("the CRD is not established").expect("watch CRD");
 }
 
 /// The operator as a separate process: the real binary with real flags.
@@ -314,9 +317,14 @@ pub async fn http_get(addr: &str, path: &str) -> Option<String> {
 }
 
 /// Every status change of every claim of a namespace, in the order the API serialised them.
+/// From when how many permits a lock has.
+type PermitsTimeline = Vec<(std::time::Instant, usize)>;
+
 #[derive(Clone, Default)]
 pub struct History {
     inner: Arc<Mutex<Vec<Record>>>,
+    /// Locks with permits: from when (as the test says) how many are in force.
+    permits: Arc<Mutex<HashMap<String, PermitsTimeline>>>,
     recorded: Arc<tokio::sync::Notify>,
     /// Watch errors so far and the last one: shown by every wait that gives up, so that a
     /// broken watch reads as such rather than as a slow operator.
@@ -379,6 +387,18 @@ impl History {
             }
             self.recorded.notify_waiters();
         }
+    }
+
+    /// Tells the checker that `lock` lets `permits` hold from now on. Say it before a raise,
+    /// and after a lower limit is in force (the `Lock`'s status shows it).
+    pub fn set_permits(&self, lock: &str, permits: usize) {
+        self.permits.lock().unwrap().entry(lock.to_string()).or_default().push((std::time::Instant::now(), permits));
+    }
+
+    /// The permits of `lock` in force at `at`, if it has a `Lock` object then.
+    fn permits_at(&self, lock: &str, at: std::time::Instant) -> Option<usize> {
+        let permits = self.permits.lock().unwrap();
+        permits.get(lock)?.iter().rev().find(|(from, _)| *from <= at).map(|(_, n)| *n)
     }
 
     pub fn records(&self) -> Vec<Record> {
@@ -459,6 +479,19 @@ impl History {
             } else {
                 lock.remove(&r.uid);
             }
+            let permits = self.permits_at(&r.lock, r.at);
+            if let (true, false, Some(permits)) = (held, was_held, permits) {
+                // A grant never makes more than the permits hold (a lower limit takes nothing
+                // away, so more may hold until they leave, but nobody is granted then).
+                assert!(
+                    lock.len() <= permits,
+                    "record {i}: {} granted while {} of {permits} permits of {} were taken\nhistory: {:#?}",
+                    r.name,
+                    lock.len() - 1,
+                    r.lock,
+                    &records[..=i]
+                );
+            }
             if held && !was_held {
                 let token: u64 = r
                     .fencing
@@ -469,8 +502,9 @@ impl History {
                     // Shared holders granted together may be recorded in any order, and one may
                     // be released before the other's Held is recorded: they share the token of
                     // the read that granted both.
-                    let together = lock.len() > 1 && lock.values().all(|(excl, _)| !excl);
-                    let same_read = token == *prev && *prev_shared && !r.exclusive;
+                    // Not on a lock with permits: each grant there has a token of its own.
+                    let together = permits.is_none() && lock.len() > 1 && lock.values().all(|(excl, _)| !excl);
+                    let same_read = permits.is_none() && token == *prev && *prev_shared && !r.exclusive;
                     assert!(
                         together || same_read || token > *prev,
                         "record {i}: fencing token {token} after {prev} on {}\nhistory: {:#?}",
@@ -487,7 +521,7 @@ impl History {
             }
             let exclusive_count = lock.values().filter(|(excl, _)| *excl).count();
             assert!(
-                exclusive_count == 0 || lock.len() == 1,
+                permits.is_some() || exclusive_count == 0 || lock.len() == 1,
                 "record {i}: mutual exclusion violated on lock {}: holders {:?}\nhistory: {:#?}",
                 r.lock,
                 lock.keys().collect::<Vec<_>>(),

@@ -1,0 +1,137 @@
+//! `Lock` objects: per served scope, a kube-runtime `Controller` over them. Their permits go to
+//! the lock engine as each lock's limit the moment the watch delivers them (every contender of
+//! the lock is decided again: a raise grants at once); their status (permits, holders, queue
+//! length) is refreshed from the claim watch's store, debounced, so that a burst of handoffs
+//! costs one status write.
+//!
+//! No claim is decided before every scope has listed its `Lock` objects (they count among the
+//! listings `Context::wait_synced` waits for): a lock's first decisions under a mutex's rules
+//! could grant Shared claims beyond its permits.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use super::{Context, Error};
+use crate::api::{KeptClaim, Lock, LockStatus, Phase, MAX_LISTED_HOLDERS};
+use crate::recipe::Limit;
+
+/// Status refreshes of one `Lock` are at least this far apart.
+pub const STATUS_DEBOUNCE: Duration = Duration::from_millis(500);
+
+/// The `Lock` objects of one scope, kept in `writer`'s store, as the controller's trigger
+/// stream; the engine learns every change of permits from here.
+pub fn objects(
+    ctx: Arc<Context>,
+    scope: usize,
+    api: Api<Lock>,
+    writer: Writer<Lock>,
+) -> impl Stream<Item = Result<Lock, watcher::Error>> + Send + 'static {
+    let mut synced = false;
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .inspect(move |event| match event {
+            Ok(watcher::Event::InitApply(lock) | watcher::Event::Apply(lock)) => {
+                let path = ctx.lock_path(&lock.namespace().unwrap_or_default(), &lock.name_any());
+                ctx.engine.set_limit(&path, Limit::from_permits(Some(lock.spec.permits)));
+            }
+            Ok(watcher::Event::Delete(lock)) => {
+                let path = ctx.lock_path(&lock.namespace().unwrap_or_default(), &lock.name_any());
+                ctx.engine.set_limit(&path, Limit::Mutex);
+            }
+            Ok(watcher::Event::InitDone) => {
+                forget_unlisted(&ctx, scope);
+                if !std::mem::replace(&mut synced, true) {
+                    ctx.unsynced.send_modify(|n| *n = n.saturating_sub(1));
+                }
+            }
+            Ok(watcher::Event::Init) => {}
+            Err(e) => tracing::warn!(error = %e, "watch of Lock objects failed; retrying"),
+        })
+        .applied_objects()
+}
+
+/// After a (re-)listing: locks of this scope whose `Lock` object went while the watch was down
+/// are mutexes again.
+fn forget_unlisted(ctx: &Context, scope: usize) {
+    let Some(store) = ctx.locks.get(scope) else { return };
+    let listed: BTreeSet<String> =
+        store.state().iter().map(|l| ctx.lock_path(&l.namespace().unwrap_or_default(), &l.name_any())).collect();
+    let prefix = match ctx.namespaces.get(scope) {
+        Some(namespace) => ctx.lock_path(namespace, ""),
+        None => ctx.lock_path("", "").trim_end_matches('/').to_string(),
+    };
+    for (path, _) in ctx.engine.limits() {
+        if path.starts_with(&prefix) && !listed.contains(&path) {
+            ctx.engine.set_limit(&path, Limit::Mutex);
+        }
+    }
+}
+
+/// A claim changed: its lock's status may have to follow.
+pub fn claim_changed(ctx: &Context, claim: &KeptClaim) {
+    let Some(namespace) = claim.metadata.namespace.as_deref() else { return };
+    ctx.trigger_lock(ObjectRef::new(&claim.spec.lock_name).within(namespace));
+}
+
+pub async fn reconcile(lock: Arc<Lock>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.anchored() {
+        // Claims' phases are not judged yet; every claim's first reconcile triggers this again.
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let namespace = lock.namespace().ok_or(Error::Malformed("a namespace"))?;
+    let name = lock.name_any();
+    ctx.engine.set_limit(&ctx.lock_path(&namespace, &name), Limit::from_permits(Some(lock.spec.permits)));
+    let status = status_of(&lock, &ctx.claims_of_lock(&namespace, &name));
+    if lock.status.as_ref() == Some(&status) {
+        return Ok(Action::await_change());
+    }
+    let api: Api<Lock> = Api::namespaced(ctx.client.clone(), &namespace);
+    let patch = Patch::Merge(json!({ "status": status }));
+    match ctx.write("lock status", api.patch_status(&name, &PatchParams::default(), &patch)).await? {
+        Ok(_) => Ok(Action::await_change()),
+        // Deleted meanwhile: its watch says so.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::await_change()),
+        Err(source) => Err(Error::Write { call: "lock status", source }),
+    }
+}
+
+/// The status a `Lock` shows for its claims (pure).
+pub fn status_of(lock: &Lock, claims: &[Arc<KeptClaim>]) -> LockStatus {
+    let mut held: Vec<(i128, &str)> = vec![];
+    let mut queued = 0u32;
+    for claim in claims {
+        match claim.phase() {
+            Some(Phase::Held) => {
+                let token = claim.fencing_token().and_then(|t| t.parse().ok());
+                held.push((token.unwrap_or(i128::MAX), claim.metadata.name.as_deref().unwrap_or_default()));
+            }
+            None | Some(Phase::Pending | Phase::Waiting) if claim.metadata.deletion_timestamp.is_none() => queued += 1,
+            _ => {}
+        }
+    }
+    held.sort_unstable();
+    LockStatus {
+        permits: Some(lock.spec.permits),
+        held: u32::try_from(held.len()).unwrap_or(u32::MAX),
+        holders: held.iter().take(MAX_LISTED_HOLDERS).map(|(_, name)| name.to_string()).collect(),
+        queue_length: queued,
+        observed_generation: lock.metadata.generation,
+    }
+}
+
+pub fn error_policy(lock: Arc<Lock>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabel { error: error.metric_label() }).inc();
+    tracing::warn!(lock = %lock.name_any(), %error, "Lock status refresh failed");
+    error.retry_after().map_or_else(Action::await_change, Action::requeue)
+}
