@@ -799,6 +799,40 @@ async fn three_permits_hold_ten_claims_three_at_a_time_in_order_and_follow_a_liv
     env.history.check();
 }
 
+/// The history checker on a lock with permits: grants that hold at once may be recorded in any
+/// order, but a grant recorded after a hold ended must carry a higher token, and no token is
+/// granted twice.
+#[test]
+fn the_checker_orders_tokens_of_a_semaphore_by_the_holds_that_ended() {
+    // Records dated after the permits are set (below, at the checker's creation).
+    let start = Instant::now() + std::time::Duration::from_secs(60);
+    let record = |n: u64, name: &str, phase: Phase, token: u64| Record {
+        at: start + std::time::Duration::from_millis(n),
+        name: name.into(),
+        uid: name.into(),
+        lock: "api".into(),
+        exclusive: true,
+        phase: Some(phase),
+        held_condition: phase == Phase::Held,
+        finished_condition: phase.is_terminal(),
+        fencing: Some(token.to_string()),
+        deleting: false,
+        gone: false,
+    };
+    let check = |records: Vec<Record>| {
+        let history = History::of(records);
+        history.set_permits("api", 2);
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| history.check())).is_ok()
+    };
+    let together = vec![record(1, "b", Phase::Held, 12), record(2, "a", Phase::Held, 11)];
+    assert!(check(together), "two holders recorded out of token order");
+    let after_release =
+        vec![record(1, "a", Phase::Held, 11), record(2, "a", Phase::Released, 11), record(3, "b", Phase::Held, 10)];
+    assert!(!check(after_release), "a lower token after a hold with a higher one ended");
+    let twice = vec![record(1, "a", Phase::Held, 11), record(2, "b", Phase::Held, 11)];
+    assert!(!check(twice), "one token granted twice");
+}
+
 /// Runs the real kubectl in the test's namespace; its stdout (panics, with stderr, on failure).
 fn kubectl(env: &Env, args: &[&str]) -> String {
     let out = Command::new(zklock_testkit::kube::kubectl())
