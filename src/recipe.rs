@@ -15,8 +15,11 @@
 //! The `-lock-` before the sequence keeps the directory readable by Apache Curator's
 //! `InterProcessMutex`, which sorts children by what follows the last `lock-` and treats every
 //! child as exclusive. Children that are not ours are sorted by their trailing sequence number
-//! and treated as exclusive contenders (the conservative reading: a stranger might be a writer);
-//! children without a sequence are not contenders and are ignored.
+//! and treated as exclusive contenders (the conservative reading: a stranger might be a writer).
+//! Children without a sequence are not in any queue, but a stranger's plain node in a lock
+//! directory is what a lease looks like (kazoo's `Semaphore` holds one per permit): each counts
+//! as an exclusive holder ahead of every contender, for as long as it exists. Ignoring one would
+//! let a grant join a holder we cannot see.
 
 use std::fmt;
 use std::num::NonZeroU32;
@@ -58,10 +61,18 @@ pub struct Child<'a> {
     pub ours: Option<(&'a str, Mode)>,
 }
 
+/// The sequence a child without one is given: it is a holder ahead of the whole queue.
+pub const NO_SEQUENCE: u64 = u64::MAX;
+
 impl Child<'_> {
     /// The mode the recipe gives this child: foreign children count as exclusive.
     pub fn mode(&self) -> Mode {
         self.ours.map_or(Mode::Exclusive, |(_, mode)| mode)
+    }
+
+    /// A stranger's node without a sequence (a semaphore lease, say): it holds ahead of the queue.
+    pub fn is_plain(&self) -> bool {
+        self.sequence == NO_SEQUENCE
     }
 }
 
@@ -122,10 +133,14 @@ pub fn node_prefix(id: &str, mode: Mode) -> String {
 /// Sorts the contenders among `children` in queue order (by sequence, ties by name so that the
 /// order is total even for malformed foreign input).
 pub fn queue<'a, S: AsRef<str>>(children: &'a [S]) -> Vec<Child<'a>> {
-    let mut queue: Vec<Child<'a>> = children.iter().filter_map(|c| parse_child(c.as_ref())).collect();
+    let plain = |name: &'a str| Child { name, sequence: NO_SEQUENCE, ours: None };
+    let mut queue: Vec<Child<'a>> =
+        children.iter().map(|c| parse_child(c.as_ref()).unwrap_or_else(|| plain(c.as_ref()))).collect();
     let base = wrap_base(queue.iter().map(|c| c.sequence));
-    queue
-        .sort_by(|a, b| queue_key(a.sequence, base).cmp(&queue_key(b.sequence, base)).then_with(|| a.name.cmp(b.name)));
+    queue.sort_by(|a, b| {
+        let key = |c: &Child<'_>| (!c.is_plain(), queue_key(c.sequence, base));
+        key(a).cmp(&key(b)).then_with(|| a.name.cmp(b.name))
+    });
     queue
 }
 
@@ -200,13 +215,23 @@ impl Decision {
         match self {
             Decision::Waiting { watch, span: false, .. } => watch == deleted,
             Decision::Waiting { watch, span: true, .. } => {
-                let (Some(from), Some(to), Some(gone)) = (parse_child(watch), parse_child(me), parse_child(deleted))
-                else {
-                    return watch == deleted;
-                };
-                // From the window's first node round the 32-bit circle: it spans far less than
-                // half of it, so this holds across a wrap of the sequence too.
-                queue_key(gone.sequence, from.sequence) < queue_key(to.sequence, from.sequence)
+                let Some(to) = parse_child(me) else { return deleted != me };
+                match (parse_child(watch), parse_child(deleted)) {
+                    // From the window's first node round the 32-bit circle: it spans far less
+                    // than half of it, so this holds across a wrap of the sequence too.
+                    (Some(from), Some(gone)) => {
+                        queue_key(gone.sequence, from.sequence) < queue_key(to.sequence, from.sequence)
+                    }
+                    // Plain nodes come before every queued one: never inside a window that
+                    // starts at a queued node.
+                    (Some(_), None) => false,
+                    // A window that starts at a plain node holds the plain nodes from it on (in
+                    // name order) and every queued node before mine.
+                    (None, None) => deleted >= watch.as_str(),
+                    (None, Some(gone)) => {
+                        gone.sequence != to.sequence && queue_key(to.sequence, gone.sequence) < 1 << 31
+                    }
+                }
             }
             Decision::Held | Decision::Missing => false,
         }
@@ -343,10 +368,35 @@ mod tests {
     }
 
     #[test]
-    fn foreign_nodes_are_exclusive_and_unsequenced_ones_ignored() {
-        let c = vec!["_c_1234-lock-0000000002".to_string(), "leftover".to_string(), name("a", Mode::Shared, 3)];
-        assert_eq!(decide(&c, &c[2], Limit::Mutex), Decision::Waiting { watch: c[0].clone(), ahead: 1, span: false });
+    fn foreign_nodes_are_exclusive_and_plain_ones_hold_ahead_of_the_queue() {
+        let c = vec!["_c_1234-lock-0000000002".to_string(), name("a", Mode::Shared, 3)];
+        assert_eq!(decide(&c, &c[1], Limit::Mutex), Decision::Waiting { watch: c[0].clone(), ahead: 1, span: false });
         assert_eq!(decide(&c, "read-zz-lock-0000000009", Limit::Mutex), Decision::Missing);
+
+        // kazoo's semaphore lease: a plain uuid, made after our node, holds ahead of it.
+        let lease = "4f7c2e0a9b1d4e6f8a2b3c4d5e6f7a8b".to_string();
+        let c = vec![name("a", Mode::Shared, 3), lease.clone()];
+        assert_eq!(decide(&c, &c[0], Limit::Mutex), Decision::Waiting { watch: lease.clone(), ahead: 1, span: false });
+        let permits = Limit::from_permits(Some(2));
+        let c = vec![name("a", Mode::Exclusive, 3), name("b", Mode::Exclusive, 4), "lease-b".into(), "lease-a".into()];
+        assert_eq!(queue(&c).iter().map(|c| c.name).collect::<Vec<_>>(), [&c[3], &c[2], &c[0], &c[1]]);
+        let a = decide(&c, &c[0], permits);
+        assert_eq!(a, Decision::Waiting { watch: "lease-a".into(), ahead: 1, span: true });
+        assert!(a.woken_by(&c[0], "lease-a") && a.woken_by(&c[0], "lease-b"));
+        assert!(!a.woken_by(&c[0], &c[1]), "not by a node behind it");
+        let b = decide(&c, &c[1], permits);
+        assert_eq!(b, Decision::Waiting { watch: "lease-b".into(), ahead: 2, span: true });
+        assert!(!b.woken_by(&c[1], "lease-a"), "a plain node before the window");
+        assert!(b.woken_by(&c[1], "lease-b") && b.woken_by(&c[1], &c[0]));
+        let c = vec![
+            name("a", Mode::Exclusive, 3),
+            name("b", Mode::Exclusive, 4),
+            name("c", Mode::Exclusive, 5),
+            "lease-a".into(),
+        ];
+        let third = decide(&c, &c[2], permits);
+        assert_eq!(third, Decision::Waiting { watch: c[0].clone(), ahead: 2, span: true });
+        assert!(!third.woken_by(&c[2], "lease-a"), "a window that starts at a queued node");
     }
 
     #[test]
@@ -432,17 +482,22 @@ mod tests {
     enum Op {
         Enqueue(Mode),
         Foreign,
-        Junk,
+        /// A plain node (a stranger's lease): a holder ahead of the queue.
+        Plain,
         Release(usize),
         /// A `Lock` object made, changed (0 is taken as "deleted": a mutex again).
         SetPermits(u32),
+    }
+
+    fn is_ours(node: &str) -> bool {
+        node.starts_with("write-") || node.starts_with("read-")
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             4 => prop_oneof![Just(Mode::Exclusive), Just(Mode::Shared)].prop_map(Op::Enqueue),
             1 => Just(Op::Foreign),
-            1 => Just(Op::Junk),
+            1 => Just(Op::Plain),
             4 => any::<usize>().prop_map(Op::Release),
             1 => (0u32..6).prop_map(Op::SetPermits),
         ]
@@ -487,29 +542,41 @@ mod tests {
         fn recipe_matches_the_fifo_model(start_permits in 0u32..6, ops in proptest::collection::vec(op(), 1..80)) {
             let mut limit = Limit::from_permits((start_permits > 0).then_some(start_permits));
             let mut children: Vec<String> = vec![];
-            // sequence -> (node, mode) in the model; junk has no entry.
+            // Queue key -> (node, mode) in the model: plain nodes first (in name order, as
+            // their zero-padded numbers), then the sequence.
             let mut contenders: BTreeMap<u64, (String, Mode)> = BTreeMap::new();
+            const QUEUED: u64 = 1 << 32;
             let mut holding: BTreeSet<u64> = BTreeSet::new();
             let mut next_seq = 0u64;
             // The engine's last decision for each of our contenders.
             let mut last: BTreeMap<String, Decision> = BTreeMap::new();
+            // Waiters kept asleep with a wider window than they would now name: a plain node made
+            // inside a window that starts at a plain node moves its start, and nothing wakes the
+            // waiter (no deletion). Its old window still holds the new one, so every deletion
+            // that matters wakes it; it may only wake for one more.
+            let mut widened: BTreeSet<String> = BTreeSet::new();
 
             for op in ops {
                 next_seq += 1;
                 let mut released = None;
                 let mut everyone = false;
+                let plain_made = matches!(op, Op::Plain);
                 match op {
                     Op::Enqueue(mode) => {
                         let node = name(&format!("c{next_seq}"), mode, next_seq);
                         children.push(node.clone());
-                        contenders.insert(next_seq, (node, mode));
+                        contenders.insert(QUEUED + next_seq, (node, mode));
                     }
                     Op::Foreign => {
                         let node = format!("_c_{next_seq:x}-lock-{next_seq:010}");
                         children.push(node.clone());
+                        contenders.insert(QUEUED + next_seq, (node, Mode::Exclusive));
+                    }
+                    Op::Plain => {
+                        let node = format!("lease-{next_seq:04}");
+                        children.push(node.clone());
                         contenders.insert(next_seq, (node, Mode::Exclusive));
                     }
-                    Op::Junk => children.push(format!("junk{}", next_seq % 7)),
                     Op::Release(i) => {
                         if contenders.is_empty() { continue; }
                         let seq = *contenders.keys().nth(i % contenders.len()).unwrap();
@@ -533,7 +600,7 @@ mod tests {
                 let mut woken = 0;
                 let mut granted = false;
                 for (seq, (node, _)) in &contenders {
-                    if !node.starts_with("write-") && !node.starts_with("read-") {
+                    if !is_ours(node) {
                         continue; // foreign: nobody decides for it here
                     }
                     let fresh = decide(&children, node, limit);
@@ -543,14 +610,28 @@ mod tests {
                         Some(Decision::Held) => Decision::Held,
                         Some(b) if !everyone && !released.as_deref().is_some_and(|r| b.woken_by(node, r)) => {
                             // Not woken: it must not have anything new to learn.
+                            let position = |n: &str| order.iter().position(|o| *o == n);
                             let same = match (b, &fresh) {
-                                (Decision::Waiting { watch: w0, span: s0, .. }, Decision::Waiting { watch: w1, span: s1, .. }) => w0 == w1 && s0 == s1,
+                                (Decision::Waiting { watch: w0, span: s0, .. }, Decision::Waiting { watch: w1, span: s1, .. }) => {
+                                    let wider = (plain_made || widened.contains(node.as_str()))
+                                        && position(w0).is_some_and(|p0| position(w1).is_some_and(|p1| p0 < p1));
+                                    if wider {
+                                        widened.insert(node.clone());
+                                    }
+                                    s0 == s1 && (w0 == w1 || wider)
+                                }
                                 _ => false,
                             };
                             prop_assert!(same, "{} was not woken but would now decide {:?} instead of {:?}", node, fresh, b);
                             b.clone()
                         }
-                        Some(_) => { if released.is_some() { woken += 1; } fresh.clone() }
+                        Some(_) => {
+                            if released.is_some() && !widened.contains(node.as_str()) {
+                                woken += 1;
+                            }
+                            widened.remove(node.as_str());
+                            fresh.clone()
+                        }
                         None => fresh.clone(),
                     };
                     match &decided {
@@ -563,7 +644,9 @@ mod tests {
                             // A count kept from before may be stale (refreshed in batches).
                             prop_assert!(*ahead >= 1 && (*ahead <= me || decided != fresh));
                             if let (true, Limit::Permits(n)) = (*span, limit) {
-                                prop_assert_eq!(me - from.unwrap(), n.get() as usize, "a window of N nodes");
+                                let width = me - from.unwrap();
+                                let n = n.get() as usize;
+                                prop_assert!(width == n || (width > n && widened.contains(node.as_str())), "a window of {} nodes, not N = {}", width, n);
                             }
                         }
                         Decision::Missing => prop_assert!(false, "{node} is missing"),
@@ -578,7 +661,7 @@ mod tests {
                     // The safety the product is about, stated on its own: a grant never makes
                     // more than N holders (ours as decided, foreign ones as the model has them).
                     let ours = last.values().filter(|d| **d == Decision::Held).count();
-                    let foreign = contenders.iter().filter(|(s, (n, _))| n.starts_with("_c_") && holding.contains(s)).count();
+                    let foreign = contenders.iter().filter(|(s, (n, _))| !is_ours(n) && holding.contains(s)).count();
                     prop_assert!(ours + foreign <= n.get() as usize, "{} holders with {} permits", ours + foreign, n);
                 }
             }

@@ -7,12 +7,11 @@
 //! directory a session gap may have let a foreign client hold the lock, so holders cannot be
 //! assumed to have kept it.
 
-use serde::{Deserialize, Serialize};
 use zookeeper_client as zk;
 
 use super::contender::{ContenderSpec, Recorded};
 use super::core::Core;
-use super::data::NodeData;
+use super::data::{DirMarker, NodeData};
 use super::ops::{self, node_name};
 use super::retry::{self, Backoff};
 use super::stats::Stats;
@@ -23,30 +22,6 @@ use crate::recipe;
 const MAX_ATTEMPTS: usize = 20;
 /// Operations per multi-op: keeps each request well under ZooKeeper's 1 MiB jute.maxbuffer.
 const OPS_PER_MULTI: usize = 1000;
-
-/// The lock directory's own data.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct DirMarker {
-    #[serde(default)]
-    foreign_seen: bool,
-}
-
-impl DirMarker {
-    /// Empty data is a directory zklock made and no stranger touched; data that is not our
-    /// marker was written by somebody else, which counts as foreign use.
-    fn parse(data: &[u8]) -> DirMarker {
-        if data.is_empty() {
-            return DirMarker::default();
-        }
-        serde_json::from_slice(data).unwrap_or(DirMarker { foreign_seen: true })
-    }
-
-    fn to_bytes(&self) -> Vec<u8> {
-        // A struct of one bool always serialises.
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-}
 
 /// The order re-created nodes take: recorded holders first, then the others in the order of
 /// the nodes they had (across a wrap of the sequence too), then as given.
@@ -104,7 +79,7 @@ pub(super) async fn recreate(
         for chunk in chunks {
             // Guarded by the leader epoch, like every write of the engine.
             let mut multi = core.fence.writer(client).map_err(|e| Error::zk("multi", lock, e))?;
-            multi.add_set_data(lock, &marker, Some(version)).map_err(|e| Error::zk("multi", lock, e))?;
+            multi.add_set_data(lock, marker, Some(version)).map_err(|e| Error::zk("multi", lock, e))?;
             for op in chunk {
                 match op {
                     Op::Delete(path) => multi.add_delete(path, None),
@@ -206,15 +181,17 @@ pub(super) async fn remove_if_empty(client: &zk::Client, core: &Core, lock: &str
 }
 
 /// Records in the directory's data that a foreign node was seen there (guarded by the leader
-/// epoch, as every write). Idempotent.
+/// epoch, as every write). Idempotent. A stranger's data is replaced too: kazoo's semaphore
+/// writes its lease count there when it makes the directory, and would go on granting leases
+/// to semaphores of that count.
 pub(super) async fn mark_foreign(client: &zk::Client, core: &Core, lock: &str) -> Result<(), zk::Error> {
+    let marker = DirMarker { foreign_seen: true }.to_bytes();
     loop {
         let (body, stat) = retry::idempotent(|| client.get_data(lock)).await?;
-        if DirMarker::parse(&body).foreign_seen {
+        if body == marker {
             return Ok(());
         }
-        let marker = DirMarker { foreign_seen: true }.to_bytes();
-        match retry::idempotent(|| core.fence.set_data(client, lock, &marker, stat.version)).await {
+        match retry::idempotent(|| core.fence.set_data(client, lock, marker, stat.version)).await {
             Ok(()) => return Ok(()),
             Err(zk::Error::BadVersion) => continue,
             Err(e) => return Err(e),
@@ -244,13 +221,5 @@ mod tests {
         ];
         let order: Vec<String> = queue_order(given).into_iter().map(|s| s.id.to_string()).collect();
         assert_eq!(order, ["holder", "second", "wrapped", "late", "later"]);
-    }
-
-    #[test]
-    fn marker_reads_empty_as_ours_and_strangers_data_as_foreign() {
-        assert!(!DirMarker::parse(b"").foreign_seen);
-        assert!(!DirMarker::parse(br#"{"foreignSeen":false}"#).foreign_seen);
-        assert!(DirMarker::parse(br#"{"foreignSeen":true}"#).foreign_seen);
-        assert!(DirMarker::parse(b"10.0.0.7").foreign_seen);
     }
 }

@@ -74,7 +74,7 @@ impl ContenderState {
     /// While waiting, whether the node it waits on belongs to a client other than zklock.
     pub fn waits_for_foreign(&self) -> bool {
         match self {
-            ContenderState::Waiting { watching, .. } => recipe::parse_child(watching).is_some_and(|c| c.ours.is_none()),
+            ContenderState::Waiting { watching, .. } => recipe::parse_child(watching).is_none_or(|c| c.ours.is_none()),
             _ => false,
         }
     }

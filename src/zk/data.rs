@@ -1,5 +1,5 @@
 //! What zklock writes into a contender's znode, and how a revocation request written there (by
-//! us or by another ZooKeeper client) is recognised.
+//! us or by another ZooKeeper client) is recognised; and what it writes into a lock directory.
 
 use serde::{Deserialize, Serialize};
 
@@ -72,6 +72,54 @@ pub fn with_revoke_request(current: &[u8], reason: &str) -> Vec<u8> {
     }
 }
 
+/// The lock directory's own data: `0` in a directory only zklock has used, `-1` once a foreign
+/// node was seen there.
+///
+/// A number, because kazoo's `Semaphore` reads the data of its directory as its count of leases
+/// and refuses to acquire when it differs from its own ("Inconsistent max leases: 0, expected:
+/// 3"), and no lease count can be 0 or -1 and still grant anything. kazoo's semaphore counts
+/// children, then creates its lease: a check and a write that nothing of ours can make atomic,
+/// so it cannot share a queue with the claims soundly; a directory zklock made refuses it.
+/// (Earlier releases wrote `{"foreignSeen":…}`, still read.)
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirMarker {
+    pub foreign_seen: bool,
+}
+
+/// The data a lock directory is made with: only zklock has used it.
+pub const CLEAN_DIRECTORY: &[u8] = b"0";
+const FOREIGN_DIRECTORY: &[u8] = b"-1";
+
+/// The earlier releases' marker.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonMarker {
+    #[serde(default)]
+    foreign_seen: bool,
+}
+
+impl DirMarker {
+    /// Empty data is a directory made by an earlier release (or by mkdir of a parent) that no
+    /// stranger touched; data that is not a marker was written by somebody else, which counts as
+    /// foreign use.
+    pub fn parse(data: &[u8]) -> DirMarker {
+        let foreign_seen = match data.trim_ascii() {
+            b"" | CLEAN_DIRECTORY => false,
+            FOREIGN_DIRECTORY => true,
+            other => serde_json::from_slice::<JsonMarker>(other).map_or(true, |m| m.foreign_seen),
+        };
+        DirMarker { foreign_seen }
+    }
+
+    pub fn to_bytes(self) -> &'static [u8] {
+        if self.foreign_seen {
+            FOREIGN_DIRECTORY
+        } else {
+            CLEAN_DIRECTORY
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +137,19 @@ mod tests {
         assert!(revoke_request(b"__REVOKE__").is_some());
         assert_eq!(revoke_request(b"10.0.0.7"), None, "Curator's default data is an address");
         assert_eq!(with_revoke_request(b"10.0.0.7", "x"), b"__REVOKE__".to_vec());
+    }
+
+    #[test]
+    fn marker_reads_empty_as_ours_and_strangers_data_as_foreign() {
+        assert!(!DirMarker::parse(b"").foreign_seen);
+        assert!(!DirMarker::parse(b"0").foreign_seen);
+        assert!(DirMarker::parse(b"-1").foreign_seen);
+        assert!(!DirMarker::parse(br#"{"foreignSeen":false}"#).foreign_seen, "an earlier release's marker");
+        assert!(DirMarker::parse(br#"{"foreignSeen":true}"#).foreign_seen);
+        assert!(DirMarker::parse(b"10.0.0.7").foreign_seen);
+        assert!(DirMarker::parse(b"3").foreign_seen, "a lease count written by a semaphore client");
+        for marker in [DirMarker { foreign_seen: false }, DirMarker { foreign_seen: true }] {
+            assert_eq!(DirMarker::parse(marker.to_bytes()), marker);
+        }
     }
 }

@@ -5,7 +5,7 @@ use zookeeper_client as zk;
 
 use super::contender::ContenderSpec;
 use super::core::Core;
-use super::data::NodeData;
+use super::data::{NodeData, CLEAN_DIRECTORY};
 use super::retry::{self, Backoff};
 use super::stats::Stats;
 use super::Error;
@@ -42,11 +42,19 @@ pub(super) async fn list(client: &zk::Client, path: &str) -> Result<Vec<String>,
     children_or_empty(client, path).await.map(|(children, _)| children).map_err(|e| Error::zk("list", path, e))
 }
 
-/// Makes lock directory `lock` (and its parents). Lock directories stay open to everybody for
-/// create, so that Curator clients can contend.
+/// Makes lock directory `lock` (and its parents), with the data that marks it as zklock's (and
+/// refuses kazoo's semaphore, see [`super::data::DirMarker`]). Lock directories stay open to everybody
+/// for create, so that Curator clients can contend.
 pub(super) async fn ensure_dir(client: &zk::Client, lock: &str) -> Result<(), Error> {
     let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-    retry::idempotent(|| client.mkdir(lock, &options)).await.map_err(|e| Error::zk("mkdir", lock, e))
+    let parent = parent_of(lock);
+    if parent != "/" {
+        retry::idempotent(|| client.mkdir(parent, &options)).await.map_err(|e| Error::zk("mkdir", parent, e))?;
+    }
+    match retry::idempotent(|| client.create(lock, CLEAN_DIRECTORY, &options)).await {
+        Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+        Err(e) => Err(Error::zk("create", lock, e)),
+    }
 }
 
 /// Creates the contender's node (and its directory if needed); after a lost answer, looks for
