@@ -11,6 +11,19 @@ pub fn prepare_create(def: &ResourceDef, obj: &mut Value) {
             // PodStrategy.PrepareForCreate: clients cannot create a pod with a status.
             obj["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
             default_pod_spec(obj);
+            // applySchedulingGatedCondition: the API server itself (not the scheduler) marks a
+            // pod made with scheduling gates.
+            let gated = obj.pointer("/spec/schedulingGates").and_then(Value::as_array).is_some_and(|g| !g.is_empty());
+            if gated {
+                obj["status"]["conditions"] = json!([{
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "lastProbeTime": null,
+                    "lastTransitionTime": crate::meta::now_rfc3339(),
+                    "reason": "SchedulingGated",
+                    "message": "Scheduling is blocked due to non-empty scheduling gates",
+                }]);
+            }
         }
         ("", "namespaces") => {
             obj["status"] = json!({"phase": "Active"});

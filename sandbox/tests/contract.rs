@@ -629,7 +629,21 @@ async fn scheduling_gates_can_be_removed_but_never_added() {
         serde_json::from_value::<Pod>(p).expect("gated pod")
     };
     let two = json!([{"name": "zklock.io/lock"}, {"name": "example.com/quota"}]);
-    pods.create(&PostParams::default(), &gated("g", two)).await.expect("create a gated pod");
+    let made = pods.create(&PostParams::default(), &gated("g", two)).await.expect("create a gated pod");
+    // The API server marks a pod made with gates (applySchedulingGatedCondition), whatever the
+    // client sent as status.
+    let scheduled = made.status.and_then(|s| s.conditions).into_iter().flatten().find(|c| c.type_ == "PodScheduled");
+    let scheduled = scheduled.expect("a PodScheduled condition on the gated pod");
+    assert_eq!(
+        (scheduled.status.as_str(), scheduled.reason.as_deref()),
+        ("False", Some("SchedulingGated")),
+        "{scheduled:?}"
+    );
+    let plain = pods.create(&PostParams::default(), &pod("ungated")).await.expect("create a pod without gates");
+    assert!(
+        plain.status.and_then(|s| s.conditions).unwrap_or_default().is_empty(),
+        "no condition on a pod made without gates (nothing schedules it)"
+    );
     let names = |p: &Pod| -> Vec<String> {
         p.spec
             .as_ref()
