@@ -156,16 +156,28 @@ pub async fn delete(api: &Api<LockClaim>, name: &str, uid: &str) {
 /// The claim as a watch sees it, or None once it is gone.
 pub fn watch(api: &Api<LockClaim>, name: &str) -> impl futures::Stream<Item = Option<LockClaim>> + Send + 'static {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    watcher(api.clone(), config).default_backoff().filter_map(|event| async move {
-        match event {
-            Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c)) => Some(Some(c)),
+    // Whether the listing under way has shown the claim: a watch sends no deletion for a claim
+    // deleted while it was down, only a listing without it.
+    let mut listed = false;
+    watcher(api.clone(), config).default_backoff().filter_map(move |event| {
+        let seen = match event {
+            Ok(watcher::Event::Apply(c)) => Some(Some(c)),
+            Ok(watcher::Event::InitApply(c)) => {
+                listed = true;
+                Some(Some(c))
+            }
+            Ok(watcher::Event::Init) => {
+                listed = false;
+                None
+            }
+            Ok(watcher::Event::InitDone) => (!listed).then_some(None),
             Ok(watcher::Event::Delete(_)) => Some(None),
-            Ok(_) => None,
             Err(e) => {
                 eprintln!("zklock: watching the claim failed ({e}); retrying");
                 None
             }
-        }
+        };
+        futures::future::ready(seen)
     })
 }
 
@@ -195,7 +207,7 @@ async fn follow(api: &Api<LockClaim>, name: &str, uid: &str) -> Result<Held, Fai
         if shown.as_ref() != Some(&now) {
             match (&now.1, &now.2) {
                 (Some(position), Some(ahead)) => {
-                    eprintln!("zklock: waiting: {position} ahead, next to go is {ahead}")
+                    eprintln!("zklock: waiting: {position} ahead, behind {ahead}")
                 }
                 (Some(position), None) => eprintln!("zklock: waiting: {position} ahead"),
                 _ => eprintln!(

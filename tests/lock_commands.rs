@@ -86,7 +86,7 @@ async fn acquire_prints_the_claim_and_token_waits_in_line_and_times_out() {
         finish(zklock(&env, &["acquire", "deploy", "--timeout", "2s"]).spawn().unwrap(), "a timed acquire").await;
     let err = text(&busy.stderr);
     assert_eq!(busy.status.code(), Some(75), "{err}");
-    assert!(err.contains("1 ahead, next to go is ") && err.contains(&claim), "{err}");
+    assert!(err.contains("1 ahead, behind ") && err.contains(&claim), "{err}");
     // A waiter that gets the lock once the holder goes.
     let waiter = zklock(&env, &["acquire", "deploy", "--name", "second"]).spawn().unwrap();
     env.wait_phase("second", Phase::Waiting).await;

@@ -3,7 +3,7 @@
 //! is the claims' (`admission::Gates`): a pod waits there from the moment the watch delivers it
 //! until its claim is made (or it needs none), and only the first one may make its claim.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use kube::runtime::reflector::ObjectRef;
 
@@ -47,6 +47,17 @@ impl Arrivals {
         self.gates.may_enqueue(&arrival.lock, arrival.place, &uid)
     }
 
+    /// After a listing: the pods it did not list leave their gates (a watch sends no deletion
+    /// for a pod deleted while it was down, and one left at a gate would hold back every pod
+    /// behind it). Answers the pods first at a gate now.
+    pub fn keep_listed(&mut self, listed: &HashSet<Uid>) -> Vec<ObjectRef<KeptPod>> {
+        let gone: Vec<Uid> = self.pods.keys().filter(|uid| !listed.contains(*uid)).cloned().collect();
+        let mut next: Vec<ObjectRef<KeptPod>> = gone.iter().filter_map(|uid| self.leave(uid)).collect();
+        next.retain(|r| self.pods.values().any(|a| a.pod == *r));
+        next.dedup();
+        next
+    }
+
     /// The pod leaves its gate; answers the pod first there now, if any.
     pub fn leave(&mut self, uid: &str) -> Option<ObjectRef<KeptPod>> {
         let arrival = self.pods.remove(uid)?;
@@ -81,5 +92,21 @@ mod tests {
         assert!(arrivals.may_create("/l".into(), &b));
         assert_eq!(arrivals.leave("uid-b").map(|r| r.name), Some("c".to_string()));
         assert_eq!(arrivals.leave("uid-b"), None, "left already");
+    }
+
+    #[test]
+    fn a_pod_missing_from_a_listing_leaves_its_gate() {
+        let mut arrivals = Arrivals::default();
+        let (a, b, c) = (pod("a", 100), pod("b", 101), pod("c", 102));
+        for p in [&a, &b, &c] {
+            arrivals.arrive("/l".into(), p);
+        }
+        // a was deleted while the watch was down: only b and c are listed again.
+        let listed: HashSet<Uid> = ["uid-b".into(), "uid-c".into()].into_iter().collect();
+        let next: Vec<String> = arrivals.keep_listed(&listed).into_iter().map(|r| r.name).collect();
+        assert_eq!(next, ["b"]);
+        assert!(arrivals.may_create("/l".into(), &b), "b is no longer held back by a");
+        assert!(!arrivals.may_create("/l".into(), &c));
+        assert!(arrivals.keep_listed(&listed).is_empty(), "nobody left");
     }
 }

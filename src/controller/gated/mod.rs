@@ -11,6 +11,7 @@ mod arrivals;
 pub mod plan;
 mod pod;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ pub use arrivals::Arrivals;
 use plan::{PodPlan, Report, Step, CONDITION, GATE};
 pub use pod::KeptPod;
 
-use super::{Context, Error};
+use super::{Context, Error, Uid};
 use crate::api::{LockClaim, Phase};
 
 /// The pods of one scope that no node runs yet, kept in `writer`'s store, as the controller's
@@ -40,18 +41,29 @@ pub fn pods(
     api: Api<KeptPod>,
     writer: Writer<KeptPod>,
 ) -> impl Stream<Item = Result<KeptPod, watcher::Error>> + Send + 'static {
+    // The pods of the listing under way: those it leaves out are gone.
+    let mut listed: HashSet<Uid> = HashSet::new();
     watcher(api, watcher::Config::default().fields("spec.nodeName="))
         .default_backoff()
         .reflect(writer)
         .inspect(move |event| match event {
             Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod)) => {
+                if matches!(event, Ok(watcher::Event::InitApply(_))) {
+                    listed.insert(pod.uid().into());
+                }
                 if let (true, Ok(ask)) = (pod.gates.iter().any(|g| g == GATE), plan::read(pod)) {
                     let lock = ctx.lock_path(pod.namespace(), &ask.lock_name);
                     ctx.arrivals.lock().arrive(lock, pod);
                 }
             }
             Ok(watcher::Event::Delete(pod)) => leave(&ctx, pod.uid()),
-            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+            Ok(watcher::Event::Init) => listed.clear(),
+            Ok(watcher::Event::InitDone) => {
+                let next = ctx.arrivals.lock().keep_listed(&std::mem::take(&mut listed));
+                for pod in next {
+                    ctx.trigger_pod(pod);
+                }
+            }
             Err(e) => tracing::warn!(error = %e, "watch of unscheduled pods failed; retrying"),
         })
         .applied_objects()

@@ -193,16 +193,19 @@ pub fn plan(pod: &KeptPod, claim: Option<&KeptClaim>, known_held: bool) -> PodPl
     let gate = pod.gates.iter().position(|g| g == GATE);
     let acquired = pod.condition.as_ref().is_some_and(|c| c.status == "True");
     let name = pod.name();
+    let asks = gate.is_some() || pod.annotation(LOCK).is_some();
     match claim {
         Some(claim) => match owner_pod(claim) {
             Some(owner) if owner.uid == pod.uid() => for_own_claim(pod, claim, gate, known_held),
-            // Made for an earlier pod of this name, which is gone (this pod has the name now).
-            Some(_) => PodPlan {
+            // Made for an earlier pod of this name, which is gone (this pod has the name now),
+            // and this one asks for a lock: its own claim needs the name. A claim owned by a pod
+            // of another name was not made for a gated pod: somebody else's, left alone.
+            Some(owner) if owner.name == name && asks => PodPlan {
                 step: Step::DeleteStale { uid: claim.metadata.uid.clone().unwrap_or_default() },
                 report: None,
             },
-            None if gate.is_none() && pod.annotation(LOCK).is_none() => PodPlan::nothing(),
-            None => PodPlan::report(Report::problem(
+            _ if !asks => PodPlan::nothing(),
+            _ => PodPlan::report(Report::problem(
                 "ClaimNameTaken",
                 format!(
                     "a LockClaim named {name} exists and was not made for this pod; the pod's claim takes its pod's \
@@ -410,6 +413,15 @@ mod tests {
         users.metadata.owner_references = None;
         let report = plan(&p, Some(&users), true).report.unwrap();
         assert_eq!((report.reason, report.warning), ("ClaimNameTaken", true));
+        // Owned by a pod of another name: not a gated pod's claim, never deleted.
+        let mut other_pods = claim_of(&p, Some(Phase::Held));
+        let owner = &mut other_pods.metadata.owner_references.as_mut().unwrap()[0];
+        (owner.name, owner.uid) = ("somebody-else".into(), "pod-9".into());
+        let report = plan(&p, Some(&other_pods), true).report.unwrap();
+        assert_eq!(report.reason, "ClaimNameTaken");
+        // A pod that asks for no lock deletes nobody's claim, whatever its owner.
+        let plain = pod(json!({}), &[], None);
+        assert_eq!(plan(&plain, Some(&earlier), false), PodPlan::nothing());
     }
 
     #[test]
