@@ -1,10 +1,10 @@
 //! The chaos suite (DESIGN.md §5): three replicas of the real `zklock` binary with leader
 //! election, a real three-server ZooKeeper ensemble, the API server under test, and a workload
 //! of claims on a few locks (exclusive and shared, acquire timeouts, holder pods deleted,
-//! revocations), while faults are injected again and again: kill -9 of the leader, a hung API
-//! connection for the leader, SIGSTOP of the leader for longer than its lease, a kill of the
-//! ZooKeeper leader, and a partition of the leader from ZooKeeper long enough to expire its
-//! session. Every status change is recorded from a watch and the whole history is checked
+//! revocations; one lock a semaphore of two permits), while faults are injected again and
+//! again: kill -9 of the leader, a hung API connection for the leader, SIGSTOP of the leader
+//! for longer than its lease, a kill of the ZooKeeper leader, and a partition of the leader from
+//! ZooKeeper long enough to expire its session. Every status change is recorded from a watch and the whole history is checked
 //! (DESIGN.md §4), plus: no holder of these zklock-only locks ever turns Lost, no znode of a
 //! gone claim remains, every claim ends Held or final.
 //!
@@ -20,15 +20,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e_support::*;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use zklock::api::{LockClaim, Phase};
+use zklock::api::{Lock, LockClaim, Phase};
 use zklock_testkit::hang::HangingRelay;
 use zklock_testkit::proxy::Proxy;
 use zklock_testkit::Ensemble;
 
 const REPLICAS: usize = 3;
-const LOCKS: [&str; 4] = ["x0", "x1", "x2", "s0"];
+const LOCKS: [&str; 5] = ["x0", "x1", "x2", "s0", "p0"];
+/// `p0` has a `Lock` object: a semaphore of this many permits.
+const PERMITS: usize = 2;
 const WORKERS: usize = 6;
 /// The operators' ZooKeeper session timeout: short, so that a partition expires it quickly.
 const SESSION_TIMEOUT: Duration = Duration::from_secs(4);
@@ -104,6 +106,14 @@ async fn chaos() {
         }
     })
     .await;
+    let locks: kube::Api<Lock> = kube::Api::namespaced(env.client.clone(), &env.ns);
+    let semaphore: Lock = serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
+        "metadata": { "name": "p0" }, "spec": { "permits": PERMITS },
+    }))
+    .expect("a Lock");
+    env.history.set_permits("p0", PERMITS);
+    locks.create(&PostParams::default(), &semaphore).await.expect("create the Lock of p0");
 
     // The workload, until the deadline.
     let deadline = started + run_for;
@@ -170,9 +180,10 @@ async fn chaos() {
     let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| history.check()));
     let violations = usize::from(checked.is_err()) + lost.len() + stuck.len();
     let faults: Vec<String> = injected.iter().map(|(f, n)| format!("{f:?}={n}")).collect();
+    let semaphore_most = env.history.most_held_at_once("p0");
     eprintln!(
         "chaos: minutes={minutes_run:.1} faults: {} claims={} grants={grants} transitions={} violations={violations} \
-         leaked_znodes={} longest_wait_behind_gone_holder={:.1}s",
+         leaked_znodes={} longest_wait_behind_gone_holder={:.1}s p0_most_held_at_once={semaphore_most}",
         faults.join(" "),
         names.len(),
         records.len(),
@@ -186,6 +197,7 @@ async fn chaos() {
     assert!(lost.is_empty(), "holders of zklock-only locks turned Lost: {lost:?}");
     assert!(stuck.is_empty(), "claims neither Held nor final after {LIVENESS:?}: {stuck:?}");
     assert!(leaked.is_empty(), "znodes left behind: {leaked:?}");
+    assert_eq!(semaphore_most, PERMITS, "p0, a semaphore of {PERMITS} permits, never had that many holders at once");
     assert_eq!(injected.values().sum::<usize>(), n, "every fault was injected");
     drop(replicas);
 }

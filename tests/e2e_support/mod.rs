@@ -450,6 +450,22 @@ impl History {
         seen
     }
 
+    /// The most claims the history shows holding `lock` at one time: a lock with permits that
+    /// never had two holders at once was not exercised as one.
+    pub fn most_held_at_once(&self, lock: &str) -> usize {
+        let mut holding = HashSet::new();
+        let mut most = 0;
+        for r in self.records().into_iter().filter(|r| r.lock == lock) {
+            if r.phase == Some(Phase::Held) && !r.gone {
+                holding.insert(r.uid);
+            } else {
+                holding.remove(&r.uid);
+            }
+            most = most.max(holding.len());
+        }
+        most
+    }
+
     /// Checks DESIGN.md §4 (mutual exclusion, fencing) and the status conventions over the
     /// whole history; panics with the offending records.
     pub fn check(&self) {
