@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command: installs what the tests need (ZooKeeper, kubectl, helm), then format, lint
-# and every test of the workspace against real components (ZooKeeper, Curator, kube-sandbox,
+# The test command: installs what the tests need (ZooKeeper, kubectl, helm, kazoo), then format, lint
+# and every test of the workspace against real components (ZooKeeper, Curator, kazoo, kube-sandbox,
 # kubectl, helm; the chart's tests are tests/chart.rs and tests/chart_rbac.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
