@@ -4,7 +4,8 @@
 //!
 //! Runs the release `zklock` binary as the operator against a real ZooKeeper (started here, or
 //! ZKLOCK_TEST_ZK) and kube-sandbox (in this process, or ZKLOCK_TEST_KUBECONFIG), and prints:
-//! handoff latency at 10 and 1,000 waiters, ZooKeeper watch events and API writes per handoff,
+//! handoff latency at 10 and 1,000 waiters and on a semaphore of 3 permits at 10 waiters, ZooKeeper
+//! watch events and API writes per handoff,
 //! holder-pod-deleted → next Held, gated pod finished → next gated pod's scheduling gate removed
 //! (with API writes per gated handoff), uncontended acquire/release throughput over 1,000 locks next
 //! to Apache Curator's on the same ZooKeeper, and the operator's memory per claim at 10,000
@@ -28,7 +29,7 @@ use kube::runtime::wait::await_condition;
 use kube::runtime::watcher;
 use kube::Api;
 use serde_json::json;
-use zklock::api::{LockClaim, Phase};
+use zklock::api::{Lock, LockClaim, Phase};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -96,13 +97,8 @@ async fn handoffs(client: &kube::Client, zk: &zklock_testkit::ZkServer, sizes: &
     let mut handoff_p50 = vec![];
     for waiters in sizes.waiters {
         let bench = Bench::start(client, zk, &format!("handoff-{waiters}")).await?;
-        let result = bench.handoffs(waiters, sizes.handoffs).await?;
-        println!(
-            "handoff at {waiters:>4} waiters: {}  | ZooKeeper watch events/handoff {:.2}  API writes/handoff {:.2}",
-            result.latency.summary(),
-            result.zk_events_per_handoff,
-            result.writes_per_handoff
-        );
+        let result = bench.handoffs(1, waiters, sizes.handoffs).await?;
+        println!("handoff at {waiters:>4} waiters: {}", result.summary());
         handoff_p50.push(result.latency.percentile(0.5));
     }
     println!(
@@ -111,9 +107,21 @@ async fn handoffs(client: &kube::Client, zk: &zklock_testkit::ZkServer, sizes: &
         sizes.waiters[0],
         handoff_p50[1].as_secs_f64() / handoff_p50[0].as_secs_f64()
     );
-
+    // The same handoff on a semaphore: the oldest of SEMAPHORE_PERMITS holders leaves and the
+    // first waiter takes its permit, next to the mutex's figure of the same run.
+    let waiters = sizes.waiters[0];
+    let bench = Bench::start(client, zk, "handoff-semaphore").await?;
+    let result = bench.handoffs(SEMAPHORE_PERMITS, waiters, sizes.handoffs).await?;
+    println!("semaphore of {SEMAPHORE_PERMITS} permits, handoff at {waiters:>4} waiters: {}", result.summary());
+    println!(
+        "handoff p50 ratio semaphore vs mutex at {waiters} waiters: {:.2}",
+        result.latency.percentile(0.5).as_secs_f64() / handoff_p50[0].as_secs_f64()
+    );
     Ok(())
 }
+
+/// The permits of the semaphore lock the handoff benchmark measures next to a mutex.
+const SEMAPHORE_PERMITS: usize = 3;
 
 async fn throughput(client: &kube::Client, zk: &zklock_testkit::ZkServer, sizes: &Sizes) -> Result<(), Error> {
     let bench = Bench::start(client, zk, "throughput").await?;
@@ -247,30 +255,41 @@ impl Bench {
         Ok(())
     }
 
-    async fn handoffs(&self, waiters: usize, handoffs: usize) -> Result<HandoffResult, Error> {
+    /// Handoffs on lock `l` with `permits` permits (a `Lock` object when more than one): each
+    /// round queues `permits` holders and `waiters` waiters, then deletes the oldest holder and
+    /// times until the first waiter is seen Held, again and again.
+    async fn handoffs(&self, permits: usize, waiters: usize, handoffs: usize) -> Result<HandoffResult, Error> {
+        if permits > 1 {
+            let lock: Lock = serde_json::from_value(json!({
+                "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
+                "metadata": {"name": "l"}, "spec": {"permits": permits},
+            }))?;
+            Api::<Lock>::namespaced(self.client.clone(), &self.ns).create(&PostParams::default(), &lock).await?;
+        }
         let mut latency = Samples::default();
         let (mut writes, mut zk_events) = (0u64, 0f64);
         let mut next = 0usize;
         let mut counted = 0usize;
         while counted < handoffs {
-            // Refill: a holder and `waiters` waiters (not counted).
+            // Refill: the holders and `waiters` waiters (not counted).
             let first = next;
-            for i in 0..=waiters {
+            let size = permits + waiters;
+            for i in 0..size {
                 self.create(&format!("c{}", first + i), "l", None).await?;
             }
-            next += waiters + 1;
-            self.wait_phase(&format!("c{first}"), Phase::Held).await?;
-            self.wait_phase(&format!("c{}", first + waiters), Phase::Waiting).await?;
+            next += size;
+            self.wait_phase(&format!("c{}", first + permits - 1), Phase::Held).await?;
+            self.wait_phase(&format!("c{}", first + size - 1), Phase::Waiting).await?;
             let zk_before = self.metric("zklock_zookeeper_operations_total{op=\"predecessor_notification\"}").await;
             let writes_before = self.metric("zklock_kubernetes_writes_total").await;
             let round = waiters.min(handoffs - counted);
             // The next holder's grant is seen on a watch of the namespace that is already open:
             // a new watch per handoff would add the API server's list of the whole queue.
             let (seen, follower) = self.follow();
-            let holder = format!("c{first}");
+            let holder = format!("c{}", first + permits - 1);
             seen.wait(|sets| sets.0.contains(&holder)).await;
             for i in 0..round {
-                let next = format!("c{}", first + i + 1);
+                let next = format!("c{}", first + i + permits);
                 let start = Instant::now();
                 self.claims.delete(&format!("c{}", first + i), &DeleteParams::default()).await?;
                 tokio::time::timeout(Duration::from_secs(120), seen.wait(|sets| sets.0.contains(&next)))
@@ -286,7 +305,7 @@ impl Bench {
                 self.metric("zklock_zookeeper_operations_total{op=\"predecessor_notification\"}").await - zk_before;
             counted += round;
             // Clear the rest of the round's claims.
-            for i in round..=waiters {
+            for i in round..size {
                 let _ = self.claims.delete(&format!("c{}", first + i), &DeleteParams::default()).await;
             }
         }
@@ -518,6 +537,17 @@ struct HandoffResult {
     latency: Samples,
     zk_events_per_handoff: f64,
     writes_per_handoff: f64,
+}
+
+impl HandoffResult {
+    fn summary(&self) -> String {
+        format!(
+            "{}  | ZooKeeper watch events/handoff {:.2}  API writes/handoff {:.2}",
+            self.latency.summary(),
+            self.zk_events_per_handoff,
+            self.writes_per_handoff
+        )
+    }
 }
 
 #[derive(Default)]
