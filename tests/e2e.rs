@@ -748,7 +748,7 @@ async fn three_permits_hold_ten_claims_three_at_a_time_in_order_and_follow_a_liv
     }
     let held3 = |l: &Lock| lock_status(l) == (Some(3), 3, names[..3].to_vec(), 7);
     wait_lock(&locks, "api", "3 of 3 permits held by c0..c2, 7 queued", held3).await;
-    let printed = kubectl(&env, &["get", "locks", "api"]);
+    let printed = env.kubectl(&["get", "locks", "api"]);
     for column in ["PERMITS", "HELD", "QUEUE", "HOLDERS", "c0", "c2"] {
         assert!(printed.contains(column), "kubectl get locks shows {column}: {printed}");
     }
@@ -831,15 +831,4 @@ fn the_checker_orders_tokens_of_a_semaphore_by_the_holds_that_ended() {
     assert!(!check(after_release), "a lower token after a hold with a higher one ended");
     let twice = vec![record(1, "a", Phase::Held, 11), record(2, "b", Phase::Held, 11)];
     assert!(!check(twice), "one token granted twice");
-}
-
-/// Runs the real kubectl in the test's namespace; its stdout (panics, with stderr, on failure).
-fn kubectl(env: &Env, args: &[&str]) -> String {
-    let out = Command::new(zklock_testkit::kube::kubectl())
-        .args(["--kubeconfig", &zklock_testkit::kube::kubeconfig().display().to_string(), "-n", &env.ns])
-        .args(args)
-        .output()
-        .expect("run kubectl");
-    assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }

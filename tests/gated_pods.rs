@@ -116,6 +116,8 @@ async fn the_example_jobs_pods_are_released_one_at_a_time_in_creation_order() {
         let others: &[&str] = if i == 0 { &["example.com/quota"] } else { &[] };
         job_pod(&env, name, others).await;
     }
+    // What a user runs to wait for the grant: the real kubectl on the pod's condition.
+    env.kubectl(&["wait", &format!("--for=condition={CONDITION}"), &format!("pod/{}", names[0]), "--timeout=60s"]);
     let first = wait_pod(&env, names[0], "ungated", |p| !gates(p).contains(&GATE.to_string())).await;
     assert_eq!(gates(&first), ["example.com/quota"], "only zklock's gate is removed");
     let first = wait_pod(&env, names[0], "shown as holding", |p| reason(p).as_deref() == Some("Acquired")).await;
@@ -254,6 +256,9 @@ async fn bad_annotations_are_shown_on_the_pod_and_the_operator_stays_healthy() {
         assert_eq!(kind, "Warning");
         assert!(note.contains(needle), "{note}");
         assert!(env.claims.get_opt(name).await.unwrap().is_none(), "no claim is made for {name}");
+        // What the user reads: the condition and the event, in the real kubectl's describe.
+        let described = env.kubectl(&["describe", "pod", name]);
+        assert!(described.contains(CONDITION) && described.contains(why), "{name}: {described}");
     }
     // Annotating the pod is enough to fix the first one.
     let patch = json!({ "metadata": { "annotations": { "zklock.io/lock": "x" } } });

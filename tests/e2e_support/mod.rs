@@ -33,6 +33,18 @@ pub struct Env {
 }
 
 impl Env {
+    /// Runs the real kubectl in the test's namespace; its stdout (panics, with stderr, on
+    /// failure). Every call must bound its own wait (`--timeout` for `kubectl wait`).
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let out = Command::new(zklock_testkit::kube::kubectl())
+            .args(["--kubeconfig", &zklock_testkit::kube::kubeconfig().display().to_string(), "-n", &self.ns])
+            .args(args)
+            .output()
+            .expect("run kubectl");
+        assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     pub async fn new() -> Env {
         Self::with_zk(zklock_testkit::ZkServer::shared().chroot().await).await
     }
