@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
@@ -35,6 +36,9 @@ pub struct Request {
     pub mode: Mode,
     pub timeout: Option<Duration>,
     pub holder_pod: Option<String>,
+    /// The holder pod's UID: the claim is then owned by the pod, and the garbage collector
+    /// deletes it with the pod (as the claims of gated pods are).
+    pub holder_pod_uid: Option<String>,
     pub namespace: String,
     /// The claim's name; default: generated from the lock's.
     pub name: Option<String>,
@@ -87,6 +91,7 @@ pub fn claim_for(request: &Request) -> LockClaim {
             name: request.name.clone(),
             generate_name: request.name.is_none().then(|| format!("{}-", base.trim_end_matches(['.', '-']))),
             namespace: Some(request.namespace.clone()),
+            owner_references: owner(request).map(|o| vec![o]),
             ..ObjectMeta::default()
         },
         spec: LockClaimSpec {
@@ -101,6 +106,19 @@ pub fn claim_for(request: &Request) -> LockClaim {
         },
         status: None,
     }
+}
+
+/// The holder pod as the claim's owner, when its UID is known. Not a controller reference, and
+/// it does not block the pod's deletion (which would need more RBAC than the claim's own).
+fn owner(request: &Request) -> Option<OwnerReference> {
+    let (name, uid) = (request.holder_pod.as_ref()?, request.holder_pod_uid.as_ref()?);
+    Some(OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: name.clone(),
+        uid: uid.clone(),
+        ..OwnerReference::default()
+    })
 }
 
 /// Creates the claim and waits until it is Held (or ends, or `interrupt` fires, which deletes
@@ -248,6 +266,7 @@ mod tests {
             mode: Mode::Shared,
             timeout,
             holder_pod: Some("init-pod".into()),
+            holder_pod_uid: None,
             namespace: "shop".into(),
             name: name.map(Into::into),
             grace: None,
@@ -265,6 +284,11 @@ mod tests {
         let named = claim_for(&request(Some("mine"), None));
         assert_eq!((named.metadata.name.as_deref(), named.metadata.generate_name), (Some("mine"), None));
         assert_eq!(named.spec.acquire_timeout_seconds, None);
+        assert_eq!(named.metadata.owner_references, None, "no owner without the pod's UID");
+        let owned = claim_for(&Request { holder_pod_uid: Some("u-1".into()), ..request(None, None) });
+        let owner = &owned.metadata.owner_references.expect("owned by its holder pod")[0];
+        assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()), ("Pod", "init-pod", "u-1"));
+        assert_eq!((owner.controller, owner.block_owner_deletion), (None, None));
         let long = Request { lock: format!("{}-x", "a".repeat(51)), ..request(None, None) };
         assert_eq!(claim_for(&long).metadata.generate_name, Some(format!("{}-", "a".repeat(51))));
     }

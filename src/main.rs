@@ -138,6 +138,10 @@ struct LockArgs {
     /// The pod the claim lives and dies with (in an init container: the pod's own name)
     #[arg(long, env = "POD_NAME")]
     holder_pod: Option<String>,
+    /// The holder pod's UID (in an init container: POD_UID from the downward API's
+    /// metadata.uid): the claim is then owned by the pod and deleted with it
+    #[arg(long, env = "POD_UID", requires = "holder_pod")]
+    holder_pod_uid: Option<String>,
     /// Namespace of the claim (default: the kubeconfig context's, or the pod's own in a cluster)
     #[arg(long, short = 'n', env = "ZKLOCK_NAMESPACE")]
     namespace: Option<String>,
@@ -157,6 +161,7 @@ impl LockArgs {
             lock: self.lock,
             timeout: self.timeout,
             holder_pod: self.holder_pod.filter(|p| !p.is_empty()),
+            holder_pod_uid: self.holder_pod_uid.filter(|u| !u.is_empty()),
             name: self.name,
             grace: self.revocation_grace_period,
         }

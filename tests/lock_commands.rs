@@ -20,6 +20,7 @@ fn zklock(env: &Env, args: &[&str]) -> Command {
         .args(&args[1..])
         .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())
         .env_remove("POD_NAME")
+        .env_remove("POD_UID")
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -104,6 +105,37 @@ async fn acquire_prints_the_claim_and_token_waits_in_line_and_times_out() {
     let remaining: Vec<String> =
         env.claims.list(&Default::default()).await.unwrap().iter().map(|c| c.name_any()).collect();
     assert_eq!(remaining, ["second"], "the timed-out claim was deleted");
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_from_an_init_container_leaves_a_claim_its_pod_owns() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    let pod = env.pod("migrate-x7k2p").await;
+    let uid = pod.uid().expect("a created pod has a UID");
+    // As the example's init container runs it: POD_NAME and POD_UID from the downward API.
+    let mut init = zklock(&env, &["acquire", "db", "--name", "init"]);
+    init.env("POD_NAME", "migrate-x7k2p").env("POD_UID", &uid);
+    let out = finish(init.spawn().unwrap(), "the init container's acquire").await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let claim = env.wait_phase("init", Phase::Held).await;
+    let owners = claim.metadata.owner_references.expect("the claim is owned by its pod");
+    assert_eq!(
+        owners.iter().map(|o| (o.kind.as_str(), o.name.as_str(), o.uid.as_str())).collect::<Vec<_>>(),
+        [("Pod", "migrate-x7k2p", uid.as_str())]
+    );
+    assert_eq!(claim.spec.holder.map(|h| h.pod_name).as_deref(), Some("migrate-x7k2p"));
+    // The pod goes: the lock is released and the garbage collector takes the claim along.
+    env.pods.delete("migrate-x7k2p", &Default::default()).await.unwrap();
+    env.history.await_gone("init").await;
+    let released = env.history.records().into_iter().rev().filter(|r| r.name == "init").find_map(|r| r.phase);
+    assert!(released.is_some_and(|p| p.is_terminal()), "the claim ended before it went: {released:?}");
+    // A UID without the pod's name is refused before anything is made.
+    let bad = finish(zklock(&env, &["acquire", "db", "--holder-pod-uid", &uid]).spawn().unwrap(), "acquire").await;
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(text(&bad.stderr).contains("--holder-pod"), "{}", text(&bad.stderr));
+    assert!(env.claims.list(&Default::default()).await.unwrap().items.is_empty());
     env.history.check();
 }
 
