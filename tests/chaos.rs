@@ -194,6 +194,11 @@ async fn chaos() {
     if let Err(e) = checked {
         std::panic::resume_unwind(e);
     }
+    if !lost.is_empty() {
+        // Each such claim's whole record, with the leader terms that wrote it, for the diagnosis.
+        let of_lost: Vec<&e2e_support::Record> = records.iter().filter(|r| lost.contains(&r.name.as_str())).collect();
+        eprintln!("chaos: the records of the claims that turned Lost: {of_lost:#?}");
+    }
     assert!(lost.is_empty(), "holders of zklock-only locks turned Lost: {lost:?}");
     assert!(stuck.is_empty(), "claims neither Held nor final after {LIVENESS:?}: {stuck:?}");
     assert!(leaked.is_empty(), "znodes left behind: {leaked:?}");

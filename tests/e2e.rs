@@ -816,6 +816,8 @@ fn the_checker_orders_tokens_of_a_semaphore_by_the_holds_that_ended() {
         held_condition: phase == Phase::Held,
         finished_condition: phase.is_terminal(),
         fencing: Some(token.to_string()),
+        leader_epoch: None,
+        why: None,
         deleting: false,
         gone: false,
     };

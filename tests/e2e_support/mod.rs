@@ -355,6 +355,11 @@ pub struct Record {
     pub held_condition: bool,
     pub finished_condition: bool,
     pub fencing: Option<String>,
+    /// The term of the leader that wrote the status.
+    pub leader_epoch: Option<i64>,
+    /// The Finished condition's reason and message once final, else the Held condition's: what
+    /// a failing check prints about the claim.
+    pub why: Option<String>,
     pub deleting: bool,
     pub gone: bool,
 }
@@ -387,6 +392,14 @@ impl History {
                 held_condition: conditions::is_true(&st.conditions, conditions::HELD),
                 finished_condition: conditions::is_true(&st.conditions, conditions::FINISHED),
                 fencing: st.fencing_token.clone(),
+                leader_epoch: st.leader_epoch,
+                why: [conditions::FINISHED, conditions::HELD]
+                    .iter()
+                    .filter_map(|t| {
+                        st.conditions.iter().find(|c| c.type_ == *t && (c.status == "True" || *t == conditions::HELD))
+                    })
+                    .map(|c| format!("{}: {}", c.reason, c.message))
+                    .next(),
                 deleting: claim.metadata.deletion_timestamp.is_some(),
                 gone,
             };
