@@ -309,18 +309,16 @@ pub fn plan(input: Inputs<'_>) -> Plan {
 
     match state {
         None => {
-            if recorded == Some(Phase::Waiting) && admitting {
-                let msg = "the znode is gone and the claim could not be re-anchored".to_string();
-                return plan.finish(Phase::Lost, "SessionLost", msg, generation, &now_t);
-            }
-            set_phase(
-                &mut plan,
-                Phase::Pending,
-                "Pending",
-                "accepted; the znode is not created yet",
-                generation,
-                &now_t,
-            );
+            // A claim recorded Waiting that the engine does not track never held anything, so
+            // it is queued again (at the back) rather than failed. This is how a deposed
+            // leader's late status write ends: sent before it stepped down, delivered after
+            // this term listed and re-anchored the claims (the chaos suite's API hang).
+            let (reason, message) = if recorded == Some(Phase::Waiting) {
+                ("Requeued", "queued again: its znode is gone (a new ZooKeeper session or leader)")
+            } else {
+                ("Pending", "accepted; the znode is not created yet")
+            };
+            set_phase(&mut plan, Phase::Pending, reason, message, generation, &now_t);
             plan.enqueue = admitting;
         }
         Some(ContenderState::Waiting { .. }) | Some(ContenderState::RevokeRequested { fencing_token: None, .. }) => {
@@ -488,6 +486,18 @@ mod tests {
         let p = run(&c, HolderView::NotRequested, tracked(waiting), t(2));
         assert_eq!(p.status.phase, Some(Phase::Lost));
         assert!(p.release && conditions::is_true(&p.status.conditions, FINISHED));
+    }
+
+    #[test]
+    fn a_waiter_the_engine_does_not_track_is_queued_again_not_lost() {
+        let c = claim(spec());
+        let waiting = ContenderState::Waiting { ahead: 1, watching: "_c_x-lock-0000000009".into() };
+        let p = run(&c, HolderView::NotRequested, tracked(waiting), t(1));
+        let c = with_status(c, &p);
+        assert_eq!(p.status.phase, Some(Phase::Waiting));
+        let p = run(&c, HolderView::NotRequested, ContenderView::Untracked, t(2));
+        assert_eq!((p.status.phase, p.enqueue), (Some(Phase::Pending), true));
+        assert!(!conditions::is_true(&p.status.conditions, FINISHED));
     }
 
     #[test]
