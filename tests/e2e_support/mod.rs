@@ -393,13 +393,10 @@ impl History {
                 finished_condition: conditions::is_true(&st.conditions, conditions::FINISHED),
                 fencing: st.fencing_token.clone(),
                 leader_epoch: st.leader_epoch,
-                why: [conditions::FINISHED, conditions::HELD]
-                    .iter()
-                    .filter_map(|t| {
-                        st.conditions.iter().find(|c| c.type_ == *t && (c.status == "True" || *t == conditions::HELD))
-                    })
-                    .map(|c| format!("{}: {}", c.reason, c.message))
-                    .next(),
+                why: conditions::get(&st.conditions, conditions::FINISHED)
+                    .filter(|c| c.status == "True")
+                    .or_else(|| conditions::get(&st.conditions, conditions::HELD))
+                    .map(|c| format!("{}: {}", c.reason, c.message)),
                 deleting: claim.metadata.deletion_timestamp.is_some(),
                 gone,
             };

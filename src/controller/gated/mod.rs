@@ -47,15 +47,11 @@ pub fn pods(
         .default_backoff()
         .reflect(writer)
         .inspect(move |event| match event {
-            Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod)) => {
-                if matches!(event, Ok(watcher::Event::InitApply(_))) {
-                    listed.insert(pod.uid().into());
-                }
-                if let (true, Ok(ask)) = (pod.gates.iter().any(|g| g == GATE), plan::read(pod)) {
-                    let lock = ctx.lock_path(pod.namespace(), &ask.lock_name);
-                    ctx.arrivals.lock().arrive(lock, pod);
-                }
+            Ok(watcher::Event::InitApply(pod)) => {
+                listed.insert(pod.uid().into());
+                arrive(&ctx, pod);
             }
+            Ok(watcher::Event::Apply(pod)) => arrive(&ctx, pod),
             Ok(watcher::Event::Delete(pod)) => leave(&ctx, pod.uid()),
             Ok(watcher::Event::Init) => listed.clear(),
             Ok(watcher::Event::InitDone) => {
@@ -70,6 +66,14 @@ pub fn pods(
 }
 
 /// The pod leaves its lock's gate for claim making; the next one there may go.
+/// A gated pod that asks for a lock takes its place at the lock's gate.
+fn arrive(ctx: &Context, pod: &KeptPod) {
+    if let (true, Ok(ask)) = (pod.gates.iter().any(|g| g == GATE), plan::read(pod)) {
+        let lock = ctx.lock_path(pod.namespace(), &ask.lock_name);
+        ctx.arrivals.lock().arrive(lock, pod);
+    }
+}
+
 fn leave(ctx: &Context, uid: &str) {
     let next = ctx.arrivals.lock().leave(uid);
     if let Some(next) = next {
