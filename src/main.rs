@@ -110,6 +110,16 @@ struct RunArgs {
     /// Run without leader election (one replica only!)
     #[arg(long, env = "ZKLOCK_NO_LEADER_ELECTION")]
     no_leader_election: bool,
+    /// Name of the ConfigMap, in the lease namespace, that holds the leader epoch in force: the
+    /// parameter of the admission policy zklock-leader-epoch (the chart installs both), which
+    /// refuses status writes of a deposed leader that arrive late
+    #[arg(long, env = "ZKLOCK_EPOCH_PARAM", default_value = zklock::api::epoch_policy::EPOCH_PARAM)]
+    epoch_param: String,
+    /// Run without that admission policy (clusters before Kubernetes 1.30, or where it cannot
+    /// be installed). A status write of a deposed leader that arrives late can then land, until
+    /// the new leader has written that claim (the docs say what that means)
+    #[arg(long, env = "ZKLOCK_NO_EPOCH_POLICY")]
+    no_epoch_policy: bool,
     /// Claims reconciled at once. Bounds the operator's concurrent API requests (and so its
     /// connections and memory) during bursts; handoffs are never queued behind more than this
     #[arg(long, env = "ZKLOCK_MAX_CONCURRENT_RECONCILES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
@@ -240,6 +250,7 @@ impl RunArgs {
             namespaces: self.watch_namespace.into_iter().filter(|n| !n.is_empty()).collect(),
             lease_namespace: self.lease_namespace,
             leader_election: !self.no_leader_election,
+            epoch_param: (!self.no_leader_election && !self.no_epoch_policy).then_some(self.epoch_param),
             concurrency: self.max_concurrent_reconciles,
             default_ttl: self.default_ttl_seconds_after_finished.map(|s| Duration::from_secs(s.into())),
             identity,

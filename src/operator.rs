@@ -27,6 +27,9 @@ pub struct Options {
     pub namespaces: Vec<String>,
     pub lease_namespace: Option<String>,
     pub leader_election: bool,
+    /// The ConfigMap (in the lease namespace) holding the epoch the API server's admission policy
+    /// enforces; `None`: no policy (no leader election, or run without it).
+    pub epoch_param: Option<String>,
     /// Claims reconciled at once.
     pub concurrency: u16,
     /// Time to live after finishing for claims that set none and have no owner.
@@ -66,6 +69,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
     let mut lease =
         LeaseLock::new(Api::<Lease>::namespaced(client.clone(), &lease_namespace), LEASE_NAME, &options.identity);
 
+    let mut fatal = None;
     while !shutdown.is_cancelled() {
         if options.leader_election {
             tracing::info!(identity = %options.identity, lease = %format!("{lease_namespace}/{LEASE_NAME}"), "waiting to lead");
@@ -78,37 +82,43 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
         metrics.leader.set(1);
         let term = Term::begin(&health.readiness);
         let leadership = if options.leader_election { lease.leadership() } else { Leadership::always() };
-        let connected = supervisor::connect(&options.zk, &options.zk_root, &options.identity, &leadership).await;
-        let (engine, events) = match connected {
-            Ok(connected) => connected,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot open a ZooKeeper session and take the leader epoch; retrying");
-                metrics.leader.set(0);
-                term.end();
-                lease.step_down();
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                continue;
+        let epoch_param = options
+            .epoch_param
+            .as_ref()
+            .map(|name| crate::controller::EpochParam { namespace: lease_namespace.clone(), name: name.clone() });
+        let served = async {
+            let (engine, events) = supervisor::connect(&options.zk, &options.zk_root, &options.identity, &leadership)
+                .await
+                .map_err(Ended::Connect)?;
+            metrics.engine.follow(Some(engine.clone()));
+            let setup = crate::controller::Setup {
+                client: client.clone(),
+                zk_root: options.zk_root.clone(),
+                namespaces: options.namespaces.clone(),
+                metrics: metrics.clone(),
+                events: crate::controller::events::EventWriter::new(client.clone(), &options.identity),
+                term: term.clone(),
+                concurrency: options.concurrency,
+                default_ttl: options.default_ttl,
+                leadership: leadership.clone(),
+                epoch_param,
+            };
+            let mut fenced = engine.fenced();
+            let controller = crate::controller::run(setup, engine, events, shutdown.clone().cancelled_owned());
+            tokio::select! {
+                result = controller => result.map_err(Ended::Controller),
+                _ = fenced.wait_for(|f| *f) => {
+                    tracing::warn!("stepped down: another leader took the leader epoch in ZooKeeper");
+                    Ok(())
+                }
             }
         };
-        metrics.engine.follow(Some(engine.clone()));
-        let setup = crate::controller::Setup {
-            client: client.clone(),
-            zk_root: options.zk_root.clone(),
-            namespaces: options.namespaces.clone(),
-            metrics: metrics.clone(),
-            events: crate::controller::events::EventWriter::new(client.clone(), &options.identity),
-            term: term.clone(),
-            concurrency: options.concurrency,
-            default_ttl: options.default_ttl,
-            leadership: leadership.clone(),
-        };
-        let mut fenced = engine.fenced();
-        let controller = crate::controller::run(setup, engine, events, shutdown.clone().cancelled_owned());
-        tokio::pin!(controller);
-        // Deposed (the lease lost or not renewed in time, or another leader's epoch in
-        // ZooKeeper): the controller is dropped at once, with every reconcile and re-anchoring
-        // in flight, and the engine with it; nothing is awaited that could write. A SIGTERM
-        // instead lets the running reconciles finish, as the leader still.
+        // The lease is renewed from the moment it is taken, also while the ZooKeeper session is
+        // opened and the epoch taken (a slow connect must not outlast it). Deposed (the lease
+        // lost or not renewed in time, or another leader's epoch in ZooKeeper): everything of
+        // the term is dropped at once, with every reconcile and re-anchoring in flight, and the
+        // engine with it; nothing is awaited that could write. A SIGTERM instead lets the
+        // running reconciles finish, as the leader still.
         let holding = async {
             if options.leader_election {
                 lease.hold().await;
@@ -117,13 +127,9 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
             }
         };
         let result = tokio::select! {
-            result = &mut controller => result,
+            result = served => result,
             _ = holding => {
                 tracing::warn!("stepped down: lost the lease");
-                Ok(())
-            }
-            _ = fenced.wait_for(|f| *f) => {
-                tracing::warn!("stepped down: another leader took the leader epoch in ZooKeeper");
                 Ok(())
             }
         };
@@ -131,9 +137,20 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
         metrics.engine.follow(None);
         metrics.leader.set(0);
         term.end();
-        if let Err(e) = result {
-            tracing::error!(error = %e, "controller stopped");
-            tokio::time::sleep(Duration::from_secs(2)).await;
+        match result {
+            Ok(()) => {}
+            Err(Ended::Controller(crate::controller::Error::TaskPanicked(why))) => {
+                // A bug, not a condition to wait out: the process ends (its pod is restarted,
+                // and the restarts show), rather than serve with part of its work undone.
+                tracing::error!(%why, "a part of the controller died; stopping");
+                health.readiness.fail();
+                fatal = Some(RunError::Controller(crate::controller::Error::TaskPanicked(why)));
+                break;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "stepped down; trying to lead again");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
         }
     }
     if options.leader_election {
@@ -142,7 +159,16 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
         }
     }
     tracing::info!("stopped");
-    Ok(())
+    fatal.map_or(Ok(()), Err)
+}
+
+/// Why a leader's term ended early.
+#[derive(Debug, thiserror::Error)]
+enum Ended {
+    #[error("cannot open a ZooKeeper session and take the leader epoch: {0}")]
+    Connect(crate::controller::Error),
+    #[error("the controller stopped: {0}")]
+    Controller(crate::controller::Error),
 }
 
 /// With a chroot in the connect string, the chroot node must exist before a chrooted client can

@@ -669,6 +669,43 @@ async fn a_deposed_leaders_late_status_write_does_not_land() {
     env.history.check();
 }
 
+/// A status write whose answer times out can still land later. Here the holder's "Held,
+/// revocation requested" write is held back by a proxy past the operator's timeout; the
+/// operator writes it again (it lands), the grace period runs out, the holder is written
+/// Revoked and the next claim Held; then the first write reaches the API server. Landing, it
+/// would show the old holder Held again beside the new one. Every status write tests the
+/// resourceVersion it was planned from, so it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_write_that_times_out_and_lands_late_is_refused() {
+    use zklock_testkit::api_proxy::{ApiProxy, Matcher};
+    let env = Env::new().await;
+    let proxy = ApiProxy::start(zklock_testkit::kube::kubeconfig()).await;
+    let _op = Operator::start_proxied(&env, &proxy, &[]);
+    env.claim("x", "late", json!({ "revocationGracePeriodSeconds": 2 })).await;
+    env.wait_phase("x", Phase::Held).await;
+    env.claim("y", "late", json!({})).await;
+    env.wait_phase("y", Phase::Waiting).await;
+    let path = format!("/namespaces/{}/lockclaims/x/status", env.ns);
+    let held = proxy.hold_next(Matcher { method: "PATCH", path_contains: path });
+    env.annotate("x", "zklock.io/revoke", "late write").await;
+    assert!(held.caught(PATIENCE).await, "the operator wrote x's revocation request");
+    // The operator gives the write up after its timeout (10 s), writes it again, and goes on.
+    env.wait_phase("x", Phase::Revoked).await;
+    env.wait_phase("y", Phase::Held).await;
+    let code = held.deliver(PATIENCE).await.expect("the held write reached the API server");
+    // Anything it changed would come before this write on the history's watch.
+    env.annotate("y", "zklock.io/marker", "after the late write").await;
+    let marked = |c: &zklock::api::LockClaim| {
+        c.metadata.annotations.as_ref().is_some_and(|a| a.contains_key("zklock.io/marker"))
+    };
+    env.wait("y", "marked", marked).await;
+    env.delete_claim("y").await;
+    env.history.await_gone("y").await;
+    env.history.check();
+    assert!(code == 409 || code == 422, "the late write was answered {code}, not refused");
+    assert_eq!(env.status("x").await, Some(Phase::Revoked), "x stays final");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_claims_are_deleted_after_their_time_to_live() {
     let env = Env::new().await;

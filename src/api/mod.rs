@@ -3,11 +3,13 @@
 
 mod claim;
 pub mod conditions;
+pub mod epoch_policy;
 mod kept;
 mod lock;
 mod validate;
 
 pub use claim::{Holder, LockClaim, LockClaimSpec, LockClaimStatus, Phase};
+pub use epoch_policy::EPOCH_REFUSAL;
 pub use kept::{KeptClaim, KeptStatus};
 pub use lock::{Lock, LockSpec, LockStatus, MAX_LISTED_HOLDERS, MAX_PERMITS};
 pub use validate::{check_lock_name, validate, validate_spec, ValidSpec};

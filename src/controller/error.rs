@@ -28,6 +28,15 @@ pub enum Error {
     Write { call: &'static str, source: kube::Error },
     #[error("not the leader any more: no write")]
     NotLeading,
+    /// The API server's fence for this leader's term could not be set up (DESIGN.md §5a).
+    #[error("fencing earlier terms in the API server: {0}")]
+    ApiFence(String),
+    /// A controller or one of its tasks ended before the term did (a bug: it is not retried).
+    #[error("{0}")]
+    TaskPanicked(String),
+    /// The status write's test failed: the copy planned from is older than the claim.
+    #[error("the status write was refused ({0}); planning again from a newer copy")]
+    StatusRefused(String),
 }
 
 impl Error {
@@ -42,6 +51,9 @@ impl Error {
             Error::Malformed(_) => "malformed".into(),
             Error::Write { call, .. } => (*call).into(),
             Error::NotLeading => "not_leading".into(),
+            Error::StatusRefused(_) => "status_conflict".into(),
+            Error::ApiFence(_) => "api_fence".into(),
+            Error::TaskPanicked(_) => "task_panicked".into(),
         }
     }
 
@@ -49,6 +61,8 @@ impl Error {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Error::Malformed(_) => None,
+            // The watch brings the newer copy (and a reconcile) soon; this is the backstop.
+            Error::StatusRefused(_) => Some(Duration::from_millis(500)),
             _ => Some(RETRY),
         }
     }

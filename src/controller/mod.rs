@@ -9,6 +9,7 @@
 
 mod admission;
 pub mod anchor;
+mod api_fence;
 mod error;
 pub mod events;
 pub mod gated;
@@ -40,6 +41,7 @@ use crate::api::{KeptClaim, Lock};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::zk::LockEngine;
+pub use api_fence::EpochParam;
 pub use registry::Registry;
 
 /// Every call to the Kubernetes API gives up after this long (and is retried by the caller).
@@ -113,7 +115,8 @@ impl Context {
         let left = self.leadership.time_left().ok_or(Error::NotLeading)?;
         match tokio::time::timeout(left.min(API_TIMEOUT), f).await {
             Ok(answer) => Ok(answer),
-            Err(_) if left <= API_TIMEOUT => Err(Error::NotLeading),
+            // Renewals may have extended the leadership meanwhile: only a lost one is NotLeading.
+            Err(_) if !self.leadership.is_leading() => Err(Error::NotLeading),
             Err(_) => Err(Error::Timeout { call }),
         }
     }
@@ -276,6 +279,8 @@ pub struct Setup {
     pub default_ttl: Option<Duration>,
     /// Whether this process may write; every Kubernetes write asks it first.
     pub leadership: Leadership,
+    /// Where the epoch the API server enforces is kept (DESIGN.md §5a); none without the policy.
+    pub epoch_param: Option<EpochParam>,
 }
 
 /// Runs the controller until `shutdown` completes, then lets the running reconciles finish.
@@ -287,7 +292,8 @@ pub async fn run(
     engine_events: mpsc::UnboundedReceiver<crate::zk::EngineEvent>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let Setup { client, zk_root, namespaces, metrics, events, term, concurrency, default_ttl, leadership } = setup;
+    let Setup { client, zk_root, namespaces, metrics, events, term, concurrency, default_ttl, leadership, epoch_param } =
+        setup;
     let scopes = namespaces.len().max(1);
     let (orphans, orphans_rx) = mpsc::unbounded_channel();
     // Per scope: its store, and its triggers (the senders go into the context).
@@ -330,6 +336,16 @@ pub async fn run(
     });
 
     let shutdown = shutdown.shared();
+    // The API server refuses every status write of earlier terms before a single claim is
+    // listed: whatever such a write changed before is in the list this term plans from.
+    if let (Some(param), Some(mine)) = (&epoch_param, ctx.epoch()) {
+        ctx.leadership.time_left().ok_or(Error::NotLeading)?;
+        let scopes = ctx.scoped::<crate::api::LockClaim>();
+        tokio::select! {
+            raised = api_fence::raise(&ctx.client, param, &scopes, &ctx.engine, mine) => raised?,
+            _ = shutdown.clone() => return Ok(()),
+        }
+    }
     // Ended when dropped: when this future ends, or is dropped by a deposed leader (which
     // aborts the reconciles in flight with their controller).
     let mut controllers = JoinSet::new();
@@ -365,6 +381,15 @@ pub async fn run(
     }
     let mut tasks = JoinSet::new();
     tasks.spawn(watch::release_orphans(ctx.clone(), orphans_rx));
+    let (woken, mut woken_rx) = mpsc::unbounded_channel();
+    ctx.registry.wake_into(woken);
+    let waking = ctx.clone();
+    tasks.spawn(async move {
+        // Claims whose grant waited for another claim's write: that write was made.
+        while let Some(uid) = woken_rx.recv().await {
+            waking.trigger(&uid);
+        }
+    });
 
     tokio::select! {
         anchored = supervisor::first_anchor(&ctx, &term) => anchored?,
@@ -372,9 +397,29 @@ pub async fn run(
     }
     tasks.spawn(supervisor::follow(ctx.clone(), engine_events, term));
     tasks.spawn(positions::refresh(ctx.clone()));
-    // Each ends after `shutdown`, once its running reconciles have.
-    while controllers.join_next().await.is_some() {}
-    Ok(())
+    // Every controller and task runs for the whole term: one that ends before `shutdown` (a
+    // panic, say) would leave its part of the work undone while the rest looks healthy. The
+    // term ends with it instead (the caller decides whether the process goes on).
+    loop {
+        let (what, ended) = tokio::select! {
+            ended = controllers.join_next() => ("a controller", ended),
+            ended = tasks.join_next() => ("a task of the controller", ended),
+        };
+        let stopping = shutdown.peek().is_some();
+        match ended {
+            // Every controller stopped after `shutdown`, each once its running reconciles had.
+            None if stopping || controllers.is_empty() => return Ok(()),
+            Some(Ok(())) if stopping => {}
+            Some(Err(e)) if e.is_panic() => {
+                let why = e.into_panic();
+                let why =
+                    why.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| why.downcast_ref::<String>().cloned());
+                return Err(Error::TaskPanicked(format!("{what} panicked: {}", why.unwrap_or_default())));
+            }
+            Some(_) => return Err(Error::TaskPanicked(format!("{what} stopped before the term ended"))),
+            None => {}
+        }
+    }
 }
 
 async fn reconcile_claim(claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -412,7 +457,11 @@ impl Drop for Running<'_> {
 fn error_policy(claim: Arc<KeptClaim>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabel { error: error.metric_label() }).inc();
     let name = claim.metadata.name.as_deref().unwrap_or_default();
-    tracing::warn!(claim = name, %error, "reconcile failed");
+    match error {
+        // Routine: the copy planned from was older than the claim.
+        Error::StatusRefused(_) => tracing::debug!(claim = name, %error, "reconcile met a newer claim"),
+        _ => tracing::warn!(claim = name, %error, "reconcile failed"),
+    }
     error.retry_after().map_or_else(Action::await_change, Action::requeue)
 }
 

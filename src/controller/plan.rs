@@ -85,8 +85,10 @@ impl Plan {
 
     fn requeue_at(&mut self, now: Timestamp, at: Timestamp) {
         let wait = at.duration_since(now).unsigned_abs();
-        // Deadlines are checked a little after they pass, so that the check sees them passed.
-        let wait = wait + Duration::from_millis(50);
+        // Deadlines are checked a little after they pass, so that the check sees them passed;
+        // one further away than the backstop is looked at again by the backstop (a time read
+        // from status data may lie thousands of years ahead).
+        let wait = wait.saturating_add(Duration::from_millis(50)).min(RESYNC);
         self.requeue_after = Some(self.requeue_after.map_or(wait, |w| w.min(wait)));
     }
 
@@ -98,7 +100,7 @@ impl Plan {
         let finished = conditions::get(&self.status.conditions, FINISHED)
             .filter(|c| c.status == "True")
             .map_or(now, |c| c.last_transition_time.0);
-        let due = finished.checked_add(ttl).unwrap_or(finished);
+        let due = after(finished, ttl);
         if now >= due {
             self.delete = true;
         } else {
@@ -207,7 +209,7 @@ pub fn plan(input: Inputs<'_>) -> Plan {
             return plan.finish(Phase::Released, "HolderGone", msg, generation, &now_t);
         }
         HolderView::Missing => {
-            let deadline = created + HOLDER_APPEAR_WINDOW;
+            let deadline = after(created, HOLDER_APPEAR_WINDOW);
             if now >= deadline {
                 let msg = format!(
                     "holder pod {pod:?} does not exist in namespace {:?} (waited {}s for it to appear): create the \
@@ -294,10 +296,10 @@ pub fn plan(input: Inputs<'_>) -> Plan {
                 }
                 let note = format!("revocation requested ({reason}); force release in {}s", spec.grace.as_secs());
                 plan.event(false, "RevokeRequested", note);
-                plan.requeue_at(now, now + spec.grace);
+                plan.requeue_at(now, after(now, spec.grace));
             }
             Some(at) => {
-                let deadline = at + spec.grace;
+                let deadline = after(at, spec.grace);
                 if now >= deadline {
                     let msg = format!("revoked ({reason}); the grace period of {}s ran out", spec.grace.as_secs());
                     return plan.finish(Phase::Revoked, "Revoked", msg, generation, &now_t);
@@ -331,7 +333,7 @@ pub fn plan(input: Inputs<'_>) -> Plan {
                 return plan.finish(Phase::Expired, "Expired", msg, generation, &now_t);
             }
             if let Some(timeout) = spec.acquire_timeout {
-                let deadline = created + timeout;
+                let deadline = after(created, timeout);
                 if now >= deadline {
                     let msg = format!("not held within acquireTimeoutSeconds ({}s)", timeout.as_secs());
                     return plan.finish(Phase::Expired, "Expired", msg, generation, &now_t);
@@ -351,7 +353,7 @@ pub fn plan(input: Inputs<'_>) -> Plan {
             if recorded != Some(Phase::Held) {
                 plan.status.fencing_token = Some(token.to_string());
                 plan.status.acquired_at = Some(now_t.clone());
-                plan.status.lease_expires_at = spec.lease.map(|l| Time(now + l));
+                plan.status.lease_expires_at = spec.lease.map(|l| Time(after(now, l)));
                 plan.status.renewed = renew_value(claim);
                 plan.event(false, "Acquired", format!("lock held with fencing token {token}"));
             }
@@ -362,9 +364,9 @@ pub fn plan(input: Inputs<'_>) -> Plan {
                 let renew = renew_value(claim);
                 if renew != plan.status.renewed {
                     plan.status.renewed = renew;
-                    plan.status.lease_expires_at = Some(Time(now + lease));
+                    plan.status.lease_expires_at = Some(Time(after(now, lease)));
                 }
-                let expires = plan.status.lease_expires_at.as_ref().map_or(now + lease, |t| t.0);
+                let expires = plan.status.lease_expires_at.as_ref().map_or(after(now, lease), |t| t.0);
                 if now >= expires {
                     let msg = format!("the lease of {}s ran out without renewal", lease.as_secs());
                     return plan.finish(Phase::Released, "LeaseExpired", msg, generation, &now_t);
@@ -382,6 +384,12 @@ pub fn plan(input: Inputs<'_>) -> Plan {
         plan.requeue_after = Some(RESYNC);
     }
     plan
+}
+
+/// `t` plus `d`, the last representable time if that is later: times read from status data (a
+/// condition's transition, a lease's end) may be anything, and must not overflow.
+fn after(t: Timestamp, d: Duration) -> Timestamp {
+    t.checked_add(d).unwrap_or(Timestamp::MAX)
 }
 
 fn renew_value(claim: &LockClaim) -> Option<String> {
@@ -660,6 +668,26 @@ mod tests {
         assert!(!kept.delete && kept.requeue_after.is_none(), "no time to live: kept for good");
         let at_once = invalid(&claim(spec()), "bad".into(), t(10)).expire_after(Some(Duration::ZERO), t(10));
         assert!(at_once.delete, "0 deletes it as soon as it is final");
+    }
+
+    #[test]
+    fn times_at_the_end_of_the_calendar_in_status_data_do_not_overflow() {
+        let mut s = spec();
+        s.lease_duration_seconds = Some(100);
+        s.revocation_grace_period_seconds = Some(10);
+        let mut c = claim(s);
+        let end = Timestamp::MAX;
+        let mut status =
+            LockClaimStatus { phase: Some(Phase::Held), lease_expires_at: Some(Time(end)), ..Default::default() };
+        conditions::set(&mut status.conditions, REVOKE_REQUESTED, true, "RevokeRequested", "x", None, &Time(end));
+        c.status = Some(status);
+        c.metadata.annotations = Some([(REVOKE_ANNOTATION.to_string(), "x".to_string())].into());
+        let held = ContenderState::RevokeRequested { reason: "x".into(), fencing_token: Some(1) };
+        let p = run(&c, HolderView::NotRequested, tracked(held), t(1));
+        assert_eq!(p.status.phase, Some(Phase::Held));
+        assert!(p.requeue_after.is_some_and(|d| d <= RESYNC), "{:?}", p.requeue_after);
+        let finished = invalid(&c, "bad".into(), end).expire_after(Some(Duration::from_secs(60)), t(1));
+        assert!(finished.requeue_after.is_some_and(|d| d <= RESYNC));
     }
 
     #[test]

@@ -15,12 +15,15 @@ use super::plan::{self, ContenderView, HolderView, Inputs, Plan};
 use super::registry::GrantBlocked;
 use super::Uid;
 use super::{Context, Error, API_TIMEOUT};
-use crate::api::{validate, KeptClaim, LockClaim, LockClaimStatus, Phase, FINALIZER, POD_REVOKE_ANNOTATION_PREFIX};
+use crate::api::{
+    validate, KeptClaim, LockClaim, LockClaimStatus, Phase, EPOCH_REFUSAL, FINALIZER, POD_REVOKE_ANNOTATION_PREFIX,
+};
 use crate::recipe::Mode;
 use crate::zk::ContenderSpec;
 
-/// How soon a grant that waits for another claim's write is tried again.
-const GRANT_RETRY: Duration = Duration::from_millis(20);
+/// How soon a grant that waits for another claim's write is tried again at the latest: the
+/// registry wakes it the moment that write is made, so this is only a backstop.
+const GRANT_BACKSTOP: Duration = Duration::from_secs(1);
 
 /// Reconciles one claim; the answer says when to look at it again (its next deadline, or a
 /// retry after a refused write), besides the watch events that bring changes.
@@ -133,7 +136,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
                 // grant waits until the other's final status is written (by its own reconcile).
                 tracing::debug!(other = %other, "grant waits for the previous holder's final status");
                 ctx.trigger(&other);
-                return Ok(Action::requeue(GRANT_RETRY));
+                return Ok(Action::requeue(GRANT_BACKSTOP));
             }
             Err(GrantBlocked::Unstamped(other)) => {
                 // A deposed leader's late write could still make another claim of this lock
@@ -146,7 +149,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
                     let stamp = Plan { status: claim.status.clone().unwrap_or_default(), ..Plan::default() };
                     execute(&claim, ctx, uid, &lock, stamp).await?;
                 }
-                return Ok(Action::requeue(GRANT_RETRY));
+                return Ok(Action::requeue(GRANT_BACKSTOP));
             }
         }
     }
@@ -192,6 +195,12 @@ async fn cleanup(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, E
 /// the operator's own write in this term is older than that write: nothing is planned from it
 /// (the watch brings the newer one; the schedule is the backstop).
 async fn stale_copy(claim: &LockClaim, ctx: &Context, uid: &str) -> Result<Option<Action>, Error> {
+    if ctx.registry.outdated(uid, claim.metadata.resource_version.as_deref()) {
+        // The very copy the last status write was planned from: that write landed, and the
+        // watch brings it (and with it a reconcile) any moment; the requeue is a backstop.
+        tracing::debug!("this copy is older than the operator's own last write; waiting for the newer one");
+        return Ok(Some(Action::requeue(Duration::from_secs(1))));
+    }
     let Some(mine) = ctx.epoch() else { return Ok(None) };
     let copy = claim.status.as_ref().and_then(|s| s.leader_epoch);
     // A later term's epoch, unless ZooKeeper's data were made anew since (its zxids start over
@@ -266,33 +275,36 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut pl
     let before = claim.status.clone().unwrap_or_default();
     if plan.status != before {
         let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-        let version = claim.metadata.resource_version.as_deref();
-        let guard = match ctx.epoch() {
-            None => Guard::None,
-            Some(mine) if before.leader_epoch == Some(mine) => Guard::Epoch(mine),
-            Some(_) => Guard::Version(version.ok_or(Error::Malformed("a resourceVersion"))?),
-        };
-        let patch = status_patch(uid, &plan.status, guard)?;
+        let version = claim.metadata.resource_version.as_deref().ok_or(Error::Malformed("a resourceVersion"))?;
+        let patch = status_patch(uid, &plan.status, version)?;
         let answer = ctx
             .write("patch_status", api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch)))
             .await;
         let granting = plan.status.phase == Some(Phase::Held) && before.phase != Some(Phase::Held);
-        if !matches!(answer, Ok(Ok(_))) && granting {
-            // A grant reserved for this write did not happen (or is not known to have).
+        let refused = matches!(answer, Ok(Err(_)));
+        if refused && granting {
+            // A grant reserved for this write did not happen. (One whose answer did not come
+            // stays reserved: it may still land, until a newer write of the claim lands.)
             ctx.registry.set_phase(uid, before.phase);
         }
         match answer {
             Ok(Ok(_)) => {}
-            // The test of the epoch or the version failed: this copy is older than the claim
-            // (the watch brings the newer one), or a later leader wrote it.
+            // The test of the version failed: this copy is older than the claim (the watch
+            // brings the newer one).
             Ok(Err(kube::Error::Api(s))) if s.code == 409 || s.code == 422 => {
                 tracing::info!(claim = %name, answer = %s.message, "status write refused; planning again from a newer copy");
-                return Ok(Action::requeue(Duration::from_millis(500)));
+                return Err(Error::StatusRefused(s.message));
+            }
+            // The API server's admission policy refused a term that is over (DESIGN.md §5a).
+            Ok(Err(kube::Error::Api(s))) if s.code == 403 && s.message.contains(EPOCH_REFUSAL) => {
+                tracing::warn!(claim = %name, answer = %s.message, "status write refused: a newer leader's term is in force");
+                return Err(Error::NotLeading);
             }
             Ok(Err(e)) => return Err(Error::PatchStatus(e)),
             Err(e) => return Err(e),
         }
         tracing::debug!(phase = ?plan.status.phase, position = ?plan.status.position, "status written");
+        ctx.registry.planned_from(uid, version);
         ctx.registry.stamped(uid, true);
         if granting {
             observe_grant(claim, ctx, lock);
@@ -333,44 +345,30 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut pl
     Ok(plan.requeue_after.map_or_else(Action::await_change, Action::requeue))
 }
 
-/// The status write: the whole new status, for this very claim. A JSON patch replaces the
-/// status as a whole (a merge patch would keep the fields the new status leaves out: a new holder
-/// kept naming whom it had waited for), and its first operation tests the UID, since the write
-/// goes by name: a claim deleted without its finalizer and re-created under the same name must
-/// not receive its predecessor's status.
-fn status_patch(uid: &str, status: &LockClaimStatus, guard: Guard<'_>) -> Result<json_patch::Patch, Error> {
+/// The status write: the whole new status, for this very claim, landing only on the copy it
+/// was planned from. A JSON patch replaces the status as a whole (a merge patch would keep the
+/// fields the new status leaves out: a new holder kept naming whom it had waited for). Its
+/// first operation tests the UID, since the write goes by name: a claim deleted without its
+/// finalizer and re-created under the same name must not receive its predecessor's status. Its
+/// second tests the resourceVersion planned from: a write that lands late (its answer timed
+/// out, it was retried, newer writes followed) or a deposed leader's write (DESIGN.md §5a) is
+/// refused once anything else was written to the claim.
+fn status_patch(uid: &str, status: &LockClaimStatus, version: &str) -> Result<json_patch::Patch, Error> {
     use json_patch::{jsonptr::Pointer, AddOperation, PatchOperation, TestOperation};
     let test = |path: &'static str, value: serde_json::Value| {
         PatchOperation::Test(TestOperation { path: Pointer::from_static(path).to_buf(), value })
     };
-    let mut ops = vec![test("/metadata/uid", uid.into())];
-    match guard {
-        Guard::None => {}
-        Guard::Epoch(epoch) => ops.push(test("/status/leaderEpoch", epoch.into())),
-        Guard::Version(version) => ops.push(test("/metadata/resourceVersion", version.into())),
-    }
     let value = serde_json::to_value(status).map_err(Error::StatusPatch)?;
-    ops.push(PatchOperation::Add(AddOperation { path: Pointer::from_static("/status").to_buf(), value }));
-    Ok(json_patch::Patch(ops))
+    Ok(json_patch::Patch(vec![
+        test("/metadata/uid", uid.into()),
+        test("/metadata/resourceVersion", version.into()),
+        PatchOperation::Add(AddOperation { path: Pointer::from_static("/status").to_buf(), value }),
+    ]))
 }
 
 /// A write's failure, for a log line: refused, timed out, or not written (not leading).
 fn write_error<T>(result: Result<Result<T, kube::Error>, Error>) -> Option<String> {
     result.map_or_else(|e| Some(e.to_string()), |r| r.err().map(|e| e.to_string()))
-}
-
-/// What a status write tests besides the UID, so that a deposed leader's late write fails
-/// (DESIGN.md §5a).
-#[derive(Clone, Copy)]
-enum Guard<'a> {
-    /// No leader election: nobody else writes.
-    None,
-    /// The copy carries this term's epoch: the claim must still carry it. A deposed leader
-    /// tests its own, older epoch, which fails on every claim this term has written.
-    Epoch(i64),
-    /// This term's first write to the claim: the claim must be exactly the copy planned from,
-    /// so that nothing an earlier leader wrote since is overwritten unseen.
-    Version(&'a str),
 }
 
 fn observe_grant(claim: &LockClaim, ctx: &Context, lock: &str) {
@@ -388,25 +386,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_status_write_replaces_the_status_of_this_claim_only() {
+    fn the_status_write_replaces_the_status_of_the_copy_it_was_planned_from_only() {
         let held = LockClaimStatus { phase: Some(Phase::Held), position: Some(0), ..Default::default() };
-        let patch = serde_json::to_value(status_patch("u-1", &held, Guard::None).unwrap()).unwrap();
+        let patch = serde_json::to_value(status_patch("u-1", &held, "41").unwrap()).unwrap();
         assert_eq!(
             patch,
             json!([
                 { "op": "test", "path": "/metadata/uid", "value": "u-1" },
+                { "op": "test", "path": "/metadata/resourceVersion", "value": "41" },
                 { "op": "add", "path": "/status", "value": { "phase": "Held", "position": 0 } },
             ])
         );
-    }
-
-    #[test]
-    fn a_leaders_status_write_tests_its_epoch_or_the_version_it_planned_from() {
-        let held = LockClaimStatus { phase: Some(Phase::Held), leader_epoch: Some(9), ..Default::default() };
-        let patch = serde_json::to_value(status_patch("u-1", &held, Guard::Epoch(9)).unwrap()).unwrap();
-        assert_eq!(patch[1], json!({ "op": "test", "path": "/status/leaderEpoch", "value": 9 }));
-        assert_eq!(patch[2]["value"]["leaderEpoch"], json!(9));
-        let patch = serde_json::to_value(status_patch("u-1", &held, Guard::Version("41")).unwrap()).unwrap();
-        assert_eq!(patch[1], json!({ "op": "test", "path": "/metadata/resourceVersion", "value": "41" }));
     }
 }

@@ -54,6 +54,11 @@ struct Inner {
     /// land on any of them (DESIGN.md §5a), so no grant is made in their lock until each was
     /// written once in this term (its epoch test then fails every such write).
     unstamped: HashMap<Arc<str>, HashSet<Uid>>,
+    /// Lock path → claims whose grant was refused by [`Registry::reserve_grant`]: each is
+    /// reconciled again the moment a hold or a stamp it waited for goes, instead of polling.
+    blocked: HashMap<Arc<str>, HashSet<Uid>>,
+    /// Where woken claims are sent (to be reconciled); none in unit tests.
+    waker: Option<tokio::sync::mpsc::UnboundedSender<Uid>>,
 }
 
 /// Why a grant has to wait.
@@ -80,6 +85,9 @@ struct Claim {
     /// Its status was written in this leader's term: a copy without this term's epoch is
     /// older than that write.
     written: bool,
+    /// The resourceVersion of the copy the operator's last successful status write was planned
+    /// from: a copy with this version is older than that write (the watch brings the newer one).
+    planned_from: Option<Box<str>>,
     /// The lock in whose `unstamped` set the claim waits for this term's first write.
     unstamped: Option<Arc<str>>,
     /// Why re-anchoring could not keep its hold.
@@ -103,6 +111,7 @@ impl Inner {
             exclusive,
             seen: self.next_seen,
             written: false,
+            planned_from: None,
             unstamped: None,
             verdict: None,
         };
@@ -134,7 +143,20 @@ impl Inner {
                 self.unstamped.remove(&lock);
             }
         }
+        self.wake_blocked(&lock);
         self.unintern(lock);
+    }
+
+    /// Something a refused grant in `lock` waited for went away: those claims are reconciled
+    /// again (each decides anew, and waits again if it must).
+    fn wake_blocked(&mut self, lock: &str) {
+        let Some(blocked) = self.blocked.remove(lock) else { return };
+        if let Some(waker) = &self.waker {
+            for uid in blocked {
+                // Closed only when the controller has stopped.
+                let _ = waker.send(uid);
+            }
+        }
     }
 
     /// Takes claim `uid` out of its lock's admission gate.
@@ -163,6 +185,7 @@ impl Inner {
                     self.held.remove(&lock);
                 }
             }
+            self.wake_blocked(&lock);
         }
     }
 
@@ -235,15 +258,26 @@ impl Registry {
                 }
             }
         });
-        if let Some(other) = conflict {
-            return Err(GrantBlocked::Holder(other));
+        let unstamped = || inner.unstamped.get(lock).and_then(|claims| claims.iter().find(|c| ***c != *uid).cloned());
+        let blocked = match conflict {
+            Some(other) => GrantBlocked::Holder(other),
+            None => match unstamped() {
+                Some(other) => GrantBlocked::Unstamped(other),
+                None => {
+                    inner.set_phase(uid, Some(Phase::Held));
+                    return Ok(());
+                }
+            },
+        };
+        if let Some((key, lock)) = inner.claims.get_key_value(uid).map(|(k, c)| (k.clone(), c.lock.clone())) {
+            inner.blocked.entry(lock).or_default().insert(key);
         }
-        let unstamped = inner.unstamped.get(lock).and_then(|claims| claims.iter().find(|c| ***c != *uid).cloned());
-        if let Some(other) = unstamped {
-            return Err(GrantBlocked::Unstamped(other));
-        }
-        inner.set_phase(uid, Some(Phase::Held));
-        Ok(())
+        Err(blocked)
+    }
+
+    /// Sends the claims woken from now on to `waker` (see `Inner::blocked`).
+    pub fn wake_into(&self, waker: tokio::sync::mpsc::UnboundedSender<Uid>) {
+        self.lock().waker = Some(waker);
     }
 
     /// Claim `uid` of `lock` was listed at the start of this term, not final, without this
@@ -272,6 +306,21 @@ impl Registry {
     /// Whether the operator wrote claim `uid`'s status in this term.
     pub fn written(&self, uid: &str) -> bool {
         self.lock().claims.get(uid).is_some_and(|c| c.written)
+    }
+
+    /// A status write planned from the copy with `version` landed.
+    pub fn planned_from(&self, uid: &str, version: &str) {
+        if let Some(claim) = self.lock().claims.get_mut(uid) {
+            claim.planned_from = Some(version.into());
+        }
+    }
+
+    /// Whether the copy with `version` is older than the operator's last status write (it was
+    /// planned from that very copy): planning from it again could undo the write.
+    pub fn outdated(&self, uid: &str, version: Option<&str>) -> bool {
+        let inner = self.lock();
+        let planned = inner.claims.get(uid).and_then(|c| c.planned_from.as_deref());
+        planned.is_some() && planned == version
     }
 
     /// Notes the order in which the claim watch delivers claims. A claim not yet in any queue
@@ -312,6 +361,12 @@ impl Registry {
         if let Some(mut claim) = inner.claims.remove(uid) {
             if let Some(lock) = claim.unstamped.take() {
                 inner.unstamp(uid, lock);
+            }
+            if let Some(blocked) = inner.blocked.get_mut(&claim.lock) {
+                blocked.remove(uid);
+                if blocked.is_empty() {
+                    inner.blocked.remove(&claim.lock);
+                }
             }
             inner.count(claim.phase, -1);
             if let Some(pod) = claim.pod {

@@ -18,6 +18,9 @@ use crate::zk::{ContenderState, EngineEvent, LockEngine, SessionEvent, ZkConfig}
 /// The leader epoch's node below the ZooKeeper root (DESIGN.md §5a).
 pub const EPOCH_NODE: &str = "leader-epoch";
 
+/// The least lease time left in which the leader epoch is taken (the bump's own time included).
+const EPOCH_MARGIN: Duration = Duration::from_secs(1);
+
 /// Between attempts to open a new session and re-anchor: a ZooKeeper outage is waited out
 /// without limit, at most 10 s apart.
 const REANCHOR_DELAYS: ExponentialBuilder = ExponentialBuilder::new()
@@ -47,6 +50,13 @@ impl Readiness {
     pub fn is_ready(&self) -> bool {
         self.0.lock().ready
     }
+
+    /// Not ready for good: the process is about to end with an error.
+    pub fn fail(&self) {
+        let mut stage = self.0.lock();
+        stage.term = u64::MAX;
+        stage.ready = false;
+    }
 }
 
 /// One leader's term, as readiness sees it. A term's writes are void once a newer term began:
@@ -61,7 +71,7 @@ impl Term {
     /// Begins a term: not ready until its session is re-anchored.
     pub fn begin(readiness: &Arc<Readiness>) -> Term {
         let mut stage = readiness.0.lock();
-        stage.term += 1;
+        stage.term = stage.term.saturating_add(1);
         stage.ready = false;
         Term { readiness: readiness.clone(), id: stage.term }
     }
@@ -88,11 +98,18 @@ pub async fn connect(
     leadership: &Leadership,
 ) -> Result<(LockEngine, mpsc::UnboundedReceiver<EngineEvent>), Error> {
     let (engine, events) = LockEngine::connect_with_events(config.clone()).await?;
+    // The bump must be over while the lease is ours, with time to spare: a bump that lands
+    // after a successor's would fence the successor. A successor can only take over once our
+    // lease has run out by its own clock (longer than our renew deadline), so a bump finished
+    // within our time left is before any successor's.
+    let left = leadership.time_left().filter(|left| *left > EPOCH_MARGIN).ok_or(Error::NotLeading)?;
+    let epoch_path = format!("{}/{EPOCH_NODE}", zk_root.trim_end_matches('/'));
+    let epoch = tokio::time::timeout(left - EPOCH_MARGIN, engine.take_epoch(&epoch_path, identity))
+        .await
+        .map_err(|_| Error::NotLeading)??;
     if !leadership.is_leading() {
         return Err(Error::NotLeading);
     }
-    let epoch_path = format!("{}/{EPOCH_NODE}", zk_root.trim_end_matches('/'));
-    let epoch = engine.take_epoch(&epoch_path, identity).await?;
     tracing::info!(epoch, path = %epoch_path, "took the leader epoch");
     Ok((engine, events))
 }

@@ -1,22 +1,75 @@
-//! The Kubernetes API for tests: the server named by `ZKLOCK_TEST_KUBECONFIG`, or a kube-sandbox
-//! started once per test process on a thread of its own (so it outlives each test's runtime).
-//! Never the user's default `KUBECONFIG`: clients are built from the explicit file only.
+//! The Kubernetes API for tests: the server named by `ZKLOCK_TEST_KUBECONFIG`; else the
+//! project's real control plane (`scripts/k8s.sh up`, started once per test process and stopped
+//! when it ends); or, with `ZKLOCK_TEST_API=sandbox`, a kube-sandbox started once per test process
+//! on a thread of its own (so it outlives each test's runtime). Never the user's default
+//! `KUBECONFIG`: clients are built from the explicit file only.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::OnceLock;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-/// Path of the kubeconfig of the API server under test.
-pub fn kubeconfig() -> &'static Path {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| match std::env::var("ZKLOCK_TEST_KUBECONFIG") {
+/// Which API server the tests run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Server {
+    /// The project's control plane, or another real cluster (`ZKLOCK_TEST_KUBECONFIG`).
+    Real,
+    /// kube-sandbox, the project's in-memory API server.
+    Sandbox,
+}
+
+static SERVER: OnceLock<(PathBuf, Server)> = OnceLock::new();
+
+fn server_under_test() -> &'static (PathBuf, Server) {
+    SERVER.get_or_init(|| match std::env::var("ZKLOCK_TEST_KUBECONFIG") {
         Ok(path) if !path.is_empty() => {
             eprintln!("kubernetes API from ZKLOCK_TEST_KUBECONFIG={path}");
-            PathBuf::from(path)
+            (PathBuf::from(path), Server::Real)
         }
-        _ => start_sandbox(),
+        _ if std::env::var("ZKLOCK_TEST_API").is_ok_and(|api| api == "sandbox") => (start_sandbox(), Server::Sandbox),
+        _ => (start_control_plane(), Server::Real),
     })
+}
+
+/// Path of the kubeconfig of the API server under test.
+pub fn kubeconfig() -> &'static Path {
+    &server_under_test().0
+}
+
+/// Which server [`kubeconfig`] names.
+pub fn server() -> Server {
+    server_under_test().1
+}
+
+/// A kube-sandbox of this test process, whatever server the others run on: for the tests that
+/// say why they need the sandbox (its demo, or a figure printed beside the real server's).
+pub fn sandbox_kubeconfig() -> &'static Path {
+    static SANDBOX: OnceLock<PathBuf> = OnceLock::new();
+    match server_under_test() {
+        (path, Server::Sandbox) => path,
+        _ => SANDBOX.get_or_init(start_sandbox),
+    }
+}
+
+/// The project's control plane, for this test process only: `scripts/k8s.sh up` (which builds
+/// it the first time), in a directory of this process; it stops itself once this process ends.
+fn start_control_plane() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("zklock-k8s-{}", std::process::id()));
+    let script = crate::workspace_root().join("scripts/k8s.sh");
+    eprintln!("starting the real control plane: {} up {}", script.display(), dir.display());
+    let out = Command::new(&script)
+        .args(["up", &dir.display().to_string()])
+        .env("ZKLOCK_K8S_WATCH_PID", std::process::id().to_string())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let kubeconfig = stdout.lines().find_map(|l| l.strip_prefix("KUBECONFIG="));
+    match kubeconfig {
+        Some(path) if out.status.success() => PathBuf::from(path),
+        _ => panic!("scripts/k8s.sh up failed ({}): {stdout}", out.status),
+    }
 }
 
 fn start_sandbox() -> PathBuf {
@@ -50,7 +103,11 @@ fn start_sandbox() -> PathBuf {
 
 /// A client for the API server under test.
 pub async fn client() -> kube::Client {
-    let path = kubeconfig();
+    client_for(kubeconfig()).await
+}
+
+/// A client for the API server of the kubeconfig at `path` (and only that file).
+pub async fn client_for(path: &Path) -> kube::Client {
     let config = Kubeconfig::read_from(path).unwrap_or_else(|e| panic!("kubeconfig {}: {e}", path.display()));
     let config = kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default())
         .await

@@ -7,6 +7,7 @@
 //! what to install, so a missing component fails the run instead of skipping tests.
 #![forbid(unsafe_code)]
 
+pub mod api_proxy;
 pub mod curator;
 pub mod hang;
 pub mod kazoo;

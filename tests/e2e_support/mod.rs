@@ -56,6 +56,11 @@ impl Env {
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
         namespaces.create(&PostParams::default(), &namespace).await.expect("create the test namespace");
+        if epoch_policy() {
+            // As the chart does for an installation: the operators of this test keep their
+            // epoch in the test's namespace (their lease namespace) and serve only it.
+            install_epoch_policy(&client, &format!("zklock-leader-epoch-{ns}"), &ns, &[ns.clone()]).await;
+        }
         let claims: Api<LockClaim> = Api::namespaced(client.clone(), &ns);
         let history = History::default();
         let task = tokio::spawn(history.clone().record(claims.clone()));
@@ -161,6 +166,30 @@ pub async fn install_crd(client: &kube::Client) {
     }
 }
 
+/// Whether the API server under test runs the admission policy that refuses a deposed
+/// leader's late status writes (DESIGN.md §5a): every real one does (Kubernetes 1.30 and
+/// later); kube-sandbox does not implement admission policies, and a cluster named by
+/// `ZKLOCK_TEST_KUBECONFIG` that cannot run it is tested with `ZKLOCK_TEST_EPOCH_POLICY=off`.
+pub fn epoch_policy() -> bool {
+    zklock_testkit::kube::server() == zklock_testkit::kube::Server::Real
+        && std::env::var("ZKLOCK_TEST_EPOCH_POLICY").map_or(true, |v| v != "off")
+}
+
+/// Creates (or updates) the epoch policy and a binding `name` for `namespaces`, whose
+/// parameter lives in `param_namespace`, and waits until the API server enforces them.
+pub async fn install_epoch_policy(client: &kube::Client, name: &str, param_namespace: &str, namespaces: &[String]) {
+    use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+    use zklock::api::epoch_policy::{epoch_policy, epoch_policy_binding};
+    let apply = PatchParams::apply("zklock-tests").force();
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    let policy = epoch_policy();
+    let policy_name = policy.metadata.name.clone().expect("the policy has a name");
+    policies.patch(&policy_name, &apply, &Patch::Apply(&policy)).await.expect("install the epoch policy");
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    let binding = epoch_policy_binding(name, param_namespace, namespaces);
+    bindings.patch(name, &apply, &Patch::Apply(&binding)).await.expect("install the epoch policy's binding");
+}
+
 /// The operator as a separate process: the real binary with real flags.
 pub struct Operator {
     child: Option<Child>,
@@ -178,6 +207,11 @@ impl Operator {
     /// An operator that reaches the API server through `relay` (to hang its connection).
     pub fn start_through(env: &Env, relay: &zklock_testkit::hang::HangingRelay, extra: &[&str]) -> Operator {
         Self::start_with_kubeconfig(env, relayed_kubeconfig(env, relay), &env.zk, extra)
+    }
+
+    /// An operator that reaches the API server through `proxy` (to delay single requests).
+    pub fn start_proxied(env: &Env, proxy: &zklock_testkit::api_proxy::ApiProxy, extra: &[&str]) -> Operator {
+        Self::start_with_kubeconfig(env, proxy.kubeconfig(&std::env::temp_dir()), &env.zk, extra)
     }
 
     /// An operator that reaches the API server through `relay` and ZooKeeper at `zk`.
@@ -201,6 +235,13 @@ impl Operator {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        // (An older build, `ZKLOCK_TEST_OPERATOR`, is not given flags it may not know.)
+        if !epoch_policy()
+            && !extra.contains(&"--no-leader-election")
+            && std::env::var_os("ZKLOCK_TEST_OPERATOR").is_none()
+        {
+            args.push("--no-epoch-policy".into());
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = std::env::temp_dir().join(format!("zklock-operator-{}-{port}.log", env.ns));
         let mut op = Operator { child: None, args, kubeconfig, metrics: format!("127.0.0.1:{port}"), log };
@@ -210,7 +251,10 @@ impl Operator {
 
     fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_zklock"))
+        // `ZKLOCK_TEST_OPERATOR`: another build of the operator, e.g. the one before a fix, to
+        // see a test fail without it.
+        let binary = std::env::var("ZKLOCK_TEST_OPERATOR").unwrap_or_else(|_| env!("CARGO_BIN_EXE_zklock").into());
+        let child = Command::new(binary)
             .args(&self.args)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info,zklock=debug")

@@ -1,0 +1,171 @@
+//! A new leader's term in the API server (DESIGN.md §5a): before it lists a claim, the leader
+//! raises the epoch in force — the parameter of the admission policy of [`crate::api::epoch_policy`]
+//! — to its own, and proves the policy enforces it: a dry-run status write carrying the epoch
+//! just below its own must be refused. From then on every status write of an earlier term,
+//! however late it arrives, is refused by the API server itself; and since the claims are listed
+//! only after that, whatever such a write changed before is in the list the leader plans from.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::Api;
+use serde_json::json;
+
+use super::{Error, API_TIMEOUT};
+use crate::api::epoch_policy::{EPOCH_KEY, EPOCH_REFUSAL};
+use crate::api::LockClaim;
+use crate::zk::LockEngine;
+
+/// How long the policy may take to see a raised epoch (its parameter is read from an informer
+/// of the API server's) before the leader gives up on this term.
+const PROPAGATION: Duration = Duration::from_secs(15);
+
+/// Where the epoch in force is kept: a ConfigMap, by namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpochParam {
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FenceError {
+    #[error("{0}")]
+    Api(#[from] kube::Error),
+    #[error("{call}: no answer from the Kubernetes API within {API_TIMEOUT:?}")]
+    Timeout { call: &'static str },
+    #[error("the epoch in force ({found}) is above this leader's ({mine}): a newer leader took over")]
+    Deposed { found: i64, mine: i64 },
+    #[error(
+        "the admission policy zklock-leader-epoch does not refuse a status of an earlier term in namespace {namespace} \
+         (claim {claim}) within {PROPAGATION:?}: install the chart's policy and its binding for this namespace, or \
+         run with --no-epoch-policy (see the docs for what that gives up)"
+    )]
+    NotEnforced { namespace: String, claim: String },
+    #[error("the epoch parameter {0} holds no epoch number")]
+    Malformed(String),
+    #[error("{0}")]
+    ZooKeeper(#[from] crate::zk::Error),
+}
+
+impl From<FenceError> for Error {
+    fn from(e: FenceError) -> Self {
+        match e {
+            FenceError::Deposed { .. } => Error::NotLeading,
+            other => Error::ApiFence(other.to_string()),
+        }
+    }
+}
+
+async fn timed<T>(
+    call: &'static str,
+    f: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, FenceError> {
+    tokio::time::timeout(API_TIMEOUT, f).await.map_err(|_| FenceError::Timeout { call })?.map_err(FenceError::Api)
+}
+
+/// Raises the epoch in force to `mine`, then proves it is enforced in every served scope.
+pub async fn raise(
+    client: &kube::Client,
+    param: &EpochParam,
+    scopes: &[Api<LockClaim>],
+    engine: &LockEngine,
+    mine: i64,
+) -> Result<(), FenceError> {
+    write_epoch(client, param, engine, mine).await?;
+    for scope in scopes {
+        prove(scope, mine).await?;
+    }
+    Ok(())
+}
+
+/// Writes `mine` into the parameter unless a higher epoch is there: only a newer leader's (then
+/// this one is deposed), or one from before ZooKeeper's data were made anew (zxids start over
+/// then; ZooKeeper's epoch node tells). Every write tests the version read, so two leaders
+/// cannot both succeed, and an earlier one's late write cannot lower it.
+async fn write_epoch(
+    client: &kube::Client,
+    param: &EpochParam,
+    engine: &LockEngine,
+    mine: i64,
+) -> Result<(), FenceError> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &param.namespace);
+    loop {
+        let current = timed("get_epoch_param", api.get_opt(&param.name)).await?;
+        let Some(current) = current else {
+            let fresh = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(param.name.clone()),
+                    labels: Some([("app.kubernetes.io/part-of".to_string(), "zklock".to_string())].into()),
+                    ..ObjectMeta::default()
+                },
+                data: Some([(EPOCH_KEY.to_string(), mine.to_string())].into()),
+                ..ConfigMap::default()
+            };
+            match timed("create_epoch_param", api.create(&PostParams::default(), &fresh)).await {
+                Ok(_) => return Ok(()),
+                Err(FenceError::Api(kube::Error::Api(s))) if s.code == 409 => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        let found = current.data.as_ref().and_then(|d| d.get(EPOCH_KEY));
+        let found = match found.map(|f| f.parse::<i64>()) {
+            Some(Ok(found)) => Some(found),
+            // Somebody wrote rubbish there: ours replaces it.
+            Some(Err(_)) | None => None,
+        };
+        match found {
+            Some(found) if found == mine => return Ok(()),
+            Some(found) if found > mine && !engine.epoch_is_current().await? => {
+                return Err(FenceError::Deposed { found, mine });
+            }
+            _ => {}
+        }
+        let version =
+            current.metadata.resource_version.clone().ok_or_else(|| FenceError::Malformed(param.name.clone()))?;
+        // Tests the version read: a concurrent writer makes this fail, and we read again.
+        let patch = json!([
+            { "op": "test", "path": "/metadata/resourceVersion", "value": version },
+            { "op": "add", "path": "/data", "value": { EPOCH_KEY: mine.to_string() } },
+        ]);
+        let patch: json_patch::Patch =
+            serde_json::from_value(patch).map_err(|_| FenceError::Malformed(param.name.clone()))?;
+        match timed("raise_epoch_param", api.patch(&param.name, &PatchParams::default(), &Patch::Json::<()>(patch)))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(FenceError::Api(kube::Error::Api(s))) if s.code == 409 || s.code == 422 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Proves that the policy refuses a status of the term just before `mine`: a dry-run status
+/// write on any claim of the scope, repeated until refused (the policy reads its parameter from
+/// an informer). A scope without claims has nothing an earlier term could still write.
+async fn prove(scope: &Api<LockClaim>, mine: i64) -> Result<(), FenceError> {
+    let listed = timed("list_claims", scope.list_metadata(&ListParams::default().limit(1))).await?;
+    let Some(claim) = listed.items.into_iter().next() else { return Ok(()) };
+    let (Some(name), Some(namespace)) = (claim.metadata.name, claim.metadata.namespace) else { return Ok(()) };
+    let api: Api<LockClaim> = Api::namespaced(scope.clone().into_client(), &namespace);
+    let probe = json!({ "status": { "leaderEpoch": mine - 1 } });
+    let dry_run = PatchParams { dry_run: true, ..PatchParams::default() };
+    let deadline = tokio::time::Instant::now() + PROPAGATION;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match timed("probe_epoch_policy", api.patch_status(&name, &dry_run, &Patch::Merge(&probe))).await {
+            Err(FenceError::Api(kube::Error::Api(s))) if s.code == 403 && s.message.contains(EPOCH_REFUSAL) => {
+                tracing::info!(namespace, epoch = mine, "the API server refuses status writes of earlier terms");
+                return Ok(());
+            }
+            // Deleted meanwhile: another claim, if any, proves it.
+            Err(FenceError::Api(kube::Error::Api(s))) if s.code == 404 => return Box::pin(prove(scope, mine)).await,
+            Err(e) => return Err(e),
+            Ok(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            Ok(_) => return Err(FenceError::NotEnforced { namespace, claim: name }),
+        }
+    }
+}
