@@ -29,6 +29,12 @@ pub mod exit {
 /// How long past its own timeout the client waits for the operator to say Expired (the
 /// operator may be failing over) before it gives up by itself.
 const OPERATOR_SLACK: Duration = Duration::from_secs(30);
+/// How long a claim being withdrawn is waited for: the answer to its create when a signal came
+/// first, and its deletion (retried) when the API is slow.
+const WITHDRAW_WAIT: Duration = Duration::from_secs(20);
+/// The annotation that ties a claim to the one `acquire` that made it (a random request id), so
+/// that a claim whose create was interrupted is found and withdrawn by name, and no other.
+pub const REQUEST_ID_ANNOTATION: &str = "zklock.io/request-id";
 
 /// What to ask for.
 pub struct Request {
@@ -83,15 +89,21 @@ impl Failure {
     }
 }
 
-/// The claim for `request`.
-pub fn claim_for(request: &Request) -> LockClaim {
+/// The claim for `request`, named before it is created (`<lock>-<5 random characters>`, as a
+/// generated name would be, unless `--name` gave one) and marked with `request_id`: a signal
+/// that interrupts its create must be able to find it.
+pub fn claim_for(request: &Request, request_id: &str) -> LockClaim {
     let base: String = request.lock.chars().take(52).collect();
+    let name = request.name.clone().unwrap_or_else(|| {
+        let random = uuid::Uuid::new_v4().simple().to_string();
+        format!("{}-{}", base.trim_end_matches(['.', '-']), &random[..5])
+    });
     LockClaim {
         metadata: ObjectMeta {
-            name: request.name.clone(),
-            generate_name: request.name.is_none().then(|| format!("{}-", base.trim_end_matches(['.', '-']))),
+            name: Some(name),
             namespace: Some(request.namespace.clone()),
             owner_references: owner(request).map(|o| vec![o]),
+            annotations: Some([(REQUEST_ID_ANNOTATION.to_string(), request_id.to_string())].into()),
             ..ObjectMeta::default()
         },
         spec: LockClaimSpec {
@@ -121,17 +133,33 @@ fn owner(request: &Request) -> Option<OwnerReference> {
     })
 }
 
-/// Creates the claim and waits until it is Held (or ends, or `interrupt` fires, which deletes
-/// it). Progress goes to stderr.
+/// Creates the claim and waits until it is Held (or ends, or `interrupt` fires, which withdraws
+/// it, also while its create is under way). Progress goes to stderr.
 pub async fn acquire(
     client: kube::Client,
     request: &Request,
     interrupt: impl std::future::Future<Output = (&'static str, u8)>,
 ) -> Result<Held, Failure> {
     let api: Api<LockClaim> = Api::namespaced(client, &request.namespace);
-    let created = api
-        .create(&PostParams::default(), &claim_for(request))
-        .await
+    let request_id = uuid::Uuid::new_v4().simple().to_string();
+    let claim = claim_for(request, &request_id);
+    let mut interrupt = std::pin::pin!(interrupt);
+    let params = PostParams::default();
+    let mut create = std::pin::pin!(api.create(&params, &claim));
+    let created = tokio::select! {
+        created = &mut create => created,
+        (signal, code) = &mut interrupt => {
+            // The create may reach the API server still: its answer says what to withdraw, and
+            // without one the claim is looked up by its name and request id.
+            let name = claim.name_any();
+            match tokio::time::timeout(WITHDRAW_WAIT, &mut create).await {
+                Ok(Ok(created)) => delete(&api, &created.name_any(), &created.uid().unwrap_or_default()).await,
+                _ => withdraw_by_request_id(&api, &name, &request_id).await,
+            }
+            return Err(Failure::Interrupted(signal, code));
+        }
+    };
+    let created = created
         .map_err(|e| Failure::Error(format!("cannot create a LockClaim in namespace {}: {e}", request.namespace)))?;
     let name = created.name_any();
     let uid = created.uid().unwrap_or_default();
@@ -139,7 +167,7 @@ pub async fn acquire(
     let deadline = request.timeout.map(|t| tokio::time::Instant::now() + t + OPERATOR_SLACK);
     let outcome = tokio::select! {
         outcome = follow(&api, &name, &uid) => outcome,
-        (signal, code) = interrupt => Err(Failure::Interrupted(signal, code)),
+        (signal, code) = &mut interrupt => Err(Failure::Interrupted(signal, code)),
         _ = sleep_until(deadline) => Err(Failure::TimedOut(format!(
             "no answer from the operator within the timeout and {}s more", OPERATOR_SLACK.as_secs()
         ))),
@@ -150,6 +178,23 @@ pub async fn acquire(
     outcome
 }
 
+/// Withdraws the claim named `name` if this very request made it (its request id says so).
+async fn withdraw_by_request_id(api: &Api<LockClaim>, name: &str, request_id: &str) {
+    let found = tokio::time::timeout(WITHDRAW_WAIT, api.get_opt(name)).await;
+    match found {
+        Ok(Ok(Some(claim))) => {
+            let ours = claim.annotations().get(REQUEST_ID_ANNOTATION).is_some_and(|id| id == request_id);
+            if ours {
+                delete(api, name, &claim.uid().unwrap_or_default()).await;
+            }
+        }
+        Ok(Ok(None)) => {}
+        _ => eprintln!(
+            "zklock: could not find out whether LockClaim {name} was created; if it was, delete it to release the lock"
+        ),
+    }
+}
+
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -158,16 +203,34 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 }
 
 /// Deletes the claim (this very one: a new claim of the same name is not touched); the
-/// operator releases its node.
+/// operator releases its node. Retried with backoff for a while: a claim left behind would
+/// hold the lock for nobody.
 pub async fn delete(api: &Api<LockClaim>, name: &str, uid: &str) {
+    use backon::{ExponentialBuilder, Retryable};
     let only = DeleteParams {
         preconditions: Some(Preconditions { uid: Some(uid.to_string()), resource_version: None }),
         ..DeleteParams::default()
     };
-    match api.delete(name, &only).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-        Err(e) => eprintln!("zklock: could not delete LockClaim {name} ({e}); delete it to release the lock"),
+    let attempt = || async {
+        match tokio::time::timeout(Duration::from_secs(5), api.delete(name, &only)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("no answer within 5s".to_string()),
+        }
+    };
+    let delays = ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(3))
+        .with_total_delay(Some(WITHDRAW_WAIT))
+        .without_max_times();
+    let deleted = attempt
+        .retry(delays)
+        .sleep(tokio::time::sleep)
+        .notify(|e, after| eprintln!("zklock: deleting LockClaim {name} failed ({e}); again in {after:?}"))
+        .await;
+    if let Err(e) = deleted {
+        eprintln!("zklock: could not delete LockClaim {name} ({e}); delete it to release the lock");
     }
 }
 
@@ -275,22 +338,24 @@ mod tests {
 
     #[test]
     fn the_claim_asks_for_what_the_flags_say() {
-        let claim = claim_for(&request(None, Some(Duration::from_millis(1500))));
-        assert_eq!(claim.metadata.generate_name.as_deref(), Some("db-migrations-"));
-        assert_eq!(claim.metadata.name, None);
+        let claim = claim_for(&request(None, Some(Duration::from_millis(1500))), "r-1");
+        let name = claim.metadata.name.clone().expect("named before it is created");
+        assert!(name.starts_with("db-migrations-") && name.len() == "db-migrations-".len() + 5, "{name}");
+        assert_eq!(claim.annotations().get(REQUEST_ID_ANNOTATION).map(String::as_str), Some("r-1"));
         assert_eq!(claim.spec.acquire_timeout_seconds, Some(2), "rounded up");
         assert_eq!(claim.spec.mode, Mode::Shared);
         assert_eq!(claim.spec.holder.map(|h| h.pod_name).as_deref(), Some("init-pod"));
-        let named = claim_for(&request(Some("mine"), None));
+        let named = claim_for(&request(Some("mine"), None), "r-2");
         assert_eq!((named.metadata.name.as_deref(), named.metadata.generate_name), (Some("mine"), None));
         assert_eq!(named.spec.acquire_timeout_seconds, None);
         assert_eq!(named.metadata.owner_references, None, "no owner without the pod's UID");
-        let owned = claim_for(&Request { holder_pod_uid: Some("u-1".into()), ..request(None, None) });
+        let owned = claim_for(&Request { holder_pod_uid: Some("u-1".into()), ..request(None, None) }, "r-3");
         let owner = &owned.metadata.owner_references.expect("owned by its holder pod")[0];
         assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()), ("Pod", "init-pod", "u-1"));
         assert_eq!((owner.controller, owner.block_owner_deletion), (None, None));
         let long = Request { lock: format!("{}-x", "a".repeat(51)), ..request(None, None) };
-        assert_eq!(claim_for(&long).metadata.generate_name, Some(format!("{}-", "a".repeat(51))));
+        let name = claim_for(&long, "r-4").metadata.name.unwrap();
+        assert!(name.starts_with(&format!("{}-", "a".repeat(51))) && name.len() == 57, "{name}");
     }
 
     #[test]

@@ -15,11 +15,11 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::Api;
 use rustix::process::{kill_process, Pid, Signal};
-use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
 
 use crate::acquire::{self, exit, Failure, Held, Request};
 use crate::api::{LockClaim, Phase};
+use crate::signals::{Signals, HANDLED};
 
 /// How long a command whose lock is already gone gets between SIGTERM and SIGKILL.
 pub const LOST_GRACE: Duration = Duration::from_secs(5);
@@ -27,55 +27,10 @@ pub const LOST_GRACE: Duration = Duration::from_secs(5);
 /// claim's watch event reaches zklock a little after the operator started counting.
 const GRACE_MARGIN: Duration = Duration::from_secs(2);
 
-/// The signals zklock passes on, with their conventional exit codes (128 + number).
-const FORWARDED: [(SignalKind, Signal, &str, u8); 6] = [
-    (SignalKind::interrupt(), Signal::INT, "SIGINT", 130),
-    (SignalKind::terminate(), Signal::TERM, "SIGTERM", 143),
-    (SignalKind::hangup(), Signal::HUP, "SIGHUP", 129),
-    (SignalKind::quit(), Signal::QUIT, "SIGQUIT", 131),
-    (SignalKind::user_defined1(), Signal::USR1, "SIGUSR1", 138),
-    (SignalKind::user_defined2(), Signal::USR2, "SIGUSR2", 140),
-];
-
-struct Signals(Vec<(tokio::signal::unix::Signal, usize)>);
-
-impl Signals {
-    fn new() -> Result<Self, String> {
-        let streams = FORWARDED.iter().enumerate().map(|(i, (kind, ..))| signal(*kind).map(|s| (s, i)));
-        Ok(Signals(streams.collect::<Result<_, _>>().map_err(|e| format!("cannot handle signals: {e}"))?))
-    }
-
-    /// The next signal received: its index in [`FORWARDED`].
-    async fn next(&mut self) -> usize {
-        let waits = self.0.iter_mut().map(|(s, i)| Box::pin(async move { s.recv().await.map(|_| *i) }));
-        match futures::future::select_all(waits).await {
-            (Some(i), ..) => i,
-            // A signal stream ends only when the runtime shuts down.
-            (None, ..) => futures::future::pending().await,
-        }
-    }
-
-    /// The next SIGINT or SIGTERM, as (name, exit code).
-    async fn terminating(&mut self) -> (&'static str, u8) {
-        loop {
-            let i = self.next().await;
-            if i < 2 {
-                return (FORWARDED[i].2, FORWARDED[i].3);
-            }
-        }
-    }
-}
-
-/// Acquires, runs `command`, releases; the answer is zklock's exit code.
-pub async fn run(client: kube::Client, request: Request, command: Vec<String>) -> u8 {
-    let mut signals = match Signals::new() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("zklock: {e}");
-            return exit::ERROR;
-        }
-    };
-    let held = match acquire::acquire(client.clone(), &request, signals.terminating()).await {
+/// Acquires, runs `command`, releases; the answer is zklock's exit code. `signals` are
+/// installed before the client is made (see [`crate::signals`]).
+pub async fn run(client: kube::Client, request: Request, command: Vec<String>, mut signals: Signals) -> u8 {
+    let held = match acquire::acquire(client.clone(), &request, signals.ending()).await {
         Ok(held) => held,
         Err(failure) => {
             eprintln!("zklock: {failure}");
@@ -128,7 +83,7 @@ async fn supervise(
         tokio::select! {
             status = child.wait() => break status.ok(),
             i = signals.next() => {
-                let (_, signal, name, _) = FORWARDED[i];
+                let (_, signal, name, _) = HANDLED[i];
                 if !(signal == Signal::INT && interactive) {
                     tracing::debug!(signal = name, "passing the signal on");
                     send(signal);

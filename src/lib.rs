@@ -16,4 +16,5 @@ pub mod leader;
 pub mod metrics;
 pub mod operator;
 pub mod recipe;
+pub mod signals;
 pub mod zk;

@@ -337,31 +337,47 @@ async fn kube_client() -> Result<kube::Client, u8> {
     })
 }
 
+/// The signals `acquire` and `exec` handle, installed before anything else (see
+/// `zklock::signals`).
+fn signals() -> Result<zklock::signals::Signals, u8> {
+    zklock::signals::Signals::install().map_err(|e| {
+        eprintln!("zklock: {e}");
+        zklock::acquire::exit::ERROR
+    })
+}
+
 async fn acquire(args: LockArgs, env_file: Option<std::path::PathBuf>) -> u8 {
+    use std::io::Write;
+    let mut signals = match signals() {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
     let client = match kube_client().await {
         Ok(c) => c,
         Err(code) => return code,
     };
     let request = args.into_request(&client);
-    let interrupted = async {
-        if wait_for_signal().await {
-            ("SIGTERM", 143)
-        } else {
-            ("SIGINT", 130)
-        }
-    };
-    match zklock::acquire::acquire(client.clone(), &request, interrupted).await {
+    match zklock::acquire::acquire(client.clone(), &request, signals.ending()).await {
         Ok(held) => {
             let lines = format!("ZKLOCK_CLAIM={}\nZKLOCK_FENCING_TOKEN={}\n", held.claim, held.fencing_token);
-            print!("{lines}");
-            if let Some(file) = env_file {
-                if let Err(e) = std::fs::write(&file, &lines) {
-                    // Held, but the caller cannot learn it as asked: let go rather than hold blind.
-                    eprintln!("zklock: cannot write {}: {e}; releasing the lock", file.display());
-                    let api = kube::Api::namespaced(client, &request.namespace);
-                    zklock::acquire::delete(&api, &held.claim, &held.uid).await;
-                    return zklock::acquire::exit::ERROR;
-                }
+            // Held, but the caller cannot learn it as asked (stdout closed, the file not
+            // writable): let go rather than hold blind.
+            let mut stdout = std::io::stdout().lock();
+            let printed = stdout.write_all(lines.as_bytes()).and_then(|()| stdout.flush());
+            let written = match &env_file {
+                Some(file) => std::fs::write(file, &lines).map_err(|e| format!("cannot write {}: {e}", file.display())),
+                None => Ok(()),
+            };
+            let failed = match (printed, written) {
+                (Err(e), _) => Some(format!("cannot write to stdout: {e}")),
+                (_, Err(e)) => Some(e),
+                _ => None,
+            };
+            if let Some(why) = failed {
+                eprintln!("zklock: {why}; releasing the lock");
+                let api = kube::Api::namespaced(client, &request.namespace);
+                zklock::acquire::delete(&api, &held.claim, &held.uid).await;
+                return zklock::acquire::exit::ERROR;
             }
             let until = match &request.holder_pod {
                 Some(pod) => format!("until pod {pod} finishes or the claim is deleted"),
@@ -381,12 +397,16 @@ async fn acquire(args: LockArgs, env_file: Option<std::path::PathBuf>) -> u8 {
 }
 
 async fn exec(args: LockArgs, command: Vec<String>) -> u8 {
+    let signals = match signals() {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
     let client = match kube_client().await {
         Ok(c) => c,
         Err(code) => return code,
     };
     let request = args.into_request(&client);
-    zklock::exec::run(client, request, command).await
+    zklock::exec::run(client, request, command, signals).await
 }
 
 /// SIGINT, or SIGTERM (what Kubernetes sends a pod it stops).

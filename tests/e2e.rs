@@ -828,11 +828,61 @@ async fn three_permits_hold_ten_claims_three_at_a_time_in_order_and_follow_a_liv
         env.delete_claim(name).await;
     }
     env.history.await_gone("c9").await;
-    // c0..c2 were granted together (their status writes land in any order); every later grant
-    // follows creation order.
+    // c0..c2 were granted together, and c5 and c6 by the raise (their status writes land in
+    // any order); every other grant follows creation order.
     let mut grants = env.history.grants("api");
     grants[..3].sort();
+    grants[5..7].sort();
     assert_eq!(grants, names, "grants follow creation order");
+    env.history.check();
+}
+
+/// Lowering the permits takes nothing away, also across a failover: the new leader re-anchors
+/// the three recorded holders of a lock lowered to one permit, and none of them turns Lost; the
+/// waiter is granted only once all three have gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_beyond_a_lowered_limit_keep_the_lock_across_a_restart() {
+    let env = Env::new().await;
+    let mut op = env.operator();
+    let locks: kube::Api<Lock> = kube::Api::namespaced(env.client.clone(), &env.ns);
+    let lock: Lock = serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
+        "metadata": { "name": "api" }, "spec": { "permits": 3 },
+    }))
+    .unwrap();
+    env.history.set_permits("api", 3);
+    locks.create(&kube::api::PostParams::default(), &lock).await.expect("create the Lock");
+    for name in ["h0", "h1", "h2", "w"] {
+        env.claim(name, "api", json!({})).await;
+    }
+    for name in ["h0", "h1", "h2"] {
+        env.wait_phase(name, Phase::Held).await;
+    }
+    env.wait_phase("w", Phase::Waiting).await;
+    let lower = json!({ "spec": { "permits": 1 } });
+    locks.patch("api", &PatchParams::default(), &Patch::Merge(&lower)).await.expect("lower the permits");
+    wait_lock(&locks, "api", "permits 1 in force", |l| lock_status(l).0 == Some(1)).await;
+    env.history.set_permits("api", 1);
+
+    // kill -9: the next process leads, with a new session, and re-anchors the lock.
+    op.restart();
+    until("the restarted operator to lead and be ready", || async {
+        op.ready().await && op.metric("zklock_leader").await == 1.0
+    })
+    .await;
+    // Its Lock status says how many hold: all three still.
+    wait_lock(&locks, "api", "3 held under 1 permit", |l| lock_status(l).1 == 3).await;
+    for name in ["h0", "h1"] {
+        env.delete_claim(name).await;
+        env.history.await_gone(name).await;
+    }
+    wait_lock(&locks, "api", "1 held, 1 queued", |l| (lock_status(l).1, lock_status(l).3) == (1, 1)).await;
+    assert_eq!(env.status("w").await, Some(Phase::Waiting), "one holder left, one permit: w waits");
+    env.delete_claim("h2").await;
+    env.wait_phase("w", Phase::Held).await;
+    let lost: Vec<String> =
+        env.history.records().into_iter().filter(|r| r.phase == Some(Phase::Lost)).map(|r| r.name).collect();
+    assert!(lost.is_empty(), "holders turned Lost: {lost:?}");
     env.history.check();
 }
 

@@ -13,7 +13,9 @@ use tokio::process::{Child, Command};
 use zklock::api::Phase;
 
 fn zklock(env: &Env, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zklock"));
+    // `ZKLOCK_TEST_BINARY`: another build, e.g. the one before a fix, to see a test fail without it.
+    let binary = std::env::var("ZKLOCK_TEST_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_zklock").into());
+    let mut cmd = Command::new(binary);
     // The namespace right after the subcommand: after `--` it would be the command's.
     cmd.arg(args[0])
         .args(["-n", &env.ns])
@@ -248,4 +250,45 @@ fn tempdir(env: &Env) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("zklock-commands-{}", env.ns));
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// A signal that arrives while the claim's create is on its way: the create may still land,
+/// and the claim must not be left holding with nobody to release it. The proxy holds the create
+/// back until after the signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_while_the_claim_is_created_withdraws_it() {
+    use zklock_testkit::api_proxy::{ApiProxy, Matcher};
+    let env = Env::new().await;
+    let _op = env.operator();
+    let proxy = ApiProxy::start(zklock_testkit::kube::kubeconfig()).await;
+    let path = format!("/namespaces/{}/lockclaims", env.ns);
+    let create = proxy.hold_next(Matcher { method: "POST", path_contains: path });
+    let mut cmd = zklock(&env, &["acquire", "interrupted"]);
+    cmd.env("KUBECONFIG", proxy.kubeconfig(&tempdir(&env)));
+    let child = cmd.spawn().unwrap();
+    assert!(create.caught(PATIENCE).await, "acquire sent its create");
+    std::process::Command::new("kill").args(["-TERM", &child.id().unwrap().to_string()]).status().unwrap();
+    // The create lands after the signal.
+    assert_eq!(create.deliver(PATIENCE).await, Some(201), "the held create made the claim");
+    let out = finish(child, "an interrupted acquire").await;
+    assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
+    // It was made (the history saw it) and withdrawn.
+    let made = env.history.await_record("the claim acquire made", |r| r.lock == "interrupted").await;
+    env.history.await_gone(&made.name).await;
+    env.history.check();
+}
+
+/// Held, but nobody can learn it (stdout closed): the lock is let go, not held blind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_with_its_stdout_closed_releases_the_lock() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    let mut child = zklock(&env, &["acquire", "unread"]).spawn().unwrap();
+    drop(child.stdout.take());
+    let out = finish(child, "acquire with a closed stdout").await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("releasing the lock"), "{}", text(&out.stderr));
+    let claim = env.history.await_record("the claim acquire made", |r| r.lock == "unread").await;
+    env.history.await_gone(&claim.name).await;
+    env.history.check();
 }

@@ -119,3 +119,55 @@ async fn a_foreign_node_made_during_re_anchoring_is_caught_after_the_commit() {
     let names = children(&raw, LOCK).await;
     assert_eq!(names.len(), 2, "{names:?}");
 }
+
+/// Lowering a lock's permits takes nothing away, and neither does a new session: the recorded
+/// holders come back first and keep the lock whatever the limit is now (DESIGN.md §5b). Also
+/// when the `Lock` went (a mutex now) with several exclusive holders recorded.
+#[tokio::test]
+async fn recorded_holders_keep_the_lock_across_a_new_session_whatever_its_limit_is_now() {
+    use zklock::recipe::Limit;
+    for now in [Limit::from_permits(Some(1)), Limit::Mutex] {
+        let connect = chroot().await;
+        let old = engine(&connect).await;
+        old.set_limit(LOCK, Limit::from_permits(Some(3)));
+        let mut holders = vec![];
+        for _ in 0..3 {
+            let mut h = enqueue(&old, LOCK, Mode::Exclusive).await;
+            held(&mut h).await;
+            holders.push(h);
+        }
+        let waiter = enqueue(&old, LOCK, Mode::Exclusive).await;
+
+        let new = engine(&connect).await;
+        new.set_limit(LOCK, now);
+        let recorded = |c: &Contender, held| Recorded {
+            spec: ContenderSpec {
+                id: c.id.clone().into(),
+                lock: LOCK.into(),
+                mode: Mode::Exclusive,
+                description: String::new(),
+            },
+            held,
+            node: Some(c.node.clone()),
+        };
+        let mut given: Vec<Recorded> = holders.iter().map(|h| recorded(h, true)).collect();
+        given.push(recorded(&waiter, false));
+        let anchored = new.reanchor(LOCK, given).await.unwrap();
+        for (id, state) in &anchored.contenders[..3] {
+            assert!(state.is_held(), "{now:?}: recorded holder {id} kept the lock: {state:?}");
+        }
+        let mut waiter = new.contender(&waiter.id);
+        assert!(is_waiting(&waiter.state()), "{now:?}: {:?}", waiter.state());
+        // Only once fewer hold than the limit now allows is the waiter granted.
+        for h in &holders[..2] {
+            new.release(&h.id).await.unwrap();
+        }
+        // A read of the directory decides nothing new: one holder left, and the limit is one.
+        new.refresh_positions(LOCK, 10).await.unwrap();
+        let state =
+            wait_state(&mut waiter, "one ahead", |s| matches!(s, ContenderState::Waiting { ahead: 1, .. })).await;
+        assert!(!state.is_held(), "{now:?}: granted beside a holder");
+        new.release(&holders[2].id).await.unwrap();
+        held(&mut waiter).await;
+    }
+}

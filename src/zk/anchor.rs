@@ -24,12 +24,13 @@ const MAX_ATTEMPTS: usize = 20;
 const OPS_PER_MULTI: usize = 1000;
 
 /// The order re-created nodes take: recorded holders first, then the others in the order of
-/// the nodes they had (across a wrap of the sequence too), then as given.
-pub(super) fn queue_order(mut recorded: Vec<Recorded>) -> Vec<ContenderSpec> {
+/// the nodes they had (across a wrap of the sequence too), then as given. Each with whether it
+/// was recorded holding.
+pub(super) fn queue_order(mut recorded: Vec<Recorded>) -> Vec<(ContenderSpec, bool)> {
     let sequence = |r: &Recorded| r.node.as_deref().map(node_name).and_then(recipe::parse_child).map(|c| c.sequence);
     let base = recipe::wrap_base(recorded.iter().filter_map(sequence));
     recorded.sort_by_key(|r| (!r.held, sequence(r).map_or(u64::MAX, |s| recipe::queue_key(s, base))));
-    recorded.into_iter().map(|r| r.spec).collect()
+    recorded.into_iter().map(|r| (r.spec, r.held)).collect()
 }
 
 pub(super) struct Recreated {
@@ -219,7 +220,10 @@ mod tests {
             recorded("holder", true, Some("/l/write-a-lock--2147483647")),
             recorded("later", false, None),
         ];
-        let order: Vec<String> = queue_order(given).into_iter().map(|s| s.id.to_string()).collect();
-        assert_eq!(order, ["holder", "second", "wrapped", "late", "later"]);
+        let order: Vec<(String, bool)> =
+            queue_order(given).into_iter().map(|(s, held)| (s.id.to_string(), held)).collect();
+        let ids: Vec<&str> = order.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["holder", "second", "wrapped", "late", "later"]);
+        assert_eq!(order.iter().map(|(_, held)| *held).collect::<Vec<_>>(), [true, false, false, false, false]);
     }
 }

@@ -118,13 +118,14 @@ impl Core {
 
     /// Enters freshly made nodes in the book, asks for their first decision and closes the
     /// create's window. A node whose contender id is tracked already (a concurrent enqueue of
-    /// the same id won) is deleted again.
+    /// the same id won) is deleted again. A node marked as keeping a hold (a recorded holder,
+    /// re-anchored ahead of everybody) is held from the start, whatever the lock's limit.
     pub fn register(
         self: &Arc<Self>,
         client: &zk::Client,
         lock_path: &Arc<str>,
         window: u64,
-        nodes: Vec<(ContenderSpec, String)>,
+        nodes: Vec<(ContenderSpec, String, bool)>,
     ) -> Result<Registered, Error> {
         let session_id = client.session_id().0;
         let mut registered = Vec::with_capacity(nodes.len());
@@ -138,7 +139,7 @@ impl Core {
                 book.close_window(lock_path, window);
                 return Err(Error::SessionLost);
             }
-            for (spec, name) in nodes {
+            for (spec, name, keeps_hold) in nodes {
                 if book.contenders.contains_key(&*spec.id) {
                     extra.push(format!("{lock_path}/{name}"));
                     registered.push((spec.id.clone(), None));
@@ -155,7 +156,7 @@ impl Core {
                     sequence,
                     session_id,
                     fencing_token: 0,
-                    decision: None,
+                    decision: keeps_hold.then_some(Decision::Held),
                     revoke: None,
                     stale: true,
                     reads_before: book.locks.get(lock_path).map_or(0, |q| q.reads),

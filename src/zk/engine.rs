@@ -185,7 +185,7 @@ impl LockEngine {
         let guard = WindowGuard::open(&self.core, &spec.lock);
         let name = ops::create_adopting(&client, &self.core, &spec).await?;
         let (lock, window) = guard.disarm();
-        let registered = self.core.register(&client, &lock, window, vec![(spec, name)])?;
+        let registered = self.core.register(&client, &lock, window, vec![(spec, name, false)])?;
         let mut settled = self.core.settle(registered).await;
         Ok(settled.pop().map_or(ContenderState::Released, |(_, state)| state))
     }
@@ -210,7 +210,7 @@ impl LockEngine {
                 return Err(Error::BadLockPath(c.spec.lock.clone()));
             }
         }
-        let contenders = anchor::queue_order(contenders);
+        let (contenders, held): (Vec<ContenderSpec>, Vec<bool>) = anchor::queue_order(contenders).into_iter().unzip();
         let client = self.core.client()?;
         self.core.watch_parent(&client, lock_path).await?;
         let guard = WindowGuard::open(&self.core, lock_path);
@@ -219,7 +219,16 @@ impl LockEngine {
         if created.foreign_seen {
             self.core.foreign_marked.lock().insert(lock_path.to_string());
         }
-        let nodes = contenders.into_iter().zip(created.nodes).collect();
+        // Recorded holders come back first, ahead of every other node (in a directory no
+        // foreign client has used, nobody could have been granted meanwhile): they keep the lock
+        // whatever its limit is now. Lowering the permits, or deleting or creating a `Lock`,
+        // takes nothing away, across a new session too (DESIGN.md §5b).
+        let nodes = contenders
+            .into_iter()
+            .zip(created.nodes)
+            .zip(held)
+            .map(|((spec, name), held)| (spec, name, held && !created.foreign_seen))
+            .collect();
         let registered = self.core.register(&client, &lock, window, nodes)?;
         let contenders = self.core.settle(registered).await;
         Ok(Reanchored { contenders, foreign_seen: created.foreign_seen })

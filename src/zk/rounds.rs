@@ -154,7 +154,12 @@ fn apply(core: &Arc<Core>, lock_path: &str, read: Read, children: &[String]) -> 
             continue;
         }
         let before = member.state();
-        let decision = recipe::decide_in(&queue, &member.name, limit);
+        let decision = match recipe::decide_in(&queue, &member.name, limit) {
+            // A hold is never taken back by a decision (a lower limit takes nothing away); only
+            // the node's deletion ends it.
+            Decision::Waiting { .. } if member.decision == Some(Decision::Held) => Decision::Held,
+            decision => decision,
+        };
         match &decision {
             Decision::Missing => {
                 missing.push(id.clone());

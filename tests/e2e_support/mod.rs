@@ -59,7 +59,7 @@ impl Env {
         if epoch_policy() {
             // As the chart does for an installation: the operators of this test keep their
             // epoch in the test's namespace (their lease namespace) and serve only it.
-            install_epoch_policy(&client, &format!("zklock-leader-epoch-{ns}"), &ns, &[ns.clone()]).await;
+            install_epoch_policy(&client, &format!("zklock-leader-epoch-{ns}"), &ns, std::slice::from_ref(&ns)).await;
         }
         let claims: Api<LockClaim> = Api::namespaced(client.clone(), &ns);
         let history = History::default();
@@ -235,10 +235,10 @@ impl Operator {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        // (An older build, `ZKLOCK_TEST_OPERATOR`, is not given flags it may not know.)
+        // (An older build, `ZKLOCK_TEST_BINARY`, is not given flags it may not know.)
         if !epoch_policy()
             && !extra.contains(&"--no-leader-election")
-            && std::env::var_os("ZKLOCK_TEST_OPERATOR").is_none()
+            && std::env::var_os("ZKLOCK_TEST_BINARY").is_none()
         {
             args.push("--no-epoch-policy".into());
         }
@@ -251,9 +251,9 @@ impl Operator {
 
     fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
-        // `ZKLOCK_TEST_OPERATOR`: another build of the operator, e.g. the one before a fix, to
+        // `ZKLOCK_TEST_BINARY`: another build of the operator, e.g. the one before a fix, to
         // see a test fail without it.
-        let binary = std::env::var("ZKLOCK_TEST_OPERATOR").unwrap_or_else(|_| env!("CARGO_BIN_EXE_zklock").into());
+        let binary = std::env::var("ZKLOCK_TEST_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_zklock").into());
         let child = Command::new(binary)
             .args(&self.args)
             .env("KUBECONFIG", &self.kubeconfig)
@@ -503,6 +503,22 @@ impl History {
         tokio::time::timeout(PATIENCE, seen).await.unwrap_or_else(|_| {
             panic!("the history never saw {name} deleted within {PATIENCE:?} ({})", self.watch_errors())
         });
+    }
+
+    /// Waits until the history has a record `f` picks (`what` it is, for the failure); returns it.
+    pub async fn await_record(&self, what: &str, f: impl Fn(&Record) -> bool) -> Record {
+        let seen = async {
+            loop {
+                let next = self.recorded.notified();
+                if let Some(r) = self.records().into_iter().find(|r| f(r)) {
+                    return r;
+                }
+                next.await;
+            }
+        };
+        tokio::time::timeout(PATIENCE, seen).await.unwrap_or_else(|_| {
+            panic!("the history never recorded {what} within {PATIENCE:?} ({})", self.watch_errors())
+        })
     }
 
     /// The claims granted the lock, in grant order.
