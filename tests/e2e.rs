@@ -152,10 +152,9 @@ async fn revocation_annotates_the_pod_and_forces_release_after_the_grace_period(
         .await;
     assert_eq!(phase_of(&a), Some(Phase::Held), "the holder keeps the lock during the grace period");
     let pod = env.pods.get("holder").await.unwrap();
-    assert_eq!(
-        pod.metadata.annotations.unwrap_or_default().get("revoke.zklock.io/a").map(String::as_str),
-        Some("database maintenance")
-    );
+    let told = pod.metadata.annotations.unwrap_or_default().get("revoke.zklock.io/a").cloned();
+    let told: serde_json::Value = serde_json::from_str(&told.expect("the holder pod is told")).unwrap();
+    assert_eq!(told, json!({ "claim": "a", "reason": "database maintenance" }));
     let a = env.wait_phase("a", Phase::Revoked).await;
     assert!(condition(&a, conditions::FINISHED).unwrap().2.contains("grace period"));
     env.wait_phase("b", Phase::Held).await;
@@ -164,6 +163,28 @@ async fn revocation_annotates_the_pod_and_forces_release_after_the_grace_period(
     env.wait_phase("c", Phase::Waiting).await;
     env.annotate("c", "zklock.io/revoke", "not needed").await;
     env.wait_phase("c", Phase::Revoked).await;
+    // A claim whose name is longer than an annotation key's name may be (63): the pod is still
+    // told, under a key cut to fit, with the whole name in the value.
+    let long = "a-claim-named-by-a-job-controller-for-its-pod-migrate-nightly-7f9c-abcde";
+    assert!(long.len() > 63);
+    env.claim(long, "maint-long", json!({"holder": {"podName": "holder"}, "revocationGracePeriodSeconds": 30})).await;
+    env.wait_phase(long, Phase::Held).await;
+    env.annotate(long, "zklock.io/revoke", "rotation").await;
+    env.wait(long, "revoke requested", |c| condition(c, conditions::REVOKE_REQUESTED).is_some_and(|c| c.0 == "True"))
+        .await;
+    let (key, _) = zklock::api::pod_revoke_annotation(long, "rotation");
+    let told = async {
+        loop {
+            let pod = env.pods.get("holder").await.unwrap();
+            if let Some(value) = pod.metadata.annotations.unwrap_or_default().get(&key) {
+                return value.clone();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    };
+    let told = tokio::time::timeout(PATIENCE, told).await.expect("the holder pod of a long-named claim is told");
+    let told: serde_json::Value = serde_json::from_str(&told).unwrap();
+    assert_eq!(told, json!({ "claim": long, "reason": "rotation" }));
     env.history.check();
 }
 
@@ -704,6 +725,35 @@ async fn a_status_write_that_times_out_and_lands_late_is_refused() {
     env.history.check();
     assert!(code == 409 || code == 422, "the late write was answered {code}, not refused");
     assert_eq!(env.status("x").await, Some(Phase::Revoked), "x stays final");
+}
+
+/// A deleted holder's final status write is refused (its copy was outdated by a change made
+/// meanwhile): the finalizer stays until the status is written from a newer copy and the node
+/// is gone. Before, the cleanup went on as if written: the finalizer went, the claim vanished
+/// still reading Held, and its node held the lock until the orphan release found it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_holder_keeps_its_finalizer_until_its_final_status_is_written() {
+    use zklock_testkit::api_proxy::{ApiProxy, Matcher};
+    let env = Env::new().await;
+    let proxy = ApiProxy::start(zklock_testkit::kube::kubeconfig()).await;
+    let _op = Operator::start_proxied(&env, &proxy, &[]);
+    env.claim("x", "cleanup", json!({})).await;
+    env.wait_phase("x", Phase::Held).await;
+    env.claim("y", "cleanup", json!({})).await;
+    env.wait_phase("y", Phase::Waiting).await;
+    let path = format!("/namespaces/{}/lockclaims/x/status", env.ns);
+    let held = proxy.hold_next(Matcher { method: "PATCH", path_contains: path });
+    env.delete_claim("x").await;
+    assert!(held.caught(PATIENCE).await, "the operator wrote x's final status");
+    // Changed while the write is on its way: the write's copy is outdated, and refused.
+    env.annotate("x", "zklock.io/marker", "changed meanwhile").await;
+    let code = held.deliver(PATIENCE).await.expect("the held write reached the API server");
+    assert!(code == 409 || code == 422, "the outdated write was answered {code}");
+    let released = env.history.await_record("x Released", |r| r.name == "x" && r.phase == Some(Phase::Released)).await;
+    assert!(!released.gone, "x's final status is written before it goes");
+    env.history.await_gone("x").await;
+    env.wait_phase("y", Phase::Held).await;
+    env.history.check();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -537,6 +537,25 @@ async fn a_dropped_connection_asks_holders_of_foreign_shared_locks_to_let_go() {
     assert!(in_ours.state().is_held());
 }
 
+/// A directory marked as shared with foreign clients before (by an earlier process), with no
+/// foreign node in it now: the engine learns it from the marker, so a dropped connection asks
+/// its holder to let go there too.
+#[tokio::test]
+async fn a_lock_marked_shared_earlier_is_known_as_such_without_a_foreign_node() {
+    let (proxy, engine, mut events, connect) = behind_proxy(Duration::from_secs(20)).await;
+    let raw = raw_client(&connect).await;
+    let marked = "/locks/ns/marked-earlier";
+    raw.mkdir(marked, &zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all())).await.unwrap();
+    raw.set_data(marked, b"-1", None).await.unwrap();
+    let mut holder = enqueue(&engine, marked, Mode::Exclusive).await;
+    held(&mut holder).await;
+    proxy.set_blackhole(true);
+    wait_state(&mut holder, "asked to let go", |s| matches!(s, ContenderState::RevokeRequested { .. })).await;
+    disconnected(&mut events).await;
+    proxy.set_blackhole(false);
+    engine.release(&holder.id).await.unwrap();
+}
+
 /// DESIGN.md §5a: once a new leader took the epoch, the old leader's engine (its process and
 /// session still alive) can change no lock: no create, no delete, no revocation, no re-anchor.
 #[tokio::test]

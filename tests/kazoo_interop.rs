@@ -1,4 +1,10 @@
-//! kazoo's `Semaphore` (the Python client from PyPI, run for real) on the path of a zklock lock.
+//! kazoo's `Semaphore` and `Lock` (the Python client from PyPI, run for real) on the path of a
+//! zklock lock.
+//!
+//! kazoo's `Lock` counts as contenders only children named like its own (`__lock__`), unless it
+//! is given `extra_lock_patterns`: with `extra_lock_patterns=["-lock-"]` it sees zklock's nodes
+//! (and Curator's) by the sequence after `-lock-`, and the two exclude each other on one path.
+//! zklock always sees kazoo's nodes (foreign contenders, ordered by sequence, exclusive).
 //!
 //! kazoo's semaphore counts the directory's children, then creates its lease: a check and a
 //! write that no client of ours can make atomic, so it cannot share one queue with the claims
@@ -94,4 +100,50 @@ async fn a_lease_taken_before_zklock_holds_ahead_of_the_contenders() {
     assert!(a.state().is_held(), "the first contender still holds");
     let status = tokio::task::block_in_place(|| peer.wait()).expect("wait for the kazoo peer");
     assert!(status.success(), "kazoo peer exited with {status}");
+}
+
+/// kazoo's Lock and zklock exclude each other on one path when kazoo is given
+/// `extra_lock_patterns=["-lock-"]`; without it, kazoo does not see zklock's holder (the
+/// documented way to share a lock with kazoo is the pattern).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kazoos_lock_with_the_lock_pattern_and_zklock_exclude_each_other() {
+    let connect = chroot().await;
+    let engine = engine(&connect).await;
+    let try_lock = |path: &str, pattern: &str| {
+        let out = kazoo::command(&["lock-try", &connect, path, pattern, "2"])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run the kazoo peer: {e}"));
+        assert!(out.status.success(), "kazoo peer failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+
+    // zklock holds: kazoo's Lock with the pattern waits (and times out); without it, it does not see the holder.
+    let lock = "/locks/kazoo-lock";
+    let mut holder = enqueue(&engine, lock, Mode::Exclusive).await;
+    held(&mut holder).await;
+    assert_eq!(tokio::task::block_in_place(|| try_lock(lock, "-lock-")), "timed out");
+    assert_eq!(
+        tokio::task::block_in_place(|| try_lock(lock, "")),
+        "acquired",
+        "kazoo without the pattern ignores zklock"
+    );
+    engine.release(&holder.id).await.unwrap();
+    assert_eq!(tokio::task::block_in_place(|| try_lock(lock, "-lock-")), "acquired", "free again");
+
+    // kazoo holds: a zklock contender waits behind it until it lets go.
+    let lock = "/locks/kazoo-first-lock";
+    let mut peer = kazoo::command(&["lock-hold", &connect, lock, "-lock-", "10"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run the kazoo peer: {e}"));
+    let mut said = BufReader::new(peer.stdout.take().expect("piped"));
+    let mut line = String::new();
+    tokio::task::block_in_place(|| said.read_line(&mut line)).expect("the peer says it acquired");
+    assert!(line.starts_with("acquired "), "{line}");
+    let mut waiter = enqueue(&engine, lock, Mode::Exclusive).await;
+    wait_state(&mut waiter, "behind kazoo's holder", is_waiting).await;
+    writeln!(peer.stdin.as_mut().expect("piped"), "release").unwrap();
+    held(&mut waiter).await;
+    let _ = tokio::task::block_in_place(|| peer.wait());
 }

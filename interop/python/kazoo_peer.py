@@ -1,10 +1,13 @@
-"""kazoo's Semaphore as a peer of zklock's lock engine, for tests/kazoo_interop.rs.
+"""kazoo's Semaphore and Lock as peers of zklock's lock engine, for tests/kazoo_interop.rs.
 
     kazoo_peer.py try CONNECT PATH MAX_LEASES TIMEOUT
         one acquire: prints "acquired", "timed out" or "refused: <error>", then releases.
     kazoo_peer.py hold CONNECT PATH MAX_LEASES TIMEOUT
         acquires, prints "acquired <lease node>", holds until a line arrives on stdin, releases,
         prints "released".
+    kazoo_peer.py lock-try CONNECT PATH PATTERN TIMEOUT
+    kazoo_peer.py lock-hold CONNECT PATH PATTERN TIMEOUT
+        the same with kazoo's Lock, given PATTERN as its extra_lock_patterns ("" for none).
 """
 
 import sys
@@ -18,7 +21,12 @@ def main():
     client = KazooClient(hosts=connect, timeout=10)
     client.start(timeout=10)
     try:
-        semaphore = client.Semaphore(path, identifier="kazoo-peer", max_leases=int(max_leases))
+        if verb.startswith("lock-"):
+            verb = verb[len("lock-"):]
+            patterns = [max_leases] if max_leases else []
+            semaphore = client.Lock(path, identifier="kazoo-peer", extra_lock_patterns=patterns)
+        else:
+            semaphore = client.Semaphore(path, identifier="kazoo-peer", max_leases=int(max_leases))
         try:
             acquired = semaphore.acquire(timeout=float(timeout))
         except ValueError as e:
@@ -32,7 +40,7 @@ def main():
         if verb == "try":
             print("acquired", flush=True)
         else:
-            print(f"acquired {semaphore.create_path}", flush=True)
+            print(f"acquired {getattr(semaphore, 'node', None) or semaphore.create_path}", flush=True)
             sys.stdin.readline()
         semaphore.release()
         if verb == "hold":

@@ -20,9 +20,30 @@ pub const FINALIZER: &str = "zklock.io/release";
 pub const REVOKE_ANNOTATION: &str = "zklock.io/revoke";
 /// Annotation a user changes to restart the lease timer of a held claim.
 pub const RENEW_ANNOTATION: &str = "zklock.io/renew";
-/// Prefix of the annotation written on a holder pod when its claim is to be revoked:
-/// `revoke.zklock.io/<claim name>: <reason>`.
+/// Prefix of the annotation written on a holder pod when its claim is to be revoked (see
+/// [`pod_revoke_annotation`]).
 pub const POD_REVOKE_ANNOTATION_PREFIX: &str = "revoke.zklock.io/";
+
+/// The annotation a holder pod gets when its claim is to be revoked: key
+/// `revoke.zklock.io/<claim name>`, value `{"claim":"<claim name>","reason":"<reason>"}`, which a
+/// reader of the pod's downward-API volume parses for both. An annotation key's name part has at
+/// most 63 characters while a claim's name may have 253 (pods named by Jobs make long ones): a
+/// longer name is cut to 54 characters and ends in 8 hex digits of its hash, so the key is always
+/// valid and one pod holding several claims gets one key per claim.
+pub fn pod_revoke_annotation(claim: &str, reason: &str) -> (String, String) {
+    const MAX_NAME: usize = 63;
+    let name = if claim.len() <= MAX_NAME {
+        claim.to_string()
+    } else {
+        // FNV-1a: stable across builds and platforms, which std's hasher is not.
+        let hash =
+            claim.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        let head = claim[..54].trim_end_matches(['-', '.']);
+        format!("{head}-{:08x}", hash as u32)
+    };
+    let value = serde_json::json!({ "claim": claim, "reason": reason }).to_string();
+    (format!("{POD_REVOKE_ANNOTATION_PREFIX}{name}"), value)
+}
 
 /// The generated CRDs as YAML, each with the file name `crds/` holds it under.
 pub fn crds() -> [(&'static str, String); 2] {
@@ -35,4 +56,33 @@ pub fn crds() -> [(&'static str, String); 2] {
 /// Every generated CRD as one YAML stream (what `zklock crd` prints).
 pub fn crd_yaml() -> String {
     crds().map(|(_, yaml)| yaml).join("---\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pods_revocation_annotation_key_is_valid_for_every_claim_name() {
+        let (key, value) = pod_revoke_annotation("short", "maintenance");
+        assert_eq!(key, "revoke.zklock.io/short");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&value).unwrap(),
+            serde_json::json!({"claim": "short", "reason": "maintenance"})
+        );
+        let long = format!("{}.x-y", "migrate-7f9c-".repeat(19));
+        let (key, value) = pod_revoke_annotation(&long, "r");
+        let name = key.strip_prefix(POD_REVOKE_ANNOTATION_PREFIX).unwrap();
+        assert!(name.len() <= 63, "{name}");
+        let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        assert!(
+            name.chars().all(valid)
+                && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && name.ends_with(|c: char| c.is_ascii_alphanumeric()),
+            "{name}"
+        );
+        assert!(value.contains(&long), "the value names the whole claim");
+        let (other, _) = pod_revoke_annotation(&format!("{long}z"), "r");
+        assert_ne!(key, other, "names cut to the same head keep their own keys");
+    }
 }

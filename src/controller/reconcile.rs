@@ -16,7 +16,7 @@ use super::registry::GrantBlocked;
 use super::Uid;
 use super::{Context, Error, API_TIMEOUT};
 use crate::api::{
-    validate, KeptClaim, LockClaim, LockClaimStatus, Phase, EPOCH_REFUSAL, FINALIZER, POD_REVOKE_ANNOTATION_PREFIX,
+    pod_revoke_annotation, validate, KeptClaim, LockClaim, LockClaimStatus, Phase, EPOCH_REFUSAL, FINALIZER,
 };
 use crate::recipe::Mode;
 use crate::zk::ContenderSpec;
@@ -264,8 +264,8 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut pl
     }
     if let (Some(reason), Some(pod)) = (&plan.annotate_pod, claim.spec.holder.as_ref().map(|h| &h.pod_name)) {
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-        let key = format!("{POD_REVOKE_ANNOTATION_PREFIX}{name}");
-        let patch = json!({ "metadata": { "annotations": { key: reason } } });
+        let (key, value) = pod_revoke_annotation(&name, reason);
+        let patch = json!({ "metadata": { "annotations": { key: value } } });
         let result = ctx.write("annotate_pod", pods.patch(pod, &PatchParams::default(), &Patch::Merge(&patch))).await;
         if let Some(e) = write_error(result) {
             // The pod may be gone already; the revocation goes on regardless.

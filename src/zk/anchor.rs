@@ -48,12 +48,14 @@ pub(super) async fn recreate(
     contenders: &[ContenderSpec],
 ) -> Result<Recreated, Error> {
     let node_options = zk::CreateMode::EphemeralSequential.with_acls(core.config.node_acls());
+    // Its marker decides the continuity rule: nobody but us may write it.
+    ops::protect(client, &core.config, lock, core.config.directory_acls()).await;
     let mut backoff = Backoff::new();
     for _ in 0..MAX_ATTEMPTS {
         let (body, stat) = match retry::idempotent(|| client.get_data(lock)).await {
             Ok(found) => found,
             Err(zk::Error::NoNode) => {
-                ops::ensure_dir(client, lock).await?;
+                ops::ensure_dir(client, &core.config, lock).await?;
                 continue;
             }
             Err(e) => return Err(Error::zk("get", lock, e)),
@@ -186,6 +188,8 @@ pub(super) async fn remove_if_empty(client: &zk::Client, core: &Core, lock: &str
 /// writes its lease count there when it makes the directory, and would go on granting leases
 /// to semaphores of that count.
 pub(super) async fn mark_foreign(client: &zk::Client, core: &Core, lock: &str) -> Result<(), zk::Error> {
+    // A foreign client may have made the directory, open to all: nobody else may reset the mark.
+    ops::protect(client, &core.config, lock, core.config.directory_acls()).await;
     let marker = DirMarker { foreign_seen: true }.to_bytes();
     loop {
         let (body, stat) = retry::idempotent(|| client.get_data(lock)).await?;

@@ -163,6 +163,12 @@ pub(super) struct LockQueue {
     /// The next read re-checks every contender and its data (after a reconnection, when
     /// events may have been lost: ZOOKEEPER-4698).
     pub full: bool,
+    /// The directory is shared with clients other than zklock (its marker says so, or one of
+    /// their nodes was seen): a dropped connection then revokes our holders there. Kept while
+    /// the lock is tracked, learned again when it is tracked anew.
+    pub foreign: bool,
+    /// The version of the directory's data (its marker) last read, if any.
+    pub marker_read: Option<i32>,
     /// Open windows: start mark → how many.
     open: BTreeMap<u64, u32>,
     /// Node events recorded while a window was open: (mark, node name, what happened).

@@ -96,8 +96,40 @@ impl ZkConfig {
         })
     }
 
-    /// The ACL of contender nodes: with credentials, only our identity may change or delete
-    /// them; without, ZooKeeper has no identity to restrict to.
+    /// The ACL of lock directories: with credentials, only our identity may write their data
+    /// (the marker of foreign clients) or change their ACL; everybody may read them and create
+    /// and delete children (a Curator contender makes and deletes its own node there, and
+    /// ZooKeeper checks a delete against the directory). Without credentials, open to all.
+    pub fn directory_acls(&self) -> zk::Acls<'static> {
+        static ACLS: std::sync::LazyLock<[zk::Acl; 2]> = std::sync::LazyLock::new(|| {
+            let open = zk::Permission::READ | zk::Permission::CREATE | zk::Permission::DELETE;
+            [zk::Acl::new_const(zk::Permission::ALL, "auth", ""), zk::Acl::new(open, zk::AuthId::anyone())]
+        });
+        if self.digest_auth.is_some() {
+            zk::Acls::new(&*ACLS)
+        } else {
+            zk::Acls::anyone_all()
+        }
+    }
+
+    /// The ACL of the directories above lock directories (the root, `locks`, each namespace's):
+    /// everybody may read them and create in them (a Curator client may make a lock
+    /// directory first), only our identity delete or write.
+    pub fn parent_acls(&self) -> zk::Acls<'static> {
+        static ACLS: std::sync::LazyLock<[zk::Acl; 2]> = std::sync::LazyLock::new(|| {
+            let open = zk::Permission::READ | zk::Permission::CREATE;
+            [zk::Acl::new_const(zk::Permission::ALL, "auth", ""), zk::Acl::new(open, zk::AuthId::anyone())]
+        });
+        if self.digest_auth.is_some() {
+            zk::Acls::new(&*ACLS)
+        } else {
+            zk::Acls::anyone_all()
+        }
+    }
+
+    /// The ACL of contender nodes and of the leader epoch: with credentials, only our identity
+    /// may change or delete them (nobody else can fence the leader); without, ZooKeeper has no
+    /// identity to restrict to.
     pub fn node_acls(&self) -> zk::Acls<'static> {
         if self.digest_auth.is_some() {
             static CREATOR_ALL_WORLD_READ: [zk::Acl; 2] = [

@@ -2,7 +2,7 @@
 //! The tasks hold it weakly, so that dropping the last [`super::LockEngine`] closes the
 //! session (ZooKeeper then deletes the ephemeral nodes) and stops them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -27,10 +27,9 @@ pub(super) struct Core {
     /// The session in which new contenders may join queues (0: none). A new session is
     /// re-anchored first (DESIGN.md §3): a node made in it before would jump the recorded queue.
     pub admitted: AtomicI64,
-    /// Parent directories of lock directories, watched recursively: (path, session) → set up.
-    pub parents: Mutex<HashMap<ParentKey, Arc<OnceCell<()>>>>,
-    /// Lock directories this engine has already marked as used by foreign clients.
-    pub foreign_marked: Mutex<HashSet<String>>,
+    /// Parent directories of lock directories, watched recursively: (path, session) → the
+    /// watch. Only while a lock below is tracked (the idle sweeper stops the others).
+    pub parents: Mutex<HashMap<ParentKey, Arc<ParentWatch>>>,
     /// The leader epoch every write of this engine is guarded by.
     pub fence: Fence,
     /// Lock directories our last contender left, and since when: removed, if still idle and
@@ -40,6 +39,14 @@ pub(super) struct Core {
 
 /// A parent directory watched recursively, and the session whose watch it is.
 pub(super) type ParentKey = (String, i64);
+
+/// A recursive watch of a parent directory: set up once; stopped (its watcher dropped, which
+/// removes the watch) when no lock below it is tracked any more.
+#[derive(Default)]
+pub(super) struct ParentWatch {
+    pub ready: OnceCell<()>,
+    pub stop: tokio_util::sync::CancellationToken,
+}
 
 /// Nodes just made, registered but not yet decided: (id, told when decided).
 pub(super) type Registered = Vec<(Arc<str>, Option<oneshot::Receiver<()>>)>;
@@ -54,7 +61,6 @@ impl Core {
             session: Mutex::new(None),
             admitted: AtomicI64::new(0),
             parents: Mutex::new(HashMap::new()),
-            foreign_marked: Mutex::new(HashSet::new()),
             fence: Fence::default(),
             idle_directories: Mutex::new(HashMap::new()),
         }
@@ -210,7 +216,13 @@ impl Core {
                 *session = None;
             }
         }
-        self.parents.lock().retain(|(_, sid), _| *sid != session_id);
+        self.parents.lock().retain(|(_, sid), watch| {
+            let keep = *sid != session_id;
+            if !keep {
+                watch.stop.cancel();
+            }
+            keep
+        });
         {
             let mut book = self.book.lock();
             book.lost_sessions.insert(session_id);
@@ -230,11 +242,12 @@ impl Core {
     /// uninterrupted hold, holders there are asked to let go at once, as if revoked; in
     /// zklock-only locks nobody else can be granted, and holders keep the lock.
     pub fn suspend_shared_holds(&self, session_id: i64) {
-        let marked = self.foreign_marked.lock().clone();
         let mut book = self.book.lock();
-        for (id, member) in book.contenders.iter_mut() {
+        let Book { contenders, locks, .. } = &mut *book;
+        for (id, member) in contenders.iter_mut() {
             let held = matches!(member.decision, Some(Decision::Held));
-            if member.session_id == session_id && held && member.revoke.is_none() && marked.contains(&*member.lock) {
+            let shared = locks.get(&member.lock).is_some_and(|q| q.foreign);
+            if member.session_id == session_id && held && member.revoke.is_none() && shared {
                 let before = member.state();
                 member.revoke = Some(CONNECTION_LOST.to_string());
                 self.publish(id, &before, member.state());

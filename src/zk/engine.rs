@@ -104,7 +104,8 @@ impl LockEngine {
     /// Answers the epoch's token (see [`LockEngine::epoch`]).
     pub async fn take_epoch(&self, path: &str, holder: &str) -> Result<i64, Error> {
         let client = self.core.client()?;
-        let (version, token) = fence::bump(&client, path, holder).await.map_err(|e| Error::zk("epoch", path, e))?;
+        let (version, token) =
+            fence::bump(&client, &self.core.config, path, holder).await.map_err(|e| Error::zk("epoch", path, e))?;
         if !self.core.fence.set(Epoch { path: path.to_string(), version, token }) {
             return Err(Error::zk("epoch", path, zk::Error::BadArguments(&"this engine has an epoch already")));
         }
@@ -181,8 +182,9 @@ impl LockEngine {
         if !self.core.is_admitted(client.session_id().0) {
             return Err(Error::NotAdmitted);
         }
-        self.core.watch_parent(&client, &spec.lock).await?;
+        // The window first: it enters the lock in the book, which keeps the parent's watch.
         let guard = WindowGuard::open(&self.core, &spec.lock);
+        self.core.watch_parent(&client, &spec.lock).await?;
         let name = ops::create_adopting(&client, &self.core, &spec).await?;
         let (lock, window) = guard.disarm();
         let registered = self.core.register(&client, &lock, window, vec![(spec, name, false)])?;
@@ -212,12 +214,13 @@ impl LockEngine {
         }
         let (contenders, held): (Vec<ContenderSpec>, Vec<bool>) = anchor::queue_order(contenders).into_iter().unzip();
         let client = self.core.client()?;
-        self.core.watch_parent(&client, lock_path).await?;
+        // The window first: it enters the lock in the book, which keeps the parent's watch.
         let guard = WindowGuard::open(&self.core, lock_path);
+        self.core.watch_parent(&client, lock_path).await?;
         let created = anchor::recreate(&client, &self.core, lock_path, &contenders).await?;
         let (lock, window) = guard.disarm();
-        if created.foreign_seen {
-            self.core.foreign_marked.lock().insert(lock_path.to_string());
+        if let Some(q) = self.core.book.lock().locks.get_mut(lock_path) {
+            q.foreign |= created.foreign_seen;
         }
         // Recorded holders come back first, ahead of every other node (in a directory no
         // foreign client has used, nobody could have been granted meanwhile): they keep the lock
@@ -261,8 +264,9 @@ impl LockEngine {
                     // The last of our contenders in the lock left: its directory goes too, if
                     // empty, so that locks no longer used do not pile up. In the background: a
                     // release waits for nothing but its own node.
+                    // (A directory shared with foreign clients keeps its marker and stays.)
                     let idle = !core.book.lock().locks.contains_key(&*member.lock);
-                    if idle && !core.foreign_marked.lock().contains(&*member.lock) {
+                    if idle {
                         core.note_idle_directory(&client, &member.lock);
                     }
                     Ok(())

@@ -145,9 +145,24 @@ impl Fence {
 /// on, writes guarded by any earlier version fail. The bump is conditional on the version read
 /// just before, so that a late bump (a leader that was slow to get here) cannot supersede one
 /// made after it: it fails with [`FENCED`] instead. Answers (version, zxid of the bump).
-pub(super) async fn bump(client: &zk::Client, path: &str, holder: &str) -> Result<(i32, i64), zk::Error> {
-    let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-    super::retry::idempotent(|| client.mkdir(path, &options)).await?;
+/// With credentials, only our identity may write the epoch node: anybody else could fence the
+/// leader at will.
+pub(super) async fn bump(
+    client: &zk::Client,
+    config: &super::ZkConfig,
+    path: &str,
+    holder: &str,
+) -> Result<(i32, i64), zk::Error> {
+    if let Some((parent, _)) = path.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
+        let parents = zk::CreateMode::Persistent.with_acls(config.parent_acls());
+        super::retry::idempotent(|| client.mkdir(parent, &parents)).await?;
+    }
+    let options = zk::CreateMode::Persistent.with_acls(config.node_acls());
+    match super::retry::idempotent(|| client.create(path, b"", &options)).await {
+        Ok(_) | Err(zk::Error::NodeExists) => {}
+        Err(e) => return Err(e),
+    }
+    super::ops::protect(client, config, path, config.node_acls()).await;
     let (_, read) = super::retry::idempotent(|| client.get_data(path)).await?;
     match super::retry::idempotent(|| client.set_data(path, holder.as_bytes(), Some(read.version))).await {
         Ok(stat) => Ok((stat.version, stat.mzxid)),

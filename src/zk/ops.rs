@@ -29,28 +29,63 @@ pub(super) fn parent_of(lock: &str) -> &str {
 }
 
 /// The children of `path`, and its pzxid; none (and 0) when it does not exist.
-pub(super) async fn children_or_empty(client: &zk::Client, path: &str) -> Result<(Vec<String>, i64), zk::Error> {
+pub(super) async fn children_or_empty(client: &zk::Client, path: &str) -> Result<Listing, zk::Error> {
     match retry::idempotent(|| client.get_children(path)).await {
-        Ok((children, stat)) => Ok((children, stat.pzxid)),
-        Err(zk::Error::NoNode) => Ok((vec![], 0)),
+        Ok((children, stat)) => {
+            Ok(Listing { children, pzxid: stat.pzxid, data_length: stat.data_length, data_version: stat.version })
+        }
+        Err(zk::Error::NoNode) => Ok(Listing { children: vec![], pzxid: 0, data_length: 0, data_version: -1 }),
         Err(e) => Err(e),
     }
 }
 
-/// [`children_or_empty`] without the pzxid, with the engine's error.
+/// A directory's children, and what its stat says besides.
+pub(super) struct Listing {
+    pub children: Vec<String>,
+    /// The zxid of the last change to the children.
+    pub pzxid: i64,
+    /// Length and version of the directory's own data (its marker, see [`super::data::DirMarker`]).
+    pub data_length: i32,
+    pub data_version: i32,
+}
+
+/// [`children_or_empty`] without the stat, with the engine's error.
 pub(super) async fn list(client: &zk::Client, path: &str) -> Result<Vec<String>, Error> {
-    children_or_empty(client, path).await.map(|(children, _)| children).map_err(|e| Error::zk("list", path, e))
+    children_or_empty(client, path).await.map(|listing| listing.children).map_err(|e| Error::zk("list", path, e))
+}
+
+/// With credentials, makes sure that nobody but our identity can write `path`'s data or change
+/// its ACL (a directory made by another client, or by an earlier zklock without credentials,
+/// may be open to all): `acls` replace an ACL that lets the world write or administer it.
+pub(super) async fn protect(client: &zk::Client, config: &super::ZkConfig, path: &str, acls: zk::Acls<'_>) {
+    if config.digest_auth.is_none() {
+        return;
+    }
+    let Ok((current, stat)) = retry::idempotent(|| client.get_acl(path)).await else { return };
+    let open = current.iter().any(|acl| {
+        acl.scheme() == "world"
+            && (acl.permission().has(zk::Permission::WRITE) || acl.permission().has(zk::Permission::ADMIN))
+    });
+    if !open {
+        return;
+    }
+    match retry::idempotent(|| client.set_acl(path, &acls, Some(stat.aversion))).await {
+        Ok(_) => tracing::info!(path, "protected against writes by other ZooKeeper clients"),
+        // Changed meanwhile (by whoever: it is looked at again next time), or not ours to change.
+        Err(e) => tracing::warn!(path, error = %e, "could not protect the node against other clients' writes"),
+    }
 }
 
 /// Makes lock directory `lock` (and its parents), with the data that marks it as zklock's (and
 /// refuses kazoo's semaphore, see [`super::data::DirMarker`]). Lock directories stay open to everybody
 /// for create, so that Curator clients can contend.
-pub(super) async fn ensure_dir(client: &zk::Client, lock: &str) -> Result<(), Error> {
-    let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+pub(super) async fn ensure_dir(client: &zk::Client, config: &super::ZkConfig, lock: &str) -> Result<(), Error> {
+    let parents = zk::CreateMode::Persistent.with_acls(config.parent_acls());
     let parent = parent_of(lock);
     if parent != "/" {
-        retry::idempotent(|| client.mkdir(parent, &options)).await.map_err(|e| Error::zk("mkdir", parent, e))?;
+        retry::idempotent(|| client.mkdir(parent, &parents)).await.map_err(|e| Error::zk("mkdir", parent, e))?;
     }
+    let options = zk::CreateMode::Persistent.with_acls(config.directory_acls());
     match retry::idempotent(|| client.create(lock, CLEAN_DIRECTORY, &options)).await {
         Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
         Err(e) => Err(Error::zk("create", lock, e)),
@@ -71,7 +106,7 @@ pub(super) async fn create_adopting(client: &zk::Client, core: &Core, spec: &Con
                 Stats::bump(&core.stats.creates);
                 return Ok(node_name(&created).to_string());
             }
-            Err(zk::Error::NoNode) => ensure_dir(client, &spec.lock).await?,
+            Err(zk::Error::NoNode) => ensure_dir(client, &core.config, &spec.lock).await?,
             Err(e) if retry::is_unknown_outcome(&e) => {
                 Stats::bump(&core.stats.create_unknown_outcomes);
                 let children = list(client, &spec.lock).await?;

@@ -10,6 +10,7 @@ use zookeeper_client as zk;
 use super::book::{Book, LockQueue, NodeEvent};
 use super::contender::{ContenderState, LostReason};
 use super::core::Core;
+use super::data::{DirMarker, CLEAN_DIRECTORY};
 use super::stats::Stats;
 use super::{anchor, ops, retry};
 use crate::recipe::{self, Decision, Limit};
@@ -281,19 +282,20 @@ async fn stamp(core: Weak<Core>, id: Arc<str>, path: String) {
 
 /// Reads the directory's children and pzxid, then, before deciding, makes the repairs that
 /// need ZooKeeper: deletes second nodes carrying the id of one of our contenders, and marks the
-/// directory when a client other than zklock uses it. `None` when it deleted a node (the
-/// directory must be read again).
+/// directory when a client other than zklock uses it. Learns from the directory's marker
+/// whether foreign clients used it before (what [`Core::suspend_shared_holds`] asks). `None`
+/// when it deleted a node (the directory must be read again).
 async fn read(client: &zk::Client, core: &Core, lock_path: &str) -> Result<Option<(Vec<String>, i64)>, zk::Error> {
     Stats::bump(&core.stats.children_reads);
     // No directory, no nodes: every contender in it is gone.
-    let (children, pzxid) = ops::children_or_empty(client, lock_path).await?;
+    let ops::Listing { children, pzxid, data_length, data_version } = ops::children_or_empty(client, lock_path).await?;
     let session_id = client.session_id().0;
     let queue = recipe::queue(&children);
     let base = recipe::wrap_base(queue.iter().map(|c| c.sequence));
     // (duplicate's path, its sequence, our contender's sequence)
-    let duplicates: Vec<(String, u64, u64)> = {
+    let (duplicates, known_foreign, marker_known): (Vec<(String, u64, u64)>, bool, bool) = {
         let book = core.book.lock();
-        queue
+        let duplicates = queue
             .iter()
             .filter_map(|c| {
                 let (id, _) = c.ours?;
@@ -301,7 +303,9 @@ async fn read(client: &zk::Client, core: &Core, lock_path: &str) -> Result<Optio
                 (member.session_id == session_id && *member.name != *c.name && *member.lock == *lock_path)
                     .then(|| (format!("{lock_path}/{}", c.name), c.sequence, member.sequence))
             })
-            .collect()
+            .collect();
+        let q = book.locks.get(lock_path);
+        (duplicates, q.is_some_and(|q| q.foreign), q.is_some_and(|q| q.marker_read == Some(data_version)))
     };
     // A second node with our id. Ours wins over one of our own session (a create retried
     // after a lost answer) and over an older one (left by an earlier session). A newer node of
@@ -324,10 +328,26 @@ async fn read(client: &zk::Client, core: &Core, lock_path: &str) -> Result<Optio
         }
         deleted = true;
     }
-    if !deleted && queue.iter().any(|c| c.ours.is_none()) && !core.foreign_marked.lock().contains(lock_path) {
+    let mut foreign = known_foreign;
+    if !foreign && !marker_known {
+        // Zklock's clean marker is "0" (and "" is nobody's): a longer one (the foreign marker
+        // "-1", an older JSON one, a stranger's data) is read, once per version.
+        if data_length > CLEAN_DIRECTORY.len() as i32 {
+            match retry::idempotent(|| client.get_data(lock_path)).await {
+                Ok((body, _)) => foreign = DirMarker::parse(&body).foreign_seen,
+                Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    if !deleted && !foreign && queue.iter().any(|c| c.ours.is_none()) {
         // After a session gap, holders in this directory cannot be assumed to have kept the lock.
         anchor::mark_foreign(client, core, lock_path).await?;
-        core.foreign_marked.lock().insert(lock_path.to_string());
+        foreign = true;
+    }
+    if let Some(q) = core.book.lock().locks.get_mut(lock_path) {
+        q.foreign |= foreign;
+        q.marker_read = Some(data_version);
     }
     Ok((!deleted).then_some((children, pzxid)))
 }

@@ -23,16 +23,35 @@ impl Core {
     pub async fn watch_parent(self: &Arc<Self>, client: &zk::Client, lock_path: &str) -> Result<(), Error> {
         let parent = ops::parent_of(lock_path);
         let session_id = client.session_id().0;
-        let cell = self.parents.lock().entry((parent.to_string(), session_id)).or_default().clone();
-        cell.get_or_try_init(|| async {
-            let watcher = retry::idempotent(|| client.watch(parent, zk::AddWatchMode::PersistentRecursive))
-                .await
-                .map_err(|e| Error::zk("addWatch", parent, e))?;
-            tokio::spawn(dispatch(Arc::downgrade(self), watcher, session_id, parent.to_string()));
-            Ok::<(), Error>(())
-        })
-        .await?;
+        let watch = self.parents.lock().entry((parent.to_string(), session_id)).or_default().clone();
+        watch
+            .ready
+            .get_or_try_init(|| async {
+                let watcher = retry::idempotent(|| client.watch(parent, zk::AddWatchMode::PersistentRecursive))
+                    .await
+                    .map_err(|e| Error::zk("addWatch", parent, e))?;
+                let stop = watch.stop.clone();
+                tokio::spawn(dispatch(Arc::downgrade(self), watcher, session_id, parent.to_string(), stop));
+                Ok::<(), Error>(())
+            })
+            .await?;
         Ok(())
+    }
+
+    /// Stops the recursive watches of parents with no lock tracked below them (a namespace
+    /// whose claims all went): otherwise one per namespace ever used would stay. Decided under
+    /// the book's lock, which every create holds its lock's entry in before it asks for the
+    /// watch (`WindowGuard::open` first), so a watch about to be used is never stopped.
+    pub fn stop_idle_watches(&self) {
+        let book = self.book.lock();
+        let used: std::collections::HashSet<&str> = book.locks.keys().map(|path| ops::parent_of(path)).collect();
+        self.parents.lock().retain(|(parent, _), watch| {
+            let keep = used.contains(parent.as_str());
+            if !keep {
+                watch.stop.cancel();
+            }
+            keep
+        });
     }
 
     /// Notes that our last contender left `dir`; starts the sweeper if none runs.
@@ -127,9 +146,19 @@ impl Core {
 
 /// Follows one recursive watch: node deletions and data changes in every lock directory below
 /// `parent`, and the session's comings and goings.
-async fn dispatch(core: Weak<Core>, mut watcher: zk::PersistentWatcher, session_id: i64, parent: String) {
+async fn dispatch(
+    core: Weak<Core>,
+    mut watcher: zk::PersistentWatcher,
+    session_id: i64,
+    parent: String,
+    stop: tokio_util::sync::CancellationToken,
+) {
     loop {
-        let event = watcher.changed().await;
+        let event = tokio::select! {
+            event = watcher.changed() => event,
+            // Dropping the watcher removes the watch.
+            _ = stop.cancelled() => return,
+        };
         let Some(strong) = core.upgrade() else { return };
         match event.event_type {
             zk::EventType::Session => match event.session_state {
@@ -225,6 +254,7 @@ async fn sweep_idle_directories(core: Weak<Core>, client: zk::Client) {
             anchor::remove_if_empty(&client, &core, &dir).await;
             core.idle_directories.lock().remove(&dir);
         }
+        core.stop_idle_watches();
         // Decided under the lock `note_idle_directory` takes: a directory noted after this
         // finds the map empty and starts a new sweeper.
         if core.idle_directories.lock().is_empty() {
