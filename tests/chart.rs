@@ -214,7 +214,7 @@ fn lost_fields(original: &Value, typed: &Value, path: &str, lost: &mut Vec<Strin
 /// every field must survive the round trip (k8s-openapi drops unknown fields). Returns false for
 /// kinds without a type here.
 fn typed_round_trip(doc: &Value) -> Result<bool, String> {
-    use k8s_openapi::api::{apps, core, networking, policy, rbac};
+    use k8s_openapi::api::{admissionregistration, apps, core, networking, policy, rbac};
     fn trip<T: serde::de::DeserializeOwned + serde::Serialize>(doc: &Value) -> Result<bool, String> {
         let typed: T = serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?;
         let mut lost = vec![];
@@ -237,13 +237,22 @@ fn typed_round_trip(doc: &Value) -> Result<bool, String> {
         "RoleBinding" => trip::<rbac::v1::RoleBinding>(doc),
         "ClusterRole" => trip::<rbac::v1::ClusterRole>(doc),
         "ClusterRoleBinding" => trip::<rbac::v1::ClusterRoleBinding>(doc),
+        "ValidatingAdmissionPolicy" => trip::<admissionregistration::v1::ValidatingAdmissionPolicy>(doc),
+        "ValidatingAdmissionPolicyBinding" => trip::<admissionregistration::v1::ValidatingAdmissionPolicyBinding>(doc),
         _ => Ok(false),
     }
 }
 
 /// YAML-level checks of what the sandbox does not serve (apps, policy, rbac, networking, ...).
 fn check_documents(label: &str, docs: &[Value], values: &Value, ns: &str) {
-    let cluster_scoped = ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Namespace"];
+    let cluster_scoped = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "Namespace",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ];
     let mut seen = BTreeSet::new();
     for doc in docs {
         assert!(doc["apiVersion"].is_string() && !kind(doc).is_empty(), "{label}: a document without apiVersion/kind");
@@ -291,6 +300,7 @@ fn check_documents(label: &str, docs: &[Value], values: &Value, ns: &str) {
     assert_eq!(container["ports"][0]["containerPort"].as_u64(), Some(port), "{label}");
     if values["leaderElection"]["enabled"] == true {
         assert_eq!(args["--lease-namespace"], [ns], "{label}: the Lease lives in the release namespace");
+        check_epoch_policy(label, docs, values, &args, ns);
     } else {
         assert!(args.contains_key("--no-leader-election") && values["replicaCount"] == 1, "{label}");
     }
@@ -382,6 +392,35 @@ fn check_documents(label: &str, docs: &[Value], values: &Value, ns: &str) {
     );
 }
 
+/// The leader epoch's admission policy: rendered (with the parameter the operator is told of and
+/// its RBAC) exactly when asked for, and the very objects `zklock::api::epoch_policy` makes.
+fn check_epoch_policy(label: &str, docs: &[Value], values: &Value, args: &BTreeMap<String, Vec<String>>, ns: &str) {
+    use zklock::api::epoch_policy::{epoch_policy, epoch_policy_binding};
+    let policies = find(docs, "ValidatingAdmissionPolicy");
+    let bindings = find(docs, "ValidatingAdmissionPolicyBinding");
+    if values["leaderElection"]["epochPolicy"] != true {
+        assert!(policies.is_empty() && bindings.is_empty(), "{label}: no policy when epochPolicy is off");
+        assert!(args.contains_key("--no-epoch-policy"), "{label}: the operator is told there is none");
+        return;
+    }
+    assert_eq!((policies.len(), bindings.len()), (1, 1), "{label}: one policy, one binding");
+    let name = args["--epoch-param"][0].clone();
+    let watched = strings(&values["watchNamespaces"]);
+    let spec = |v: serde_json::Value| v["spec"].clone();
+    assert_eq!(policies[0]["spec"], spec(serde_json::to_value(epoch_policy(&name)).unwrap()), "{label}: the policy");
+    let binding = epoch_policy_binding(&name, &name, &name, ns, &watched);
+    assert_eq!(bindings[0]["spec"], spec(serde_json::to_value(binding).unwrap()), "{label}: the binding");
+    let rules: Vec<&Value> = find(docs, "Role")
+        .into_iter()
+        .filter(|r| r["metadata"]["namespace"] == ns)
+        .flat_map(|r| r["rules"].as_array().unwrap().iter())
+        .collect();
+    let named = rules
+        .iter()
+        .any(|r| strings(&r["resources"]) == ["configmaps"] && strings(&r["resourceNames"]) == [name.clone()]);
+    assert!(named, "{label}: the operator may read and raise its epoch's ConfigMap");
+}
+
 fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String) {
     let mut child = Command::new(zklock_testkit::kube::kubectl())
         .args(args)
@@ -455,11 +494,23 @@ fn rendered_manifests_are_valid() {
     let (ok, out) = kubectl(&["create", "namespace", &ns], None);
     assert!(ok, "create namespace {ns}: {out}");
     let mut listing = String::new();
+    let mut made = vec![];
     for (label, values) in value_sets() {
         let rendered =
             render(&ns, values.as_deref(), &[]).unwrap_or_else(|e| panic!("helm template with {label}: {e}"));
         let docs = documents(&rendered);
-        check_documents(&label, &docs, &effective_values(values.as_deref()), &ns);
+        let effective = effective_values(values.as_deref());
+        check_documents(&label, &docs, &effective, &ns);
+        // A real API server refuses objects in namespaces that do not exist: the namespaces a
+        // value set serves are made for the dry run (and removed after, if made here).
+        for watched in strings(&effective["watchNamespaces"]) {
+            let (exists, _) = kubectl(&["get", "namespace", &watched], None);
+            if !exists {
+                let (ok, out) = kubectl(&["create", "namespace", &watched], None);
+                assert!(ok, "create namespace {watched}: {out}");
+                made.push(watched);
+            }
+        }
         listing.push_str(&format!("{label}:\n"));
         for doc in &docs {
             let yaml = serde_yaml::to_string(doc).unwrap();
@@ -476,12 +527,24 @@ fn rendered_manifests_are_valid() {
             };
             listing.push_str(&format!("  {what:<55} {how}\n"));
             if let Some(pod) = pod_of_template(doc) {
+                // A real API server refuses a pod whose ServiceAccount does not exist (the dry run
+                // above made none): the one the chart makes, or the existing one it is told of.
+                if let Some(account) = pod["spec"]["serviceAccountName"].as_str() {
+                    let (ok, out) = kubectl(&["get", "serviceaccount", account, "-n", &ns], None);
+                    if !ok && out.contains("NotFound") {
+                        let (ok, out) = kubectl(&["create", "serviceaccount", account, "-n", &ns], None);
+                        assert!(ok, "create the ServiceAccount {account}: {out}");
+                    }
+                }
                 let yaml = serde_yaml::to_string(&pod).unwrap();
                 let (ok, out) = kubectl(&["apply", "--dry-run=server", "--validate=strict", "-f", "-"], Some(&yaml));
                 assert!(ok, "{label}: the pod template of {what} rejected by the API server (dry-run):\n{out}\n{yaml}");
                 listing.push_str(&format!("  {:<55} server dry-run (as a Pod)\n", format!("{what} pod template")));
             }
         }
+    }
+    for namespace in made {
+        let _ = kubectl(&["delete", "namespace", &namespace, "--wait=false"], None);
     }
     eprintln!("{listing}server-side dry-run: {served:?}\nYAML-level checks only (not served by the API under test): {checked_by_yaml:?}");
     assert!(served.contains("ServiceAccount") && served.contains("ConfigMap"), "the served kinds went through dry-run");

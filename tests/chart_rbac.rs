@@ -2,13 +2,18 @@
 //!
 //! The real binary runs with the args and env of the chart's rendered Deployment (only the
 //! ZooKeeper address and the metrics port swapped for the test's), with `ZKLOCK_API_AUDIT` set,
-//! against kube-sandbox and a real ZooKeeper, through a scenario that takes every API path:
-//! leader election, claims with a holder pod, a waiter, revocation (pod annotation), a holder
-//! pod's death, events, finalizers, status, deletion, shutdown. Each logged request becomes
-//! (namespace, apiGroup, resource[/subresource], name, verb); every one must be allowed by the
-//! Roles/ClusterRoles the chart binds to the operator's ServiceAccount, and every permission the
-//! chart grants must have been used. Run for the default values (ClusterRole) and for
-//! `watchNamespaces` (Roles per namespace).
+//! against a real ZooKeeper, through a scenario that takes every API path: leader election (two
+//! terms: the first makes the leader epoch's ConfigMap, the second raises it), claims with a
+//! holder pod, a waiter, revocation (pod annotation), a holder pod's death, events, finalizers,
+//! status, deletion, shutdown. Each logged request becomes (namespace, apiGroup,
+//! resource[/subresource], name, verb); every one must be allowed by the Roles/ClusterRoles the
+//! chart binds to the operator's ServiceAccount, and every permission the chart grants must
+//! have been used. Run for `watchNamespaces` (Roles per namespace) on the real API server with
+//! the chart's own epoch policy, and for the default values (ClusterRole) on kube-sandbox: an
+//! operator of all namespaces on the test run's shared control plane would serve every other
+//! test's claims there (and its policy binding would cover their namespaces).
+//! `tests/chart_install.rs` installs the chart for real and runs the operator with its
+//! ServiceAccount's own token, so RBAC is enforced by the API server itself.
 
 mod chart_support;
 mod e2e_support;
@@ -214,9 +219,9 @@ fn start_operator(docs: &[Value], env: &Env, audit: &std::path::Path, log: &std:
             other => panic!("env {name}: {other:?} has no local equivalent"),
         };
     }
-    let log_file = std::fs::File::create(log).unwrap();
+    let log_file = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
     let child = cmd
-        .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())
+        .env("KUBECONFIG", &env.kubeconfig)
         .env(zklock::client::AUDIT_ENV, audit)
         .stdin(Stdio::null())
         .stdout(log_file.try_clone().unwrap())
@@ -304,8 +309,9 @@ async fn scenario(env: &Env) {
 
 /// Renders the chart into a release namespace of its own, runs the scenario with the operator as
 /// the chart configures it, and checks the requests against the rendered RBAC.
-async fn derive_and_check(label: &str, watch_other: bool) -> String {
-    let env = Env::new().await;
+async fn derive_and_check(label: &str, watch_other: bool, kubeconfig: &std::path::Path) -> String {
+    let zk = zklock_testkit::ZkServer::shared().chroot().await;
+    let env = Env::on(kubeconfig, zk, false).await;
     let release_ns = format!("{}-rel", env.ns);
     create_namespace(&env, &release_ns).await;
     let other = format!("{}-other", env.ns);
@@ -317,26 +323,37 @@ async fn derive_and_check(label: &str, watch_other: bool) -> String {
     }
     let docs = documents(&render(&release_ns, None, &sets).expect("helm template"));
     let grants = Grants::from_rendered(&docs);
+    // The chart's epoch policy and binding (kube-sandbox serves no admission policies).
+    let policy_docs: Vec<&Value> = docs.iter().filter(|d| kind(d).starts_with("ValidatingAdmissionPolicy")).collect();
+    assert_eq!(policy_docs.len(), 2, "{label}: the chart renders the epoch policy and its binding");
+    let real = e2e_support::epoch_policy(kubeconfig);
+    if real {
+        for doc in &policy_docs {
+            apply(&env, doc).await;
+        }
+    }
 
     let dir = std::env::temp_dir().join(format!("zklock-chart-rbac-{}", env.ns));
     std::fs::create_dir_all(&dir).unwrap();
     let (audit, log) = (dir.join("api-requests.log"), dir.join("operator.log"));
     let (mut child, metrics) = start_operator(&docs, &env, &audit, &log);
-    let ready = async {
-        // Poll the condition (the operator leads) every 100 ms.
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        while !http_get(&metrics, "/metrics").await.is_some_and(|m| m.contains("zklock_leader 1")) {
-            tick.tick().await;
-        }
-    };
-    if tokio::time::timeout(Duration::from_secs(60), ready).await.is_err() {
-        panic!("{label}: the operator did not lead:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
-    }
+    await_leading(label, &metrics, &log).await;
     scenario(&env).await;
-    // SIGTERM: the operator gives the lease up.
-    let _ = Command::new("kill").arg(child.id().to_string()).status();
-    let status = child.wait().unwrap();
-    assert!(status.success(), "{label}: operator exit {status:?}:\n{}", std::fs::read_to_string(&log).unwrap());
+    // SIGTERM: the operator gives the lease up. A second term raises the epoch the first wrote.
+    stop(label, &mut child, &log);
+    let (mut child, metrics) = start_operator(&docs, &env, &audit, &log);
+    await_leading(label, &metrics, &log).await;
+    env.claim("after", "maint", json!({})).await;
+    env.wait_phase("after", Phase::Held).await;
+    env.delete_claim("after").await;
+    env.wait_gone("after").await;
+    stop(label, &mut child, &log);
+    if real {
+        let binding = policy_docs.iter().find(|d| kind(d) == "ValidatingAdmissionPolicyBinding").expect("a binding");
+        let bindings: Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding> =
+            Api::all(env.client.clone());
+        bindings.delete(name(binding), &DeleteParams::default()).await.expect("remove the chart's binding");
+    }
 
     let lines = std::fs::read_to_string(&audit).expect("the request log");
     let requests: Vec<Request> = lines.lines().map(parse_request).collect();
@@ -350,18 +367,48 @@ async fn derive_and_check(label: &str, watch_other: bool) -> String {
     }
 }
 
+/// Waits until the operator says it leads and is ready (re-anchored).
+async fn await_leading(label: &str, metrics: &str, log: &std::path::Path) {
+    let ready = async {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tick.tick().await;
+            let leads = http_get(metrics, "/metrics").await.is_some_and(|m| m.contains("zklock_leader 1"));
+            if leads && http_get(metrics, "/readyz").await.is_some_and(|b| b.trim() == "ready") {
+                return;
+            }
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(60), ready).await.is_err() {
+        panic!("{label}: the operator did not lead:\n{}", std::fs::read_to_string(log).unwrap_or_default());
+    }
+}
+
+/// SIGTERM, and a clean exit.
+fn stop(label: &str, child: &mut Child, log: &std::path::Path) {
+    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{label}: operator exit {status:?}:\n{}", std::fs::read_to_string(log).unwrap());
+}
+
+/// Creates (or updates) a rendered cluster-scoped object with server-side apply.
+async fn apply(env: &Env, doc: &Value) {
+    let (group, version) = doc["apiVersion"].as_str().unwrap().split_once('/').unwrap();
+    let gvk = kube::api::GroupVersionKind::gvk(group, version, kind(doc));
+    let (resource, _) = kube::discovery::pinned_kind(&env.client, &gvk).await.expect("a served kind");
+    let api: Api<kube::api::DynamicObject> = Api::all_with(env.client.clone(), &resource);
+    let object: kube::api::DynamicObject = serde_json::from_value(doc.clone()).unwrap();
+    let params = kube::api::PatchParams::apply("zklock-tests").force();
+    api.patch(name(doc), &params, &kube::api::Patch::Apply(&object))
+        .await
+        .unwrap_or_else(|e| panic!("apply {}: {e}", name(doc)));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rendered_rbac_grants_exactly_the_operators_requests() {
-    // One after the other: an all-namespaces operator would also serve the other run's claims.
-    // Against a real cluster (ZKLOCK_TEST_KUBECONFIG) it would serve everybody's claims there,
-    // so only the namespace-scoped run goes.
-    let real_cluster = std::env::var("ZKLOCK_TEST_KUBECONFIG").is_ok_and(|v| !v.is_empty());
-    let cluster = if real_cluster {
-        "default values (ClusterRole): skipped against a real cluster\n".to_string()
-    } else {
-        derive_and_check("default values (ClusterRole)", false).await
-    };
-    let scoped = derive_and_check("watchNamespaces (Roles)", true).await;
+    let scoped = derive_and_check("watchNamespaces (Roles)", true, zklock_testkit::kube::kubeconfig()).await;
+    let cluster =
+        derive_and_check("default values (ClusterRole)", false, zklock_testkit::kube::sandbox_kubeconfig()).await;
     eprintln!("permissions derived from the operator's requests:\n{cluster}\n{scoped}");
 }
 

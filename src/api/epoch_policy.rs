@@ -15,9 +15,10 @@
 use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use serde_json::json;
 
-/// The policy's name, and its parameter's (a ConfigMap in the operator's namespace).
+/// The default name of the policy (the chart names it after its release).
 pub const EPOCH_POLICY: &str = "zklock-leader-epoch";
-/// The ConfigMap that holds the epoch in force (`data.epoch`, a decimal string).
+/// The default name of the ConfigMap, in the operator's namespace, that holds the epoch in
+/// force (`data.epoch`, a decimal string): the policy's parameter.
 pub const EPOCH_PARAM: &str = "zklock-leader-epoch";
 /// The key of the epoch in the parameter's data.
 pub const EPOCH_KEY: &str = "epoch";
@@ -28,7 +29,7 @@ pub const EPOCH_REFUSAL: &str = "zklock: status written in a leader term that is
 /// refused. A status without one (an operator run without leader election) passes. A missing
 /// or unreadable parameter refuses every status write (`failurePolicy: Fail` and the binding's
 /// `parameterNotFoundAction: Deny`): safety over availability until the leader writes it.
-pub fn epoch_policy() -> ValidatingAdmissionPolicy {
+pub fn epoch_policy(name: &str) -> ValidatingAdmissionPolicy {
     let check = "!has(object.status) || !has(object.status.leaderEpoch) || \
                  object.status.leaderEpoch >= int(params.data.epoch)";
     let message = format!(
@@ -39,7 +40,7 @@ pub fn epoch_policy() -> ValidatingAdmissionPolicy {
     serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
-        "metadata": { "name": EPOCH_POLICY, "labels": { "app.kubernetes.io/part-of": "zklock" } },
+        "metadata": { "name": name },
         "spec": {
             "failurePolicy": "Fail",
             "paramKind": { "apiVersion": "v1", "kind": "ConfigMap" },
@@ -57,10 +58,13 @@ pub fn epoch_policy() -> ValidatingAdmissionPolicy {
     .unwrap_or_default()
 }
 
-/// The binding of one installation: its parameter lives in `param_namespace`; it covers the
-/// claims of `namespaces` (every namespace when empty), as the operator serves them.
+/// The binding of one installation to `policy`: its parameter is ConfigMap `param` in
+/// `param_namespace`; it covers the claims of `namespaces` (every namespace when empty), as the
+/// operator serves them.
 pub fn epoch_policy_binding(
     name: &str,
+    policy: &str,
+    param: &str,
     param_namespace: &str,
     namespaces: &[String],
 ) -> ValidatingAdmissionPolicyBinding {
@@ -73,11 +77,11 @@ pub fn epoch_policy_binding(
     serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": { "name": name, "labels": { "app.kubernetes.io/part-of": "zklock" } },
+        "metadata": { "name": name },
         "spec": {
-            "policyName": EPOCH_POLICY,
+            "policyName": policy,
             "validationActions": ["Deny"],
-            "paramRef": { "name": EPOCH_PARAM, "namespace": param_namespace, "parameterNotFoundAction": "Deny" },
+            "paramRef": { "name": param, "namespace": param_namespace, "parameterNotFoundAction": "Deny" },
             "matchResources": { "namespaceSelector": selector },
         },
     }))
@@ -90,11 +94,11 @@ mod tests {
 
     #[test]
     fn the_policy_and_a_binding_are_whole() {
-        let policy = epoch_policy();
+        let policy = epoch_policy("p");
         let spec = policy.spec.expect("a spec");
         assert_eq!(spec.param_kind.and_then(|k| k.kind).as_deref(), Some("ConfigMap"));
         assert_eq!(spec.validations.map(|v| v.len()), Some(1));
-        let binding = epoch_policy_binding("b", "zklock-system", &["shop".into()]);
+        let binding = epoch_policy_binding("b", "p", "param", "zklock-system", &["shop".into()]);
         let spec = binding.spec;
         assert_eq!(spec.param_ref.and_then(|p| p.namespace).as_deref(), Some("zklock-system"));
         let selector = spec.match_resources.and_then(|m| m.namespace_selector).expect("a selector");

@@ -42,13 +42,22 @@ pub fn server() -> Server {
     server_under_test().1
 }
 
+static SANDBOX: OnceLock<PathBuf> = OnceLock::new();
+
 /// A kube-sandbox of this test process, whatever server the others run on: for the tests that
 /// say why they need the sandbox (its demo, or a figure printed beside the real server's).
 pub fn sandbox_kubeconfig() -> &'static Path {
-    static SANDBOX: OnceLock<PathBuf> = OnceLock::new();
     match server_under_test() {
         (path, Server::Sandbox) => path,
         _ => SANDBOX.get_or_init(start_sandbox),
+    }
+}
+
+/// The kubeconfig of a kube-sandbox this process runs, or an empty path if it runs none.
+pub fn sandbox_kubeconfig_if_started() -> &'static Path {
+    match server_under_test() {
+        (path, Server::Sandbox) => path,
+        _ => SANDBOX.get().map_or(Path::new(""), |p| p.as_path()),
     }
 }
 

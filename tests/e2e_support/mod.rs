@@ -23,6 +23,8 @@ pub const PATIENCE: Duration = Duration::from_secs(60);
 
 pub struct Env {
     pub client: kube::Client,
+    /// The kubeconfig of the API server this environment lives on.
+    pub kubeconfig: PathBuf,
     pub ns: String,
     /// ZooKeeper connect string with this test's chroot.
     pub zk: String,
@@ -37,7 +39,7 @@ impl Env {
     /// failure). Every call must bound its own wait (`--timeout` for `kubectl wait`).
     pub fn kubectl(&self, args: &[&str]) -> String {
         let out = Command::new(zklock_testkit::kube::kubectl())
-            .args(["--kubeconfig", &zklock_testkit::kube::kubeconfig().display().to_string(), "-n", &self.ns])
+            .args(["--kubeconfig", &self.kubeconfig.display().to_string(), "-n", &self.ns])
             .args(args)
             .output()
             .expect("run kubectl");
@@ -50,13 +52,20 @@ impl Env {
     }
 
     pub async fn with_zk(zk: String) -> Env {
-        let client = zklock_testkit::kube::client().await;
+        Self::on(zklock_testkit::kube::kubeconfig(), zk, true).await
+    }
+
+    /// An environment on the API server of `kubeconfig`, with ZooKeeper at `zk`. `binding`: the
+    /// epoch policy's binding for this namespace, as an installation of the chart serving it
+    /// would have (a test that installs the chart's own passes false).
+    pub async fn on(kubeconfig: &std::path::Path, zk: String, binding: bool) -> Env {
+        let client = zklock_testkit::kube::client_for(kubeconfig).await;
         install_crd(&client).await;
         let ns = format!("zklock-e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
         namespaces.create(&PostParams::default(), &namespace).await.expect("create the test namespace");
-        if epoch_policy() {
+        if binding && epoch_policy(kubeconfig) {
             // As the chart does for an installation: the operators of this test keep their
             // epoch in the test's namespace (their lease namespace) and serve only it.
             install_epoch_policy(&client, &format!("zklock-leader-epoch-{ns}"), &ns, std::slice::from_ref(&ns)).await;
@@ -64,7 +73,17 @@ impl Env {
         let claims: Api<LockClaim> = Api::namespaced(client.clone(), &ns);
         let history = History::default();
         let task = tokio::spawn(history.clone().record(claims.clone()));
-        Env { pods: Api::namespaced(client.clone(), &ns), client, ns, zk, claims, history, _history_task: task }
+        let kubeconfig = kubeconfig.to_path_buf();
+        Env {
+            pods: Api::namespaced(client.clone(), &ns),
+            client,
+            kubeconfig,
+            ns,
+            zk,
+            claims,
+            history,
+            _history_task: task,
+        }
     }
 
     pub fn operator(&self) -> Operator {
@@ -170,8 +189,8 @@ pub async fn install_crd(client: &kube::Client) {
 /// leader's late status writes (DESIGN.md §5a): every real one does (Kubernetes 1.30 and
 /// later); kube-sandbox does not implement admission policies, and a cluster named by
 /// `ZKLOCK_TEST_KUBECONFIG` that cannot run it is tested with `ZKLOCK_TEST_EPOCH_POLICY=off`.
-pub fn epoch_policy() -> bool {
-    zklock_testkit::kube::server() == zklock_testkit::kube::Server::Real
+pub fn epoch_policy(kubeconfig: &std::path::Path) -> bool {
+    kubeconfig != zklock_testkit::kube::sandbox_kubeconfig_if_started()
         && std::env::var("ZKLOCK_TEST_EPOCH_POLICY").map_or(true, |v| v != "off")
 }
 
@@ -179,14 +198,13 @@ pub fn epoch_policy() -> bool {
 /// parameter lives in `param_namespace`, and waits until the API server enforces them.
 pub async fn install_epoch_policy(client: &kube::Client, name: &str, param_namespace: &str, namespaces: &[String]) {
     use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
-    use zklock::api::epoch_policy::{epoch_policy, epoch_policy_binding};
+    use zklock::api::epoch_policy::{epoch_policy, epoch_policy_binding, EPOCH_PARAM, EPOCH_POLICY};
     let apply = PatchParams::apply("zklock-tests").force();
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
-    let policy = epoch_policy();
-    let policy_name = policy.metadata.name.clone().expect("the policy has a name");
-    policies.patch(&policy_name, &apply, &Patch::Apply(&policy)).await.expect("install the epoch policy");
+    let policy = epoch_policy(EPOCH_POLICY);
+    policies.patch(EPOCH_POLICY, &apply, &Patch::Apply(&policy)).await.expect("install the epoch policy");
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    let binding = epoch_policy_binding(name, param_namespace, namespaces);
+    let binding = epoch_policy_binding(name, EPOCH_POLICY, EPOCH_PARAM, param_namespace, namespaces);
     bindings.patch(name, &apply, &Patch::Apply(&binding)).await.expect("install the epoch policy's binding");
 }
 
@@ -201,7 +219,7 @@ pub struct Operator {
 
 impl Operator {
     pub fn start(env: &Env, extra: &[&str]) -> Operator {
-        Self::start_with_kubeconfig(env, zklock_testkit::kube::kubeconfig().to_path_buf(), &env.zk, extra)
+        Self::start_with_kubeconfig(env, env.kubeconfig.clone(), &env.zk, extra)
     }
 
     /// An operator that reaches the API server through `relay` (to hang its connection).
@@ -236,7 +254,7 @@ impl Operator {
         .map(|s| s.to_string())
         .collect();
         // (An older build, `ZKLOCK_TEST_BINARY`, is not given flags it may not know.)
-        if !epoch_policy()
+        if !epoch_policy(&env.kubeconfig)
             && !extra.contains(&"--no-leader-election")
             && std::env::var_os("ZKLOCK_TEST_BINARY").is_none()
         {

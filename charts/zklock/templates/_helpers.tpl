@@ -67,3 +67,8 @@ app.kubernetes.io/component: zookeeper
 
 {{/* The Lease lives in the release namespace; its name is fixed in the operator. */}}
 {{- define "zklock.leaseName" -}}zklock-leader{{- end -}}
+
+{{/* The leader epoch's admission policy, its binding and its parameter (a ConfigMap in the
+release namespace) share one name. */}}
+{{- define "zklock.epochPolicyName" -}}{{ include "zklock.fullname" . }}-leader-epoch{{- end -}}
+{{- define "zklock.epochPolicy" -}}{{ and .Values.leaderElection.enabled .Values.leaderElection.epochPolicy }}{{- end -}}
