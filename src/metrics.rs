@@ -57,6 +57,8 @@ pub struct Metrics {
     pub api_writes: Counter,
     /// Gated pods whose scheduling gate the operator removed.
     pub pods_ungated: Counter,
+    /// Reconciliations of gated pods run.
+    pub gated_reconciles: Counter,
     /// The engine whose ZooKeeper counters a scrape reads: the current term's.
     pub engine: EngineCounters,
 }
@@ -78,6 +80,7 @@ impl Default for Metrics {
             api_call_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             api_writes: Counter::default(),
             pods_ungated: Counter::default(),
+            gated_reconciles: Counter::default(),
             engine: EngineCounters::default(),
         };
         let r = &mut m.registry;
@@ -98,6 +101,7 @@ impl Default for Metrics {
         r.register("kubernetes_writes", writes, m.api_writes.clone());
         let ungated = "Gated pods whose scheduling gate zklock.io/lock was removed (their claim Held)";
         r.register("pods_ungated", ungated, m.pods_ungated.clone());
+        r.register("gated_pod_reconciles", "Reconciliations of gated pods run", m.gated_reconciles.clone());
         r.register_collector(Box::new(m.engine.clone()));
         m
     }

@@ -759,7 +759,7 @@ async fn a_deleted_holder_keeps_its_finalizer_until_its_final_status_is_written(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_claims_are_deleted_after_their_time_to_live() {
     let env = Env::new().await;
-    let _op = Operator::start(&env, &["--default-ttl-seconds-after-finished", "3"]);
+    let op = Operator::start(&env, &["--default-ttl-seconds-after-finished", "3"]);
     env.claim("holder", "batch", json!({})).await;
     env.wait_phase("holder", Phase::Held).await;
     // Each ends Expired at once (the lock is busy): own time to live, the default, and an owned
@@ -784,7 +784,11 @@ async fn finished_claims_are_deleted_after_their_time_to_live() {
     assert!(env.status("default").await.is_some(), "the default (3 s) has not passed yet");
     env.wait_gone("default").await;
     assert!(finished.elapsed() >= std::time::Duration::from_secs(2), "deleted too early: {:?}", finished.elapsed());
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    // The default's time has passed for "owned" too. Touched, it is reconciled once more: had
+    // the default applied to it, that reconcile would delete it.
+    let before = op.metric("zklock_reconciles_total").await;
+    env.annotate("owned", "zklock.io/marker", "touched").await;
+    until("the touched claim to be reconciled", || async { op.metric("zklock_reconciles_total").await > before }).await;
     assert_eq!(env.status("owned").await, Some(Phase::Expired), "an owned claim goes with its owner");
     assert_eq!(env.status("holder").await, Some(Phase::Held), "a live claim has no time to live");
     env.history.check();
@@ -970,4 +974,53 @@ fn the_checker_orders_tokens_of_a_semaphore_by_the_holds_that_ended() {
     assert!(!check(after_release), "a lower token after a hold with a higher one ended");
     let twice = vec![record(1, "a", Phase::Held, 11), record(2, "b", Phase::Held, 11)];
     assert!(!check(twice), "one token granted twice");
+}
+
+/// The history checker on a mutex: every grant carries a token above the holds it waited for;
+/// Shared holders are not compared with each other.
+#[test]
+fn the_checker_orders_tokens_of_a_mutex_by_the_holds_each_grant_waited_for() {
+    let start = Instant::now();
+    let record = |n: u64, name: &str, exclusive: bool, phase: Phase, token: u64| Record {
+        at: start + std::time::Duration::from_millis(n),
+        name: name.into(),
+        uid: name.into(),
+        lock: "db".into(),
+        exclusive,
+        phase: Some(phase),
+        held_condition: phase == Phase::Held,
+        finished_condition: phase.is_terminal(),
+        fencing: Some(token.to_string()),
+        leader_epoch: None,
+        why: None,
+        deleting: false,
+        gone: false,
+    };
+    let check = |records: Vec<Record>| {
+        let history = History::of(records);
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| history.check())).is_ok()
+    };
+    // Exclusive x (20) ends; then Shared s1 is granted with a lower token: a regression, also
+    // while another Shared holder holds.
+    let shared_below_exclusive = vec![
+        record(1, "x", true, Phase::Held, 20),
+        record(2, "x", true, Phase::Released, 20),
+        record(3, "s0", false, Phase::Held, 25),
+        record(4, "s1", false, Phase::Held, 19),
+    ];
+    assert!(!check(shared_below_exclusive), "a Shared grant below the Exclusive hold it waited for");
+    // Shared holders granted by separate reads, recorded out of order around one's release.
+    let shared_apart = vec![
+        record(1, "s0", false, Phase::Held, 30),
+        record(2, "s2", false, Phase::Held, 32),
+        record(3, "s2", false, Phase::Released, 32),
+        record(4, "s1", false, Phase::Held, 31),
+    ];
+    assert!(check(shared_apart), "Shared holders are not ordered among themselves");
+    let exclusive_below_shared = vec![
+        record(1, "s0", false, Phase::Held, 30),
+        record(2, "s0", false, Phase::Released, 30),
+        record(3, "x", true, Phase::Held, 29),
+    ];
+    assert!(!check(exclusive_below_shared), "an Exclusive grant below a hold it waited for");
 }

@@ -264,8 +264,17 @@ async fn bad_annotations_are_shown_on_the_pod_and_the_operator_stays_healthy() {
     let patch = json!({ "metadata": { "annotations": { "zklock.io/lock": "x" } } });
     env.pods.patch("no-annotation", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
     wait_pod(&env, "no-annotation", "ungated", |p| gates(p).is_empty()).await;
-    // Each problem is reported once, not in a loop.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Each problem is reported once, not in a loop: touched, the pod is reconciled again (the
+    // operator's count of gated-pod reconciles says when) and says nothing new.
+    let before = op.metric("zklock_gated_pod_reconciles_total").await;
+    let touch = json!({ "metadata": { "annotations": { "touched": "yes" } } });
+    env.pods.patch("bad-mode", &PatchParams::default(), &Patch::Merge(&touch)).await.unwrap();
+    let reconciled = async {
+        while op.metric("zklock_gated_pod_reconciles_total").await <= before {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, reconciled).await.expect("the touched pod is reconciled");
     let warnings = events_of(&env, "bad-mode").await;
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert!(op.ready().await, "the operator is still healthy");
@@ -287,7 +296,9 @@ async fn a_pod_whose_claim_expires_stays_gated_and_says_why() {
     assert_eq!(kind, "Warning");
     env.delete_claim("holder").await;
     env.wait_gone("holder").await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The next pod gets the lock, after the release: by then "late" would have got it if it could.
+    gated_pod(&env, "next", json!({ "zklock.io/lock": "nightly" }), &[GATE]).await;
+    wait_pod(&env, "next", "ungated", |p| gates(p).is_empty()).await;
     assert_eq!(gates(&env.pods.get("late").await.unwrap()), [GATE], "an expired pod never gets the lock");
     env.history.check();
 }

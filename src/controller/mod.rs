@@ -397,27 +397,35 @@ pub async fn run(
     }
     tasks.spawn(supervisor::follow(ctx.clone(), engine_events, term));
     tasks.spawn(positions::refresh(ctx.clone()));
-    // Every controller and task runs for the whole term: one that ends before `shutdown` (a
-    // panic, say) would leave its part of the work undone while the rest looks healthy. The
-    // term ends with it instead (the caller decides whether the process goes on).
+    supervise(controllers, tasks, || shutdown.peek().is_some()).await
+}
+
+/// Waits for the term's controllers and tasks. Every one of them runs for the whole term: one
+/// that ends before the term is being stopped (`stopping`), a panic say, would leave its part of
+/// the work undone while the rest looks healthy. The term ends with it instead, as an error the
+/// caller does not retry (the process ends, and its restarts show). Once stopping, it returns
+/// when every controller has (each after its running reconciles).
+async fn supervise(
+    mut controllers: JoinSet<()>,
+    mut tasks: JoinSet<()>,
+    stopping: impl Fn() -> bool,
+) -> Result<(), Error> {
     loop {
         let (what, ended) = tokio::select! {
             ended = controllers.join_next() => ("a controller", ended),
-            ended = tasks.join_next() => ("a task of the controller", ended),
+            ended = tasks.join_next(), if !tasks.is_empty() => ("a task of the controller", ended),
         };
-        let stopping = shutdown.peek().is_some();
         match ended {
-            // Every controller stopped after `shutdown`, each once its running reconciles had.
-            None if stopping || controllers.is_empty() => return Ok(()),
-            Some(Ok(())) if stopping => {}
+            None => return Ok(()),
+            Some(Ok(())) if stopping() => {}
             Some(Err(e)) if e.is_panic() => {
                 let why = e.into_panic();
                 let why =
                     why.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| why.downcast_ref::<String>().cloned());
                 return Err(Error::TaskPanicked(format!("{what} panicked: {}", why.unwrap_or_default())));
             }
+            Some(_) if stopping() => {}
             Some(_) => return Err(Error::TaskPanicked(format!("{what} stopped before the term ended"))),
-            None => {}
         }
     }
 }
@@ -475,5 +483,33 @@ where
         Ok(_) | Err(ControllerError::ReconcilerFailed(..)) => {}
         Err(ControllerError::ObjectNotFound(object)) => tracing::debug!(%object, "triggered claim is gone"),
         Err(e) => tracing::debug!(error = %e, "controller stream"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_task_that_panics_or_stops_ends_the_term_and_a_stopped_term_ends_quietly() {
+        let forever = || async { std::future::pending::<()>().await };
+        let mut controllers = JoinSet::new();
+        controllers.spawn(forever());
+        let mut tasks = JoinSet::new();
+        tasks.spawn(forever());
+        tasks.spawn(async { panic!("a bug on some data") });
+        let ended = supervise(controllers, tasks, || false).await;
+        assert!(matches!(&ended, Err(Error::TaskPanicked(why)) if why.contains("a bug on some data")), "{ended:?}");
+
+        let mut controllers = JoinSet::new();
+        controllers.spawn(async {});
+        let ended = supervise(controllers, JoinSet::new(), || false).await;
+        assert!(matches!(&ended, Err(Error::TaskPanicked(why)) if why.contains("stopped before")), "{ended:?}");
+
+        let mut controllers = JoinSet::new();
+        controllers.spawn(async {});
+        let mut tasks = JoinSet::new();
+        tasks.spawn(forever());
+        assert!(supervise(controllers, tasks, || true).await.is_ok(), "stopping: the controllers' end is the term's");
     }
 }

@@ -571,7 +571,8 @@ impl History {
     pub fn check(&self) {
         let records = self.records();
         let mut holding: HashMap<String, BTreeMap<String, (bool, Option<String>)>> = HashMap::new();
-        let mut last_token: HashMap<String, (u64, bool)> = HashMap::new();
+        // Mutexes: the highest token of a hold that ended, and of an Exclusive hold that ended.
+        let mut mutex_ended: HashMap<String, (u64, u64)> = HashMap::new();
         // Locks with permits: every token granted so far, and the highest token of a hold that
         // has ended.
         let mut granted_tokens: HashMap<String, HashSet<u64>> = HashMap::new();
@@ -604,10 +605,15 @@ impl History {
             let was_held = lock.contains_key(&r.uid);
             if held {
                 lock.insert(r.uid.clone(), (r.exclusive, r.fencing.clone()));
-            } else if let Some((_, ended)) = lock.remove(&r.uid) {
+            } else if let Some((exclusive, ended)) = lock.remove(&r.uid) {
                 let ended = ended.and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
                 let highest = ended_token.entry(r.lock.clone()).or_default();
                 *highest = (*highest).max(ended);
+                let mutex = mutex_ended.entry(r.lock.clone()).or_insert((0, 0));
+                mutex.0 = mutex.0.max(ended);
+                if exclusive {
+                    mutex.1 = mutex.1.max(ended);
+                }
             }
             let permits = self.permits_at(&r.lock, r.at);
             if let (true, false, Some(permits)) = (held, was_held, permits) {
@@ -646,24 +652,21 @@ impl History {
                         r.lock,
                         &records[..=i]
                     );
-                } else if let Some((prev, prev_shared)) = last_token.get(&r.lock) {
-                    // Shared holders granted together may be recorded in any order, and one may
-                    // be released before the other's Held is recorded: they share the token of
-                    // the read that granted both.
-                    let together = lock.len() > 1 && lock.values().all(|(excl, _)| !excl);
-                    let same_read = token == *prev && *prev_shared && !r.exclusive;
+                } else {
+                    // A mutex: a grant's token is above that of every hold it had to wait for,
+                    // which ended before it (the operator writes no conflicting grant before the
+                    // conflicting holder's final status): an Exclusive grant waits for every
+                    // holder, a Shared one for the Exclusive ones. Shared holders are not
+                    // compared with each other: granted together they share a token, and their
+                    // writes land in any order, also after another Shared hold ended.
+                    let (any, exclusive) = mutex_ended.get(&r.lock).copied().unwrap_or((0, 0));
+                    let waited_for = if r.exclusive { any } else { exclusive };
                     assert!(
-                        together || same_read || token > *prev,
-                        "record {i}: fencing token {token} after {prev} on {}\nhistory: {:#?}",
+                        token > waited_for,
+                        "record {i}: fencing token {token} on {} after a hold with {waited_for} ended\nhistory: {:#?}",
                         r.lock,
                         &records[..=i]
                     );
-                }
-                let last = last_token.entry(r.lock.clone()).or_insert((0, true));
-                if token > last.0 {
-                    *last = (token, !r.exclusive);
-                } else if token == last.0 {
-                    last.1 &= !r.exclusive;
                 }
             }
             let exclusive_count = lock.values().filter(|(excl, _)| *excl).count();

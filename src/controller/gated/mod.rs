@@ -86,6 +86,7 @@ pub async fn reconcile(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, E
         // Until re-anchoring is done a claim's Held may still turn out Lost: no gate goes.
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
+    ctx.metrics.gated_reconciles.inc();
     let span = tracing::info_span!("gated_pod", pod = pod.name(), namespace = pod.namespace());
     apply(pod, ctx).instrument(span).await
 }
