@@ -3,7 +3,9 @@
 //!     cargo build --release && cargo run --release --example operator_bench [-- --quick]
 //!
 //! Runs the release `zklock` binary as the operator against a real ZooKeeper (started here, or
-//! ZKLOCK_TEST_ZK) and kube-sandbox (in this process, or ZKLOCK_TEST_KUBECONFIG), and prints:
+//! ZKLOCK_TEST_ZK) and a real control plane (`scripts/k8s.sh`, started for this run, or the
+//! cluster of ZKLOCK_TEST_KUBECONFIG; `--sandbox` runs on kube-sandbox in this process instead,
+//! and the first line says which), and prints:
 //! handoff latency at 10 and 1,000 waiters and on a semaphore of 3 permits at 10 waiters, ZooKeeper
 //! watch events and API writes per handoff,
 //! holder-pod-deleted → next Held, gated pod finished → next gated pod's scheduling gate removed
@@ -60,28 +62,39 @@ async fn main() -> Result<(), Error> {
         let n = args.get(i + 1).and_then(|n| n.parse().ok()).filter(|n| *n > 0);
         sizes.memory_claims = n.ok_or("--memory-claims N: N must be a positive number of claims")?;
     }
+    let sandbox = args.iter().any(|a| a == "--sandbox");
+    let kubeconfig =
+        if sandbox { zklock_testkit::kube::sandbox_kubeconfig() } else { zklock_testkit::kube::kubeconfig() };
+    let server = Server { kubeconfig: kubeconfig.to_path_buf(), sandbox };
     let zk = zklock_testkit::ZkServer::shared();
-    let client = zklock_testkit::kube::client().await;
+    let client = zklock_testkit::kube::client_for(kubeconfig).await;
+    let version = client.apiserver_version().await?;
+    println!(
+        "API server: {} {} ({})",
+        if sandbox { "kube-sandbox" } else { "kube-apiserver" },
+        version.git_version,
+        kubeconfig.display()
+    );
     install_crd(&client).await?;
 
     if runs("handoff") {
-        handoffs(&client, zk, &sizes).await?;
+        handoffs(&client, &server, zk, &sizes).await?;
     }
     if runs("pods") {
-        let bench = Bench::start(&client, zk, "pods").await?;
+        let bench = Bench::start(&client, &server, zk, "pods").await?;
         let pods = bench.pod_deletions(sizes.pod_rounds).await?;
         println!("holder pod deleted -> next Held: {}", pods.summary());
     }
     if runs("gated") {
-        let bench = Bench::start(&client, zk, "gated").await?;
+        let bench = Bench::start(&client, &server, zk, "gated").await?;
         let (gated, writes) = bench.gated_handoffs(sizes.handoffs).await?;
         println!("gated pod finished -> next gated pod ungated: {}  | API writes/handoff {writes:.2}", gated.summary());
     }
     if runs("throughput") {
-        throughput(&client, zk, &sizes).await?;
+        throughput(&client, &server, zk, &sizes).await?;
     }
     if runs("memory") {
-        let bench = Bench::start(&client, zk, "memory").await?;
+        let bench = Bench::start(&client, &server, zk, "memory").await?;
         let (per_claim, total) = bench.memory(sizes.memory_claims).await?;
         println!(
             "operator memory at {} claims: {:.0} bytes per claim, {:.1} MiB total RSS",
@@ -93,10 +106,15 @@ async fn main() -> Result<(), Error> {
     Ok(())
 }
 
-async fn handoffs(client: &kube::Client, zk: &zklock_testkit::ZkServer, sizes: &Sizes) -> Result<(), Error> {
+async fn handoffs(
+    client: &kube::Client,
+    server: &Server,
+    zk: &zklock_testkit::ZkServer,
+    sizes: &Sizes,
+) -> Result<(), Error> {
     let mut handoff_p50 = vec![];
     for waiters in sizes.waiters {
-        let bench = Bench::start(client, zk, &format!("handoff-{waiters}")).await?;
+        let bench = Bench::start(client, server, zk, &format!("handoff-{waiters}")).await?;
         let result = bench.handoffs(1, waiters, sizes.handoffs).await?;
         println!("handoff at {waiters:>4} waiters: {}", result.summary());
         handoff_p50.push(result.latency.percentile(0.5));
@@ -110,7 +128,7 @@ async fn handoffs(client: &kube::Client, zk: &zklock_testkit::ZkServer, sizes: &
     // The same handoff on a semaphore: the oldest of SEMAPHORE_PERMITS holders leaves and the
     // first waiter takes its permit, next to the mutex's figure of the same run.
     let waiters = sizes.waiters[0];
-    let bench = Bench::start(client, zk, "handoff-semaphore").await?;
+    let bench = Bench::start(client, server, zk, "handoff-semaphore").await?;
     let result = bench.handoffs(SEMAPHORE_PERMITS, waiters, sizes.handoffs).await?;
     println!("semaphore of {SEMAPHORE_PERMITS} permits, handoff at {waiters:>4} waiters: {}", result.summary());
     println!(
@@ -123,8 +141,13 @@ async fn handoffs(client: &kube::Client, zk: &zklock_testkit::ZkServer, sizes: &
 /// The permits of the semaphore lock the handoff benchmark measures next to a mutex.
 const SEMAPHORE_PERMITS: usize = 3;
 
-async fn throughput(client: &kube::Client, zk: &zklock_testkit::ZkServer, sizes: &Sizes) -> Result<(), Error> {
-    let bench = Bench::start(client, zk, "throughput").await?;
+async fn throughput(
+    client: &kube::Client,
+    server: &Server,
+    zk: &zklock_testkit::ZkServer,
+    sizes: &Sizes,
+) -> Result<(), Error> {
+    let bench = Bench::start(client, server, zk, "throughput").await?;
     let ours = bench.throughput(sizes.locks, 32).await?;
     let curator_connect = zk.chroot().await;
     let locks = sizes.locks.to_string();
@@ -142,6 +165,23 @@ async fn throughput(client: &kube::Client, zk: &zklock_testkit::ZkServer, sizes:
     Ok(())
 }
 
+/// The leader epoch's admission policy, and a binding for namespace `ns` with its parameter there.
+async fn install_epoch_policy(client: &kube::Client, ns: &str) -> Result<(), Error> {
+    use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+    use zklock::api::epoch_policy::{epoch_policy, epoch_policy_binding, EPOCH_PARAM, EPOCH_POLICY};
+    let apply = kube::api::PatchParams::apply("zklock-bench").force();
+    let policy = epoch_policy(EPOCH_POLICY);
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .patch(EPOCH_POLICY, &apply, &kube::api::Patch::Apply(&policy))
+        .await?;
+    let name = format!("{EPOCH_POLICY}-{ns}");
+    let binding = epoch_policy_binding(&name, EPOCH_POLICY, EPOCH_PARAM, ns, &[ns.to_string()]);
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .patch(&name, &apply, &kube::api::Patch::Apply(&binding))
+        .await?;
+    Ok(())
+}
+
 async fn install_crd(client: &kube::Client) -> Result<(), Error> {
     for (file, _) in zklock::api::crds() {
         let name = file.trim_end_matches(".yaml");
@@ -154,6 +194,12 @@ async fn install_crd(client: &kube::Client) -> Result<(), Error> {
         await_condition(crds, name, kube::runtime::conditions::is_crd_established()).await?;
     }
     Ok(())
+}
+
+/// The API server the benchmark runs on.
+struct Server {
+    kubeconfig: std::path::PathBuf,
+    sandbox: bool,
 }
 
 /// One operator process serving one namespace of its own.
@@ -173,10 +219,23 @@ impl Drop for Bench {
 }
 
 impl Bench {
-    async fn start(client: &kube::Client, zk: &zklock_testkit::ZkServer, name: &str) -> Result<Bench, Error> {
+    async fn start(
+        client: &kube::Client,
+        server: &Server,
+        zk: &zklock_testkit::ZkServer,
+        name: &str,
+    ) -> Result<Bench, Error> {
         let ns = format!("bench-{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
         let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
         Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await?;
+        // As users run it: on a real API server with the leader epoch's admission policy (its
+        // binding for this namespace, the parameter in it); kube-sandbox has no such policies.
+        let epoch_policy = if server.sandbox {
+            "--no-epoch-policy"
+        } else {
+            install_epoch_policy(client, &ns).await?;
+            "--epoch-param=zklock-leader-epoch"
+        };
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let binary = match std::env::var_os("ZKLOCK_BENCH_OPERATOR") {
             Some(path) => std::path::PathBuf::from(path),
@@ -198,8 +257,8 @@ impl Bench {
         };
         let operator = command
             .args(["run", "--zk-connect", &zk.chroot().await, "--watch-namespace", &ns, "--lease-namespace", &ns])
-            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-            .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}"), epoch_policy])
+            .env("KUBECONFIG", &server.kubeconfig)
             .env("RUST_LOG", std::env::var("ZKLOCK_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -319,9 +378,12 @@ impl Bench {
     async fn pod_deletions(&self, rounds: usize) -> Result<Samples, Error> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
         let pod = |name: &str| -> Pod {
-            serde_json::from_value(
-                json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "m", "image": "busybox"}]}}),
-            )
+            serde_json::from_value(json!({"metadata": {"name": name}, "spec": {
+                // No node runs it (on a real control plane the scheduler would place it and
+                // kwok would run it): its deletion is the API server's alone, as the tests'.
+                "schedulerName": "zklock-bench-no-scheduler",
+                "containers": [{"name": "m", "image": "busybox"}],
+            }}))
             .unwrap_or_default()
         };
         let mut samples = Samples::default();
@@ -349,7 +411,11 @@ impl Bench {
         let gated = |name: &str| -> Result<Pod, Error> {
             Ok(serde_json::from_value(json!({
                 "metadata": {"name": name, "annotations": {"zklock.io/lock": "gated"}},
-                "spec": {"schedulingGates": [{"name": "zklock.io/lock"}], "containers": [{"name": "m", "image": "busybox"}]},
+                "spec": {
+                    "schedulingGates": [{"name": "zklock.io/lock"}],
+                    "schedulerName": "zklock-bench-no-scheduler",
+                    "containers": [{"name": "m", "image": "busybox"}],
+                },
             }))?)
         };
         let ungated = Arc::new(Seen::default());

@@ -4,6 +4,10 @@
 #
 #   scripts/demo.sh          install what is missing, start everything, and walk through two
 #                            "jobs" (shell scripts) gated on one lock with kubectl wait
+#   scripts/demo.sh --real   the same on the real control plane of scripts/k8s.sh (kube-apiserver,
+#                            etcd, controller-manager, scheduler, a kwok node; built the first
+#                            time, which takes some minutes), with the leader epoch's admission
+#                            policy installed
 #   scripts/demo.sh down     stop exactly what `scripts/demo.sh` started
 #
 # While it runs:  KUBECONFIG=.demo/kubeconfig .tools/bin/kubectl get lockclaims -A
@@ -19,6 +23,9 @@ say() { printf '%s  %s\n' "$(stamp)" "$*"; }
 
 down() {
   local pid
+  if [[ -f $state/k8s/pids ]]; then
+    scripts/k8s.sh down "$state/k8s" >/dev/null && say "stopped the control plane"
+  fi
   for name in operator sandbox; do
     if [[ -f $state/$name.pid ]]; then
       pid=$(cat "$state/$name.pid")
@@ -57,15 +64,30 @@ up() {
   zk_port=$(free_port); metrics_port=$(free_port)
   ZKLOCK_ZK_DIR=$state/zookeeper scripts/zookeeper.sh start standalone "$zk_port" | sed "s/^/$(stamp)  /"
 
-  target/release/kube-sandbox --port 0 --kubeconfig-out "$state/kubeconfig" >"$state/sandbox.log" 2>&1 &
-  echo $! >"$state/sandbox.pid"
-  wait_for "kube-sandbox" test -s "$state/kubeconfig"
-  export KUBECONFIG=$state/kubeconfig
-  say "kube-sandbox at $(head -1 "$state/sandbox.log")"
-
-  "$kubectl" apply -f crds/ >/dev/null
-  say "applied the LockClaim and Lock CRDs"
-  target/release/zklock run --zk-connect "127.0.0.1:$zk_port/zklock-demo" \
+  local epoch_policy
+  if [[ $real == 1 ]]; then
+    local kubeconfig
+    kubeconfig=$(scripts/k8s.sh up "$state/k8s" | sed -n 's/^KUBECONFIG=//p')
+    cp "$kubeconfig" "$state/kubeconfig"
+    export KUBECONFIG=$state/kubeconfig
+    say "the real control plane is up ($("$kubectl" version -o json | python3 -c 'import json,sys; print("kube-apiserver", json.load(sys.stdin)["serverVersion"]["gitVersion"])'))"
+    "$kubectl" apply -f crds/ >/dev/null
+    # The operator keeps its leader epoch in its lease namespace (here: default).
+    target/release/zklock epoch-policy --param-namespace default | "$kubectl" apply -f - >/dev/null
+    say "applied the LockClaim and Lock CRDs, and the leader epoch's admission policy"
+    epoch_policy=--epoch-param=zklock-leader-epoch
+  else
+    target/release/kube-sandbox --port 0 --kubeconfig-out "$state/kubeconfig" >"$state/sandbox.log" 2>&1 &
+    echo $! >"$state/sandbox.pid"
+    wait_for "kube-sandbox" test -s "$state/kubeconfig"
+    export KUBECONFIG=$state/kubeconfig
+    say "kube-sandbox at $(head -1 "$state/sandbox.log")"
+    "$kubectl" apply -f crds/ >/dev/null
+    say "applied the LockClaim and Lock CRDs"
+    # kube-sandbox has no admission policies.
+    epoch_policy=--no-epoch-policy
+  fi
+  target/release/zklock run --zk-connect "127.0.0.1:$zk_port/zklock-demo" "$epoch_policy" \
     --metrics-addr "127.0.0.1:$metrics_port" >"$state/operator.log" 2>&1 &
   echo $! >"$state/operator.pid"
   wait_for "the operator" python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$metrics_port/readyz')"
@@ -113,8 +135,10 @@ CLAIM
   echo "    scripts/demo.sh down"
 }
 
+real=0
 case ${1:-up} in
   up) up ;;
+  --real) real=1; up ;;
   down) down ;;
-  *) sed -n '2,9p' "$0"; exit 2 ;;
+  *) sed -n '2,13p' "$0"; exit 2 ;;
 esac

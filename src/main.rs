@@ -26,6 +26,20 @@ enum Command {
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
     },
+    /// Print the admission policy that refuses a deposed leader's late status writes, and its
+    /// binding, as YAML (the chart installs both; this is for installs without it; Kubernetes
+    /// 1.30 or later)
+    EpochPolicy {
+        /// Namespace of the operator's epoch ConfigMap: its lease namespace
+        #[arg(long)]
+        param_namespace: String,
+        /// Namespaces the operator serves (repeat the flag); default: all
+        #[arg(long = "namespace")]
+        namespaces: Vec<String>,
+        /// Name of the policy, its binding and the ConfigMap (the operator's --epoch-param)
+        #[arg(long, default_value = zklock::api::epoch_policy::EPOCH_PARAM)]
+        name: String,
+    },
     /// Print the queue of one lock, holders first, as ZooKeeper has it.
     Queue {
         /// ZooKeeper connect string: HOST:PORT[,HOST:PORT...][/chroot]
@@ -302,6 +316,14 @@ async fn run(cli: Cli) -> Result<u8, String> {
                 let path = dir.join(file);
                 std::fs::write(&path, yaml).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
             }
+            Ok(0)
+        }
+        Command::EpochPolicy { param_namespace, namespaces, name } => {
+            use zklock::api::epoch_policy::{epoch_policy, epoch_policy_binding};
+            let policy = serde_yaml::to_string(&epoch_policy(&name)).map_err(|e| e.to_string())?;
+            let binding = epoch_policy_binding(&name, &name, &name, &param_namespace, &namespaces);
+            let binding = serde_yaml::to_string(&binding).map_err(|e| e.to_string())?;
+            print!("{policy}---\n{binding}");
             Ok(0)
         }
         Command::Acquire { lock, env_file } => Ok(acquire(lock, env_file).await),

@@ -1,12 +1,18 @@
 //! The chaos suite (DESIGN.md §5): three replicas of the real `zklock` binary with leader
-//! election, a real three-server ZooKeeper ensemble, the API server under test, and a workload
-//! of claims on a few locks (exclusive and shared, acquire timeouts, holder pods deleted,
-//! revocations; one lock a semaphore of two permits), while faults are injected again and
-//! again: kill -9 of the leader, a hung API connection for the leader, SIGSTOP of the leader
-//! for longer than its lease, a kill of the ZooKeeper leader, and a partition of the leader from
-//! ZooKeeper long enough to expire its session. Every status change is recorded from a watch and the whole history is checked
-//! (DESIGN.md §4), plus: no holder of these zklock-only locks ever turns Lost, no znode of a
-//! gone claim remains, every claim ends Held or final.
+//! election, a real three-server ZooKeeper ensemble, the API server under test (each replica
+//! reaches it through a proxy of its own), and a workload of claims on a few locks (exclusive
+//! and shared, acquire timeouts, holder pods deleted, revocations; one lock a semaphore of two
+//! permits; `zklock acquire` and `zklock exec` clients), while faults are injected again and
+//! again: kill -9 of the leader, a hung API connection for the leader, one status write of the
+//! leader held back past its timeout and delivered after newer writes, API latency spikes,
+//! SIGSTOP of the leader for longer than its lease, a kill of the ZooKeeper leader, a partition
+//! of the leader from ZooKeeper long enough to expire its session, the semaphore's permits
+//! raised, lowered, its `Lock` deleted and made again, CLI clients killed with SIGTERM or
+//! SIGKILL at random moments (their holder pods then go, as a dead pod's would), and a foreign
+//! node without a sequence made and removed in a lock of its own (`f0`). Every status change is
+//! recorded from a watch and the whole history is checked (DESIGN.md §4), plus: no holder of the
+//! zklock-only locks ever turns Lost, no znode of a gone claim remains, every claim ends Held or
+//! final, and no claim a killed client left holds once its pod has gone.
 //!
 //! `ZKLOCK_CHAOS_MINUTES` sets the length (default 3, the test command's run); it prints one
 //! summary line starting with `chaos:`. A 30-minute run:
@@ -23,12 +29,15 @@ use e2e_support::*;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use zklock::api::{Lock, LockClaim, Phase};
-use zklock_testkit::hang::HangingRelay;
+use zklock_testkit::api_proxy::{ApiProxy, Matcher};
 use zklock_testkit::proxy::Proxy;
 use zklock_testkit::Ensemble;
 
 const REPLICAS: usize = 3;
-const LOCKS: [&str; 5] = ["x0", "x1", "x2", "s0", "p0"];
+const LOCKS: [&str; 6] = ["x0", "x1", "x2", "s0", "p0", "f0"];
+/// The lock a foreign client (a sequence-less node) uses now and then: a session loss may
+/// end its holders Lost (DESIGN.md §3), so it is left out of the "never Lost" check.
+const FOREIGN_LOCK: &str = "f0";
 /// `p0` has a `Lock` object: a semaphore of this many permits.
 const PERMITS: usize = 2;
 const WORKERS: usize = 6;
@@ -43,17 +52,35 @@ const LIVENESS: Duration = Duration::from_secs(90);
 enum Fault {
     Kill9,
     ApiHang,
+    /// One status write of the leader held back past its timeout, delivered after newer ones.
+    ApiLateWrite,
+    /// Every API request of the leader slowed down for a while.
+    ApiLatency,
     SigStop,
     ZkLeaderKill,
     ZkPartition,
+    /// The semaphore's permits raised, lowered, or its `Lock` deleted and made again.
+    Permits,
+    /// A sequence-less node of a foreign client made and removed in lock f0.
+    ForeignNode,
 }
 
-const FAULTS: [Fault; 5] = [Fault::Kill9, Fault::ApiHang, Fault::SigStop, Fault::ZkLeaderKill, Fault::ZkPartition];
+const FAULTS: [Fault; 9] = [
+    Fault::Kill9,
+    Fault::ApiHang,
+    Fault::ApiLateWrite,
+    Fault::ApiLatency,
+    Fault::SigStop,
+    Fault::ZkLeaderKill,
+    Fault::ZkPartition,
+    Fault::Permits,
+    Fault::ForeignNode,
+];
 
 /// One replica and the means to cut it off.
 struct Replica {
     operator: Operator,
-    api: HangingRelay,
+    api: ApiProxy,
     /// One proxy per ensemble member.
     zk: Vec<Proxy>,
 }
@@ -90,14 +117,14 @@ async fn chaos() {
     let env = Arc::new(Env::with_zk(format!("{}{chroot}", ensemble.connect())).await);
     let mut replicas = vec![];
     for _ in 0..REPLICAS {
-        let api = HangingRelay::start(api_address()).await;
+        let api = ApiProxy::start(&env.kubeconfig).await;
         let mut zk = vec![];
         for server in &ensemble.servers {
             zk.push(Proxy::start(server.addr()).await);
         }
         let connect = zk.iter().map(|p| p.connect_string("")).collect::<Vec<_>>().join(",") + &chroot;
         let timeout = format!("{}s", SESSION_TIMEOUT.as_secs());
-        let operator = Operator::start_custom(&env, &api, &connect, &["--zk-session-timeout", &timeout]);
+        let operator = Operator::start_proxied_with_zk(&env, &api, &connect, &["--zk-session-timeout", &timeout]);
         replicas.push(Replica { operator, api, zk });
     }
     within("a replica to lead", async {
@@ -107,27 +134,30 @@ async fn chaos() {
     })
     .await;
     let locks: kube::Api<Lock> = kube::Api::namespaced(env.client.clone(), &env.ns);
-    let semaphore: Lock = serde_json::from_value(json!({
-        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
-        "metadata": { "name": "p0" }, "spec": { "permits": PERMITS },
-    }))
-    .expect("a Lock");
     env.history.set_permits("p0", PERMITS);
-    locks.create(&PostParams::default(), &semaphore).await.expect("create the Lock of p0");
+    locks.create(&PostParams::default(), &semaphore(PERMITS)).await.expect("create the Lock of p0");
 
     // The workload, until the deadline.
     let deadline = started + run_for;
     let claims_made = Arc::new(AtomicUsize::new(0));
+    let clients = Arc::new(Clients::default());
     let mut workers = tokio::task::JoinSet::new();
     for w in 0..WORKERS {
         let (env, claims_made) = (env.clone(), claims_made.clone());
         let seed = seed.wrapping_add(w as u64 * 7919) | 1;
         workers.spawn(async move { work(&env, w, Rng(seed), deadline, &claims_made).await });
     }
+    {
+        let (env, clients) = (env.clone(), clients.clone());
+        let seed = seed.wrapping_add(104_729) | 1;
+        workers.spawn(async move { cli_work(&env, Rng(seed), deadline, &clients).await });
+    }
 
     // The faults, one at a time, each kind in turn first, then at random.
     let mut rng = Rng(seed);
     let mut injected: BTreeMap<Fault, usize> = BTreeMap::new();
+    // p0's permits now, or `None` while its `Lock` is deleted.
+    let mut permits = Some(PERMITS);
     let mut n = 0;
     while Instant::now() + OUTAGE < deadline {
         tokio::time::sleep(Duration::from_secs(5 + rng.below(10))).await;
@@ -143,7 +173,9 @@ async fn chaos() {
         })
         .await;
         eprintln!("chaos: {:>6.1}s {fault:?} on replica {i}", started.elapsed().as_secs_f64());
-        inject(fault, &mut replicas[i], &mut ensemble).await;
+        let mut chaos =
+            Chaos { env: &env, locks: &locks, ensemble: &mut ensemble, rng: &mut rng, permits: &mut permits };
+        inject(fault, &mut replicas[i], &mut chaos).await;
         *injected.entry(fault).or_default() += 1;
     }
     while let Some(done) = workers.join_next().await {
@@ -175,15 +207,23 @@ async fn chaos() {
     let records = env.history.records();
     let names: HashSet<&str> = records.iter().map(|r| r.name.as_str()).collect();
     let grants = records.iter().filter(|r| r.phase == Some(Phase::Held)).map(|r| &r.uid).collect::<HashSet<_>>().len();
-    let lost: Vec<&str> = records.iter().filter(|r| r.phase == Some(Phase::Lost)).map(|r| r.name.as_str()).collect();
+    let lost: Vec<&str> = records
+        .iter()
+        .filter(|r| r.phase == Some(Phase::Lost) && r.lock != FOREIGN_LOCK)
+        .map(|r| r.name.as_str())
+        .collect();
+    let lost_foreign = records.iter().filter(|r| r.phase == Some(Phase::Lost) && r.lock == FOREIGN_LOCK).count();
+    let clients_left_holding = clients.left_holding.lock().unwrap().clone();
     let history = env.history.clone();
     let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| history.check()));
-    let violations = usize::from(checked.is_err()) + lost.len() + stuck.len();
+    let violations = usize::from(checked.is_err()) + lost.len() + stuck.len() + clients_left_holding.len();
     let faults: Vec<String> = injected.iter().map(|(f, n)| format!("{f:?}={n}")).collect();
     let semaphore_most = env.history.most_held_at_once("p0");
+    let (cli_runs, cli_killed) = (clients.runs.load(Ordering::SeqCst), clients.killed.load(Ordering::SeqCst));
     eprintln!(
-        "chaos: minutes={minutes_run:.1} faults: {} claims={} grants={grants} transitions={} violations={violations} \
-         leaked_znodes={} longest_wait_behind_gone_holder={:.1}s p0_most_held_at_once={semaphore_most}",
+        "chaos: minutes={minutes_run:.1} faults: {} CliKilled={cli_killed} claims={} grants={grants} transitions={} \
+         violations={violations} leaked_znodes={} longest_wait_behind_gone_holder={:.1}s p0_most_held_at_once={semaphore_most} \
+         cli_clients={cli_runs} f0_lost={lost_foreign}",
         faults.join(" "),
         names.len(),
         records.len(),
@@ -200,9 +240,14 @@ async fn chaos() {
         eprintln!("chaos: the records of the claims that turned Lost: {of_lost:#?}");
     }
     assert!(lost.is_empty(), "holders of zklock-only locks turned Lost: {lost:?}");
+    assert!(
+        clients_left_holding.is_empty(),
+        "claims of killed clients held after their pod went: {clients_left_holding:?}"
+    );
     assert!(stuck.is_empty(), "claims neither Held nor final after {LIVENESS:?}: {stuck:?}");
     assert!(leaked.is_empty(), "znodes left behind: {leaked:?}");
-    assert_eq!(semaphore_most, PERMITS, "p0, a semaphore of {PERMITS} permits, never had that many holders at once");
+    assert!(semaphore_most >= PERMITS, "p0, a semaphore of {PERMITS} permits, never had that many holders at once");
+    assert!(cli_runs > 0, "the CLI clients ran");
     assert_eq!(injected.values().sum::<usize>(), n, "every fault was injected");
     drop(replicas);
 }
@@ -225,7 +270,16 @@ async fn leader(replicas: &[Replica]) -> Option<usize> {
     None
 }
 
-async fn inject(fault: Fault, replica: &mut Replica, ensemble: &mut Ensemble) {
+/// What a fault may change besides the replica it hits.
+struct Chaos<'a> {
+    env: &'a Env,
+    locks: &'a kube::Api<Lock>,
+    ensemble: &'a mut Ensemble,
+    rng: &'a mut Rng,
+    permits: &'a mut Option<usize>,
+}
+
+async fn inject(fault: Fault, replica: &mut Replica, chaos: &mut Chaos<'_>) {
     match fault {
         Fault::Kill9 => replica.operator.restart(),
         Fault::ApiHang => {
@@ -233,16 +287,33 @@ async fn inject(fault: Fault, replica: &mut Replica, ensemble: &mut Ensemble) {
             tokio::time::sleep(OUTAGE).await;
             replica.api.set_hung(false);
         }
+        Fault::ApiLateWrite => {
+            // The leader's next status write is held past its timeout (the leader goes on and
+            // writes newer ones), then delivered: it must be refused.
+            let path = format!("/namespaces/{}/lockclaims/", chaos.env.ns);
+            let held = replica.api.hold_next(Matcher { method: "PATCH", path_contains: path });
+            if held.caught(OUTAGE).await {
+                tokio::time::sleep(OUTAGE).await;
+            }
+            let answer = held.deliver(LIVENESS).await;
+            eprintln!("chaos: the late write was answered {answer:?}");
+        }
+        Fault::ApiLatency => {
+            let latency = Duration::from_millis(200 + chaos.rng.below(1300));
+            replica.api.set_latency(latency);
+            tokio::time::sleep(OUTAGE).await;
+            replica.api.set_latency(Duration::ZERO);
+        }
         Fault::SigStop => {
             replica.operator.pause();
             tokio::time::sleep(OUTAGE).await;
             replica.operator.resume();
         }
         Fault::ZkLeaderKill => {
-            if let Some(leader) = ensemble.leader() {
-                ensemble.servers[leader].kill();
+            if let Some(leader) = chaos.ensemble.leader() {
+                chaos.ensemble.servers[leader].kill();
                 tokio::time::sleep(Duration::from_secs(2)).await;
-                ensemble.servers[leader].resume();
+                chaos.ensemble.servers[leader].resume();
             }
         }
         Fault::ZkPartition => {
@@ -255,6 +326,137 @@ async fn inject(fault: Fault, replica: &mut Replica, ensemble: &mut Ensemble) {
                 proxy.set_blackhole(false);
             }
         }
+        Fault::Permits => change_permits(chaos).await,
+        Fault::ForeignNode => {
+            // kazoo's Semaphore lease looks like this: a plain child, holding ahead of everybody.
+            let client = zookeeper_client::Client::connect(&chaos.env.zk).await.expect("connect to ZooKeeper");
+            let dir = format!("/zklock/locks/{}/{FOREIGN_LOCK}", chaos.env.ns);
+            let options = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+            let _ = client.mkdir(&dir, &options).await;
+            let lease = format!("{dir}/foreign-lease");
+            let ephemeral = zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+            client.create(&lease, b"", &ephemeral).await.expect("make the foreign node");
+            tokio::time::sleep(Duration::from_secs(2 + chaos.rng.below(5))).await;
+            client.delete(&lease, None).await.expect("remove the foreign node");
+        }
+    }
+}
+
+/// p0's permits raised, lowered, or its `Lock` deleted and made again. The history checker is
+/// told of a raise before it, of a lower limit once the Lock's status shows it in force, and of
+/// a deletion (a mutex: one exclusive holder) a moment after it (the leader's watch sees it).
+async fn change_permits(chaos: &mut Chaos<'_>) {
+    let history = &chaos.env.history;
+    match (*chaos.permits, chaos.rng.below(3)) {
+        (None, _) => {
+            history.set_permits("p0", PERMITS);
+            chaos.locks.create(&PostParams::default(), &semaphore(PERMITS)).await.expect("make p0's Lock again");
+            *chaos.permits = Some(PERMITS);
+        }
+        (Some(_), 0) => {
+            chaos.locks.delete("p0", &DeleteParams::default()).await.expect("delete p0's Lock");
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            history.set_permits("p0", 1);
+            *chaos.permits = None;
+        }
+        (Some(now), _) => {
+            let to = if now > 1 && chaos.rng.below(2) == 0 { now - 1 } else { now + 1 };
+            if to > now {
+                history.set_permits("p0", to);
+            }
+            let patch = json!({ "spec": { "permits": to } });
+            chaos.locks.patch("p0", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("change p0's permits");
+            if to < now {
+                let in_force =
+                    kube::runtime::wait::await_condition(chaos.locks.clone(), "p0", move |l: Option<&Lock>| {
+                        l.and_then(|l| l.status.as_ref()).is_some_and(|s| s.permits == Some(to as u32))
+                    });
+                // A leader hung by the next fault may take a while; the checker is told once known.
+                if tokio::time::timeout(LIVENESS, in_force).await.is_ok() {
+                    history.set_permits("p0", to);
+                } else {
+                    panic!("p0's lower permits ({to}) never showed in its status");
+                }
+            }
+            *chaos.permits = Some(to);
+        }
+    }
+}
+
+fn semaphore(permits: usize) -> Lock {
+    serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
+        "metadata": { "name": "p0" }, "spec": { "permits": permits },
+    }))
+    .expect("a Lock")
+}
+
+/// What the CLI worker saw.
+#[derive(Default)]
+struct Clients {
+    runs: AtomicUsize,
+    killed: AtomicUsize,
+    /// Claims of killed clients still holding after their holder pod went.
+    left_holding: std::sync::Mutex<Vec<String>>,
+}
+
+/// `zklock acquire` and `zklock exec`, the real binary, each with a holder pod (as in an init
+/// container), killed with SIGTERM or SIGKILL at a random moment now and then; then the pod goes
+/// (a killed container's pod ends too): whatever claim the client left must end.
+async fn cli_work(env: &Env, mut rng: Rng, deadline: Instant, clients: &Clients) {
+    let mut i = 0;
+    while Instant::now() < deadline {
+        i += 1;
+        let name = format!("cli-{i}");
+        let pod = format!("{name}-pod");
+        env.pod(&pod).await;
+        let lock = LOCKS[rng.below(3) as usize];
+        let exec = rng.below(2) == 0;
+        let mut args =
+            vec![if exec { "exec" } else { "acquire" }, lock, "-n", &env.ns, "--name", &name, "--holder-pod", &pod];
+        let hold = format!("{}", 0.05 + rng.below(300) as f64 / 1000.0);
+        if exec {
+            args.extend(["--", "sleep", &hold]);
+        }
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_zklock"))
+            .args(&args)
+            .env("KUBECONFIG", &env.kubeconfig)
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run zklock");
+        clients.runs.fetch_add(1, Ordering::SeqCst);
+        // Killed at a random moment (before its create, while it waits, while it holds), or left alone.
+        let kill = rng.below(3);
+        if kill > 0 {
+            tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
+            if let Some(pid) = child.id() {
+                let signal = if kill == 1 { "-TERM" } else { "-KILL" };
+                let _ = std::process::Command::new("kill").args([signal, &pid.to_string()]).status();
+                clients.killed.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let _ = tokio::time::timeout(PATIENCE, child.wait()).await;
+        let _ = env.pods.delete(&pod, &DeleteParams::default()).await;
+        // Whatever the client left must end now that its pod has gone (or be gone already).
+        let ended = async {
+            loop {
+                match env.claims.get_opt(&name).await {
+                    Ok(Some(c)) if !phase_of(&c).is_some_and(|p| p.is_terminal()) => {}
+                    Ok(_) => return,
+                    Err(_) => {}
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        };
+        if tokio::time::timeout(LIVENESS, ended).await.is_err() {
+            clients.left_holding.lock().unwrap().push(name.clone());
+        }
+        let _ = env.claims.delete(&name, &DeleteParams::default()).await;
+        tokio::time::sleep(Duration::from_millis(rng.below(500))).await;
     }
 }
 

@@ -440,3 +440,93 @@ fn a_request_the_chart_does_not_grant_fails_the_check() {
     // And a grant nobody uses fails it too (here: everything but three requests is unused).
     assert!(check(&requests, &grants).unwrap_err().contains("never used"));
 }
+
+/// The chart installed for real (`helm install`, with its own epoch policy, RBAC and
+/// ServiceAccount), and the operator binary run locally as the chart runs it, with a token of the
+/// chart's ServiceAccount (TokenRequest): the API server enforces RBAC, so the operator works with
+/// exactly what the chart grants, and a verb the chart lacks fails this test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_works_with_the_charts_own_serviceaccount() {
+    if !e2e_support::epoch_policy(zklock_testkit::kube::kubeconfig()) {
+        panic!("installing the chart needs a real API server (the project's control plane, or ZKLOCK_TEST_KUBECONFIG)");
+    }
+    let zk = zklock_testkit::ZkServer::shared().chroot().await;
+    let env = Env::on(zklock_testkit::kube::kubeconfig(), zk.clone(), false).await;
+    let release_ns = format!("{}-rel", env.ns);
+    create_namespace(&env, &release_ns).await;
+    let release = format!("zl{}", &env.ns[env.ns.len() - 8..]);
+    let (host, chroot) = zk.split_at(zk.find('/').unwrap_or(zk.len()));
+    let sets = [
+        format!("watchNamespaces={{{}}}", env.ns),
+        "zookeeper.bundled.enabled=false".to_string(),
+        format!("zookeeper.connectString={host}"),
+        format!("zookeeper.chroot={chroot}"),
+        "replicaCount=1".to_string(),
+    ];
+    let mut install = helm_on(zklock_testkit::kube::kubeconfig());
+    install.args(["install", &release]).arg(chart()).args(["--namespace", &release_ns, "--skip-crds", "--wait=false"]);
+    for set in &sets {
+        install.args(["--set", set]);
+    }
+    let out = install.output().expect("run helm install");
+    assert!(
+        out.status.success(),
+        "helm install: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The same objects, rendered, for the operator's args and env.
+    let set_refs: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let docs = documents(&render_release(&release, &release_ns, None, &set_refs).expect("helm template"));
+    let deployment = find(&docs, "Deployment")[0];
+    let account = deployment["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap().to_string();
+    let (ok, token) = {
+        let out = Command::new(zklock_testkit::kube::kubectl())
+            .args(["create", "token", &account, "-n", &release_ns, "--duration=1h"])
+            .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    assert!(ok && !token.is_empty(), "a token for the chart's ServiceAccount {account}");
+    let kubeconfig = token_kubeconfig(&env, &token);
+    let as_the_chart = env.with_kubeconfig(kubeconfig);
+    let dir = std::env::temp_dir().join(format!("zklock-chart-install-{}", as_the_chart.ns));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (audit, log) = (dir.join("api-requests.log"), dir.join("operator.log"));
+    let (mut child, metrics) = start_operator(&docs, &as_the_chart, &audit, &log);
+    await_leading("installed chart", &metrics, &log).await;
+    scenario(&as_the_chart).await;
+    stop("installed chart", &mut child, &log);
+    let forbidden =
+        std::fs::read_to_string(&log).unwrap_or_default().lines().filter(|l| l.contains("forbidden")).count();
+    assert_eq!(forbidden, 0, "the API server refused requests of the chart's ServiceAccount: see {}", log.display());
+
+    let out = helm_on(zklock_testkit::kube::kubeconfig())
+        .args(["uninstall", &release, "--namespace", &release_ns, "--wait=false"])
+        .output()
+        .expect("run helm uninstall");
+    assert!(out.status.success(), "helm uninstall: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A kubeconfig for the API server under test that authenticates with `token` only.
+fn token_kubeconfig(env: &Env, token: &str) -> std::path::PathBuf {
+    let original =
+        kube::config::Kubeconfig::read_from(zklock_testkit::kube::kubeconfig()).expect("the test kubeconfig");
+    let cluster = original.clusters.first().and_then(|c| c.cluster.clone()).expect("a cluster");
+    let server = cluster.server.clone().expect("a server");
+    let ca = match (&cluster.certificate_authority, &cluster.certificate_authority_data) {
+        (Some(file), _) => format!("certificate-authority: {file}"),
+        (None, Some(data)) => format!("certificate-authority-data: {data}"),
+        (None, None) => "insecure-skip-tls-verify: true".to_string(),
+    };
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    {ca}\nusers:\n- name: sa\n  \
+         user:\n    token: {token}\ncontexts:\n- name: c\n  context: {{cluster: c, user: sa, namespace: {}}}\ncurrent-context: c\n",
+        env.ns
+    );
+    let path = std::env::temp_dir().join(format!("zklock-sa-{}.kubeconfig", env.ns));
+    std::fs::write(&path, text).unwrap();
+    path
+}

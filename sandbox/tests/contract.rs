@@ -257,19 +257,27 @@ async fn watch_resumes_with_exactly_the_later_events() {
     let env = env().await;
     let ns = namespace(&env.client).await;
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &ns.name);
-    let a = cms.create(&PostParams::default(), &cm("a", json!({"v": "0"}))).await.expect("create a");
+    // Labelled, and watched by the label: a real cluster's controller-manager adds its own
+    // ConfigMap (kube-root-ca.crt) to every new namespace, at a moment of its choosing.
+    let labelled = |name: &str, data: Value| {
+        let mut c = cm(name, data);
+        c.metadata.labels = Some([("contract".to_string(), "watch".to_string())].into());
+        c
+    };
+    let a = cms.create(&PostParams::default(), &labelled("a", json!({"v": "0"}))).await.expect("create a");
     let from = a.resource_version().expect("rv");
     cms.patch("a", &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "1"}}))).await.expect("patch a");
-    cms.create(&PostParams::default(), &cm("b", json!({}))).await.expect("create b");
+    cms.create(&PostParams::default(), &labelled("b", json!({}))).await.expect("create b");
     cms.delete("a", &DeleteParams::default()).await.expect("delete a");
-    let mut s = cms.watch(&WatchParams::default(), &from).await.expect("watch").boxed();
+    let params = WatchParams::default().labels("contract=watch");
+    let mut s = cms.watch(&params, &from).await.expect("watch").boxed();
     let evs: Vec<_> = next_events(&mut s, 3).await.iter().map(describe).collect();
     assert_eq!(
         evs,
         vec![("MODIFIED".into(), "a".into()), ("ADDED".into(), "b".into()), ("DELETED".into(), "a".into())]
     );
     // And nothing else is pending: a fresh write is the very next event.
-    cms.create(&PostParams::default(), &cm("c", json!({}))).await.expect("create c");
+    cms.create(&PostParams::default(), &labelled("c", json!({}))).await.expect("create c");
     let evs: Vec<_> = next_events(&mut s, 1).await.iter().map(describe).collect();
     assert_eq!(evs, vec![("ADDED".into(), "c".into())]);
 }

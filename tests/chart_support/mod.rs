@@ -36,6 +36,13 @@ pub fn helm() -> Command {
     cmd
 }
 
+/// helm as [`helm`] does it, but talking to the cluster of `kubeconfig` (to install for real).
+pub fn helm_on(kubeconfig: &Path) -> Command {
+    let mut cmd = helm();
+    cmd.env("KUBECONFIG", kubeconfig);
+    cmd
+}
+
 /// The value sets the tests render: the defaults, then every `charts/zklock/ci/*-values.yaml`.
 pub fn value_sets() -> Vec<(String, Option<PathBuf>)> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(chart().join("ci"))
@@ -51,8 +58,13 @@ pub fn value_sets() -> Vec<(String, Option<PathBuf>)> {
 
 /// `helm template` with a values file and `--set` pairs; stdout, or stderr as the error.
 pub fn render(namespace: &str, values: Option<&Path>, sets: &[&str]) -> Result<String, String> {
+    render_release("zklock", namespace, values, sets)
+}
+
+/// [`render`] for release `release`.
+pub fn render_release(release: &str, namespace: &str, values: Option<&Path>, sets: &[&str]) -> Result<String, String> {
     let mut cmd = helm();
-    cmd.args(["template", "zklock"]).arg(chart()).args(["--namespace", namespace]);
+    cmd.args(["template", release]).arg(chart()).args(["--namespace", namespace]);
     if let Some(values) = values {
         cmd.arg("--values").arg(values);
     }

@@ -86,6 +86,13 @@ impl Env {
         }
     }
 
+    /// The same environment, with operators started from it using `kubeconfig` (another
+    /// identity on the same API server, say a ServiceAccount's token).
+    pub fn with_kubeconfig(mut self, kubeconfig: PathBuf) -> Env {
+        self.kubeconfig = kubeconfig;
+        self
+    }
+
     pub fn operator(&self) -> Operator {
         Operator::start(self, &[])
     }
@@ -230,6 +237,16 @@ impl Operator {
     /// An operator that reaches the API server through `proxy` (to delay single requests).
     pub fn start_proxied(env: &Env, proxy: &zklock_testkit::api_proxy::ApiProxy, extra: &[&str]) -> Operator {
         Self::start_with_kubeconfig(env, proxy.kubeconfig(&std::env::temp_dir()), &env.zk, extra)
+    }
+
+    /// An operator that reaches the API server through `proxy` and ZooKeeper at `zk`.
+    pub fn start_proxied_with_zk(
+        env: &Env,
+        proxy: &zklock_testkit::api_proxy::ApiProxy,
+        zk: &str,
+        extra: &[&str],
+    ) -> Operator {
+        Self::start_with_kubeconfig(env, proxy.kubeconfig(&std::env::temp_dir()), zk, extra)
     }
 
     /// An operator that reaches the API server through `relay` and ZooKeeper at `zk`.
