@@ -136,10 +136,25 @@ current-context: zklock-test
 KC
 }
 
-api() { # path [curl args...]
-  local path=$1; shift
-  curl -sS --max-time 5 --cacert "$DIR/pki/ca.crt" --cert "$DIR/pki/admin.crt" --key "$DIR/pki/admin.key" \
-    "https://127.0.0.1:$(cat "$DIR/apiserver.port")$path" "$@"
+# One HTTPS request to the API server as its admin (Python's standard library: a fresh machine
+# may have no curl). Prints the body; fails on an HTTP error. api PATH [METHOD BODY]
+api() {
+  python3 - "$DIR/pki" "$(cat "$DIR/apiserver.port")" "$@" <<'PY'
+import ssl, sys, urllib.request
+pki, port, path = sys.argv[1:4]
+method = sys.argv[4] if len(sys.argv) > 4 else "GET"
+body = sys.argv[5].encode() if len(sys.argv) > 5 else None
+context = ssl.create_default_context(cafile=f"{pki}/ca.crt")
+context.load_cert_chain(f"{pki}/admin.crt", f"{pki}/admin.key")
+request = urllib.request.Request(f"https://127.0.0.1:{port}{path}", data=body, method=method,
+                                 headers={"Content-Type": "application/json"})
+with urllib.request.urlopen(request, context=context, timeout=5) as answer:
+    sys.stdout.write(answer.read().decode())
+PY
+}
+
+http_ok() { # url
+  python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' "$1"
 }
 
 start() { # name args...
@@ -155,11 +170,13 @@ alive_or_die() { # name
 }
 
 fail() {
-  local why=$1 component=${why%% *}
+  local why=$1
+  local component=${why%% *}
   say "$why; see $DIR/logs/$component.log"
   [[ -f $DIR/logs/$component.log ]] && tail -n 5 "$DIR/logs/$component.log" | sed 's/^/    /' >&2
   stop_all
-  rm -rf "$DIR"
+  # Nothing is left running; the logs stay, for the message above.
+  find "$DIR" -mindepth 1 -maxdepth 1 ! -name logs -exec rm -rf {} +
   exit 1
 }
 
@@ -213,7 +230,7 @@ up() {
     --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
     --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
     --initial-cluster "zklock-test=http://127.0.0.1:$peer_port" --listen-metrics-urls "" --log-level warn
-  wait_for etcd 30 "health answer" curl -sf --max-time 2 "http://127.0.0.1:$etcd_port/health"
+  wait_for etcd 30 "health answer" http_ok "http://127.0.0.1:$etcd_port/health"
 
   local pki=$DIR/pki
   start kube-apiserver "$bin/kube-apiserver" \
@@ -227,7 +244,7 @@ up() {
     --service-cluster-ip-range 10.0.0.0/24 \
     --authorization-mode RBAC --allow-privileged=true --profiling=false \
     --endpoint-reconciler-type none
-  wait_for kube-apiserver 60 "/readyz" api /readyz -f
+  wait_for kube-apiserver 60 "/readyz" api /readyz
 
   start kube-controller-manager "$bin/kube-controller-manager" \
     --kubeconfig "$DIR/controller-manager.kubeconfig" \
@@ -247,15 +264,15 @@ up() {
     --server-address "127.0.0.1:$kwok_port" --node-ip 127.0.0.1
 
   # The fake node: no taint, so every test pod may be placed on it.
-  api /api/v1/nodes -f -X POST -H 'Content-Type: application/json' -o /dev/null -d '{
+  api /api/v1/nodes POST '{
     "apiVersion": "v1", "kind": "Node",
     "metadata": {"name": "kwok-node-0", "annotations": {"kwok.x-k8s.io/node": "fake"},
                  "labels": {"kubernetes.io/hostname": "kwok-node-0", "kubernetes.io/os": "linux",
                             "kubernetes.io/arch": "amd64", "type": "kwok"}},
     "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
                "capacity": {"cpu": "64", "memory": "256Gi", "pods": "1000"}}
-  }' || fail "kube-apiserver refused the fake node"
-  wait_for kube-controller-manager 60 "default ServiceAccount" api /api/v1/namespaces/default/serviceaccounts/default -f
+  }' >/dev/null || fail "kube-apiserver refused the fake node"
+  wait_for kube-controller-manager 60 "default ServiceAccount" api /api/v1/namespaces/default/serviceaccounts/default
   wait_for kwok 60 "Ready node" node_ready
   alive_or_die kube-scheduler
 
@@ -270,7 +287,7 @@ up() {
 }
 
 node_ready() {
-  api /api/v1/nodes/kwok-node-0 -f | python3 -c '
+  api /api/v1/nodes/kwok-node-0 | python3 -c '
 import json, sys
 node = json.load(sys.stdin)
 ready = [c for c in node.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
