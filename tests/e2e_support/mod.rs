@@ -168,25 +168,17 @@ pub fn condition(c: &LockClaim, type_: &str) -> Option<(String, String, String)>
     conditions::get(&st.conditions, type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-/// Creates (or updates) the CRDs from `crds/` and waits until they are served.
+/// Creates (or updates) the CRDs from `crds/` and waits until they are served. Server-side
+/// apply: tests run at once install them at once, and an update that tests a resourceVersion
+/// would fail on another's.
 pub async fn install_crd(client: &kube::Client) {
     for (file, _) in zklock::api::crds() {
         let name = file.trim_end_matches(".yaml");
         let text = std::fs::read_to_string(format!("{}/crds/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
-        let mut crd: CustomResourceDefinition = serde_yaml::from_str(&text).unwrap();
+        let crd: CustomResourceDefinition = serde_yaml::from_str(&text).unwrap();
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        match crds.get_opt(name).await.expect("read CRDs") {
-            None => match crds.create(&PostParams::default(), &crd).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(e) => panic!("create the CRD {name}: {e}"),
-            },
-            Some(current) if current.spec == crd.spec => {}
-            Some(current) => {
-                crd.metadata.resource_version = current.metadata.resource_version;
-                crds.replace(name, &PostParams::default(), &crd).await.expect("update the CRD");
-            }
-        }
+        let apply = PatchParams::apply("zklock-tests").force();
+        crds.patch(name, &apply, &Patch::Apply(&crd)).await.unwrap_or_else(|e| panic!("apply the CRD {name}: {e}"));
         let established = await_condition(crds, name, kube::runtime::conditions::is_crd_established());
         tokio::time::timeout(PATIENCE, established).await.expect("the CRD is not established").expect("watch CRD");
     }
