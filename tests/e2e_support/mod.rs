@@ -168,17 +168,35 @@ pub fn condition(c: &LockClaim, type_: &str) -> Option<(String, String, String)>
     conditions::get(&st.conditions, type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-/// Creates (or updates) the CRDs from `crds/` and waits until they are served. Server-side
-/// apply: tests run at once install them at once, and an update that tests a resourceVersion
-/// would fail on another's.
+/// Creates (or updates) the CRDs from `crds/` and waits until they are served. Tests run at
+/// once install them at once: server-side apply, where the server has it (kube-sandbox does
+/// not: there, an update that meets another's is read and made again).
 pub async fn install_crd(client: &kube::Client) {
     for (file, _) in zklock::api::crds() {
         let name = file.trim_end_matches(".yaml");
         let text = std::fs::read_to_string(format!("{}/crds/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
-        let crd: CustomResourceDefinition = serde_yaml::from_str(&text).unwrap();
+        let mut crd: CustomResourceDefinition = serde_yaml::from_str(&text).unwrap();
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         let apply = PatchParams::apply("zklock-tests").force();
-        crds.patch(name, &apply, &Patch::Apply(&crd)).await.unwrap_or_else(|e| panic!("apply the CRD {name}: {e}"));
+        match crds.patch(name, &apply, &Patch::Apply(&crd)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 415 => loop {
+                let answer = match crds.get_opt(name).await.expect("read the CRDs") {
+                    None => crds.create(&PostParams::default(), &crd).await.map(drop),
+                    Some(current) if current.spec == crd.spec => Ok(()),
+                    Some(current) => {
+                        crd.metadata.resource_version = current.metadata.resource_version;
+                        crds.replace(name, &PostParams::default(), &crd).await.map(drop)
+                    }
+                };
+                match answer {
+                    Ok(()) => break,
+                    Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                    Err(e) => panic!("install the CRD {name}: {e}"),
+                }
+            },
+            Err(e) => panic!("apply the CRD {name}: {e}"),
+        }
         let established = await_condition(crds, name, kube::runtime::conditions::is_crd_established());
         tokio::time::timeout(PATIENCE, established).await.expect("the CRD is not established").expect("watch CRD");
     }
