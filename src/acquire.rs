@@ -11,7 +11,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 
 use crate::api::conditions::{self, FINISHED, REVOKE_REQUESTED};
-use crate::api::{Holder, LockClaim, LockClaimSpec, LockClaimStatus, Phase};
+use crate::api::{Holder, LockClaim, LockClaimSpec, LockClaimStatus, LockRef, Phase};
 use crate::recipe::Mode;
 
 /// Exit codes besides the command's own (documented in README and `zklock exec --help`).
@@ -57,7 +57,10 @@ pub struct Request {
 pub struct Held {
     pub claim: String,
     pub uid: String,
+    /// The fencing token: the lock's; with several locks, theirs joined (`a=1,b=2`).
     pub fencing_token: String,
+    /// With several locks, each lock's own token (lock name, token), in the claim's order.
+    pub tokens: Vec<(String, String)>,
     /// The claim's revocation grace period.
     pub grace: Duration,
 }
@@ -93,7 +96,8 @@ impl Failure {
 /// generated name would be, unless `--name` gave one) and marked with `request_id`: a signal
 /// that interrupts its create must be able to find it.
 pub fn claim_for(request: &Request, request_id: &str) -> LockClaim {
-    let base: String = request.lock.chars().take(52).collect();
+    // `a,b` names the claim `a-b-<random>`.
+    let base: String = request.lock.replace(',', "-").chars().take(52).collect();
     let name = request.name.clone().unwrap_or_else(|| {
         let random = uuid::Uuid::new_v4().simple().to_string();
         format!("{}-{}", base.trim_end_matches(['.', '-']), &random[..5])
@@ -107,17 +111,37 @@ pub fn claim_for(request: &Request, request_id: &str) -> LockClaim {
             ..ObjectMeta::default()
         },
         spec: LockClaimSpec {
-            lock_name: request.lock.clone(),
-            mode: request.mode,
             holder: request.holder_pod.clone().map(|pod_name| Holder { pod_name, namespace: None }),
             // Whole seconds, rounded up: never less patience than asked for.
             acquire_timeout_seconds: request.timeout.map(|t| t.as_secs() as i64 + i64::from(t.subsec_nanos() > 0)),
-            lease_duration_seconds: None,
             revocation_grace_period_seconds: request.grace.map(|g| g.as_secs() as i64),
-            ttl_seconds_after_finished: None,
+            ..lock_spec(&request.lock, request.mode)
         },
         status: None,
     }
+}
+
+/// The spec of a claim for `locks`: one lock name, or several separated by commas (`a,b`),
+/// taken together, each in `mode`.
+pub fn lock_spec(locks: &str, mode: Mode) -> LockClaimSpec {
+    let names: Vec<&str> = locks.split(',').map(str::trim).collect();
+    match &names[..] {
+        [one] => LockClaimSpec::one(*one, mode),
+        several => LockClaimSpec {
+            lock_name: None,
+            mode: None,
+            locks: Some(several.iter().map(|name| LockRef { lock_name: name.to_string(), mode }).collect()),
+            ..LockClaimSpec::one("", mode)
+        },
+    }
+}
+
+/// The environment variable of lock `name`'s fencing token: `ZKLOCK_FENCING_TOKEN_<NAME>`, the
+/// name upper-cased, with `-` and `.` as `_`.
+pub fn token_variable(name: &str) -> String {
+    let name: String =
+        name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
+    format!("ZKLOCK_FENCING_TOKEN_{name}")
 }
 
 /// The holder pod as the claim's owner, when its UID is known. Not a controller reference, and
@@ -274,10 +298,20 @@ async fn follow(api: &Api<LockClaim>, name: &str, uid: &str) -> Result<Held, Fai
         match status.phase {
             Some(Phase::Held) => {
                 let grace = claim.spec.revocation_grace_period_seconds.unwrap_or(30).max(0) as u64;
+                let tokens: Vec<(String, String)> = status
+                    .locks
+                    .iter()
+                    .map(|l| (l.lock_name.clone(), l.fencing_token.clone().unwrap_or_default()))
+                    .collect();
+                let fencing_token = match status.fencing_token {
+                    Some(token) => token,
+                    None => tokens.iter().map(|(lock, token)| format!("{lock}={token}")).collect::<Vec<_>>().join(","),
+                };
                 return Ok(Held {
                     claim: name.to_string(),
                     uid: uid.to_string(),
-                    fencing_token: status.fencing_token.unwrap_or_default(),
+                    fencing_token,
+                    tokens,
                     grace: Duration::from_secs(grace),
                 });
             }
@@ -343,7 +377,7 @@ mod tests {
         assert!(name.starts_with("db-migrations-") && name.len() == "db-migrations-".len() + 5, "{name}");
         assert_eq!(claim.annotations().get(REQUEST_ID_ANNOTATION).map(String::as_str), Some("r-1"));
         assert_eq!(claim.spec.acquire_timeout_seconds, Some(2), "rounded up");
-        assert_eq!(claim.spec.mode, Mode::Shared);
+        assert_eq!(claim.spec.mode, Some(Mode::Shared));
         assert_eq!(claim.spec.holder.map(|h| h.pod_name).as_deref(), Some("init-pod"));
         let named = claim_for(&request(Some("mine"), None), "r-2");
         assert_eq!((named.metadata.name.as_deref(), named.metadata.generate_name), (Some("mine"), None));
@@ -356,6 +390,16 @@ mod tests {
         let long = Request { lock: format!("{}-x", "a".repeat(51)), ..request(None, None) };
         let name = claim_for(&long, "r-4").metadata.name.unwrap();
         assert!(name.starts_with(&format!("{}-", "a".repeat(51))) && name.len() == 57, "{name}");
+    }
+
+    #[test]
+    fn several_locks_make_one_claim_over_all_and_a_token_variable_each() {
+        let claim = claim_for(&Request { lock: "db,search.index".into(), ..request(None, None) }, "r-5");
+        assert!(claim.metadata.name.unwrap().starts_with("db-search.index-"));
+        let locks: Vec<String> = claim.spec.locks.unwrap().into_iter().map(|l| l.lock_name).collect();
+        assert_eq!(locks, ["db", "search.index"]);
+        assert_eq!(claim.spec.lock_name, None);
+        assert_eq!(token_variable("search.index-2"), "ZKLOCK_FENCING_TOKEN_SEARCH_INDEX_2");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `zklock exec`: runs a command while it holds a lock, like `etcdctl lock` and `consul lock`.
 //!
 //! The command gets `ZKLOCK_CLAIM`, `ZKLOCK_FENCING_TOKEN`, `ZKLOCK_LOCK` and `ZKLOCK_NAMESPACE`
-//! in its environment. Signals zklock receives are passed on to it (SIGINT only when stdin is
+//! in its environment, and with several locks (`zklock exec a,b`) `ZKLOCK_FENCING_TOKEN_<LOCK>`
+//! for each (the lock's name upper-cased, `-` and `.` as `_`). Signals zklock receives are passed on to it (SIGINT only when stdin is
 //! not a terminal: a terminal's Ctrl-C reaches the command directly). When the holder is asked
 //! to let go (`RevokeRequested`), the command gets SIGTERM, and SIGKILL shortly before the
 //! revocation grace period ends (so that it is gone before the lock moves on); when the lock is
@@ -51,13 +52,18 @@ async fn supervise(
     command: &[String],
     signals: &mut Signals,
 ) -> u8 {
-    let spawned = tokio::process::Command::new(&command[0])
+    let mut child = tokio::process::Command::new(&command[0]);
+    child
         .args(&command[1..])
         .env("ZKLOCK_CLAIM", &held.claim)
         .env("ZKLOCK_FENCING_TOKEN", &held.fencing_token)
         .env("ZKLOCK_LOCK", &request.lock)
-        .env("ZKLOCK_NAMESPACE", &request.namespace)
-        .spawn();
+        .env("ZKLOCK_NAMESPACE", &request.namespace);
+    // Several locks: each one's token of its own.
+    for (lock, token) in &held.tokens {
+        child.env(acquire::token_variable(lock), token);
+    }
+    let spawned = child.spawn();
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {

@@ -51,10 +51,11 @@ enum Command {
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         permits: Option<u32>,
     },
-    /// Wait for a lock (a LockClaim, through the Kubernetes API only); when it is Held, print
-    /// ZKLOCK_CLAIM=<claim> and ZKLOCK_FENCING_TOKEN=<token> and exit 0. The claim then holds the
-    /// lock until it is deleted or its holder pod (--holder-pod, or POD_NAME) finishes. Exit
-    /// codes: 1 error or invalid claim, 75 timed out, 76 revoked, 77 lost, 130/143 interrupted
+    /// Wait for a lock, or several (a LockClaim, through the Kubernetes API only); when it is
+    /// Held, print ZKLOCK_CLAIM=<claim> and ZKLOCK_FENCING_TOKEN=<token> (with several locks also
+    /// ZKLOCK_FENCING_TOKEN_<LOCK>=<token> for each) and exit 0. The claim then holds the lock
+    /// until it is deleted or its holder pod (--holder-pod, or POD_NAME) finishes. Exit codes:
+    /// 1 error or invalid claim, 75 timed out, 76 revoked, 77 lost, 128+N interrupted by signal N
     Acquire {
         #[command(flatten)]
         lock: LockArgs,
@@ -150,7 +151,9 @@ struct RunArgs {
 
 #[derive(clap::Args)]
 struct LockArgs {
-    /// The lock's name (the lockName claims share)
+    /// The lock's name (the lockName claims share), or several separated by commas (a,b):
+    /// taken together, all or none, without deadlock
+    #[arg(value_parser = parse_locks)]
     lock: String,
     /// Exclusive, or Shared (with other Shared holders)
     #[arg(long, default_value = "Exclusive", value_parser = ["Exclusive", "Shared"])]
@@ -214,6 +217,20 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err("the duration must be more than zero".into());
     }
     Ok(d)
+}
+
+fn parse_locks(s: &str) -> Result<String, String> {
+    let names: Vec<&str> = s.split(',').map(str::trim).collect();
+    for name in &names {
+        zklock::api::check_lock_name("the lock", name)?;
+    }
+    if names.len() > zklock::api::MAX_LOCKS {
+        return Err(format!("{} locks: take at most {}", names.len(), zklock::api::MAX_LOCKS));
+    }
+    if let Some(twice) = names.iter().enumerate().find_map(|(i, n)| names[..i].contains(n).then_some(n)) {
+        return Err(format!("lock {twice:?} is named twice: name each lock once"));
+    }
+    Ok(names.join(","))
 }
 
 fn parse_digest(s: &str) -> Result<String, String> {
@@ -381,7 +398,10 @@ async fn acquire(args: LockArgs, env_file: Option<std::path::PathBuf>) -> u8 {
     let request = args.into_request(&client);
     match zklock::acquire::acquire(client.clone(), &request, signals.ending()).await {
         Ok(held) => {
-            let lines = format!("ZKLOCK_CLAIM={}\nZKLOCK_FENCING_TOKEN={}\n", held.claim, held.fencing_token);
+            let mut lines = format!("ZKLOCK_CLAIM={}\nZKLOCK_FENCING_TOKEN={}\n", held.claim, held.fencing_token);
+            for (lock, token) in &held.tokens {
+                lines.push_str(&format!("{}={token}\n", zklock::acquire::token_variable(lock)));
+            }
             // Held, but the caller cannot learn it as asked (stdout closed, the file not
             // writable): let go rather than hold blind.
             let mut stdout = std::io::stdout().lock();

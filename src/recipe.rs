@@ -24,7 +24,8 @@
 use std::fmt;
 use std::num::NonZeroU32;
 
-/// How a contender wants the lock.
+/// How a contender wants the lock: Exclusive (alone; the default) or Shared (with other Shared
+/// holders, no Exclusive one).
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
 )]
@@ -503,8 +504,112 @@ mod tests {
         ]
     }
 
+    /// A claim of the multi-lock model: its locks (indexes) with its mode in each.
+    #[derive(Clone, Debug)]
+    struct ModelClaim {
+        locks: Vec<(usize, Mode)>,
+    }
+
+    fn model_claim(locks: usize) -> impl Strategy<Value = ModelClaim> {
+        proptest::collection::btree_map(0..locks, prop_oneof![Just(Mode::Exclusive), Just(Mode::Shared)], 1..=locks)
+            .prop_map(|locks| ModelClaim { locks: locks.into_iter().collect() })
+    }
+
+    fn multi_lock_case() -> impl Strategy<Value = (Vec<Limit>, Vec<ModelClaim>, Vec<(bool, usize)>)> {
+        (1usize..=4).prop_flat_map(|locks| {
+            let limit = prop_oneof![Just(Limit::Mutex), (1u32..=3).prop_map(|n| Limit::from_permits(Some(n)))];
+            (
+                proptest::collection::vec(limit, locks),
+                proptest::collection::vec(model_claim(locks), 1..10),
+                // Each step: release a holder (false) or any claim, waiting or not (true: a
+                // revocation, a timeout), picked by index.
+                proptest::collection::vec((proptest::bool::weighted(0.2), any::<usize>()), 12),
+            )
+        })
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Claims over several locks (DESIGN.md §5c): each makes its node in every one of its
+        /// locks at once (one multi-op: the nodes of two claims are in the same order in every
+        /// lock they share), each node follows the one-lock recipe (a node once held stays held
+        /// until it goes), and a claim holds when all its nodes do. Whatever the locks, modes
+        /// and release order: no two conflicting holders of one lock, always someone holding
+        /// while claims are left (no deadlock), and a claim is granted only once every
+        /// conflicting claim ahead of it in each of its locks has gone (FIFO per lock, nobody
+        /// overtaken; with N permits, fewer than N ahead).
+        #[test]
+        fn claims_over_several_locks_never_deadlock_and_keep_each_lock_fifo(
+            (limits, claims, steps) in multi_lock_case()
+        ) {
+            // Node names per lock, made in claim order (one sequence: the multi-ops' order).
+            let mut dirs: Vec<Vec<String>> = vec![vec![]; limits.len()];
+            let mut nodes: Vec<Vec<(usize, String)>> = vec![];
+            for (c, claim) in claims.iter().enumerate() {
+                let mut mine = vec![];
+                for (l, mode) in &claim.locks {
+                    let node = name(&format!("c{c}"), *mode, (c * 10 + l) as u64);
+                    dirs[*l].push(node.clone());
+                    mine.push((*l, node));
+                }
+                nodes.push(mine);
+            }
+            let mut live: BTreeSet<usize> = (0..claims.len()).collect();
+            let mut node_held: BTreeSet<String> = BTreeSet::new();
+            let mut granted: BTreeSet<usize> = BTreeSet::new();
+            let mut steps = steps.into_iter();
+            loop {
+                // Decide every live node (a hold is kept), then every claim.
+                for c in &live {
+                    for (l, node) in &nodes[*c] {
+                        if decide(&dirs[*l], node, limits[*l]) == Decision::Held {
+                            node_held.insert(node.clone());
+                        }
+                    }
+                }
+                let held: BTreeSet<usize> =
+                    live.iter().copied().filter(|c| nodes[*c].iter().all(|(_, n)| node_held.contains(n))).collect();
+                // Newly granted claims: nobody conflicting ahead of them in any of their locks.
+                for c in held.difference(&granted) {
+                    for (l, mode) in &claims[*c].locks {
+                        let ahead: Vec<usize> = (0..*c).filter(|a| live.contains(a) && claims[*a].locks.iter().any(|(m, _)| m == l)).collect();
+                        match limits[*l] {
+                            Limit::Mutex => {
+                                let conflicting = ahead.iter().filter(|a| {
+                                    let theirs = claims[**a].locks.iter().find(|(m, _)| m == l).map(|(_, m)| *m);
+                                    *mode == Mode::Exclusive || theirs == Some(Mode::Exclusive)
+                                });
+                                prop_assert_eq!(conflicting.count(), 0, "c{} granted lock {} before a conflicting claim ahead of it", c, l);
+                            }
+                            Limit::Permits(n) => prop_assert!(ahead.len() < n.get() as usize, "c{c} granted lock {l} with {} ahead", ahead.len()),
+                        }
+                    }
+                }
+                granted.extend(held.iter().copied());
+                // No two conflicting holders of one lock.
+                for (l, limit) in limits.iter().enumerate() {
+                    let holders: Vec<Mode> = held.iter().filter_map(|c| claims[*c].locks.iter().find(|(m, _)| *m == l).map(|(_, m)| *m)).collect();
+                    match limit {
+                        Limit::Mutex => prop_assert!(holders.len() <= 1 || holders.iter().all(|m| *m == Mode::Shared), "lock {l} held by {holders:?}"),
+                        Limit::Permits(n) => prop_assert!(holders.len() <= n.get() as usize),
+                    }
+                }
+                if live.is_empty() {
+                    break;
+                }
+                prop_assert!(!held.is_empty(), "no claim holds while {live:?} are left: a deadlock");
+                // The next step: a holder leaves, or any claim does.
+                let (any_claim, pick) = steps.next().unwrap_or((false, 0));
+                let pool: Vec<usize> = if any_claim { live.iter().copied().collect() } else { held.iter().copied().collect() };
+                let gone = pool[pick % pool.len()];
+                live.remove(&gone);
+                for (l, node) in &nodes[gone] {
+                    dirs[*l].retain(|n| n != node);
+                    node_held.remove(node);
+                }
+            }
+        }
 
         /// Wherever in the 32-bit circle a queue lies (across the wrap or not), and whoever made
         /// its nodes, it is ordered as the nodes were made.

@@ -128,6 +128,7 @@ async fn holder_pods_deleted_failed_or_replaced_release_the_lock() {
     env.claim("d", "jobs", json!({})).await;
     env.wait_phase("d", Phase::Waiting).await;
     env.pods.delete("worker-c", &DeleteParams::default()).await.unwrap();
+    env.wait_pod_gone("worker-c").await;
     env.pod("worker-c").await;
     let c = env.wait("c", "released", |c| phase_of(c) == Some(Phase::Released)).await;
     assert!(condition(&c, conditions::FINISHED).unwrap().2.contains("worker-c"));

@@ -60,7 +60,7 @@ async fn claim_of(env: &Env, lock: &str) -> String {
     let found = async {
         loop {
             let list = env.claims.list(&Default::default()).await.expect("list claims");
-            if let Some(c) = list.items.iter().find(|c| c.spec.lock_name == lock) {
+            if let Some(c) = list.items.iter().find(|c| c.spec.names_lock(lock)) {
                 return c.name_any();
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::recipe::Mode;
 
-/// A request to hold a lock: one acquisition attempt. Claims with the same `lockName` in a
-/// namespace contend; the spec cannot change after creation.
+/// A request to hold a lock, or several locks together: one acquisition attempt. Claims with
+/// the same lock name in a namespace contend; the spec cannot change after creation.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "zklock.io",
@@ -22,8 +22,8 @@ use crate::recipe::Mode;
     derive = "PartialEq",
     category = "zklock",
     status = "LockClaimStatus",
-    doc = "LockClaim asks zklock for a lock backed by ZooKeeper; its status says Waiting or Held in queue order.",
-    printcolumn(name = "Lock", type_ = "string", json_path = ".spec.lockName"),
+    doc = "LockClaim asks zklock for a lock (or several, taken together) backed by ZooKeeper; its status says Waiting or Held in queue order.",
+    printcolumn(name = "Lock", type_ = "string", json_path = ".status.lock"),
     printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Position", type_ = "integer", json_path = ".status.position"),
@@ -32,15 +32,27 @@ use crate::recipe::Mode;
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[x_kube(validation = Rule::new("self == oldSelf").message("spec is immutable: a claim is one acquisition attempt; create a new claim instead"))]
+#[x_kube(validation = Rule::new("has(self.lockName) != has(self.locks)").message("give exactly one of spec.lockName (one lock) and spec.locks (several locks, taken together)"))]
+#[x_kube(validation = Rule::new("!has(self.locks) || !has(self.mode)").message("spec.mode goes with spec.lockName: give each entry of spec.locks its own mode"))]
 #[serde(rename_all = "camelCase")]
 pub struct LockClaimSpec {
-    /// Claims with the same lockName in a namespace contend for one lock.
+    /// The one lock this claim asks for: claims with the same lockName in a namespace contend.
+    /// Exactly one of lockName and locks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$"))]
-    pub lock_name: String,
+    pub lock_name: Option<String>,
 
-    /// Exclusive (one holder) or Shared (any number of Shared holders, no Exclusive one).
-    #[serde(default)]
-    pub mode: Mode,
+    /// With lockName: Exclusive (one holder, the default) or Shared (any number of Shared
+    /// holders, no Exclusive one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+
+    /// Several locks, taken together: the claim is Held only while it holds every one of them,
+    /// and holds none before that; it keeps its place in each lock's queue meanwhile (1 to 16
+    /// distinct locks). Exactly one of lockName and locks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_LOCKS), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["lockName"]))]
+    pub locks: Option<Vec<LockRef>>,
 
     /// The pod the claim lives and dies with: released when the pod is deleted, finishes, or is
     /// replaced by a new pod of the same name.
@@ -68,6 +80,57 @@ pub struct LockClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 31_536_000))]
     pub ttl_seconds_after_finished: Option<i64>,
+}
+
+/// Most locks one claim may take together.
+pub const MAX_LOCKS: usize = 16;
+
+/// One of the locks of a claim over several (`spec.locks`).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockRef {
+    /// The lock: claims naming the same lock in a namespace contend for it.
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$"))]
+    pub lock_name: String,
+    /// Exclusive (the default) or Shared, in this lock.
+    #[serde(default)]
+    pub mode: Mode,
+}
+
+impl LockClaimSpec {
+    /// The spec of a claim for one lock.
+    pub fn one(lock_name: impl Into<String>, mode: Mode) -> Self {
+        LockClaimSpec {
+            lock_name: Some(lock_name.into()),
+            mode: Some(mode),
+            locks: None,
+            holder: None,
+            acquire_timeout_seconds: None,
+            lease_duration_seconds: None,
+            revocation_grace_period_seconds: None,
+            ttl_seconds_after_finished: None,
+        }
+    }
+
+    /// The locks asked for, each with its mode, as written (not validated): `lockName` and
+    /// `mode` as one, or the entries of `locks`.
+    pub fn lock_refs(&self) -> Vec<LockRef> {
+        match (&self.lock_name, &self.locks) {
+            (Some(name), _) => vec![LockRef { lock_name: name.clone(), mode: self.mode.unwrap_or_default() }],
+            (None, Some(locks)) => locks.clone(),
+            (None, None) => vec![],
+        }
+    }
+
+    /// Whether the claim names lock `name`.
+    pub fn names_lock(&self, name: &str) -> bool {
+        self.lock_name.as_deref() == Some(name) || self.locks.iter().flatten().any(|l| l.lock_name == name)
+    }
+
+    /// The lock names, joined with commas (what `kubectl get lc` shows, `a,b`).
+    pub fn lock_label(&self) -> String {
+        self.lock_refs().iter().map(|l| l.lock_name.as_str()).collect::<Vec<_>>().join(",")
+    }
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, KubeSchema)]
@@ -151,7 +214,34 @@ pub struct LockClaimStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// The term of the operator leader that wrote this status (the zxid of its leader-epoch
-    /// bump). Each status write tests it, so that a deposed leader's late writes fail.
+    /// bump). A status below the epoch in force is refused by the API server (the chart's
+    /// admission policy), so that a deposed leader's late writes fail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader_epoch: Option<i64>,
+    /// The lock names, comma-separated (the LOCK column of `kubectl get lockclaims`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock: Option<String>,
+    /// A claim over several locks (spec.locks): where it stands in each, in the order of
+    /// spec.locks. position and waitingFor above say where it is furthest back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub locks: Vec<ClaimLockStatus>,
+}
+
+/// Where a claim over several locks stands in one of them.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimLockStatus {
+    pub lock_name: String,
+    /// The fencing token of this lock's grant, once the claim is Held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<String>,
+    /// The claim's znode in this lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub znode: Option<String>,
+    /// Contenders ahead of the claim in this lock (0 when it holds this lock's part).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<i64>,
+    /// The claim, or foreign znode, it is queued behind in this lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
 }

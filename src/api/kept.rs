@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time
 use kube::Resource;
 use serde::{Deserialize, Serialize};
 
-use super::{LockClaim, LockClaimSpec, LockClaimStatus, Phase};
+use super::{ClaimLockStatus, LockClaim, LockClaimSpec, LockClaimStatus, Phase};
 
 /// Annotations the operator reads all start with this; no other annotation is kept.
 const OWN_ANNOTATIONS: &str = "zklock.io/";
@@ -37,6 +37,9 @@ pub struct KeptStatus {
     fencing_token: Option<Box<str>>,
     holder_uid: Option<Box<str>>,
     renewed: Option<Box<str>>,
+    lock: Option<Box<str>>,
+    /// Where a claim over several locks stands in each (empty for one lock).
+    locks: Box<[ClaimLockStatus]>,
     conditions: Box<[KeptCondition]>,
 }
 
@@ -115,6 +118,11 @@ impl KeptClaim {
         self.status.as_ref().and_then(|s| s.fencing_token.as_deref())
     }
 
+    /// Where a claim over several locks stands in each, as its status records it.
+    pub fn lock_statuses(&self) -> &[ClaimLockStatus] {
+        self.status.as_ref().map(|s| &s.locks[..]).unwrap_or_default()
+    }
+
     /// The message of condition `type_`, if the claim has it.
     pub fn condition_message(&self, type_: &str) -> Option<&str> {
         let conditions = self.status.as_ref().map(|s| &s.conditions[..]).unwrap_or_default();
@@ -175,6 +183,8 @@ impl From<LockClaimStatus> for KeptStatus {
             fencing_token: s.fencing_token.map(Into::into),
             holder_uid: s.holder_uid.map(Into::into),
             renewed: s.renewed.map(Into::into),
+            lock: s.lock.map(Into::into),
+            locks: s.locks.into(),
             conditions: s
                 .conditions
                 .into_iter()
@@ -218,6 +228,8 @@ impl From<KeptStatus> for LockClaimStatus {
                 .collect(),
             observed_generation: s.observed_generation,
             leader_epoch: s.leader_epoch,
+            lock: s.lock.map(Into::into),
+            locks: s.locks.into_vec(),
         }
     }
 }
@@ -253,6 +265,8 @@ mod tests {
                 "leaderEpoch": 10, "observedGeneration": 1, "phase": "Waiting", "position": 2,
                 "waitingFor": "report-reader-2", "fencingToken": "17", "holderUID": "p-1", "renewed": "3",
                 "acquiredAt": "2026-11-23T17:59:06Z", "leaseExpiresAt": "2026-11-23T18:59:06Z",
+                "lock": "sales-tables",
+                "locks": [{"lockName": "sales-tables", "fencingToken": "17", "position": 2, "waitingFor": "report-reader-2"}],
                 "znode": "/zklock/locks/demo/sales-tables/write-4bf87072-2c81-4629-9a8b-bffc030bb21d-lock-0000000002",
             },
         }))

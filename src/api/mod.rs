@@ -8,11 +8,11 @@ mod kept;
 mod lock;
 mod validate;
 
-pub use claim::{Holder, LockClaim, LockClaimSpec, LockClaimStatus, Phase};
+pub use claim::{ClaimLockStatus, Holder, LockClaim, LockClaimSpec, LockClaimStatus, LockRef, Phase, MAX_LOCKS};
 pub use epoch_policy::EPOCH_REFUSAL;
 pub use kept::{KeptClaim, KeptStatus};
 pub use lock::{Lock, LockSpec, LockStatus, MAX_LISTED_HOLDERS, MAX_PERMITS};
-pub use validate::{check_lock_name, validate, validate_spec, ValidSpec};
+pub use validate::{check_lock_name, validate, validate_spec, ValidLock, ValidSpec};
 
 /// Finalizer that keeps a claim until its znode is deleted.
 pub const FINALIZER: &str = "zklock.io/release";

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{LockClaim, LockClaimSpec};
+use super::{LockClaim, LockClaimSpec, MAX_LOCKS};
 use crate::recipe::Mode;
 
 /// Revocation grace period when the spec gives none.
@@ -17,8 +17,11 @@ const MAX_GRACE_SECONDS: i64 = 86_400;
 /// takes this type, so an unchecked field cannot reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ValidSpec {
-    pub lock_name: String,
-    pub mode: Mode,
+    /// The locks, in the order the spec gives them: one for `lockName`, 1 to 16 distinct ones
+    /// for `locks`.
+    pub locks: Vec<ValidLock>,
+    /// Whether the claim asked for several locks (`spec.locks`), even if it names one.
+    pub several: bool,
     pub holder_pod: Option<String>,
     /// `Some(ZERO)` means: try once, never queue.
     pub acquire_timeout: Option<Duration>,
@@ -28,6 +31,20 @@ pub struct ValidSpec {
     pub ttl_after_finished: Option<Duration>,
 }
 
+/// One lock of a valid spec.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidLock {
+    pub name: String,
+    pub mode: Mode,
+}
+
+impl ValidSpec {
+    /// The lock names, joined with commas (`a,b`).
+    pub fn lock_label(&self) -> String {
+        self.locks.iter().map(|l| l.name.as_str()).collect::<Vec<_>>().join(",")
+    }
+}
+
 /// Checks a claim's spec; the error is the message for the Invalid condition.
 pub fn validate(claim: &LockClaim) -> Result<ValidSpec, String> {
     validate_spec(&claim.spec, claim.metadata.namespace.as_deref().unwrap_or_default())
@@ -35,7 +52,37 @@ pub fn validate(claim: &LockClaim) -> Result<ValidSpec, String> {
 
 /// [`validate`], for the spec of a claim in `namespace`.
 pub fn validate_spec(spec: &LockClaimSpec, namespace: &str) -> Result<ValidSpec, String> {
-    check_lock_name("spec.lockName", &spec.lock_name)?;
+    let locks = match (&spec.lock_name, &spec.locks) {
+        (Some(_), Some(_)) | (None, None) => {
+            return Err(
+                "give exactly one of spec.lockName (one lock) and spec.locks (several locks, taken together)".into()
+            )
+        }
+        (Some(name), None) => {
+            check_lock_name("spec.lockName", name)?;
+            vec![ValidLock { name: name.clone(), mode: spec.mode.unwrap_or_default() }]
+        }
+        (None, Some(locks)) => {
+            if spec.mode.is_some() {
+                return Err("spec.mode goes with spec.lockName: give each entry of spec.locks its own mode".into());
+            }
+            if locks.is_empty() || locks.len() > MAX_LOCKS {
+                return Err(format!("spec.locks has {} entries: give 1 to {MAX_LOCKS} locks", locks.len()));
+            }
+            let mut valid: Vec<ValidLock> = Vec::with_capacity(locks.len());
+            for (i, lock) in locks.iter().enumerate() {
+                check_lock_name(&format!("spec.locks[{i}].lockName"), &lock.lock_name)?;
+                if valid.iter().any(|v| v.name == lock.lock_name) {
+                    return Err(format!(
+                        "spec.locks names lock {:?} twice: name each lock once (with the mode it is needed in)",
+                        lock.lock_name
+                    ));
+                }
+                valid.push(ValidLock { name: lock.lock_name.clone(), mode: lock.mode });
+            }
+            valid
+        }
+    };
     let holder_pod = match &spec.holder {
         None => None,
         Some(holder) => {
@@ -50,8 +97,8 @@ pub fn validate_spec(spec: &LockClaimSpec, namespace: &str) -> Result<ValidSpec,
         }
     };
     Ok(ValidSpec {
-        lock_name: spec.lock_name.clone(),
-        mode: spec.mode,
+        several: spec.locks.is_some(),
+        locks,
         holder_pod,
         acquire_timeout: seconds("spec.acquireTimeoutSeconds", spec.acquire_timeout_seconds, 0, MAX_SECONDS)?,
         lease: seconds("spec.leaseDurationSeconds", spec.lease_duration_seconds, 1, MAX_SECONDS)?,
@@ -163,5 +210,48 @@ mod tests {
         let mut s = spec("x");
         s.ttl_seconds_after_finished = Some(-1);
         assert!(validate(&claim(s)).unwrap_err().contains("ttlSecondsAfterFinished is -1"));
+    }
+
+    fn several(locks: serde_json::Value) -> LockClaimSpec {
+        serde_json::from_value(serde_json::json!({ "locks": locks })).unwrap()
+    }
+
+    #[test]
+    fn several_locks_keep_their_order_and_modes_and_bad_lists_say_what_to_fix() {
+        let v =
+            validate(&claim(several(serde_json::json!([{ "lockName": "b", "mode": "Shared" }, { "lockName": "a" }]))))
+                .unwrap();
+        assert!(v.several);
+        assert_eq!(
+            v.locks,
+            [ValidLock { name: "b".into(), mode: Mode::Shared }, ValidLock { name: "a".into(), mode: Mode::Exclusive }]
+        );
+        assert_eq!(v.lock_label(), "b,a");
+        let one = validate(&claim(spec("db"))).unwrap();
+        assert_eq!((one.several, one.lock_label()), (false, "db".to_string()));
+
+        let many: Vec<serde_json::Value> =
+            (0..17).map(|i| serde_json::json!({ "lockName": format!("l{i}") })).collect();
+        let mut both = several(serde_json::json!([{ "lockName": "a" }]));
+        both.lock_name = Some("b".into());
+        let mut with_mode = several(serde_json::json!([{ "lockName": "a" }]));
+        with_mode.mode = Some(Mode::Shared);
+        let mut neither = spec("x");
+        neither.lock_name = None;
+        for (s, needle) in [
+            (
+                several(serde_json::json!([{ "lockName": "a" }, { "lockName": "a", "mode": "Shared" }])),
+                "names lock \"a\" twice",
+            ),
+            (several(serde_json::json!([])), "give 1 to 16 locks"),
+            (several(serde_json::Value::Array(many)), "17 entries"),
+            (several(serde_json::json!([{ "lockName": "Not_A_Label" }])), "spec.locks[0].lockName"),
+            (both, "exactly one of"),
+            (neither, "exactly one of"),
+            (with_mode, "give each entry of spec.locks its own mode"),
+        ] {
+            let err = validate(&claim(s)).unwrap_err();
+            assert!(err.contains(needle), "{err}");
+        }
     }
 }

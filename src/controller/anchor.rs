@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use kube::ResourceExt;
 
+use super::parts::{self, Part};
 use super::{Context, Error};
 use crate::api::{validate_spec, KeptClaim, Phase};
 use crate::zk::{ContenderSpec, Recorded};
@@ -17,28 +18,41 @@ fn recorded_phase(ctx: &Context, claim: &KeptClaim) -> Option<Phase> {
     claim.uid().and_then(|uid| ctx.registry.known_phase(&uid)).or(claim.phase())
 }
 
+/// A live claim in one of its locks: the claim, its part there, and the node it recorded.
+type Live = (Arc<KeptClaim>, Part, Option<String>);
+
 /// Re-anchors every lock from the claims the watches listed (they must have listed them once).
+/// A claim over several locks is re-anchored in each of them, as one contender per lock; in
+/// each lock the claims keep their recorded order, so two claims stand in the same order in
+/// every lock they share, as when they were first enqueued.
 pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
-    // Lock path → claims recorded as Held or Waiting there.
-    let mut locks: BTreeMap<String, Vec<Arc<KeptClaim>>> = BTreeMap::new();
+    // Lock path → the claims recorded as Held or Waiting there, each with its part there.
+    let mut locks: BTreeMap<String, Vec<Live>> = BTreeMap::new();
     for claim in ctx.claims.iter().flat_map(|store| store.state()) {
         let (Some(namespace), Some(uid)) = (claim.namespace(), claim.uid()) else { continue };
         let Ok(spec) = validate_spec(&claim.spec, &namespace) else { continue };
         let phase = recorded_phase(ctx, &claim);
         let live = matches!(phase, Some(Phase::Held | Phase::Waiting));
-        let lock = ctx.lock_path(&namespace, &spec.lock_name);
         // Listed after this term began: an earlier leader may still have a status write for
-        // it on the way, and no grant in its lock before this term's first write to it
+        // it on the way, and no grant in its locks before this term's first write to it
         // (DESIGN.md §5a). Claims created after the list never saw an earlier leader.
         let epoch = claim.leader_epoch();
         let written = ctx.registry.written(&uid);
+        let uid = ctx.shared_uid(&uid);
         if ctx.epoch().is_some() && epoch != ctx.epoch() && !written && !phase.is_some_and(Phase::is_terminal) {
-            ctx.registry.expect_stamp(&ctx.shared_uid(&uid), &lock);
+            ctx.registry.expect_stamp(&uid);
         }
         // Claims being deleted too: a holder keeps the lock until its cleanup has written its
         // final status (the next claim must not be Held before).
         if live {
-            locks.entry(lock).or_default().push(claim);
+            for (i, part) in parts::of(ctx, &namespace, &uid, &spec).into_iter().enumerate() {
+                let node = if spec.several {
+                    claim.lock_statuses().get(i).filter(|l| l.lock_name == part.name).and_then(|l| l.znode.clone())
+                } else {
+                    claim.znode().map(str::to_string)
+                };
+                locks.entry(part.lock.clone()).or_default().push((claim.clone(), part, node));
+            }
         }
     }
     // Directories that hold nodes of earlier sessions but no live claim any more: their stale
@@ -51,23 +65,22 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     }
     for (path, mut claims) in locks {
         // The engine orders holders first, then by the nodes recorded; equal ones (no node
-        // recorded) keep this order: creation order.
-        claims.sort_by_key(|c| c.creation_timestamp().map(|t| t.0));
+        // recorded) keep this order: creation order (the same in every lock: one listing).
+        claims.sort_by_key(|(c, _, _)| c.creation_timestamp().map(|t| t.0));
         let held = |c: &KeptClaim| recorded_phase(ctx, c) == Some(Phase::Held);
         let recorded: Vec<Recorded> = claims
             .iter()
-            .filter_map(|c| {
+            .filter_map(|(c, part, node)| {
                 let namespace = c.namespace()?;
-                let spec = validate_spec(&c.spec, &namespace).ok()?;
                 Some(Recorded {
                     spec: ContenderSpec {
-                        id: c.uid()?.into(),
+                        id: part.id.clone(),
                         lock: path.clone(),
-                        mode: spec.mode,
+                        mode: part.mode,
                         description: format!("{namespace}/{}", c.name_any()),
                     },
                     held: held(c),
-                    node: c.znode().map(str::to_string),
+                    node: node.clone(),
                 })
             })
             .collect();
@@ -82,7 +95,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
             Err(e) => {
                 tracing::error!(lock = %path, error = %e, "cannot re-anchor this lock; its claims end Lost");
                 let why = format!("the claim's node could not be re-created after a new ZooKeeper session: {e}");
-                for uid in claims.iter().filter_map(|c| c.uid()) {
+                for uid in claims.iter().filter_map(|(c, _, _)| c.uid()) {
                     ctx.registry.set_verdict(&uid, why.clone());
                 }
                 continue;
@@ -97,7 +110,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
             } else {
                 continue;
             };
-            ctx.registry.set_verdict(id, why.into());
+            ctx.registry.set_verdict(parts::claim_of(id), why.into());
         }
         tracing::info!(lock = %path, claims = anchored.contenders.len(), foreign = anchored.foreign_seen, "re-anchored");
     }

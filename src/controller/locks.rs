@@ -81,7 +81,9 @@ fn forget_unlisted(ctx: &Context, scope: usize) {
 /// A claim changed: its lock's status may have to follow.
 pub fn claim_changed(ctx: &Context, claim: &KeptClaim) {
     let Some(namespace) = claim.metadata.namespace.as_deref() else { return };
-    ctx.trigger_lock(ObjectRef::new(&claim.spec.lock_name).within(namespace));
+    for lock in claim.spec.lock_refs() {
+        ctx.trigger_lock(ObjectRef::new(&lock.lock_name).within(namespace));
+    }
 }
 
 pub async fn reconcile(lock: Arc<Lock>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -110,10 +112,14 @@ pub async fn reconcile(lock: Arc<Lock>, ctx: Arc<Context>) -> Result<Action, Err
 pub fn status_of(lock: &Lock, claims: &[Arc<KeptClaim>]) -> LockStatus {
     let mut held: Vec<(i128, &str)> = vec![];
     let mut queued = 0u32;
+    let name = lock.metadata.name.as_deref().unwrap_or_default();
     for claim in claims {
         match claim.phase() {
             Some(Phase::Held) => {
-                let token = claim.fencing_token().and_then(|t| t.parse().ok());
+                // A claim over several locks: this lock's token.
+                let own =
+                    claim.lock_statuses().iter().find(|l| l.lock_name == name).and_then(|l| l.fencing_token.as_deref());
+                let token = own.or(claim.fencing_token()).and_then(|t| t.parse().ok());
                 held.push((token.unwrap_or(i128::MAX), claim.metadata.name.as_deref().unwrap_or_default()));
             }
             None | Some(Phase::Pending | Phase::Waiting) if claim.metadata.deletion_timestamp.is_none() => queued += 1,

@@ -14,6 +14,7 @@ mod error;
 pub mod events;
 pub mod gated;
 pub mod locks;
+pub mod parts;
 pub mod plan;
 mod positions;
 mod reconcile;
@@ -154,9 +155,25 @@ impl Context {
         store.get(&object).is_some_and(|c| c.metadata.uid.as_deref() == Some(uid))
     }
 
-    /// Asks for a reconcile of claim `uid` soon. A claim no watch knows (any more) is looked at
-    /// by the orphan release instead.
+    /// The engine's contenders of claim `uid`, whatever its spec says (it may not be readable
+    /// any more): to release them.
+    fn parts_tracked(&self, uid: &str) -> Vec<parts::Part> {
+        self.engine
+            .ids()
+            .into_iter()
+            .filter(|id| parts::claim_of(id) == uid)
+            .map(|id| {
+                let node = self.engine.node(&id).unwrap_or_default();
+                let lock = node.rsplit_once('/').map_or_else(String::new, |(dir, _)| dir.to_string());
+                parts::Part { lock, name: String::new(), mode: crate::recipe::Mode::Exclusive, id }
+            })
+            .collect()
+    }
+
+    /// Asks for a reconcile of claim `uid` (or of the claim contender `uid` stands for) soon. A
+    /// claim no watch knows (any more) is looked at by the orphan release instead.
     pub fn trigger(&self, uid: &str) {
+        let uid = parts::claim_of(uid);
         let Some(object) = self.object_ref(uid) else {
             self.orphan(uid);
             return;
@@ -204,7 +221,8 @@ impl Context {
         }
     }
 
-    /// The claims of lock `name` in `namespace`, as the claim watch last delivered them.
+    /// The claims of lock `name` in `namespace` (alone or with other locks), as the claim
+    /// watch last delivered them.
     fn claims_of_lock(&self, namespace: &str, name: &str) -> Vec<Arc<KeptClaim>> {
         let scope =
             if self.namespaces.is_empty() { Some(0) } else { self.namespaces.iter().position(|n| n == namespace) };
@@ -212,7 +230,7 @@ impl Context {
         store
             .state()
             .into_iter()
-            .filter(|c| c.metadata.namespace.as_deref() == Some(namespace) && c.spec.lock_name == name)
+            .filter(|c| c.metadata.namespace.as_deref() == Some(namespace) && c.spec.names_lock(name))
             .collect()
     }
 
@@ -229,7 +247,7 @@ impl Context {
 
     fn orphan(&self, uid: &str) {
         // Closed only when the controller has stopped.
-        let _ = self.orphans.send(self.shared_uid(uid));
+        let _ = self.orphans.send(self.shared_uid(parts::claim_of(uid)));
     }
 
     async fn wait_synced(&self) {
@@ -246,7 +264,7 @@ impl Context {
             return;
         }
         let mut known = self.registry.all();
-        known.extend(self.engine.ids().iter().map(|id| id.to_string()));
+        known.extend(self.engine.ids().iter().map(|id| parts::claim_of(id).to_string()));
         for uid in known {
             if !self.is_served(&uid) {
                 self.orphan(&uid);

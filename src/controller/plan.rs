@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::conditions::{self, FINISHED, HELD, INVALID, REVOKE_REQUESTED};
-use crate::api::{LockClaim, LockClaimStatus, Phase, ValidSpec, RENEW_ANNOTATION, REVOKE_ANNOTATION};
+use crate::api::{ClaimLockStatus, LockClaim, LockClaimStatus, Phase, ValidSpec, RENEW_ANNOTATION, REVOKE_ANNOTATION};
 use crate::zk::{ContenderState, LostReason};
 
 /// How long a claim waits for its holder pod to appear before it is Invalid. Covers a claim
@@ -28,16 +28,58 @@ pub enum HolderView {
     Present { uid: String, finished: Option<String> },
 }
 
-/// What the lock engine says about the claim's contender.
+/// What the lock engine says about the claim's contenders (one per lock).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ContenderView {
-    /// The engine does not track it (never enqueued, or its node is gone).
+    /// The engine tracks none (never enqueued, or the nodes are gone).
     Untracked,
     Tracked {
+        /// The claim's state as a whole (see [`aggregate`]).
         state: ContenderState,
-        node: String,
+        /// Each lock's part, in the order of the spec (one for a claim over one lock).
+        parts: Vec<PartView>,
+        /// Whom the claim waits for where it is furthest back.
         waiting_for: Option<String>,
     },
+}
+
+/// The claim's contender in one of its locks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartView {
+    pub lock_name: String,
+    /// Its node; `None` when the engine lost track of this part only.
+    pub node: Option<String>,
+    pub state: ContenderState,
+    /// The claim (its name) or foreign node it waits for in this lock.
+    pub waiting_for: Option<String>,
+}
+
+/// A claim's state from its parts' (DESIGN.md §5c): lost if one is (or is gone), asked to let
+/// go if one is, held only when every one is (its fencing token: the highest of them, each
+/// lock's own goes into `status.locks`), else waiting where it is furthest back.
+pub fn aggregate(parts: &[ContenderState]) -> ContenderState {
+    if let Some(lost) = parts.iter().find(|s| s.is_final()) {
+        return lost.clone();
+    }
+    let held = parts.iter().all(ContenderState::is_held);
+    let token = held.then(|| parts.iter().filter_map(ContenderState::fencing_token).max().unwrap_or_default());
+    if let Some(ContenderState::RevokeRequested { reason, .. }) =
+        parts.iter().find(|s| matches!(s, ContenderState::RevokeRequested { .. }))
+    {
+        return ContenderState::RevokeRequested { reason: reason.clone(), fencing_token: token };
+    }
+    match token {
+        Some(fencing_token) => ContenderState::Held { fencing_token },
+        None => parts
+            .iter()
+            .filter(|s| matches!(s, ContenderState::Waiting { .. }))
+            .max_by_key(|s| match s {
+                ContenderState::Waiting { ahead, .. } => *ahead,
+                _ => 0,
+            })
+            .cloned()
+            .unwrap_or(ContenderState::Released),
+    }
 }
 
 /// Everything `plan` looks at.
@@ -122,6 +164,10 @@ impl Plan {
         st.phase = Some(phase);
         st.position = None;
         st.waiting_for = None;
+        for lock in &mut st.locks {
+            lock.position = None;
+            lock.waiting_for = None;
+        }
         conditions::set(&mut st.conditions, HELD, false, reason, &message, generation, now);
         conditions::set(&mut st.conditions, FINISHED, true, reason, &message, generation, now);
         if phase == Phase::Invalid {
@@ -166,6 +212,7 @@ pub fn invalid(claim: &LockClaim, message: String, now: Timestamp) -> Plan {
     }
     plan = plan.finish(Phase::Invalid, "InvalidSpec", message, claim.metadata.generation, &Time(now));
     plan.status.observed_generation = claim.metadata.generation;
+    plan.status.lock = Some(claim.spec.lock_label()).filter(|l| !l.is_empty());
     plan
 }
 
@@ -182,9 +229,9 @@ pub fn plan(input: Inputs<'_>) -> Plan {
     }
     let created = claim.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
     let pod = spec.holder_pod.as_deref().unwrap_or_default();
-    let (state, node, waiting_for) = match &contender {
-        ContenderView::Tracked { state, node, waiting_for } => (Some(state), Some(node.as_str()), waiting_for.clone()),
-        ContenderView::Untracked => (None, None, None),
+    let (state, parts, waiting_for) = match &contender {
+        ContenderView::Tracked { state, parts, waiting_for } => (Some(state), &parts[..], waiting_for.clone()),
+        ContenderView::Untracked => (None, &[][..], None),
     };
     let held_now = state.is_some_and(ContenderState::is_held);
 
@@ -195,6 +242,7 @@ pub fn plan(input: Inputs<'_>) -> Plan {
         return plan;
     }
     plan.status.observed_generation = generation;
+    plan.status.lock = Some(spec.lock_label());
 
     // Re-anchoring found that a recorded holder cannot prove it kept the lock.
     if let Some(why) = anchor_verdict {
@@ -351,11 +399,21 @@ pub fn plan(input: Inputs<'_>) -> Plan {
         Some(s) if s.is_held() => {
             let token = s.fencing_token().unwrap_or_default();
             if recorded != Some(Phase::Held) {
-                plan.status.fencing_token = Some(token.to_string());
+                // A claim over several locks has a token per lock (in status.locks), none of its own.
+                plan.status.fencing_token = (!spec.several).then(|| token.to_string());
                 plan.status.acquired_at = Some(now_t.clone());
                 plan.status.lease_expires_at = spec.lease.map(|l| Time(after(now, l)));
                 plan.status.renewed = renew_value(claim);
-                plan.event(false, "Acquired", format!("lock held with fencing token {token}"));
+                let note = if spec.several {
+                    let tokens: Vec<String> = parts
+                        .iter()
+                        .map(|p| format!("{} {}", p.lock_name, p.state.fencing_token().unwrap_or_default()))
+                        .collect();
+                    format!("locks held with fencing tokens {}", tokens.join(", "))
+                } else {
+                    format!("lock held with fencing token {token}")
+                };
+                plan.event(false, "Acquired", note);
             }
             set_phase(&mut plan, Phase::Held, "Acquired", "the lock is held", generation, &now_t);
             plan.status.position = Some(0);
@@ -377,7 +435,12 @@ pub fn plan(input: Inputs<'_>) -> Plan {
         // Released, or lost during a session change: nothing to record until re-anchored.
         Some(_) => {}
     }
-    plan.status.znode = node.map(str::to_string).or(plan.status.znode.take());
+    if spec.several {
+        record_parts(&mut plan.status, parts, recorded == Some(Phase::Held));
+    } else {
+        let node = parts.first().and_then(|p| p.node.clone());
+        plan.status.znode = node.or(plan.status.znode.take());
+    }
     // A final claim changes no more (its deletion comes as a watch event): no backstop entry
     // kept for it in the controller's scheduler.
     if plan.requeue_after.is_none() && !plan.status.phase.is_some_and(Phase::is_terminal) {
@@ -390,6 +453,43 @@ pub fn plan(input: Inputs<'_>) -> Plan {
 /// condition's transition, a lease's end) may be anything, and must not overflow.
 fn after(t: Timestamp, d: Duration) -> Timestamp {
     t.checked_add(d).unwrap_or(Timestamp::MAX)
+}
+
+/// Where a claim over several locks stands in each (`status.locks`, in the order of the spec):
+/// its node and, while it waits, its place and whom it waits for; once held, each lock's
+/// fencing token, kept from the first grant (a re-anchored holder's new nodes have new ones).
+fn record_parts(status: &mut crate::api::LockClaimStatus, parts: &[PartView], was_held: bool) {
+    if parts.is_empty() {
+        return;
+    }
+    let before = std::mem::take(&mut status.locks);
+    status.locks = parts
+        .iter()
+        .map(|part| {
+            let old = before.iter().find(|l| l.lock_name == part.lock_name);
+            let held = part.state.is_held();
+            let token = match (was_held, old.and_then(|o| o.fencing_token.clone())) {
+                (true, Some(kept)) => Some(kept),
+                _ => part
+                    .state
+                    .fencing_token()
+                    .filter(|_| held && status.phase == Some(Phase::Held))
+                    .map(|t| t.to_string()),
+            };
+            let ahead = match &part.state {
+                ContenderState::Waiting { ahead, .. } => Some(*ahead as i64),
+                _ if held => Some(0),
+                _ => old.and_then(|o| o.position),
+            };
+            ClaimLockStatus {
+                lock_name: part.lock_name.clone(),
+                fencing_token: token,
+                znode: part.node.clone().or_else(|| old.and_then(|o| o.znode.clone())),
+                position: ahead.filter(|_| !status.phase.is_some_and(Phase::is_terminal)),
+                waiting_for: part.waiting_for.clone().filter(|_| !held),
+            }
+        })
+        .collect();
 }
 
 fn renew_value(claim: &LockClaim) -> Option<String> {
@@ -425,11 +525,13 @@ mod tests {
     }
 
     fn tracked(state: ContenderState) -> ContenderView {
-        ContenderView::Tracked {
-            state,
-            node: "/zklock/locks/shop/db/write-x-lock-0000000001".into(),
+        let part = PartView {
+            lock_name: "db".into(),
+            node: Some("/zklock/locks/shop/db/write-x-lock-0000000001".into()),
+            state: state.clone(),
             waiting_for: None,
-        }
+        };
+        ContenderView::Tracked { state, parts: vec![part], waiting_for: None }
     }
 
     fn run(c: &LockClaim, holder: HolderView, contender: ContenderView, now: Timestamp) -> Plan {

@@ -11,7 +11,8 @@ use kube::runtime::finalizer::{finalizer, Error as FinalizerError, Event as Fina
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
-use super::plan::{self, ContenderView, HolderView, Inputs, Plan};
+use super::parts::{self, Part};
+use super::plan::{self, ContenderView, HolderView, Inputs, PartView, Plan};
 use super::registry::GrantBlocked;
 use super::Uid;
 use super::{Context, Error, API_TIMEOUT};
@@ -19,7 +20,7 @@ use crate::api::{
     pod_revoke_annotation, validate, KeptClaim, LockClaim, LockClaimStatus, Phase, EPOCH_REFUSAL, FINALIZER,
 };
 use crate::recipe::Mode;
-use crate::zk::ContenderSpec;
+use crate::zk::{ContenderSpec, ContenderState};
 
 /// How soon a grant that waits for another claim's write is tried again at the latest: the
 /// registry wakes it the moment that write is made, so this is only a backstop.
@@ -67,15 +68,15 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
     let spec = match validate(&claim) {
         Ok(spec) => spec,
         Err(message) => {
-            ctx.registry.observe(uid, &claim.name_any(), &namespace, "", false, None);
+            ctx.registry.observe(uid, &claim.name_any(), &namespace, &[], None);
             let ttl = time_to_live(&claim, None, ctx);
             let plan = plan::invalid(&claim, message, now).expire_after(ttl, now);
-            return execute(&claim, ctx, uid, "", plan).await;
+            let parts = ctx.parts_tracked(uid);
+            return execute(&claim, ctx, uid, &parts, plan).await;
         }
     };
-    let lock = ctx.lock_path(&namespace, &spec.lock_name);
-    let exclusive = spec.mode == Mode::Exclusive;
-    ctx.registry.observe(uid, &claim.name_any(), &namespace, &lock, exclusive, spec.holder_pod.as_deref());
+    let parts = parts::of(ctx, &namespace, uid, &spec);
+    ctx.registry.observe(uid, &claim.name_any(), &namespace, &parts::locks(&parts), spec.holder_pod.as_deref());
     let terminal = claim.status.as_ref().and_then(|s| s.phase).is_some_and(Phase::is_terminal);
     if let Some(waiting) = stale_copy(&claim, ctx, uid).await? {
         return Ok(waiting);
@@ -86,11 +87,9 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
     }
     if !terminal && ctx.registry.known_phase(uid).is_some_and(Phase::is_terminal) {
         // Final is final: this copy is older than the operator's own final write, and planning
-        // from it could bring the claim back. Only make sure the node is gone; the watch
+        // from it could bring the claim back. Only make sure the nodes are gone; the watch
         // delivers the write (the backstop below is for a lost event).
-        if ctx.engine.state(uid).is_some() {
-            ctx.engine.release(uid).await?;
-        }
+        ctx.engine.release_group(&parts::ids(&parts)).await?;
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     let holder = if terminal {
@@ -98,7 +97,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
     } else {
         holder_view(ctx, &namespace, spec.holder_pod.as_deref()).await?
     };
-    // The contender is read before admission is asked (the closure's argument first): a
+    // The contenders are read before admission is asked (the closure's argument first): a
     // session that ends in between then reads "not admitting", never "admitting, node gone".
     let inputs = |contender| Inputs {
         claim: &claim,
@@ -109,27 +108,37 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
         anchor_verdict: ctx.registry.verdict(uid),
         now,
     };
-    let mut plan = plan::plan(inputs(contender_view(ctx, uid)));
+    let mut plan = plan::plan(inputs(contender_view(ctx, &parts)));
     let enqueue = plan.enqueue;
     if enqueue {
         let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
-        if !ctx.registry.may_enqueue(&lock, uid, created) {
+        if !ctx.registry.may_enqueue(uid, created) {
             // A claim created earlier enters the queue first; it triggers us when it has.
             return Ok(Action::requeue(Duration::from_millis(200)));
         }
         let description = format!("{namespace}/{}", claim.name_any());
-        let enqueued = ctx
-            .engine
-            .enqueue(ContenderSpec { id: uid.clone(), lock: lock.clone(), mode: spec.mode, description })
-            .await;
-        if let Some(next) = ctx.registry.leave_gate(&lock, uid) {
+        let specs = parts
+            .iter()
+            .map(|p| ContenderSpec {
+                id: p.id.clone(),
+                lock: p.lock.clone(),
+                mode: p.mode,
+                description: description.clone(),
+            })
+            .collect();
+        // Every lock at once (one multi-op): two claims stand in the same order in every lock
+        // they share, so no cycle of waiting can form (DESIGN.md §5c).
+        let enqueued = ctx.engine.enqueue_group(specs).await;
+        for next in ctx.registry.leave_gates(uid) {
             ctx.trigger(&next);
         }
         enqueued?;
-        plan = plan::plan(inputs(contender_view(ctx, uid)));
+        plan = plan::plan(inputs(contender_view(ctx, &parts)));
     }
     if plan.status.phase == Some(Phase::Held) && ctx.registry.known_phase(uid) != Some(Phase::Held) {
-        match ctx.registry.reserve_grant(uid, &lock, exclusive, ctx.engine.limit(&lock)) {
+        let grant: Vec<(&str, bool, crate::recipe::Limit)> =
+            parts.iter().map(|p| (p.lock.as_str(), p.mode == Mode::Exclusive, ctx.engine.limit(&p.lock))).collect();
+        match ctx.registry.reserve_grant(uid, &grant) {
             Ok(()) => {}
             Err(GrantBlocked::Holder(other)) => {
                 // The API must never show two conflicting holders, not even for a moment: this
@@ -147,7 +156,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
                     // This one's status as it is, stamped, so that it holds no grant up either
                     // (two claims waiting for each other's stamp would wait for ever).
                     let stamp = Plan { status: claim.status.clone().unwrap_or_default(), ..Plan::default() };
-                    execute(&claim, ctx, uid, &lock, stamp).await?;
+                    execute(&claim, ctx, uid, &parts, stamp).await?;
                 }
                 return Ok(Action::requeue(GRANT_BACKSTOP));
             }
@@ -155,12 +164,12 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
     }
     if !enqueue && ctx.admitting() && !matches!(plan.status.phase, Some(Phase::Waiting | Phase::Held)) {
         // Not enqueueable now (waiting for its holder pod, or final): others go first.
-        if let Some(next) = ctx.registry.leave_gate(&lock, uid) {
+        for next in ctx.registry.leave_gates(uid) {
             ctx.trigger(&next);
         }
     }
     let plan = plan.expire_after(time_to_live(&claim, Some(&spec), ctx), now);
-    execute(&claim, ctx, uid, &lock, plan).await
+    execute(&claim, ctx, uid, &parts, plan).await
 }
 
 /// How long the claim is kept once final: its own `ttlSecondsAfterFinished` (if valid), else the
@@ -177,14 +186,17 @@ fn time_to_live(claim: &LockClaim, spec: Option<&crate::api::ValidSpec>, ctx: &C
 /// The claim is being deleted: a holder's final status first, then its node, then (the helper)
 /// the finalizer.
 async fn cleanup(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Error> {
-    let lock = ctx.lock_path(&claim.namespace().unwrap_or_default(), &claim.spec.lock_name);
+    let parts = match validate(&claim) {
+        Ok(spec) => parts::of(ctx, &claim.namespace().unwrap_or_default(), uid, &spec),
+        Err(_) => ctx.parts_tracked(uid),
+    };
     if let Some(waiting) = stale_copy(&claim, ctx, uid).await? {
         return Ok(waiting);
     }
     // Held as far as the operator knows: its own Held write may be newer than this copy.
     let held = ctx.registry.known_phase(uid) == Some(Phase::Held);
     let plan = plan::deleted(&claim, held, Timestamp::now());
-    execute(&claim, ctx, uid, &lock, plan).await?;
+    execute(&claim, ctx, uid, &parts, plan).await?;
     ctx.registry.forget(uid);
     ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
     Ok(Action::await_change())
@@ -237,29 +249,55 @@ async fn holder_view(ctx: &Context, namespace: &str, pod: Option<&str>) -> Resul
     })
 }
 
-/// The claim's contender in the engine, with the claim it waits for named.
-fn contender_view(ctx: &Context, uid: &str) -> ContenderView {
-    let (Some(state), Some(node)) = (ctx.engine.state(uid), ctx.engine.node(uid)) else {
+/// The claim's contenders in the engine (one per lock), each with the claim it waits for named.
+fn contender_view(ctx: &Context, parts: &[Part]) -> ContenderView {
+    let views: Vec<PartView> = parts
+        .iter()
+        .filter_map(|part| {
+            let state = ctx.engine.state(&part.id)?;
+            let waiting_for = match &state {
+                crate::zk::ContenderState::Waiting { watching, .. } => Some(
+                    state
+                        .waits_for_contender()
+                        .and_then(|id| ctx.registry.name(parts::claim_of(id)))
+                        .unwrap_or_else(|| watching.clone()),
+                ),
+                _ => None,
+            };
+            Some(PartView { lock_name: part.name.clone(), node: ctx.engine.node(&part.id), state, waiting_for })
+        })
+        .collect();
+    if views.is_empty() {
         return ContenderView::Untracked;
-    };
-    let waiting_for = match &state {
-        crate::zk::ContenderState::Waiting { watching, .. } => {
-            Some(state.waits_for_contender().and_then(|id| ctx.registry.name(id)).unwrap_or_else(|| watching.clone()))
-        }
-        _ => None,
-    };
-    ContenderView::Tracked { state, node, waiting_for }
+    }
+    // A part the engine lost track of alone (the others tracked) went with its session.
+    let mut states: Vec<ContenderState> = views.iter().map(|v| v.state.clone()).collect();
+    if views.len() < parts.len() {
+        states.push(ContenderState::Lost { why: crate::zk::LostReason::SessionExpired });
+    }
+    let state = plan::aggregate(&states);
+    let waiting_for = views
+        .iter()
+        .filter_map(|v| match &v.state {
+            ContenderState::Waiting { ahead, .. } => Some((*ahead, v.waiting_for.clone())),
+            _ => None,
+        })
+        .max_by_key(|(ahead, _)| *ahead)
+        .and_then(|(_, who)| who);
+    ContenderView::Tracked { state, parts: views, waiting_for }
 }
 
-async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut plan: Plan) -> Result<Action, Error> {
+async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mut plan: Plan) -> Result<Action, Error> {
     if let Some(epoch) = ctx.epoch() {
         plan.status.leader_epoch = Some(epoch);
     }
     let namespace = claim.namespace().unwrap_or_default();
     let name = claim.name_any();
     if let Some(reason) = &plan.write_revoke {
-        if let Some(node) = ctx.engine.node(uid) {
-            ctx.engine.request_revocation(&node, reason).await?;
+        for part in parts {
+            if let Some(node) = ctx.engine.node(&part.id) {
+                ctx.engine.request_revocation(&node, reason).await?;
+            }
         }
     }
     if let (Some(reason), Some(pod)) = (&plan.annotate_pod, claim.spec.holder.as_ref().map(|h| &h.pod_name)) {
@@ -307,15 +345,18 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, lock: &str, mut pl
         ctx.registry.planned_from(uid, version);
         ctx.registry.stamped(uid, true);
         if granting {
-            observe_grant(claim, ctx, lock);
+            observe_grant(claim, ctx, parts);
         }
         // The registry's phase is the operator's own last write, never a copy's.
         ctx.registry.set_phase(uid, plan.status.phase);
     }
     if plan.release {
         let was_held = before.phase == Some(Phase::Held);
-        if ctx.engine.release(uid).await? && was_held {
-            ctx.registry.note_release(lock);
+        // Every lock at once (one multi-op), after the final status.
+        if ctx.engine.release_group(&parts::ids(parts)).await? && was_held {
+            for part in parts {
+                ctx.registry.note_release(&part.lock);
+            }
         }
     }
     ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
@@ -371,12 +412,14 @@ fn write_error<T>(result: Result<Result<T, kube::Error>, Error>) -> Option<Strin
     result.map_or_else(|e| Some(e.to_string()), |r| r.err().map(|e| e.to_string()))
 }
 
-fn observe_grant(claim: &LockClaim, ctx: &Context, lock: &str) {
+fn observe_grant(claim: &LockClaim, ctx: &Context, parts: &[Part]) {
     if let Some(created) = &claim.metadata.creation_timestamp {
         let waited = Timestamp::now().duration_since(created.0).as_secs_f64();
         ctx.metrics.acquire_wait.observe(waited.max(0.0));
     }
-    if let Some(since_release) = ctx.registry.take_release(lock) {
+    // The handoff that ends here: the latest release among the claim's locks.
+    let released = parts.iter().filter_map(|p| ctx.registry.take_release(&p.lock)).min();
+    if let Some(since_release) = released {
         ctx.metrics.handoff.observe(since_release.as_secs_f64());
     }
 }

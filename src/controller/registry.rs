@@ -1,7 +1,8 @@
 //! What the operator remembers about the claims it serves, in memory and small: which object a
 //! contender id (claim UID) belongs to, which claims a pod holds, each claim's last written
 //! phase and position, and the verdicts of re-anchoring. Everything here can be rebuilt from
-//! the API and ZooKeeper; it is never the source of truth for who holds a lock.
+//! the API and ZooKeeper; it is never the source of truth for who holds a lock. A claim over
+//! several locks is one entry here, with all its locks.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -18,8 +19,8 @@ use crate::recipe::Limit;
 pub struct Seen<'a> {
     pub name: &'a str,
     pub namespace: &'a str,
-    pub lock: &'a str,
-    pub exclusive: bool,
+    /// Its locks (paths), each with whether it wants it exclusively.
+    pub locks: &'a [(String, bool)],
 }
 
 /// How long a release waits in the registry for the grant that ends its handoff.
@@ -64,21 +65,47 @@ struct Inner {
 /// Why a grant has to wait.
 #[derive(Debug, PartialEq, Eq)]
 pub enum GrantBlocked {
-    /// This claim, recorded Held in the lock, conflicts with the grant: its final status first.
+    /// This claim, recorded Held in one of the locks, conflicts with the grant: its final
+    /// status first.
     Holder(Uid),
     /// This claim's status may still receive a deposed leader's write: this term's first.
     Unstamped(Uid),
+}
+
+/// A claim's locks (paths), each with whether it wants it exclusively: one, without an
+/// allocation of its own, or several.
+#[derive(Clone, Debug)]
+enum Locks {
+    One(Arc<str>, bool),
+    Several(Box<[(Arc<str>, bool)]>),
+}
+
+impl Locks {
+    fn iter(&self) -> impl Iterator<Item = (&Arc<str>, bool)> {
+        let (one, several) = match self {
+            Locks::One(lock, exclusive) => (Some((lock, *exclusive)), &[][..]),
+            Locks::Several(locks) => (None, &locks[..]),
+        };
+        one.into_iter().chain(several.iter().map(|(lock, exclusive)| (lock, *exclusive)))
+    }
+
+    fn exclusive_in(&self, lock: &str) -> Option<bool> {
+        self.iter().find(|(l, _)| ***l == *lock).map(|(_, exclusive)| exclusive)
+    }
+
+    fn same(&self, locks: &[(String, bool)]) -> bool {
+        self.iter().count() == locks.len() && self.iter().zip(locks).all(|((a, x), (b, y))| **a == **b && x == *y)
+    }
 }
 
 struct Claim {
     name: Box<str>,
     namespace: Arc<str>,
     /// Empty until the claim is validated.
-    lock: Arc<str>,
+    locks: Locks,
     pod: Option<Box<str>>,
     /// The phase last written by the operator, or the one the claim had when first seen.
     phase: Option<Phase>,
-    exclusive: bool,
     /// The order in which the claim watch first delivered it (creation order for claims
     /// created while the operator runs).
     seen: u64,
@@ -88,16 +115,25 @@ struct Claim {
     /// The resourceVersion of the copy the operator's last successful status write was planned
     /// from: a copy with this version is older than that write (the watch brings the newer one).
     planned_from: Option<Box<str>>,
-    /// The lock in whose `unstamped` set the claim waits for this term's first write.
-    unstamped: Option<Arc<str>>,
+    /// The claim waits, in the `unstamped` sets of its locks, for this term's first write.
+    unstamped: bool,
     /// Why re-anchoring could not keep its hold.
     verdict: Option<Box<str>>,
 }
 
 impl Inner {
+    fn intern_locks(&mut self, locks: &[(String, bool)]) -> Locks {
+        match locks {
+            [(lock, exclusive)] => Locks::One(self.intern(lock), *exclusive),
+            several => {
+                Locks::Several(several.iter().map(|(lock, exclusive)| (self.intern(lock), *exclusive)).collect())
+            }
+        }
+    }
+
     /// Enters a claim not seen before, in first-seen order; returns its place in that order,
     /// or `None` when it was known already.
-    fn enter(&mut self, uid: &Uid, name: &str, namespace: &str, lock: &str, exclusive: bool) -> Option<u64> {
+    fn enter(&mut self, uid: &Uid, name: &str, namespace: &str, locks: &[(String, bool)]) -> Option<u64> {
         if self.claims.contains_key(uid) {
             return None;
         }
@@ -105,14 +141,13 @@ impl Inner {
         let claim = Claim {
             name: name.into(),
             namespace: self.intern(namespace),
-            lock: self.intern(lock),
+            locks: self.intern_locks(locks),
             pod: None,
             phase: None,
-            exclusive,
             seen: self.next_seen,
             written: false,
             planned_from: None,
-            unstamped: None,
+            unstamped: false,
             verdict: None,
         };
         self.claims.insert(uid.clone(), claim);
@@ -136,15 +171,29 @@ impl Inner {
         }
     }
 
-    fn unstamp(&mut self, uid: &str, lock: Arc<str>) {
-        if let Some(claims) = self.unstamped.get_mut(&lock) {
-            claims.remove(uid);
-            if claims.is_empty() {
-                self.unstamped.remove(&lock);
-            }
+    fn unintern_locks(&mut self, locks: Locks) {
+        let locks: Vec<Arc<str>> = locks.iter().map(|(l, _)| l.clone()).collect();
+        for lock in locks {
+            self.unintern(lock);
         }
-        self.wake_blocked(&lock);
-        self.unintern(lock);
+    }
+
+    /// Claim `uid` waits for no stamp any more: out of its locks' `unstamped` sets.
+    fn unstamp(&mut self, uid: &str) {
+        let Some(claim) = self.claims.get_mut(uid) else { return };
+        if !std::mem::replace(&mut claim.unstamped, false) {
+            return;
+        }
+        let locks: Vec<Arc<str>> = claim.locks.iter().map(|(l, _)| l.clone()).collect();
+        for lock in locks {
+            if let Some(claims) = self.unstamped.get_mut(&lock) {
+                claims.remove(uid);
+                if claims.is_empty() {
+                    self.unstamped.remove(&lock);
+                }
+            }
+            self.wake_blocked(&lock);
+        }
     }
 
     /// Something a refused grant in `lock` waited for went away: those claims are reconciled
@@ -159,10 +208,10 @@ impl Inner {
         }
     }
 
-    /// Takes claim `uid` out of its lock's admission gate.
-    fn leave_gates(&mut self, uid: &str) {
-        let Some(lock) = self.claims.get(uid).map(|c| c.lock.clone()) else { return };
-        self.gates.leave(&lock, uid);
+    /// Takes claim `uid` out of its locks' admission gates; answers who is first there now.
+    fn leave_gates(&mut self, uid: &str) -> Vec<Uid> {
+        let Some(locks) = self.claims.get(uid).map(|c| c.locks.clone()) else { return vec![] };
+        locks.iter().filter_map(|(lock, _)| self.gates.leave(lock, uid)).collect()
     }
 
     fn set_phase(&mut self, uid: &str, phase: Option<Phase>) {
@@ -171,27 +220,49 @@ impl Inner {
         if old == phase {
             return;
         }
-        let lock = c.lock.clone();
+        let locks = c.locks.clone();
         self.count(old, -1);
         self.count(phase, 1);
         if phase == Some(Phase::Held) {
             if let Some(key) = self.claims.get_key_value(uid).map(|(k, _)| k.clone()) {
-                self.held.entry(lock).or_default().push(key);
-            }
-        } else if old == Some(Phase::Held) {
-            if let Some(holders) = self.held.get_mut(&lock) {
-                holders.retain(|h| **h != *uid);
-                if holders.is_empty() {
-                    self.held.remove(&lock);
+                for (lock, _) in locks.iter() {
+                    self.held.entry(lock.clone()).or_default().push(key.clone());
                 }
             }
-            self.wake_blocked(&lock);
+        } else if old == Some(Phase::Held) {
+            for (lock, _) in locks.iter() {
+                if let Some(holders) = self.held.get_mut(lock) {
+                    holders.retain(|h| **h != *uid);
+                    if holders.is_empty() {
+                        self.held.remove(lock);
+                    }
+                }
+                self.wake_blocked(lock);
+            }
         }
     }
 
     fn count(&mut self, phase: Option<Phase>, by: i64) {
         if let Some(phase) = phase {
             *self.counts.entry(phase).or_insert(0) += by;
+        }
+    }
+
+    /// The claim recorded Held in `lock` that a grant to `uid` (exclusive or not, under
+    /// `limit`) conflicts with, if any.
+    fn conflict(&self, uid: &str, lock: &str, exclusive: bool, limit: Limit) -> Option<Uid> {
+        let holders = self.held.get(lock)?;
+        let mut others = holders.iter().filter(|other| ***other != *uid);
+        match limit {
+            Limit::Permits(n) => {
+                let taken = others.clone().count();
+                (taken >= n.get() as usize).then(|| others.next().cloned()).flatten()
+            }
+            Limit::Mutex => others
+                .find(|other| {
+                    exclusive || self.claims.get(*other).and_then(|c| c.locks.exclusive_in(lock)).unwrap_or(true)
+                })
+                .cloned(),
         }
     }
 }
@@ -201,26 +272,34 @@ impl Registry {
         self.inner.lock()
     }
 
-    /// Records (or refreshes) a claim the operator serves.
-    pub fn observe(&self, uid: &Uid, name: &str, namespace: &str, lock: &str, exclusive: bool, pod: Option<&str>) {
+    /// Records (or refreshes) a claim the operator serves, with its locks (paths, each with
+    /// whether it is wanted exclusively; none while the claim is invalid).
+    pub fn observe(&self, uid: &Uid, name: &str, namespace: &str, locks: &[(String, bool)], pod: Option<&str>) {
         let mut inner = self.lock();
         if let Some(pod) = pod {
             inner.by_pod.entry((namespace.to_string(), pod.to_string())).or_default().insert(uid.clone());
         }
-        inner.enter(uid, name, namespace, lock, exclusive);
-        let changed_lock = inner.claims.get(uid).is_some_and(|c| *c.lock != *lock);
-        if changed_lock {
-            // Out of the old lock's indexes first (a claim turned invalid keeps no hold or
-            // gate there), back in under the new one.
+        inner.enter(uid, name, namespace, locks);
+        let changed = inner.claims.get(uid).is_some_and(|c| !c.locks.same(locks));
+        if changed {
+            // Out of the old locks' indexes first (a claim turned invalid keeps no hold, gate
+            // or stamp there), back in under the new ones.
             let phase = inner.claims.get(uid).and_then(|c| c.phase);
+            let unstamped = inner.claims.get(uid).is_some_and(|c| c.unstamped);
             inner.set_phase(uid, None);
+            inner.unstamp(uid);
             inner.leave_gates(uid);
-            let shared = inner.intern(lock);
+            let shared = inner.intern_locks(locks);
             if let Some(claim) = inner.claims.get_mut(uid) {
-                let old = std::mem::replace(&mut claim.lock, shared);
-                inner.unintern(old);
+                let old = std::mem::replace(&mut claim.locks, shared);
+                inner.unintern_locks(old);
             }
             inner.set_phase(uid, phase);
+            if unstamped {
+                drop(inner);
+                self.expect_stamp(uid);
+                inner = self.lock();
+            }
         }
         if let Some(claim) = inner.claims.get_mut(uid) {
             if claim.pod.as_deref() != pod {
@@ -239,27 +318,21 @@ impl Registry {
         self.lock().claims.get(uid).and_then(|c| c.phase)
     }
 
-    /// Reserves a grant: records `uid` as Held in `lock` unless another claim recorded Held
-    /// there conflicts with it (one of the two exclusive; with permits, all of them taken), or
-    /// another claim of the lock may still receive a deposed leader's status write. Check and record are one step, so two
-    /// grants in flight cannot both pass. A grant whose write fails is rolled back with
+    /// Reserves a grant: records `uid` as Held in all its locks unless, in one of them (given
+    /// with its limit), another claim recorded Held conflicts with it (one of the two
+    /// exclusive; with permits, all of them taken), or another claim may still receive a
+    /// deposed leader's status write. Check and record are one step, so two grants in flight
+    /// cannot both pass. A grant whose write fails is rolled back with
     /// [`Registry::set_phase`] to the phase the claim had.
-    pub fn reserve_grant(&self, uid: &str, lock: &str, exclusive: bool, limit: Limit) -> Result<(), GrantBlocked> {
+    pub fn reserve_grant(&self, uid: &str, locks: &[(&str, bool, Limit)]) -> Result<(), GrantBlocked> {
         let mut inner = self.lock();
-        let conflict = inner.held.get(lock).and_then(|holders| {
-            let mut others = holders.iter().filter(|other| ***other != *uid);
-            match limit {
-                Limit::Permits(n) => {
-                    let taken = others.clone().count();
-                    (taken >= n.get() as usize).then(|| others.next().cloned()).flatten()
-                }
-                Limit::Mutex => {
-                    others.find(|other| exclusive || inner.claims.get(*other).is_none_or(|c| c.exclusive)).cloned()
-                }
-            }
-        });
-        let unstamped = || inner.unstamped.get(lock).and_then(|claims| claims.iter().find(|c| ***c != *uid).cloned());
-        let blocked = match conflict {
+        let holder = locks.iter().find_map(|(lock, exclusive, limit)| inner.conflict(uid, lock, *exclusive, *limit));
+        let unstamped = || {
+            locks.iter().find_map(|(lock, _, _)| {
+                inner.unstamped.get(*lock).and_then(|claims| claims.iter().find(|c| ***c != *uid).cloned())
+            })
+        };
+        let blocked = match holder {
             Some(other) => GrantBlocked::Holder(other),
             None => match unstamped() {
                 Some(other) => GrantBlocked::Unstamped(other),
@@ -269,8 +342,10 @@ impl Registry {
                 }
             },
         };
-        if let Some((key, lock)) = inner.claims.get_key_value(uid).map(|(k, c)| (k.clone(), c.lock.clone())) {
-            inner.blocked.entry(lock).or_default().insert(key);
+        if let Some((key, claim_locks)) = inner.claims.get_key_value(uid).map(|(k, c)| (k.clone(), c.locks.clone())) {
+            for (lock, _) in claim_locks.iter() {
+                inner.blocked.entry(lock.clone()).or_default().insert(key.clone());
+            }
         }
         Err(blocked)
     }
@@ -280,16 +355,19 @@ impl Registry {
         self.lock().waker = Some(waker);
     }
 
-    /// Claim `uid` of `lock` was listed at the start of this term, not final, without this
-    /// term's epoch in its status: see `Inner::unstamped`.
-    pub fn expect_stamp(&self, uid: &Uid, lock: &str) {
+    /// Claim `uid` was listed at the start of this term, not final, without this term's epoch
+    /// in its status: see `Inner::unstamped`.
+    pub fn expect_stamp(&self, uid: &Uid) {
         let mut inner = self.lock();
-        let lock = inner.intern(lock);
-        let Some(claim) = inner.claims.get_mut(uid) else { return inner.unintern(lock) };
-        if let Some(old) = claim.unstamped.replace(lock.clone()) {
-            inner.unstamp(uid, old);
+        let Some((key, claim)) = inner.claims.get_key_value(uid).map(|(k, c)| (k.clone(), c.locks.clone())) else {
+            return;
+        };
+        for (lock, _) in claim.iter() {
+            inner.unstamped.entry(lock.clone()).or_default().insert(key.clone());
         }
-        inner.unstamped.entry(lock).or_default().insert(uid.clone());
+        if let Some(claim) = inner.claims.get_mut(uid) {
+            claim.unstamped = true;
+        }
     }
 
     /// Claim `uid`'s status carries this term's epoch now (`written`: by this operator's own
@@ -298,9 +376,7 @@ impl Registry {
         let mut inner = self.lock();
         let Some(claim) = inner.claims.get_mut(uid) else { return };
         claim.written |= written;
-        if let Some(lock) = claim.unstamped.take() {
-            inner.unstamp(uid, lock);
-        }
+        inner.unstamp(uid);
     }
 
     /// Whether the operator wrote claim `uid`'s status in this term.
@@ -324,48 +400,55 @@ impl Registry {
     }
 
     /// Notes the order in which the claim watch delivers claims. A claim not yet in any queue
-    /// (`pending`) joins its lock's admission gate at once, so that claims created after it
+    /// (`pending`) joins its locks' admission gates at once, so that claims created after it
     /// wait for it even before its first reconcile asks to enqueue.
     pub fn first_seen(&self, uid: &Uid, seen_as: Seen<'_>, created: i64, phase: Option<Phase>) {
-        let Seen { name, namespace, lock, exclusive } = seen_as;
+        let Seen { name, namespace, locks } = seen_as;
         let mut inner = self.lock();
-        let Some(seen) = inner.enter(uid, name, namespace, lock, exclusive) else { return };
+        let Some(seen) = inner.enter(uid, name, namespace, locks) else { return };
         // Known from the start, so that a grant made before this claim's first reconcile (after
         // a restart, say) still sees a recorded holder.
         inner.set_phase(uid, phase);
         let pending = matches!(phase, None | Some(Phase::Pending));
         if pending {
-            inner.gates.arrive(lock, (created, seen), uid);
+            for (lock, _) in locks {
+                inner.gates.arrive(lock, (created, seen), uid);
+            }
         }
     }
 
-    /// Asks to enqueue claim `uid` on `lock`; true when it is first at the lock's admission gate.
-    pub fn may_enqueue(&self, lock: &str, uid: &Uid, created: i64) -> bool {
+    /// Asks to enqueue claim `uid`; true when it is first at the admission gate of every one of
+    /// its locks (it arrives at each, so that later claims wait for it there).
+    pub fn may_enqueue(&self, uid: &Uid, created: i64) -> bool {
         let mut inner = self.lock();
-        let seen = inner.claims.get(uid).map_or(u64::MAX, |c| c.seen);
-        inner.gates.may_enqueue(lock, (created, seen), uid)
+        let Some((seen, locks)) = inner.claims.get(uid).map(|c| (c.seen, c.locks.clone())) else { return true };
+        let mut first = true;
+        for (lock, _) in locks.iter() {
+            first &= inner.gates.may_enqueue(lock, (created, seen), uid);
+        }
+        first
     }
 
-    /// The claim entered the queue, or cannot enter it now (waiting for its holder pod, or
-    /// final): it leaves the gate. Returns the claim that is first in the gate now.
-    pub fn leave_gate(&self, lock: &str, uid: &str) -> Option<String> {
+    /// The claim entered the queues, or cannot enter them now (waiting for its holder pod, or
+    /// final): it leaves its gates. Returns the claims first at them now.
+    pub fn leave_gates(&self, uid: &str) -> Vec<String> {
         let mut inner = self.lock();
-        let next = inner.gates.leave(lock, uid)?;
-        inner.claims.contains_key(&next).then(|| next.to_string())
+        let next = inner.leave_gates(uid);
+        next.into_iter().filter(|n| inner.claims.contains_key(n)).map(|n| n.to_string()).collect()
     }
 
     pub fn forget(&self, uid: &str) {
         let mut inner = self.lock();
         inner.leave_gates(uid);
         inner.set_phase(uid, None);
-        if let Some(mut claim) = inner.claims.remove(uid) {
-            if let Some(lock) = claim.unstamped.take() {
-                inner.unstamp(uid, lock);
-            }
-            if let Some(blocked) = inner.blocked.get_mut(&claim.lock) {
-                blocked.remove(uid);
-                if blocked.is_empty() {
-                    inner.blocked.remove(&claim.lock);
+        inner.unstamp(uid);
+        if let Some(claim) = inner.claims.remove(uid) {
+            for (lock, _) in claim.locks.iter() {
+                if let Some(blocked) = inner.blocked.get_mut(lock) {
+                    blocked.remove(uid);
+                    if blocked.is_empty() {
+                        inner.blocked.remove(lock);
+                    }
                 }
             }
             inner.count(claim.phase, -1);
@@ -379,7 +462,7 @@ impl Registry {
                 }
             }
             inner.unintern(claim.namespace);
-            inner.unintern(claim.lock);
+            inner.unintern_locks(claim.locks);
         }
     }
 
@@ -417,8 +500,12 @@ impl Registry {
     /// Locks with at least one claim recorded as Waiting.
     pub fn locks_with_waiters(&self) -> Vec<String> {
         let inner = self.lock();
-        let set: HashSet<&str> =
-            inner.claims.values().filter(|c| c.phase == Some(Phase::Waiting)).map(|c| &*c.lock).collect();
+        let set: HashSet<&str> = inner
+            .claims
+            .values()
+            .filter(|c| c.phase == Some(Phase::Waiting))
+            .flat_map(|c| c.locks.iter().map(|(l, _)| &**l))
+            .collect();
         set.into_iter().map(str::to_string).collect()
     }
 
@@ -454,56 +541,68 @@ impl Registry {
 mod tests {
     use super::*;
 
-    fn seen(lock: &str, exclusive: bool) -> Seen<'_> {
-        Seen { name: "c", namespace: "ns", lock, exclusive }
+    fn seen(locks: &[(String, bool)]) -> Seen<'_> {
+        Seen { name: "c", namespace: "ns", locks }
+    }
+
+    fn one(lock: &str, exclusive: bool) -> Vec<(String, bool)> {
+        vec![(lock.to_string(), exclusive)]
     }
 
     #[test]
     fn a_grant_conflicts_with_a_recorded_holder_until_its_final_status() {
         let r = Registry::default();
         let (a, b, c): (Uid, Uid, Uid) = ("a".into(), "b".into(), "c".into());
-        r.first_seen(&a, seen("/l", true), 1, Some(Phase::Held));
-        r.first_seen(&b, seen("/l", true), 2, Some(Phase::Waiting));
-        r.first_seen(&c, seen("/other", true), 3, Some(Phase::Held));
-        assert_eq!(r.reserve_grant("b", "/l", true, Limit::Mutex), Err(GrantBlocked::Holder("a".into())));
+        r.first_seen(&a, seen(&one("/l", true)), 1, Some(Phase::Held));
+        r.first_seen(&b, seen(&one("/l", true)), 2, Some(Phase::Waiting));
+        r.first_seen(&c, seen(&one("/other", true)), 3, Some(Phase::Held));
+        assert_eq!(r.reserve_grant("b", &[("/l", true, Limit::Mutex)]), Err(GrantBlocked::Holder("a".into())));
         assert_eq!(r.known_phase("b"), Some(Phase::Waiting), "a refused grant records nothing");
-        assert_eq!(r.reserve_grant("a", "/l", true, Limit::Mutex), Ok(()), "a holder does not conflict with itself");
-        r.set_phase("a", Some(Phase::Lost));
-        assert_eq!(r.reserve_grant("b", "/l", true, Limit::Mutex), Ok(()), "once its final status is written");
         assert_eq!(
-            r.reserve_grant("c", "/l", true, Limit::Mutex),
+            r.reserve_grant("a", &[("/l", true, Limit::Mutex)]),
+            Ok(()),
+            "a holder does not conflict with itself"
+        );
+        r.set_phase("a", Some(Phase::Lost));
+        assert_eq!(r.reserve_grant("b", &[("/l", true, Limit::Mutex)]), Ok(()), "once its final status is written");
+        assert_eq!(
+            r.reserve_grant("c", &[("/l", true, Limit::Mutex)]),
             Err(GrantBlocked::Holder("b".into())),
             "the reservation itself counts"
         );
         r.set_phase("b", Some(Phase::Waiting));
-        assert_eq!(r.reserve_grant("c", "/l", true, Limit::Mutex), Ok(()), "a rolled-back reservation frees the lock");
+        assert_eq!(
+            r.reserve_grant("c", &[("/l", true, Limit::Mutex)]),
+            Ok(()),
+            "a rolled-back reservation frees the lock"
+        );
         r.forget("c");
-        assert_eq!(r.reserve_grant("x", "/l", true, Limit::Mutex), Ok(()), "a forgotten claim holds nothing");
+        assert_eq!(r.reserve_grant("x", &[("/l", true, Limit::Mutex)]), Ok(()), "a forgotten claim holds nothing");
     }
 
     #[test]
     fn shared_holders_conflict_only_with_an_exclusive_one() {
         let r = Registry::default();
         let (s1, s2): (Uid, Uid) = ("s1".into(), "s2".into());
-        r.first_seen(&s1, seen("/l", false), 1, Some(Phase::Held));
-        r.first_seen(&s2, seen("/l", false), 2, Some(Phase::Waiting));
-        assert_eq!(r.reserve_grant("s2", "/l", false, Limit::Mutex), Ok(()), "shared beside shared");
+        r.first_seen(&s1, seen(&one("/l", false)), 1, Some(Phase::Held));
+        r.first_seen(&s2, seen(&one("/l", false)), 2, Some(Phase::Waiting));
+        assert_eq!(r.reserve_grant("s2", &[("/l", false, Limit::Mutex)]), Ok(()), "shared beside shared");
         let three = Limit::from_permits(Some(3));
         for (i, uid) in ["e3", "e4"].into_iter().enumerate() {
-            r.first_seen(&Uid::from(uid), seen("/l", true), 3 + i as i64, Some(Phase::Waiting));
+            r.first_seen(&Uid::from(uid), seen(&one("/l", true)), 3 + i as i64, Some(Phase::Waiting));
         }
-        assert_eq!(r.reserve_grant("e3", "/l", true, three), Ok(()), "a third permit beside two holders");
+        assert_eq!(r.reserve_grant("e3", &[("/l", true, three)]), Ok(()), "a third permit beside two holders");
         assert_eq!(
-            r.reserve_grant("e4", "/l", true, three),
+            r.reserve_grant("e4", &[("/l", true, three)]),
             Err(GrantBlocked::Holder("s1".into())),
             "no fourth of three"
         );
-        assert_eq!(r.reserve_grant("e4", "/l", true, Limit::from_permits(Some(4))), Ok(()));
+        assert_eq!(r.reserve_grant("e4", &[("/l", true, Limit::from_permits(Some(4)))]), Ok(()));
         for uid in ["e3", "e4"] {
             r.set_phase(uid, Some(Phase::Released));
         }
         assert_eq!(
-            r.reserve_grant("x", "/l", true, Limit::Mutex),
+            r.reserve_grant("x", &[("/l", true, Limit::Mutex)]),
             Err(GrantBlocked::Holder("s1".into())),
             "exclusive beside shared"
         );
@@ -513,11 +612,11 @@ mod tests {
     fn gates_are_kept_only_for_locks_with_claims_waiting_at_them() {
         let r = Registry::default();
         let (a, b): (Uid, Uid) = ("a".into(), "b".into());
-        r.first_seen(&a, seen("/l", true), 1, None);
-        r.first_seen(&b, seen("/m", true), 1, None);
+        r.first_seen(&a, seen(&one("/l", true)), 1, None);
+        r.first_seen(&b, seen(&one("/m", true)), 1, None);
         assert_eq!(r.lock().gates.len(), 2);
         r.forget("a");
-        assert!(r.leave_gate("/m", "b").is_none());
+        assert!(r.leave_gates("b").is_empty());
         assert_eq!(r.lock().gates.len(), 0, "no empty gate left behind");
         r.forget("b");
         assert!(r.lock().claims.is_empty() && r.lock().held.is_empty());
@@ -527,26 +626,26 @@ mod tests {
     fn no_grant_while_a_claim_of_the_lock_may_still_receive_a_deposed_leaders_write() {
         let r = Registry::default();
         let (a, b, c): (Uid, Uid, Uid) = ("a".into(), "b".into(), "c".into());
-        r.first_seen(&a, seen("/l", true), 1, Some(Phase::Waiting));
-        r.first_seen(&b, seen("/l", true), 2, Some(Phase::Waiting));
-        r.first_seen(&c, seen("/other", true), 3, Some(Phase::Waiting));
-        r.expect_stamp(&a, "/l");
-        r.expect_stamp(&b, "/l");
-        r.expect_stamp(&c, "/other");
-        assert_eq!(r.reserve_grant("a", "/l", true, Limit::Mutex), Err(GrantBlocked::Unstamped("b".into())));
+        r.first_seen(&a, seen(&one("/l", true)), 1, Some(Phase::Waiting));
+        r.first_seen(&b, seen(&one("/l", true)), 2, Some(Phase::Waiting));
+        r.first_seen(&c, seen(&one("/other", true)), 3, Some(Phase::Waiting));
+        r.expect_stamp(&a);
+        r.expect_stamp(&b);
+        r.expect_stamp(&c);
+        assert_eq!(r.reserve_grant("a", &[("/l", true, Limit::Mutex)]), Err(GrantBlocked::Unstamped("b".into())));
         assert!(!r.written("b"));
         r.stamped("b", true);
         assert!(r.written("b"));
         assert_eq!(
-            r.reserve_grant("b", "/l", true, Limit::Mutex),
+            r.reserve_grant("b", &[("/l", true, Limit::Mutex)]),
             Err(GrantBlocked::Unstamped("a".into())),
             "nor for b"
         );
-        assert_eq!(r.reserve_grant("a", "/l", true, Limit::Mutex), Ok(()), "its own stamp is the grant's write");
+        assert_eq!(r.reserve_grant("a", &[("/l", true, Limit::Mutex)]), Ok(()), "its own stamp is the grant's write");
         r.stamped("a", true);
         r.forget("c");
         assert!(r.lock().unstamped.is_empty(), "a deleted claim is awaited no more");
-        r.expect_stamp(&b, "/l");
+        r.expect_stamp(&b);
         r.stamped("b", false);
         assert!(r.lock().unstamped.is_empty(), "read with this term's epoch, or final");
     }
@@ -555,9 +654,9 @@ mod tests {
     fn a_claim_that_turns_invalid_leaves_its_locks_indexes() {
         let r = Registry::default();
         let a: Uid = "a".into();
-        r.first_seen(&a, seen("/l", true), 1, Some(Phase::Held));
-        r.observe(&a, "c", "ns", "", false, None);
-        assert_eq!(r.reserve_grant("b", "/l", true, Limit::Mutex), Ok(()), "no hold left behind under /l");
+        r.first_seen(&a, seen(&one("/l", true)), 1, Some(Phase::Held));
+        r.observe(&a, "c", "ns", &[], None);
+        assert_eq!(r.reserve_grant("b", &[("/l", true, Limit::Mutex)]), Ok(()), "no hold left behind under /l");
         r.forget("a");
         assert!(!r.lock().held.contains_key(""));
     }
@@ -566,11 +665,38 @@ mod tests {
     fn the_known_phase_is_the_last_written_one() {
         let r = Registry::default();
         let a: Uid = "a".into();
-        r.first_seen(&a, seen("/l", true), 1, Some(Phase::Waiting));
+        r.first_seen(&a, seen(&one("/l", true)), 1, Some(Phase::Waiting));
         assert_eq!(r.known_phase("a"), Some(Phase::Waiting));
         r.set_phase("a", Some(Phase::Expired));
         // A later first sighting (a re-list) does not overwrite what the operator wrote.
-        r.first_seen(&a, seen("/l", true), 1, Some(Phase::Waiting));
+        r.first_seen(&a, seen(&one("/l", true)), 1, Some(Phase::Waiting));
         assert_eq!(r.known_phase("a"), Some(Phase::Expired));
+    }
+
+    #[test]
+    fn a_claim_over_several_locks_is_granted_in_all_or_none_and_waits_at_every_gate() {
+        let r = Registry::default();
+        let (m, s, t): (Uid, Uid, Uid) = ("m".into(), "s".into(), "t".into());
+        let both = vec![("/a".to_string(), true), ("/b".to_string(), false)];
+        r.first_seen(&s, seen(&one("/b", true)), 1, None);
+        r.first_seen(&m, seen(&both), 2, None);
+        r.first_seen(&t, seen(&one("/a", true)), 3, None);
+        assert!(!r.may_enqueue(&m, 2), "s, created earlier, is first at /b");
+        assert!(!r.may_enqueue(&t, 3), "m waits at /a too, ahead of t");
+        assert_eq!(r.leave_gates("s"), ["m"]);
+        assert!(r.may_enqueue(&m, 2), "first at both gates");
+        assert_eq!(r.leave_gates("m"), ["t"]);
+        r.set_phase("s", Some(Phase::Held));
+        let grant = [("/a", true, Limit::Mutex), ("/b", false, Limit::Mutex)];
+        assert_eq!(r.reserve_grant("m", &grant), Err(GrantBlocked::Holder("s".into())), "s holds /b exclusively");
+        assert_eq!(r.known_phase("m"), None, "nothing reserved in /a either");
+        assert_eq!(r.reserve_grant("t", &[("/a", true, Limit::Mutex)]), Ok(()));
+        r.set_phase("t", Some(Phase::Released));
+        r.set_phase("s", Some(Phase::Released));
+        assert_eq!(r.reserve_grant("m", &grant), Ok(()));
+        assert_eq!(r.reserve_grant("t", &[("/a", true, Limit::Mutex)]), Err(GrantBlocked::Holder("m".into())));
+        assert_eq!(r.reserve_grant("x", &[("/b", false, Limit::Mutex)]), Ok(()), "shared beside m's shared part");
+        r.forget("m");
+        assert!(!r.lock().held.contains_key("/a"), "a forgotten claim holds nothing in any lock");
     }
 }

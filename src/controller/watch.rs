@@ -78,10 +78,14 @@ fn first_seen(ctx: &Context, claim: &KeptClaim) {
     }
     let uid = ctx.engine.id(uid).unwrap_or_else(|| uid.into());
     let phase = claim.phase();
-    let lock = ctx.lock_path(namespace, &claim.spec.lock_name);
+    let locks: Vec<(String, bool)> = claim
+        .spec
+        .lock_refs()
+        .iter()
+        .map(|l| (ctx.lock_path(namespace, &l.lock_name), l.mode == Mode::Exclusive))
+        .collect();
     let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
-    let exclusive = claim.spec.mode == Mode::Exclusive;
-    ctx.registry.first_seen(&uid, Seen { name, namespace, lock: &lock, exclusive }, created, phase);
+    ctx.registry.first_seen(&uid, Seen { name, namespace, locks: &locks }, created, phase);
 }
 
 /// Holder pods, metadata only: any change to one (or its deletion) reconciles the claims it
@@ -123,9 +127,10 @@ pub async fn release_orphans(ctx: Arc<Context>, mut orphans: mpsc::UnboundedRece
         if ctx.is_served(&uid) {
             continue;
         }
-        if ctx.engine.state(&uid).is_some() {
+        let parts = ctx.parts_tracked(&uid);
+        if !parts.is_empty() {
             tracing::warn!(uid = %uid, "a claim was deleted without its finalizer; releasing its znode");
-            if let Err(error) = ctx.engine.release(&uid).await {
+            if let Err(error) = ctx.engine.release_group(&super::parts::ids(&parts)).await {
                 tracing::warn!(uid = %uid, %error, "could not release an orphaned znode; retrying");
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 ctx.orphan(&uid);

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 use zookeeper_client as zk;
 
 use super::anchor;
-use super::book::Book;
+use super::book::{Book, Member};
 use super::contender::{ContenderSpec, ContenderState, EngineEvent, QueueEntry, Reanchored, Recorded, SessionEvent};
 use super::core::{Core, WindowGuard};
 use super::data;
@@ -169,27 +169,49 @@ impl LockEngine {
     /// needed), decides once, and from then on follows the recipe; answers the first decision.
     /// Enqueueing an id the engine already tracks answers where it stands.
     pub async fn enqueue(&self, spec: ContenderSpec) -> Result<ContenderState, Error> {
-        if !recipe::is_contender_id(&spec.id) {
-            return Err(Error::BadContenderId(spec.id.to_string()));
+        let mut states = self.enqueue_group(vec![spec]).await?;
+        Ok(states.pop().unwrap_or(ContenderState::Released))
+    }
+
+    /// Puts a group of contenders (one claim over several locks, one contender per lock) in
+    /// the queues of their locks at once: their nodes are made in one multi-op, so that any two
+    /// groups stand in the same relative order in every lock they share (DESIGN.md §5c). Each
+    /// contender then follows its lock's recipe on its own; answers each one's first decision,
+    /// in the order given. A group the engine already tracks answers where it stands.
+    pub async fn enqueue_group(&self, specs: Vec<ContenderSpec>) -> Result<Vec<ContenderState>, Error> {
+        for spec in &specs {
+            if !recipe::is_contender_id(&spec.id) {
+                return Err(Error::BadContenderId(spec.id.to_string()));
+            }
+            if !is_lock_path(&spec.lock) {
+                return Err(Error::BadLockPath(spec.lock.clone()));
+            }
         }
-        if !is_lock_path(&spec.lock) {
-            return Err(Error::BadLockPath(spec.lock));
-        }
-        if let Some(state) = self.core.book.lock().contenders.get(&*spec.id).map(|m| m.state()) {
-            return Ok(state);
+        {
+            let book = self.core.book.lock();
+            let known: Vec<ContenderState> =
+                specs.iter().filter_map(|s| book.contenders.get(&*s.id).map(|m| m.state())).collect();
+            if !known.is_empty() {
+                return Ok(known);
+            }
         }
         let client = self.core.client()?;
         if !self.core.is_admitted(client.session_id().0) {
             return Err(Error::NotAdmitted);
         }
-        // The window first: it enters the lock in the book, which keeps the parent's watch.
-        let guard = WindowGuard::open(&self.core, &spec.lock);
-        self.core.watch_parent(&client, &spec.lock).await?;
-        let name = ops::create_adopting(&client, &self.core, &spec).await?;
-        let (lock, window) = guard.disarm();
-        let registered = self.core.register(&client, &lock, window, vec![(spec, name, false)])?;
-        let mut settled = self.core.settle(registered).await;
-        Ok(settled.pop().map_or(ContenderState::Released, |(_, state)| state))
+        // The windows first: they enter the locks in the book, which keeps the parents' watches.
+        let guards: Vec<WindowGuard> = specs.iter().map(|s| WindowGuard::open(&self.core, &s.lock)).collect();
+        for spec in &specs {
+            self.core.watch_parent(&client, &spec.lock).await?;
+        }
+        let names = ops::create_adopting(&client, &self.core, &specs).await?;
+        let mut registered = Vec::with_capacity(specs.len());
+        for ((spec, name), guard) in specs.into_iter().zip(names).zip(guards) {
+            let (lock, window) = guard.disarm();
+            registered.extend(self.core.register(&client, &lock, window, vec![(spec, name, false)])?);
+        }
+        let settled = self.core.settle(registered).await;
+        Ok(settled.into_iter().map(|(_, state)| state).collect())
     }
 
     /// Re-anchors a lock after a new session (DESIGN.md §3): in one multi-op guarded by the
@@ -241,46 +263,64 @@ impl LockEngine {
     /// loss until ZooKeeper confirms. The delete goes on even if the caller stops waiting.
     /// Returns false when the engine did not track `id` (already released or lost).
     pub async fn release(&self, id: &str) -> Result<bool, Error> {
+        self.release_group(&[id]).await
+    }
+
+    /// Lets a group go (one claim over several locks): deletes all its nodes in one multi-op,
+    /// retrying until ZooKeeper confirms. Returns false when the engine tracked none of them.
+    pub async fn release_group(&self, ids: &[&str]) -> Result<bool, Error> {
         let core = self.core.clone();
-        // Out of the book first: the deletion event that follows is then nobody's loss.
-        let taken = {
+        // Out of the book first: the deletion events that follow are then nobody's loss.
+        let taken: Vec<(Arc<str>, Box<Member>)> = {
             let mut book = core.book.lock();
-            // A lost contender's node is gone already: forgetting the loss is its release.
-            book.lost.remove(id);
-            book.take(id)
+            ids.iter()
+                .filter_map(|id| {
+                    // A lost contender's node is gone already: forgetting the loss is its release.
+                    book.lost.remove(*id);
+                    book.take(id)
+                })
+                .collect()
         };
-        let Some((key, member)) = taken else { return Ok(false) };
-        let client = core.session.lock().clone().filter(|c| c.session_id().0 == member.session_id);
-        let Some(client) = client else {
-            // The node's session is over, and ephemeral nodes ended with it.
+        if taken.is_empty() {
+            return Ok(false);
+        }
+        let session = core.session.lock().clone();
+        // Nodes of a session that is over ended with it.
+        let (live, ended): (Vec<_>, Vec<_>) =
+            taken.into_iter().partition(|(_, m)| session.as_ref().is_some_and(|c| c.session_id().0 == m.session_id));
+        for (key, member) in ended {
             core.publish(&key, &member.state(), ContenderState::Released);
-            return Ok(true);
-        };
-        let path = member.path();
+        }
+        let Some(client) = session.filter(|_| !live.is_empty()) else { return Ok(true) };
         let deleting = tokio::spawn(async move {
-            match ops::delete_until_confirmed(&client, &core, &path).await {
+            let paths: Vec<String> = live.iter().map(|(_, m)| m.path()).collect();
+            match ops::delete_all_until_confirmed(&client, &core, &paths).await {
                 Ok(()) => {
-                    core.publish(&key, &member.state(), ContenderState::Released);
-                    // The last of our contenders in the lock left: its directory goes too, if
-                    // empty, so that locks no longer used do not pile up. In the background: a
-                    // release waits for nothing but its own node.
-                    // (A directory shared with foreign clients keeps its marker and stays.)
-                    let idle = !core.book.lock().locks.contains_key(&*member.lock);
-                    if idle {
-                        core.note_idle_directory(&client, &member.lock);
+                    for (key, member) in &live {
+                        core.publish(key, &member.state(), ContenderState::Released);
+                        // The last of our contenders in the lock left: its directory goes too,
+                        // if empty, so that locks no longer used do not pile up. In the
+                        // background: a release waits for nothing but its own nodes. (A
+                        // directory shared with foreign clients keeps its marker and stays.)
+                        let idle = !core.book.lock().locks.contains_key(&*member.lock);
+                        if idle {
+                            core.note_idle_directory(&client, &member.lock);
+                        }
                     }
                     Ok(())
                 }
                 Err(e) => {
-                    // The node is still there (ZooKeeper refused the delete): keep tracking it,
-                    // so that its state stays true and the release can be tried again.
+                    // The nodes are still there (ZooKeeper refused the delete): keep tracking
+                    // them, so that their state stays true and the release can be tried again.
                     let mut book = core.book.lock();
-                    if !book.lost_sessions.contains(&member.session_id) && !book.contenders.contains_key(&key) {
-                        let q = book.locks.entry(member.lock.clone()).or_default();
-                        q.nodes.insert(member.sequence, key.clone());
-                        book.contenders.insert(key, member);
+                    for (key, member) in live {
+                        if !book.lost_sessions.contains(&member.session_id) && !book.contenders.contains_key(&key) {
+                            let q = book.locks.entry(member.lock.clone()).or_default();
+                            q.nodes.insert(member.sequence, key.clone());
+                            book.contenders.insert(key, member);
+                        }
                     }
-                    Err(Error::zk("delete", &path, e))
+                    Err(Error::zk("delete", paths.first().map_or("", String::as_str), e))
                 }
             }
         });
@@ -288,7 +328,11 @@ impl LockEngine {
             Ok(result) => result.map(|()| true),
             // The delete task does not panic; if the runtime is shutting down there is nothing
             // left to wait for.
-            Err(join) => Err(Error::zk("delete", id, zk::Error::UnexpectedError(join.to_string()))),
+            Err(join) => Err(Error::zk(
+                "delete",
+                ids.first().copied().unwrap_or(""),
+                zk::Error::UnexpectedError(join.to_string()),
+            )),
         }
     }
 

@@ -96,22 +96,6 @@ impl Fence {
         }
     }
 
-    /// Creates `path` (a sequential prefix for sequential modes); returns the created path.
-    pub async fn create(
-        &self,
-        client: &zk::Client,
-        path: &str,
-        data: &[u8],
-        options: &zk::CreateOptions<'_>,
-    ) -> Result<String, zk::Error> {
-        let mut multi = self.writer(client)?;
-        multi.add_create(path, data, options)?;
-        match self.commit(&mut multi).await?.pop() {
-            Some(zk::MultiWriteResult::Create { path, .. }) => Ok(path),
-            other => Err(zk::Error::UnexpectedError(format!("a create answered {other:?}"))),
-        }
-    }
-
     /// Deletes `path` if its data version is still `version` (any, with `None`).
     pub async fn delete_version(&self, client: &zk::Client, path: &str, version: Option<i32>) -> Result<(), zk::Error> {
         let mut multi = self.writer(client)?;

@@ -92,31 +92,75 @@ pub(super) async fn ensure_dir(client: &zk::Client, config: &super::ZkConfig, lo
     }
 }
 
-/// Creates the contender's node (and its directory if needed); after a lost answer, looks for
-/// the node by contender id before trying again, so that one contender never gets two nodes.
-/// Answers the node's name.
-pub(super) async fn create_adopting(client: &zk::Client, core: &Core, spec: &ContenderSpec) -> Result<String, Error> {
-    let path = format!("{}/{}", spec.lock, recipe::node_prefix(&spec.id, spec.mode));
-    let body = NodeData::new(&spec.id, spec.mode, &spec.description).to_bytes();
+/// Creates the contenders' nodes in one multi-op (and their directories if needed); after a
+/// lost answer, looks for the nodes by contender id before trying again, so that no contender
+/// ever gets two nodes. One multi-op: either every node is made or none, and the nodes of two
+/// groups stand in the same order in every directory they share. Answers the nodes' names, in
+/// the order given.
+pub(super) async fn create_adopting(
+    client: &zk::Client,
+    core: &Core,
+    specs: &[ContenderSpec],
+) -> Result<Vec<String>, Error> {
     let options = zk::CreateMode::EphemeralSequential.with_acls(core.config.node_acls());
+    let made = specs
+        .iter()
+        .map(|spec| {
+            let path = format!("{}/{}", spec.lock, recipe::node_prefix(&spec.id, spec.mode));
+            (path, NodeData::new(&spec.id, spec.mode, &spec.description).to_bytes())
+        })
+        .collect::<Vec<_>>();
+    let what = || made.first().map_or_else(String::new, |(path, _)| path.clone());
     let mut backoff = Backoff::new();
     loop {
-        match core.fence.create(client, &path, &body, &options).await {
-            Ok(created) => {
-                Stats::bump(&core.stats.creates);
-                return Ok(node_name(&created).to_string());
+        let mut multi = core.fence.writer(client).map_err(|e| Error::zk("create", &what(), e))?;
+        for (path, body) in &made {
+            multi.add_create(path, body, &options).map_err(|e| Error::zk("create", path, e))?;
+        }
+        match core.fence.commit(&mut multi).await {
+            Ok(results) => {
+                let names: Vec<String> = results
+                    .into_iter()
+                    .filter_map(|r| match r {
+                        zk::MultiWriteResult::Create { path, .. } => Some(node_name(&path).to_string()),
+                        _ => None,
+                    })
+                    .collect();
+                if names.len() != specs.len() {
+                    return Err(Error::zk(
+                        "create",
+                        &what(),
+                        zk::Error::UnexpectedError("a create answered no path".into()),
+                    ));
+                }
+                for _ in &names {
+                    Stats::bump(&core.stats.creates);
+                }
+                return Ok(names);
             }
-            Err(zk::Error::NoNode) => ensure_dir(client, &core.config, &spec.lock).await?,
+            Err(zk::Error::NoNode) => {
+                for spec in specs {
+                    ensure_dir(client, &core.config, &spec.lock).await?;
+                }
+            }
             Err(e) if retry::is_unknown_outcome(&e) => {
                 Stats::bump(&core.stats.create_unknown_outcomes);
-                let children = list(client, &spec.lock).await?;
-                if let Some(found) = own_node(client, &spec.lock, &children, &spec.id).await? {
+                // All or none: the multi-op applied, or it did not.
+                let mut found = Vec::with_capacity(specs.len());
+                for spec in specs {
+                    let children = list(client, &spec.lock).await?;
+                    match own_node(client, &spec.lock, &children, &spec.id).await? {
+                        Some(name) => found.push(name),
+                        None => break,
+                    }
+                }
+                if found.len() == specs.len() {
                     Stats::bump(&core.stats.nodes_adopted);
                     return Ok(found);
                 }
                 backoff.wait().await;
             }
-            Err(e) => return Err(Error::zk("create", &path, e)),
+            Err(e) => return Err(Error::zk("create", &what(), e)),
         }
     }
 }
@@ -143,6 +187,44 @@ pub(super) async fn delete_until_confirmed(client: &zk::Client, core: &Core, pat
         Err(_) => {}
     }
     Ok(())
+}
+
+/// Deletes every one of `paths` in one multi-op (a group lets go of all its locks at once),
+/// until ZooKeeper confirms they are gone; one that is gone already (another client deleted
+/// it) makes the multi fail as a whole, and the others are then deleted one by one.
+pub(super) async fn delete_all_until_confirmed(
+    client: &zk::Client,
+    core: &Core,
+    paths: &[String],
+) -> Result<(), zk::Error> {
+    if let [path] = paths {
+        return delete_until_confirmed(client, core, path).await;
+    }
+    let together = retry::idempotent(|| async {
+        let mut multi = core.fence.writer(client)?;
+        for path in paths {
+            multi.add_delete(path, None)?;
+        }
+        core.fence.commit(&mut multi).await
+    })
+    .await;
+    match together {
+        Ok(_) => {
+            for _ in paths {
+                Stats::bump(&core.stats.deletes);
+            }
+            Ok(())
+        }
+        Err(e) if retry::is_session_end(&e) => Ok(()),
+        // One is gone (or a retried multi applied before its answer was lost): one by one.
+        Err(zk::Error::NoNode) => {
+            for path in paths {
+                delete_until_confirmed(client, core, path).await?;
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Deletes each of `paths` in the background (nodes nobody must wait on).

@@ -110,6 +110,16 @@ impl Env {
         self.claims.create(&PostParams::default(), &claim).await.unwrap_or_else(|e| panic!("create claim {name}: {e}"))
     }
 
+    /// A claim with this whole `spec` (for claims over several locks: `{"locks": [...]}`).
+    pub async fn claim_spec(&self, name: &str, spec: Value) -> LockClaim {
+        let claim: LockClaim = serde_json::from_value(json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim",
+            "metadata": { "name": name }, "spec": spec,
+        }))
+        .expect("claim json");
+        self.claims.create(&PostParams::default(), &claim).await.unwrap_or_else(|e| panic!("create claim {name}: {e}"))
+    }
+
     pub async fn pod(&self, name: &str) -> Pod {
         let pod: Pod = serde_json::from_value(json!({
             "metadata": { "name": name },
@@ -117,6 +127,17 @@ impl Env {
         }))
         .unwrap();
         self.pods.create(&PostParams::default(), &pod).await.unwrap_or_else(|e| panic!("create pod {name}: {e}"))
+    }
+
+    /// Waits until pod `name` is gone from the API (a pod a node runs is deleted gracefully:
+    /// its kubelet, kwok here, finishes the deletion).
+    pub async fn wait_pod_gone(&self, name: &str) {
+        let Some(uid) = self.pods.get_opt(name).await.ok().flatten().and_then(|p| p.uid()) else { return };
+        let gone = await_condition(self.pods.clone(), name, kube::runtime::conditions::is_deleted(&uid));
+        tokio::time::timeout(PATIENCE, gone)
+            .await
+            .unwrap_or_else(|_| panic!("pod {name} was not deleted within {PATIENCE:?}"))
+            .expect("watch");
     }
 
     pub async fn delete_claim(&self, name: &str) {
@@ -471,29 +492,45 @@ impl History {
                 }
             };
             let st = claim.status.clone().unwrap_or_default();
-            let record = Record {
-                at: std::time::Instant::now(),
-                name: claim.name_any(),
-                uid: claim.uid().unwrap_or_default(),
-                lock: claim.spec.lock_name.clone(),
-                exclusive: claim.spec.mode == zklock::recipe::Mode::Exclusive,
-                phase: st.phase,
-                held_condition: conditions::is_true(&st.conditions, conditions::HELD),
-                finished_condition: conditions::is_true(&st.conditions, conditions::FINISHED),
-                fencing: st.fencing_token.clone(),
-                leader_epoch: st.leader_epoch,
-                why: conditions::get(&st.conditions, conditions::FINISHED)
-                    .filter(|c| c.status == "True")
-                    .or_else(|| conditions::get(&st.conditions, conditions::HELD))
-                    .map(|c| format!("{}: {}", c.reason, c.message)),
-                deleting: claim.metadata.deletion_timestamp.is_some(),
-                gone,
-            };
+            // A claim over several locks: one record per lock, with that lock's own token.
+            let several = claim.spec.locks.is_some();
+            let records: Vec<Record> = claim
+                .spec
+                .lock_refs()
+                .into_iter()
+                .map(|lock| {
+                    let fencing = if several {
+                        st.locks.iter().find(|l| l.lock_name == lock.lock_name).and_then(|l| l.fencing_token.clone())
+                    } else {
+                        st.fencing_token.clone()
+                    };
+                    Record {
+                        at: std::time::Instant::now(),
+                        name: claim.name_any(),
+                        uid: claim.uid().unwrap_or_default(),
+                        exclusive: lock.mode == zklock::recipe::Mode::Exclusive,
+                        lock: lock.lock_name,
+                        phase: st.phase,
+                        held_condition: conditions::is_true(&st.conditions, conditions::HELD),
+                        finished_condition: conditions::is_true(&st.conditions, conditions::FINISHED),
+                        fencing,
+                        leader_epoch: st.leader_epoch,
+                        why: conditions::get(&st.conditions, conditions::FINISHED)
+                            .filter(|c| c.status == "True")
+                            .or_else(|| conditions::get(&st.conditions, conditions::HELD))
+                            .map(|c| format!("{}: {}", c.reason, c.message)),
+                        deleting: claim.metadata.deletion_timestamp.is_some(),
+                        gone,
+                    }
+                })
+                .collect();
             {
-                let mut records = self.inner.lock().unwrap();
-                let last = records.iter().rev().find(|r| r.uid == record.uid);
-                if last.is_none_or(|last| Record { at: record.at, ..last.clone() } != record) {
-                    records.push(record);
+                let mut kept = self.inner.lock().unwrap();
+                for record in records {
+                    let last = kept.iter().rev().find(|r| r.uid == record.uid && r.lock == record.lock);
+                    if last.is_none_or(|last| Record { at: record.at, ..last.clone() } != record) {
+                        kept.push(record);
+                    }
                 }
             }
             self.recorded.notify_waiters();

@@ -20,14 +20,15 @@ pub struct Arrivals {
 }
 
 struct Arrival {
-    lock: String,
+    /// The locks of the claim it waits to make (one, or several taken together).
+    locks: Vec<String>,
     place: Place,
     pod: ObjectRef<KeptPod>,
 }
 
 impl Arrivals {
-    /// The pod arrives at `lock`'s gate, unless it is there already.
-    pub fn arrive(&mut self, lock: String, pod: &KeptPod) {
+    /// The pod arrives at the gates of its `locks`, unless it is there already.
+    pub fn arrive(&mut self, locks: Vec<String>, pod: &KeptPod) {
         if self.pods.contains_key(pod.uid()) {
             return;
         }
@@ -35,16 +36,24 @@ impl Arrivals {
         let created = pod.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
         let place = (created, self.seen);
         let uid: Uid = pod.uid().into();
-        self.gates.arrive(&lock, place, &uid);
-        self.pods.insert(uid, Arrival { lock, place, pod: ObjectRef::from_obj(pod) });
+        for lock in &locks {
+            self.gates.arrive(lock, place, &uid);
+        }
+        self.pods.insert(uid, Arrival { locks, place, pod: ObjectRef::from_obj(pod) });
     }
 
-    /// Whether the pod is first at `lock`'s gate (it arrives there if it was not).
-    pub fn may_create(&mut self, lock: String, pod: &KeptPod) -> bool {
-        self.arrive(lock, pod);
+    /// Whether the pod is first at the gate of every one of its `locks` (it arrives there if it
+    /// was not).
+    pub fn may_create(&mut self, locks: Vec<String>, pod: &KeptPod) -> bool {
+        self.arrive(locks, pod);
         let Some(arrival) = self.pods.get(pod.uid()) else { return true };
         let uid: Uid = pod.uid().into();
-        self.gates.may_enqueue(&arrival.lock, arrival.place, &uid)
+        let (place, locks) = (arrival.place, arrival.locks.clone());
+        let mut first = true;
+        for lock in &locks {
+            first &= self.gates.may_enqueue(lock, place, &uid);
+        }
+        first
     }
 
     /// After a listing: the pods it did not list leave their gates (a watch sends no deletion
@@ -52,17 +61,17 @@ impl Arrivals {
     /// behind it). Answers the pods first at a gate now.
     pub fn keep_listed(&mut self, listed: &HashSet<Uid>) -> Vec<ObjectRef<KeptPod>> {
         let gone: Vec<Uid> = self.pods.keys().filter(|uid| !listed.contains(*uid)).cloned().collect();
-        let mut next: Vec<ObjectRef<KeptPod>> = gone.iter().filter_map(|uid| self.leave(uid)).collect();
+        let mut next: Vec<ObjectRef<KeptPod>> = gone.iter().flat_map(|uid| self.leave(uid)).collect();
         next.retain(|r| self.pods.values().any(|a| a.pod == *r));
         next.dedup();
         next
     }
 
-    /// The pod leaves its gate; answers the pod first there now, if any.
-    pub fn leave(&mut self, uid: &str) -> Option<ObjectRef<KeptPod>> {
-        let arrival = self.pods.remove(uid)?;
-        let next = self.gates.leave(&arrival.lock, uid)?;
-        self.pods.get(&next).map(|a| a.pod.clone())
+    /// The pod leaves its gates; answers the pods first there now.
+    pub fn leave(&mut self, uid: &str) -> Vec<ObjectRef<KeptPod>> {
+        let Some(arrival) = self.pods.remove(uid) else { return vec![] };
+        let next = arrival.locks.iter().filter_map(|lock| self.gates.leave(lock, uid));
+        next.filter_map(|next| self.pods.get(&next).map(|a| a.pod.clone())).collect()
     }
 }
 
@@ -82,16 +91,16 @@ mod tests {
     fn pods_make_their_claims_in_creation_order_per_lock() {
         let mut arrivals = Arrivals::default();
         let (a, b, c) = (pod("a", 100), pod("b", 100), pod("c", 101));
-        arrivals.arrive("/l".into(), &a);
-        arrivals.arrive("/l".into(), &b);
-        assert!(!arrivals.may_create("/l".into(), &c), "c was created after a and b");
-        assert!(!arrivals.may_create("/l".into(), &b), "same second as a, seen after it");
-        assert!(arrivals.may_create("/other".into(), &pod("d", 200)), "gates are per lock");
-        assert!(arrivals.may_create("/l".into(), &a));
-        assert_eq!(arrivals.leave("uid-a").map(|r| r.name), Some("b".to_string()));
-        assert!(arrivals.may_create("/l".into(), &b));
-        assert_eq!(arrivals.leave("uid-b").map(|r| r.name), Some("c".to_string()));
-        assert_eq!(arrivals.leave("uid-b"), None, "left already");
+        arrivals.arrive(vec!["/l".into()], &a);
+        arrivals.arrive(vec!["/l".into()], &b);
+        assert!(!arrivals.may_create(vec!["/l".into()], &c), "c was created after a and b");
+        assert!(!arrivals.may_create(vec!["/l".into()], &b), "same second as a, seen after it");
+        assert!(arrivals.may_create(vec!["/other".into()], &pod("d", 200)), "gates are per lock");
+        assert!(arrivals.may_create(vec!["/l".into()], &a));
+        assert_eq!(arrivals.leave("uid-a").into_iter().map(|r| r.name).collect::<Vec<_>>(), ["b"]);
+        assert!(arrivals.may_create(vec!["/l".into()], &b));
+        assert_eq!(arrivals.leave("uid-b").into_iter().map(|r| r.name).collect::<Vec<_>>(), ["c"]);
+        assert!(arrivals.leave("uid-b").is_empty(), "left already");
     }
 
     #[test]
@@ -99,14 +108,14 @@ mod tests {
         let mut arrivals = Arrivals::default();
         let (a, b, c) = (pod("a", 100), pod("b", 101), pod("c", 102));
         for p in [&a, &b, &c] {
-            arrivals.arrive("/l".into(), p);
+            arrivals.arrive(vec!["/l".into()], p);
         }
         // a was deleted while the watch was down: only b and c are listed again.
         let listed: HashSet<Uid> = ["uid-b".into(), "uid-c".into()].into_iter().collect();
         let next: Vec<String> = arrivals.keep_listed(&listed).into_iter().map(|r| r.name).collect();
         assert_eq!(next, ["b"]);
-        assert!(arrivals.may_create("/l".into(), &b), "b is no longer held back by a");
-        assert!(!arrivals.may_create("/l".into(), &c));
+        assert!(arrivals.may_create(vec!["/l".into()], &b), "b is no longer held back by a");
+        assert!(!arrivals.may_create(vec!["/l".into()], &c));
         assert!(arrivals.keep_listed(&listed).is_empty(), "nobody left");
     }
 }

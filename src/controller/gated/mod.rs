@@ -69,15 +69,15 @@ pub fn pods(
 /// A gated pod that asks for a lock takes its place at the lock's gate.
 fn arrive(ctx: &Context, pod: &KeptPod) {
     if let (true, Ok(ask)) = (pod.gates.iter().any(|g| g == GATE), plan::read(pod)) {
-        let lock = ctx.lock_path(pod.namespace(), &ask.lock_name);
-        ctx.arrivals.lock().arrive(lock, pod);
+        let locks = ask.locks.iter().map(|l| ctx.lock_path(pod.namespace(), l)).collect();
+        ctx.arrivals.lock().arrive(locks, pod);
     }
 }
 
 fn leave(ctx: &Context, uid: &str) {
     let next = ctx.arrivals.lock().leave(uid);
-    if let Some(next) = next {
-        ctx.trigger_pod(next);
+    for pod in next {
+        ctx.trigger_pod(pod);
     }
 }
 
@@ -103,9 +103,9 @@ async fn apply(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
     }
     let action = match step {
         Step::Nothing => Action::await_change(),
-        Step::Create { lock, claim } => {
-            let lock = ctx.lock_path(pod.namespace(), &lock);
-            if !ctx.arrivals.lock().may_create(lock, &pod) {
+        Step::Create { locks, claim } => {
+            let locks = locks.iter().map(|l| ctx.lock_path(pod.namespace(), l)).collect();
+            if !ctx.arrivals.lock().may_create(locks, &pod) {
                 // An older pod of the same lock gets its claim first; it triggers this one.
                 return Ok(Action::requeue(Duration::from_millis(200)));
             }
@@ -114,7 +114,7 @@ async fn apply(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
             leave(&ctx, pod.uid());
             match created {
                 // 409: made already (the watch has not brought it yet).
-                Ok(_) => tracing::info!(lock = %claim.spec.lock_name, "made a claim for the gated pod"),
+                Ok(_) => tracing::info!(lock = %claim.spec.lock_label(), "made a claim for the gated pod"),
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
                 Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => {
                     let message = format!("the LockClaim for this pod was refused: {}", s.message);

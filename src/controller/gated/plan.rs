@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use super::pod::KeptPod;
 use crate::api::conditions::FINISHED;
-use crate::api::{check_lock_name, Holder, KeptClaim, LockClaim, LockClaimSpec, Phase};
+use crate::api::{check_lock_name, Holder, KeptClaim, LockClaim, LockClaimSpec, LockRef, Phase, MAX_LOCKS};
 use crate::recipe::Mode;
 
 /// The scheduling gate that holds a pod back until it holds its lock.
@@ -33,9 +33,18 @@ const MAX_TIMEOUT_SECONDS: i64 = 31_536_000;
 /// What the pod's annotations ask for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ask {
-    pub lock_name: String,
+    /// The locks, in the order the annotation names them (`a,b`): one, or several to take
+    /// together, each in `mode`.
+    pub locks: Vec<String>,
     pub mode: Mode,
     pub acquire_timeout_seconds: Option<i64>,
+}
+
+impl Ask {
+    /// The lock names, joined with commas.
+    pub fn label(&self) -> String {
+        self.locks.join(",")
+    }
 }
 
 /// The step the pod needs, besides its condition.
@@ -44,7 +53,7 @@ pub enum Step {
     Nothing,
     /// Make this claim for the pod (in the pods' creation order, per lock).
     Create {
-        lock: String,
+        locks: Vec<String>,
         claim: Box<LockClaim>,
     },
     /// Delete the claim of an earlier pod of the same name (this UID), to make room.
@@ -122,7 +131,20 @@ pub fn read(pod: &KeptPod) -> Result<Ask, Report> {
             ),
         ));
     };
-    check_lock_name(&format!("annotation {LOCK}"), lock_name).map_err(invalid)?;
+    let mut locks: Vec<String> = vec![];
+    for name in lock_name.split(',').map(str::trim) {
+        check_lock_name(&format!("annotation {LOCK}"), name).map_err(invalid)?;
+        if locks.iter().any(|l| l == name) {
+            return Err(invalid(format!("annotation {LOCK} names lock {name:?} twice: name each lock once")));
+        }
+        locks.push(name.to_string());
+    }
+    if locks.len() > MAX_LOCKS {
+        return Err(invalid(format!(
+            "annotation {LOCK} names {} locks: a pod may take at most {MAX_LOCKS}",
+            locks.len()
+        )));
+    }
     let mode = match pod.annotation(MODE) {
         None | Some("Exclusive") => Mode::Exclusive,
         Some("Shared") => Mode::Shared,
@@ -140,7 +162,7 @@ pub fn read(pod: &KeptPod) -> Result<Ask, Report> {
             }
         },
     };
-    Ok(Ask { lock_name: lock_name.to_string(), mode, acquire_timeout_seconds })
+    Ok(Ask { locks, mode, acquire_timeout_seconds })
 }
 
 /// The claim made for a pod: named as the pod (so that `kubectl get lockclaim POD` finds it),
@@ -165,13 +187,17 @@ pub fn claim_for(pod: &KeptPod, ask: &Ask) -> LockClaim {
             ..ObjectMeta::default()
         },
         spec: LockClaimSpec {
-            lock_name: ask.lock_name.clone(),
-            mode: ask.mode,
             holder: Some(Holder { pod_name: pod.name().into(), namespace: None }),
             acquire_timeout_seconds: ask.acquire_timeout_seconds,
-            lease_duration_seconds: None,
-            revocation_grace_period_seconds: None,
-            ttl_seconds_after_finished: None,
+            ..match &ask.locks[..] {
+                [one] => LockClaimSpec::one(one.clone(), ask.mode),
+                several => LockClaimSpec {
+                    lock_name: None,
+                    mode: None,
+                    locks: Some(several.iter().map(|l| LockRef { lock_name: l.clone(), mode: ask.mode }).collect()),
+                    ..LockClaimSpec::one("", ask.mode)
+                },
+            }
         },
         status: None,
     }
@@ -227,8 +253,8 @@ pub fn plan(pod: &KeptPod, claim: Option<&KeptClaim>, known_held: bool) -> PodPl
             (Some(_), _) => match read(pod) {
                 Err(problem) => PodPlan::report(problem),
                 Ok(ask) => PodPlan {
-                    report: Some(waiting(pod, &ask.lock_name)),
-                    step: Step::Create { lock: ask.lock_name.clone(), claim: Box::new(claim_for(pod, &ask)) },
+                    report: Some(waiting(pod, &ask.label())),
+                    step: Step::Create { locks: ask.locks.clone(), claim: Box::new(claim_for(pod, &ask)) },
                 },
             },
         },
@@ -236,11 +262,17 @@ pub fn plan(pod: &KeptPod, claim: Option<&KeptClaim>, known_held: bool) -> PodPl
 }
 
 fn for_own_claim(pod: &KeptPod, claim: &KeptClaim, gate: Option<usize>, known_held: bool) -> PodPlan {
-    let lock = &claim.spec.lock_name;
+    let lock = &claim.spec.lock_label();
     let name = pod.name();
     match claim.phase() {
         Some(Phase::Held) if known_held => {
-            let token = claim.fencing_token().unwrap_or("?");
+            let tokens: Vec<String> = claim
+                .lock_statuses()
+                .iter()
+                .map(|l| format!("{} {}", l.lock_name, l.fencing_token.as_deref().unwrap_or("?")))
+                .collect();
+            let token =
+                if tokens.is_empty() { claim.fencing_token().unwrap_or("?").to_string() } else { tokens.join(", ") };
             let report = Report::ok(
                 true,
                 "Acquired",
@@ -327,19 +359,35 @@ mod tests {
     fn a_gated_pod_gets_a_claim_named_and_owned_as_the_pod_with_its_lock_mode_and_timeout() {
         let p = gated(json!({LOCK: "db", MODE: "Shared", ACQUIRE_TIMEOUT: "600"}));
         let plan = plan(&p, None, false);
-        let Step::Create { lock, claim } = plan.step else { panic!("{plan:?}") };
-        assert_eq!(lock, "db");
+        let Step::Create { locks, claim } = plan.step else { panic!("{plan:?}") };
+        assert_eq!(locks, ["db"]);
         assert_eq!(claim.metadata.name.as_deref(), Some("job-abc"));
         let owner = &claim.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!((owner.kind.as_str(), owner.uid.as_str(), owner.controller), ("Pod", "pod-1", Some(true)));
         assert_eq!(claim.spec.holder.as_ref().map(|h| h.pod_name.as_str()), Some("job-abc"));
-        assert_eq!((claim.spec.mode, claim.spec.acquire_timeout_seconds), (Mode::Shared, Some(600)));
+        assert_eq!((claim.spec.mode, claim.spec.acquire_timeout_seconds), (Some(Mode::Shared), Some(600)));
         let report = plan.report.unwrap();
         assert_eq!((report.acquired, report.reason, report.warning), (false, "Waiting", false));
         let plain = plan_of(&gated(json!({ LOCK: "db" })));
         assert!(
-            matches!(plain.step, Step::Create { ref claim, .. } if claim.spec.mode == Mode::Exclusive && claim.spec.acquire_timeout_seconds.is_none())
+            matches!(plain.step, Step::Create { ref claim, .. } if claim.spec.mode == Some(Mode::Exclusive) && claim.spec.acquire_timeout_seconds.is_none())
         );
+    }
+
+    #[test]
+    fn a_pod_asking_for_several_locks_gets_a_claim_over_all_of_them_in_one_mode() {
+        let plan = plan_of(&gated(json!({LOCK: "db, search-index", MODE: "Shared"})));
+        let Step::Create { locks, claim } = plan.step else { panic!("{plan:?}") };
+        assert_eq!(locks, ["db", "search-index"]);
+        assert_eq!((claim.spec.lock_name.as_deref(), claim.spec.mode), (None, None));
+        let refs: Vec<(String, Mode)> = claim.spec.locks.unwrap().into_iter().map(|l| (l.lock_name, l.mode)).collect();
+        assert_eq!(refs, [("db".to_string(), Mode::Shared), ("search-index".to_string(), Mode::Shared)]);
+        for (bad, needle) in [("a,a", "twice"), ("a,,b", "not a valid lock name"), ("a,B", "not a valid lock name")] {
+            let plan = plan_of(&gated(json!({ LOCK: bad })));
+            let report = plan.report.unwrap();
+            assert_eq!(report.reason, "InvalidAnnotation", "{bad}");
+            assert!(report.message.contains(needle), "{bad}: {}", report.message);
+        }
     }
 
     fn plan_of(p: &KeptPod) -> PodPlan {

@@ -1,0 +1,73 @@
+//! A claim's parts: one per lock it asks for (DESIGN.md §5c). A claim over one lock
+//! (`spec.lockName`) is one contender of the lock engine, named by the claim's UID, as it
+//! always was. A claim over several locks (`spec.locks`) is a group of contenders, one per
+//! lock, named `<uid>-x<index>` (the lock's index in `spec.locks`, which cannot change), made in
+//! one multi-op and released in one: the claim holds when every part does.
+
+use super::{Context, Uid};
+use crate::api::ValidSpec;
+use crate::recipe::Mode;
+
+/// One lock of a claim, as the operator serves it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part {
+    /// The lock's directory.
+    pub lock: String,
+    /// The lock's name.
+    pub name: String,
+    pub mode: Mode,
+    /// The engine contender that stands for the claim in this lock.
+    pub id: Uid,
+}
+
+/// The separator of a part's index in its contender id: not a hexadecimal digit, so that it
+/// never ends a UID.
+const PART: &str = "-x";
+
+/// The parts of claim `uid` in `namespace`, in the order of its spec.
+pub fn of(ctx: &Context, namespace: &str, uid: &Uid, spec: &ValidSpec) -> Vec<Part> {
+    spec.locks
+        .iter()
+        .enumerate()
+        .map(|(i, lock)| Part {
+            lock: ctx.lock_path(namespace, &lock.name),
+            name: lock.name.clone(),
+            mode: lock.mode,
+            id: if spec.several { format!("{uid}{PART}{i}").into() } else { uid.clone() },
+        })
+        .collect()
+}
+
+/// The claim a contender id stands for: the UID of a one-lock claim is its own id; a part of a
+/// claim over several locks carries its index after the UID.
+pub fn claim_of(id: &str) -> &str {
+    match id.rsplit_once(PART) {
+        Some((uid, index)) if !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) => uid,
+        _ => id,
+    }
+}
+
+/// The locks of `parts` as the registry keeps them: (path, wanted exclusively).
+pub fn locks(parts: &[Part]) -> Vec<(String, bool)> {
+    parts.iter().map(|p| (p.lock.clone(), p.mode == Mode::Exclusive)).collect()
+}
+
+/// The contender ids of `parts`.
+pub fn ids(parts: &[Part]) -> Vec<&str> {
+    parts.iter().map(|p| &*p.id).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_part_names_its_claim() {
+        let uid = "4bf87072-2c81-4629-9a8b-bffc030bb21d";
+        assert_eq!(claim_of(uid), uid, "a one-lock claim is its own contender");
+        assert_eq!(claim_of(&format!("{uid}-x0")), uid);
+        assert_eq!(claim_of(&format!("{uid}-x15")), uid);
+        assert_eq!(claim_of("c-x"), "c-x", "no index, no part");
+        assert!(crate::recipe::is_contender_id(&format!("{uid}-x3")), "a part's id makes a node name");
+    }
+}

@@ -1,0 +1,130 @@
+//! End to end, claims over several locks (DESIGN.md §5c): the zklock binary as operator, a real
+//! ZooKeeper, the API server under test. A claim is Held only while it holds every one of its
+//! locks; it keeps its place in each queue meanwhile; two claims over the same locks named in
+//! opposite orders are granted in turn, never both, never deadlocked. The history checker judges
+//! each lock on its own (a claim over several locks is one record per lock).
+
+mod e2e_support;
+
+use e2e_support::*;
+use serde_json::json;
+use zklock::api::Phase;
+
+fn locks(names: &[&str]) -> serde_json::Value {
+    json!({ "locks": names.iter().map(|n| json!({ "lockName": n })).collect::<Vec<_>>() })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_naming_two_locks_in_opposite_orders_are_granted_in_turn_without_deadlock() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    // Rounds of two claims each, one naming (db, index), the other (index, db), made at once;
+    // each holder lets go as soon as it holds. None may wait for ever (a deadlock), none may
+    // hold beside the other.
+    for round in 0..8 {
+        let (ab, ba) = (format!("ab-{round}"), format!("ba-{round}"));
+        let (first, second) =
+            tokio::join!(env.claim_spec(&ab, locks(&["db", "index"])), env.claim_spec(&ba, locks(&["index", "db"])));
+        drop((first, second));
+        // Whichever the API server made first holds first (in both locks); the other waits for it.
+        let held = |c: &zklock::api::LockClaim| phase_of(c) == Some(Phase::Held);
+        let first = tokio::select! {
+            _ = env.wait(&ab, "Held", held) => ab.clone(),
+            _ = env.wait(&ba, "Held", held) => ba.clone(),
+        };
+        let second = if first == ab { ba.clone() } else { ab.clone() };
+        assert_ne!(env.status(&second).await, Some(Phase::Held), "{second} waits while {first} holds both locks");
+        env.delete_claim(&first).await;
+        env.wait_phase(&second, Phase::Held).await;
+        env.delete_claim(&second).await;
+    }
+    for round in 0..8 {
+        env.history.await_gone(&format!("ab-{round}")).await;
+        env.history.await_gone(&format!("ba-{round}")).await;
+    }
+    env.history.check();
+    let db = env.history.grants("db");
+    assert_eq!(db, env.history.grants("index"), "two claims stand in the same order in every lock they share");
+    assert_eq!(db.len(), 16);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_over_two_locks_holds_none_until_it_holds_both_and_keeps_its_place_in_each() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    env.claim("on-a", "a", json!({})).await;
+    env.wait_phase("on-a", Phase::Held).await;
+    env.claim_spec("both", locks(&["a", "b"])).await;
+    let both = env.wait_phase("both", Phase::Waiting).await;
+    let st = both.status.clone().unwrap();
+    assert_eq!(st.lock.as_deref(), Some("a,b"), "kubectl get lc shows both locks");
+    assert_eq!(st.waiting_for.as_deref(), Some("on-a"), "furthest back in a, behind on-a");
+    let per_lock: Vec<(String, Option<i64>, Option<String>)> =
+        st.locks.iter().map(|l| (l.lock_name.clone(), l.position, l.waiting_for.clone())).collect();
+    assert_eq!(per_lock[0], ("a".to_string(), Some(1), Some("on-a".to_string())));
+    assert_eq!(per_lock[1].0, "b");
+    assert!(st.locks.iter().all(|l| l.znode.is_some() && l.fencing_token.is_none()), "{:?}", st.locks);
+    // A later claim on b waits behind "both" there, though b is free: no overtaking.
+    env.claim("on-b", "b", json!({})).await;
+    let on_b = env.wait_phase("on-b", Phase::Waiting).await;
+    assert_eq!(on_b.status.unwrap().waiting_for.as_deref(), Some("both"));
+    env.delete_claim("on-a").await;
+    let both = env.wait_phase("both", Phase::Held).await;
+    let st = both.status.unwrap();
+    assert!(st.locks.iter().all(|l| l.fencing_token.is_some() && l.position == Some(0)), "{:?}", st.locks);
+    assert_eq!(env.status("on-b").await, Some(Phase::Waiting));
+    env.delete_claim("both").await;
+    env.wait_phase("on-b", Phase::Held).await;
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_and_exclusive_parts_in_one_claim() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    // Readers of the catalog hold it together; a claim reading it and writing the index joins
+    // them there and takes the index alone.
+    env.claim("reader", "catalog", json!({ "mode": "Shared" })).await;
+    env.wait_phase("reader", Phase::Held).await;
+    let spec = json!({ "locks": [{ "lockName": "catalog", "mode": "Shared" }, { "lockName": "index" }] });
+    env.claim_spec("rebuild", spec).await;
+    env.wait_phase("rebuild", Phase::Held).await;
+    env.claim("index-writer", "index", json!({})).await;
+    env.wait_phase("index-writer", Phase::Waiting).await;
+    env.claim("catalog-writer", "catalog", json!({})).await;
+    env.wait_phase("catalog-writer", Phase::Waiting).await;
+    env.delete_claim("rebuild").await;
+    env.wait_phase("index-writer", Phase::Held).await;
+    assert_eq!(env.status("catalog-writer").await, Some(Phase::Waiting), "the reader still holds the catalog");
+    env.delete_claim("reader").await;
+    env.wait_phase("catalog-writer", Phase::Held).await;
+    env.history.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_lists_of_locks_are_refused_with_a_message() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    let make = |spec: serde_json::Value| {
+        let claim: zklock::api::LockClaim = serde_json::from_value(json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim", "metadata": { "name": "bad" }, "spec": spec,
+        }))
+        .unwrap();
+        claim
+    };
+    let many: Vec<serde_json::Value> = (0..17).map(|i| json!({ "lockName": format!("l{i}") })).collect();
+    for (spec, needle) in [
+        (json!({ "lockName": "a", "locks": [{ "lockName": "b" }] }), "exactly one of spec.lockName"),
+        (json!({ "locks": [] }), "spec.locks"),
+        (json!({ "locks": many }), "spec.locks"),
+        (json!({ "locks": [{ "lockName": "a" }, { "lockName": "a" }] }), "Duplicate value"),
+        (json!({ "locks": [{ "lockName": "Not_A_Label" }] }), "spec.locks[0].lockName"),
+        (json!({ "locks": [{ "lockName": "a" }], "mode": "Shared" }), "give each entry of spec.locks its own mode"),
+    ] {
+        let refused = env.claims.create(&Default::default(), &make(spec.clone())).await;
+        match refused {
+            Err(kube::Error::Api(s)) => assert!(s.message.contains(needle), "{spec}: {}", s.message),
+            other => panic!("{spec} was not refused at admission: {other:?}"),
+        }
+    }
+}
