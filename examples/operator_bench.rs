@@ -135,6 +135,14 @@ async fn handoffs(
         "handoff p50 ratio semaphore vs mutex at {waiters} waiters: {:.2}",
         result.latency.percentile(0.5).as_secs_f64() / handoff_p50[0].as_secs_f64()
     );
+    // Claims over two locks (every claim over both, DESIGN.md §5c), in the same run.
+    let bench = Bench::start(client, server, zk, "handoff-two-locks").await?;
+    let result = bench.handoffs_on("l,m", 1, waiters, sizes.handoffs).await?;
+    println!("claims over two locks, handoff at {waiters:>4} waiters: {}", result.summary());
+    println!(
+        "handoff p50 ratio two locks vs one at {waiters} waiters: {:.2}",
+        result.latency.percentile(0.5).as_secs_f64() / handoff_p50[0].as_secs_f64()
+    );
     Ok(())
 }
 
@@ -295,7 +303,12 @@ impl Bench {
     }
 
     async fn create(&self, name: &str, lock: &str, holder: Option<&str>) -> Result<(), Error> {
-        let mut spec = json!({"lockName": lock});
+        // `a,b`: one claim over both locks.
+        let mut spec = if lock.contains(',') {
+            json!({"locks": lock.split(',').map(|l| json!({"lockName": l})).collect::<Vec<_>>()})
+        } else {
+            json!({"lockName": lock})
+        };
         if let Some(pod) = holder {
             spec["holder"] = json!({"podName": pod});
         }
@@ -318,6 +331,17 @@ impl Bench {
     /// round queues `permits` holders and `waiters` waiters, then deletes the oldest holder and
     /// times until the first waiter is seen Held, again and again.
     async fn handoffs(&self, permits: usize, waiters: usize, handoffs: usize) -> Result<HandoffResult, Error> {
+        self.handoffs_on("l", permits, waiters, handoffs).await
+    }
+
+    /// [`Bench::handoffs`] with claims over `locks` (`a,b`: every claim over both).
+    async fn handoffs_on(
+        &self,
+        locks: &str,
+        permits: usize,
+        waiters: usize,
+        handoffs: usize,
+    ) -> Result<HandoffResult, Error> {
         if permits > 1 {
             let lock: Lock = serde_json::from_value(json!({
                 "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
@@ -334,7 +358,7 @@ impl Bench {
             let first = next;
             let size = permits + waiters;
             for i in 0..size {
-                self.create(&format!("c{}", first + i), "l", None).await?;
+                self.create(&format!("c{}", first + i), locks, None).await?;
             }
             next += size;
             self.wait_phase(&format!("c{}", first + permits - 1), Phase::Held).await?;

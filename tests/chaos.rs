@@ -38,6 +38,8 @@ const LOCKS: [&str; 6] = ["x0", "x1", "x2", "s0", "p0", "f0"];
 /// The lock a foreign client (a sequence-less node) uses now and then: a session loss may
 /// end its holders Lost (DESIGN.md §3), so it is left out of the "never Lost" check.
 const FOREIGN_LOCK: &str = "f0";
+/// The locks claims over several locks take (the zklock-only ones).
+const SEVERAL: [&str; 5] = ["x0", "x1", "x2", "s0", "p0"];
 /// `p0` has a `Lock` object: a semaphore of this many permits.
 const PERMITS: usize = 2;
 const WORKERS: usize = 6;
@@ -213,6 +215,11 @@ async fn chaos() {
         .map(|r| r.name.as_str())
         .collect();
     let lost_foreign = records.iter().filter(|r| r.phase == Some(Phase::Lost) && r.lock == FOREIGN_LOCK).count();
+    let mut locks_of: HashMap<&str, HashSet<&str>> = HashMap::new();
+    for r in &records {
+        locks_of.entry(r.uid.as_str()).or_default().insert(r.lock.as_str());
+    }
+    let over_several = locks_of.values().filter(|l| l.len() > 1).count();
     let clients_left_holding = clients.left_holding.lock().unwrap().clone();
     let history = env.history.clone();
     let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| history.check()));
@@ -223,7 +230,7 @@ async fn chaos() {
     eprintln!(
         "chaos: minutes={minutes_run:.1} faults: {} CliKilled={cli_killed} claims={} grants={grants} transitions={} \
          violations={violations} leaked_znodes={} longest_wait_behind_gone_holder={:.1}s p0_most_held_at_once={semaphore_most} \
-         cli_clients={cli_runs} f0_lost={lost_foreign}",
+         cli_clients={cli_runs} f0_lost={lost_foreign} claims_over_several_locks={over_several}",
         faults.join(" "),
         names.len(),
         records.len(),
@@ -248,6 +255,7 @@ async fn chaos() {
     assert!(leaked.is_empty(), "znodes left behind: {leaked:?}");
     assert!(semaphore_most >= PERMITS, "p0, a semaphore of {PERMITS} permits, never had that many holders at once");
     assert!(cli_runs > 0, "the CLI clients ran");
+    assert!(over_several > 0, "claims over several locks were made");
     assert_eq!(injected.values().sum::<usize>(), n, "every fault was injected");
     drop(replicas);
 }
@@ -468,9 +476,27 @@ async fn work(env: &Env, worker: usize, mut rng: Rng, deadline: Instant, made: &
         i += 1;
         let name = format!("w{worker}-{i}");
         let lock = LOCKS[rng.below(LOCKS.len() as u64) as usize];
-        let mut spec = json!({});
+        let mut spec = json!({ "lockName": lock });
         if lock.starts_with('s') && rng.below(2) == 0 {
             spec["mode"] = json!("Shared");
+        }
+        // Now and then a claim over two or three locks (of the zklock-only ones), taken together.
+        if rng.below(100) < 15 {
+            let mut several: Vec<&str> = vec![];
+            while several.len() < 2 + rng.below(2) as usize {
+                let pick = SEVERAL[rng.below(SEVERAL.len() as u64) as usize];
+                if !several.contains(&pick) {
+                    several.push(pick);
+                }
+            }
+            let locks: Vec<serde_json::Value> = several
+                .iter()
+                .map(|l| {
+                    let shared = l.starts_with('s') && rng.below(2) == 0;
+                    json!({ "lockName": l, "mode": if shared { "Shared" } else { "Exclusive" } })
+                })
+                .collect();
+            spec = json!({ "locks": locks });
         }
         let kind = rng.below(100);
         let pod = (60..75).contains(&kind).then(|| format!("{name}-pod"));
@@ -484,7 +510,7 @@ async fn work(env: &Env, worker: usize, mut rng: Rng, deadline: Instant, made: &
         if kind >= 85 {
             spec["revocationGracePeriodSeconds"] = json!(1);
         }
-        env.claim(&name, lock, spec).await;
+        env.claim_spec(&name, spec).await;
         made.fetch_add(1, Ordering::SeqCst);
         // Should the wait fail, what the lock's directory held just before says why.
         let dump =

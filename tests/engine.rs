@@ -727,3 +727,48 @@ async fn empty_lock_directories_are_removed_unless_marked_foreign() {
     let (marker, _) = raw.get_data("/locks/ns2/shared").await.unwrap();
     assert_eq!(marker, b"-1", "the mark stays");
 }
+
+/// A group (one claim over several locks): its nodes are made in one multi-op, so two groups
+/// named over the same locks in opposite orders stand in the same order in both; each part
+/// follows its own lock's recipe (a foreign contender ahead in one lock holds up that part
+/// only), and the group is released in one multi-op.
+#[tokio::test]
+async fn a_group_is_enqueued_and_released_at_once_and_keeps_one_order_in_every_lock() {
+    let connect = chroot().await;
+    let engine = engine(&connect).await;
+    let raw = raw_client(&connect).await;
+    let (a, b) = ("/locks/ns/group-a", "/locks/ns/group-b");
+    let part = |group: &str, i: usize, lock: &str| zklock::zk::ContenderSpec {
+        id: format!("{group}-x{i}").into(),
+        lock: lock.into(),
+        mode: Mode::Exclusive,
+        description: group.into(),
+    };
+    // A Curator-style contender holds b first.
+    let options = zkc::CreateMode::EphemeralSequential.with_acls(zkc::Acls::anyone_all());
+    raw.mkdir(b, &zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all())).await.unwrap();
+    let (_, foreign_seq) = raw.create(&format!("{b}/_c_f00d-lock-"), b"", &options).await.unwrap();
+    let first = engine.enqueue_group(vec![part("g1", 0, a), part("g1", 1, b)]).await.unwrap();
+    assert!(first[0].is_held(), "g1 holds a: {first:?}");
+    assert!(matches!(first[1], ContenderState::Waiting { ahead: 1, .. }), "and waits behind the stranger in b");
+    // g2 names the locks the other way round: behind g1 in both.
+    let second = engine.enqueue_group(vec![part("g2", 0, b), part("g2", 1, a)]).await.unwrap();
+    assert!(second.iter().all(|s| matches!(s, ContenderState::Waiting { .. })), "{second:?}");
+    let in_a = children(&raw, a).await;
+    let in_b = children(&raw, b).await;
+    let order = |names: &[String]| -> Vec<String> {
+        zklock::recipe::queue(names).iter().filter_map(|c| c.ours.map(|(id, _)| id[..2].to_string())).collect()
+    };
+    assert_eq!(order(&in_a), ["g1", "g2"]);
+    assert_eq!(order(&in_b), ["g1", "g2"], "the same order in every lock they share");
+    raw.delete(&format!("{b}/_c_f00d-lock-{foreign_seq}"), None).await.unwrap();
+    let mut g1b = engine.contender("g1-x1");
+    held(&mut g1b).await;
+    assert!(engine.release_group(&["g1-x0", "g1-x1"]).await.unwrap());
+    for id in ["g2-x0", "g2-x1"] {
+        held(&mut engine.contender(id)).await;
+    }
+    assert_eq!(order(&children(&raw, a).await), ["g2"], "both of g1's nodes went");
+    assert_eq!(order(&children(&raw, b).await), ["g2"]);
+    assert!(!engine.release_group(&["g1-x0", "g1-x1"]).await.unwrap(), "released already");
+}

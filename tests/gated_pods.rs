@@ -302,3 +302,24 @@ async fn a_pod_whose_claim_expires_stays_gated_and_says_why() {
     assert_eq!(gates(&env.pods.get("late").await.unwrap()), [GATE], "an expired pod never gets the lock");
     env.history.check();
 }
+
+/// A pod gated on two locks (`zklock.io/lock: a,b`): one claim over both, the gate removed only
+/// once both are held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_gated_on_two_locks_runs_once_it_holds_both() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    env.claim("holds-b", "reports", json!({})).await;
+    env.wait_phase("holds-b", Phase::Held).await;
+    gated_pod(&env, "both", json!({ "zklock.io/lock": "ledger,reports" }), &[GATE]).await;
+    let claim = env.wait_phase("both", Phase::Waiting).await;
+    let names: Vec<String> = claim.spec.locks.unwrap().into_iter().map(|l| l.lock_name).collect();
+    assert_eq!(names, ["ledger", "reports"]);
+    assert_eq!(claim.status.unwrap().waiting_for.as_deref(), Some("holds-b"));
+    assert_eq!(gates(&env.pods.get("both").await.unwrap()), [GATE], "not while it holds only the ledger");
+    env.delete_claim("holds-b").await;
+    let pod = wait_pod(&env, "both", "ungated", |p| gates(p).is_empty()).await;
+    let message = lock_condition(&pod).and_then(|c| c.message).unwrap_or_default();
+    assert!(message.contains("ledger") && message.contains("reports"), "{message}");
+    env.history.check();
+}

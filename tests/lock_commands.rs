@@ -292,3 +292,31 @@ async fn acquire_with_its_stdout_closed_releases_the_lock() {
     env.history.await_gone(&claim.name).await;
     env.history.check();
 }
+
+/// `zklock exec a,b`: one claim over both locks; the command runs once both are held, with each
+/// lock's fencing token of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_over_two_locks_gives_the_command_a_token_per_lock() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    let dir = tempdir(&env);
+    let seen = dir.join("seen");
+    let script = format!(
+        "echo \"$ZKLOCK_CLAIM $ZKLOCK_LOCK $ZKLOCK_FENCING_TOKEN_DB $ZKLOCK_FENCING_TOKEN_SEARCH_INDEX\" > {}",
+        seen.display()
+    );
+    let out =
+        finish(zklock(&env, &["exec", "db,search-index", "--", "sh", "-c", &script]).spawn().unwrap(), "exec").await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let seen = std::fs::read_to_string(&seen).expect("the command ran");
+    let words: Vec<&str> = seen.split_whitespace().collect();
+    assert_eq!(words.len(), 4, "{seen}");
+    assert_eq!(words[1], "db,search-index");
+    let token = |lock: &str| {
+        env.history.records().into_iter().filter(|r| r.name == words[0] && r.lock == lock).find_map(|r| r.fencing)
+    };
+    assert_eq!(token("db").as_deref(), Some(words[2]), "the db lock's own token");
+    assert_eq!(token("search-index").as_deref(), Some(words[3]), "the search-index lock's own token");
+    env.history.await_gone(words[0]).await;
+    env.history.check();
+}
