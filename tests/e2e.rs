@@ -728,6 +728,43 @@ async fn a_status_write_that_times_out_and_lands_late_is_refused() {
     assert_eq!(env.status("x").await, Some(Phase::Revoked), "x stays final");
 }
 
+/// On a lock with permits, a grant whose status write is held up past its timeout (and made
+/// again) while another hold of the lock begins and ends is recorded with a fresh token: with
+/// the one the engine gave it at the grant it would read as older than a hold that ended
+/// before it (the chaos suite's late write met it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_grant_on_a_semaphore_takes_a_token_above_the_holds_that_ended_meanwhile() {
+    use zklock_testkit::api_proxy::{ApiProxy, Matcher};
+    let env = Env::new().await;
+    let proxy = ApiProxy::start(zklock_testkit::kube::kubeconfig()).await;
+    let _op = Operator::start_proxied(&env, &proxy, &[]);
+    let locks: kube::Api<Lock> = kube::Api::namespaced(env.client.clone(), &env.ns);
+    let lock: Lock = serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock", "metadata": { "name": "sem" }, "spec": { "permits": 2 },
+    }))
+    .unwrap();
+    env.history.set_permits("sem", 2);
+    locks.create(&kube::api::PostParams::default(), &lock).await.unwrap();
+    env.claim("a", "sem", json!({})).await;
+    env.wait_phase("a", Phase::Held).await;
+    let held = proxy
+        .hold_next(Matcher { method: "PATCH", path_contains: format!("/namespaces/{}/lockclaims/b/status", env.ns) });
+    env.claim("b", "sem", json!({})).await;
+    assert!(held.caught(PATIENCE).await, "b's grant is being written");
+    env.claim("c", "sem", json!({})).await;
+    env.delete_claim("a").await;
+    env.wait_phase("c", Phase::Held).await;
+    env.delete_claim("c").await;
+    env.history.await_gone("c").await;
+    // b's grant, written again after its timeout, lands now.
+    env.wait_phase("b", Phase::Held).await;
+    let code = held.deliver(PATIENCE).await;
+    assert!(matches!(code, Some(409 | 422)), "the held write is refused: {code:?}");
+    env.delete_claim("b").await;
+    env.history.await_gone("b").await;
+    env.history.check();
+}
+
 /// A deleted holder's final status write is refused (its copy was outdated by a change made
 /// meanwhile): the finalizer stays until the status is written from a newer copy and the node
 /// is gone. Before, the cleanup went on as if written: the finalizer went, the claim vanished

@@ -311,6 +311,10 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mu
         }
     }
     let before = claim.status.clone().unwrap_or_default();
+    let granting = plan.status.phase == Some(Phase::Held) && before.phase != Some(Phase::Held);
+    if granting {
+        fresh_tokens(ctx, parts, &mut plan).await?;
+    }
     if plan.status != before {
         let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
         let version = claim.metadata.resource_version.as_deref().ok_or(Error::Malformed("a resourceVersion"))?;
@@ -318,7 +322,6 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mu
         let answer = ctx
             .write("patch_status", api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch)))
             .await;
-        let granting = plan.status.phase == Some(Phase::Held) && before.phase != Some(Phase::Held);
         let refused = matches!(answer, Ok(Err(_)));
         if refused && granting {
             // A grant reserved for this write did not happen. (One whose answer did not come
@@ -346,6 +349,13 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mu
         ctx.registry.stamped(uid, true);
         if granting {
             observe_grant(claim, ctx, parts);
+        }
+        if before.phase == Some(Phase::Held) && plan.status.phase.is_some_and(Phase::is_terminal) {
+            for (part, token) in parts.iter().zip(tokens(&plan.status, parts)) {
+                if let Some(token) = token {
+                    ctx.registry.hold_ended(&part.lock, token);
+                }
+            }
         }
         // The registry's phase is the operator's own last write, never a copy's.
         ctx.registry.set_phase(uid, plan.status.phase);
@@ -384,6 +394,40 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mu
         return Ok(Action::await_change());
     }
     Ok(plan.requeue_after.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Each part's fencing token as the status records it, in the order of `parts`.
+fn tokens(status: &LockClaimStatus, parts: &[Part]) -> Vec<Option<i64>> {
+    parts
+        .iter()
+        .map(|part| {
+            let token = match status.locks.iter().find(|l| l.lock_name == part.name) {
+                Some(lock) => lock.fencing_token.as_deref(),
+                None => status.fencing_token.as_deref(),
+            };
+            token.and_then(|t| t.parse().ok())
+        })
+        .collect()
+}
+
+/// A grant is recorded with tokens above every hold of its locks that ended before: a grant
+/// whose write was held up (it timed out and is made again) while other holds of a lock with
+/// permits began and ended would otherwise read as older than holds that ended before it. Such
+/// a part gets a fresh token from the engine, above every token issued so far.
+async fn fresh_tokens(ctx: &Context, parts: &[Part], plan: &mut Plan) -> Result<(), Error> {
+    for (i, (part, token)) in parts.iter().zip(tokens(&plan.status, parts)).enumerate() {
+        let Some(token) = token else { continue };
+        if token > ctx.registry.highest_ended(&part.lock) {
+            continue;
+        }
+        let fresh = ctx.engine.refresh_token(&part.id).await?.to_string();
+        tracing::info!(lock = %part.lock, old = token, new = %fresh, "a late grant takes a fresh fencing token");
+        match plan.status.locks.get_mut(i).filter(|l| l.lock_name == part.name) {
+            Some(lock) => lock.fencing_token = Some(fresh),
+            None => plan.status.fencing_token = Some(fresh),
+        }
+    }
+    Ok(())
 }
 
 /// The status write: the whole new status, for this very claim, landing only on the copy it

@@ -60,6 +60,9 @@ struct Inner {
     blocked: HashMap<Arc<str>, HashSet<Uid>>,
     /// Where woken claims are sent (to be reconciled); none in unit tests.
     waker: Option<tokio::sync::mpsc::UnboundedSender<Uid>>,
+    /// Lock path → the highest fencing token of a hold whose final status was written: a grant
+    /// recorded after it must carry a higher one. Kept while a claim names the lock.
+    ended: HashMap<Arc<str>, i64>,
 }
 
 /// Why a grant has to wait.
@@ -163,10 +166,13 @@ impl Inner {
         shared
     }
 
-    /// Lets go of an interned string; the last claim naming it takes it along.
+    /// Lets go of an interned string; the last claim naming it takes it along (and, for a
+    /// lock, what is kept about it).
     fn unintern(&mut self, s: Arc<str>) {
-        // Two references left: this one and the set's.
-        if Arc::strong_count(&s) <= 2 {
+        // Two references left: this one and the set's (three while `ended` has it too).
+        let kept = usize::from(self.ended.contains_key(&*s));
+        if Arc::strong_count(&s) <= 2 + kept {
+            self.ended.remove(&*s);
             self.strings.remove(&*s);
         }
     }
@@ -521,6 +527,19 @@ impl Registry {
 
     pub fn verdict(&self, uid: &str) -> Option<String> {
         self.lock().claims.get(uid).and_then(|c| c.verdict.as_deref().map(String::from))
+    }
+
+    /// The final status of a hold of `lock` with `token` was written.
+    pub fn hold_ended(&self, lock: &str, token: i64) {
+        let mut inner = self.lock();
+        let Some(key) = inner.strings.get(lock).cloned() else { return };
+        let highest = inner.ended.entry(key).or_insert(token);
+        *highest = (*highest).max(token);
+    }
+
+    /// The highest token of a hold of `lock` that has ended (0: none known).
+    pub fn highest_ended(&self, lock: &str) -> i64 {
+        self.lock().ended.get(lock).copied().unwrap_or(0)
     }
 
     /// Notes a holder's release for the handoff histogram. Entries no grant took within a

@@ -439,6 +439,35 @@ impl LockEngine {
         self.core.book.lock().limits.iter().map(|(path, limit)| (path.to_string(), *limit)).collect()
     }
 
+    /// Gives a holder a fencing token of its own, above every token issued so far: writes its
+    /// node's data back unchanged (guarded by its version and the leader epoch) and takes the
+    /// write's zxid. For a grant that is recorded late (its status write was held up while
+    /// other holds of the lock began and ended): recorded with its first token, it would read
+    /// as older than holds that ended before it. Answers the new token.
+    pub async fn refresh_token(&self, id: &str) -> Result<i64, Error> {
+        let client = self.core.client()?;
+        let path = self.node(id).ok_or(Error::SessionLost)?;
+        let zxid = loop {
+            let (body, stat) =
+                retry::idempotent(|| client.get_data(&path)).await.map_err(|e| Error::zk("get", &path, e))?;
+            match retry::idempotent(|| self.core.fence.set_data_stat(&client, &path, &body, stat.version)).await {
+                Ok(stat) => break stat.mzxid,
+                // A revocation request written meanwhile: write it back too.
+                Err(zk::Error::BadVersion) => continue,
+                Err(e) => return Err(Error::zk("set", &path, e)),
+            }
+        };
+        let mut book = self.core.book.lock();
+        let Book { contenders, locks, .. } = &mut *book;
+        if let Some(member) = contenders.get_mut(id).filter(|m| m.path() == path) {
+            member.fencing_token = zxid;
+            if let Some(q) = locks.get_mut(&member.lock) {
+                q.last_token = q.last_token.max(zxid);
+            }
+        }
+        Ok(zxid)
+    }
+
     /// The limit set for the lock in `lock_path` ([`LockEngine::set_limit`]).
     pub fn limit(&self, lock_path: &str) -> Limit {
         self.core.book.lock().limit(lock_path)
