@@ -729,9 +729,9 @@ async fn a_status_write_that_times_out_and_lands_late_is_refused() {
 }
 
 /// On a lock with permits, a grant whose status write is held up past its timeout (and made
-/// again) while another hold of the lock begins and ends is recorded with a fresh token: with
-/// the one the engine gave it at the grant it would read as older than a hold that ended
-/// before it (the chaos suite's late write met it).
+/// again) never reads as older than a hold of the lock that ended before it: grants there are
+/// written one at a time (c's waits until b's is answered, by its retry), each with a token
+/// above the last (the chaos suite's late write met a grant recorded below an ended hold).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_grant_on_a_semaphore_takes_a_token_above_the_holds_that_ended_meanwhile() {
     use zklock_testkit::api_proxy::{ApiProxy, Matcher};

@@ -110,23 +110,29 @@ pub async fn reconcile(lock: Arc<Lock>, ctx: Arc<Context>) -> Result<Action, Err
 
 /// The status a `Lock` shows for its claims (pure).
 pub fn status_of(lock: &Lock, claims: &[Arc<KeptClaim>]) -> LockStatus {
-    let mut held: Vec<(i128, &str)> = vec![];
+    // Holders in queue order: the order their nodes were made in (grants with permits are
+    // written one at a time, in whatever order their reconciles come, and a late one takes a
+    // fresh token, so tokens need not follow the queue).
+    let mut held: Vec<(Option<u64>, &str)> = vec![];
     let mut queued = 0u32;
     let name = lock.metadata.name.as_deref().unwrap_or_default();
     for claim in claims {
         match claim.phase() {
             Some(Phase::Held) => {
-                // A claim over several locks: this lock's token.
-                let own =
-                    claim.lock_statuses().iter().find(|l| l.lock_name == name).and_then(|l| l.fencing_token.as_deref());
-                let token = own.or(claim.fencing_token()).and_then(|t| t.parse().ok());
-                held.push((token.unwrap_or(i128::MAX), claim.metadata.name.as_deref().unwrap_or_default()));
+                // A claim over several locks: its node in this lock.
+                let own = claim.lock_statuses().iter().find(|l| l.lock_name == name).and_then(|l| l.znode.as_deref());
+                let node = own.or(claim.znode()).and_then(|path| path.rsplit('/').next());
+                let sequence = node.and_then(crate::recipe::parse_child).map(|child| child.sequence);
+                held.push((sequence, claim.metadata.name.as_deref().unwrap_or_default()));
             }
             None | Some(Phase::Pending | Phase::Waiting) if claim.metadata.deletion_timestamp.is_none() => queued += 1,
             _ => {}
         }
     }
-    held.sort_unstable();
+    let base = crate::recipe::wrap_base(held.iter().filter_map(|(sequence, _)| *sequence));
+    held.sort_unstable_by_key(|(sequence, name)| {
+        (sequence.map_or(u64::MAX, |s| crate::recipe::queue_key(s, base)), *name)
+    });
     LockStatus {
         permits: Some(lock.spec.permits),
         held: u32::try_from(held.len()).unwrap_or(u32::MAX),
@@ -140,4 +146,42 @@ pub fn error_policy(lock: Arc<Lock>, error: &Error, ctx: Arc<Context>) -> Action
     ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabel { error: error.metric_label() }).inc();
     tracing::warn!(lock = %lock.name_any(), %error, "Lock status refresh failed");
     error.retry_after().map_or_else(Action::await_change, Action::requeue)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::LockClaim;
+    use serde_json::json;
+
+    fn held(name: &str, sequence: u32, token: u32, several: bool) -> Arc<KeptClaim> {
+        let node = format!("/zklock/locks/ns/sem/write-{name}-lock-{sequence:010}");
+        let status = if several {
+            json!({ "phase": "Held", "locks": [
+                { "lockName": "other", "fencingToken": "1", "znode": "/zklock/locks/ns/other/write-x-lock-0000000009" },
+                { "lockName": "sem", "fencingToken": token.to_string(), "znode": node },
+            ]})
+        } else {
+            json!({ "phase": "Held", "fencingToken": token.to_string(), "znode": node })
+        };
+        let claim: LockClaim = serde_json::from_value(json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim",
+            "metadata": { "name": name, "namespace": "ns" }, "spec": { "lockName": "sem" }, "status": status,
+        }))
+        .unwrap();
+        Arc::new(KeptClaim::from(claim))
+    }
+
+    #[test]
+    fn holders_are_listed_in_queue_order_whatever_their_tokens() {
+        let lock: Lock = serde_json::from_value(json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "Lock", "metadata": { "name": "sem" }, "spec": { "permits": 3 },
+        }))
+        .unwrap();
+        // c0 was granted last, with a fresh token; c2 is over two locks.
+        let claims = [held("c2", 7, 40, true), held("c0", 5, 90, false), held("c1", 6, 30, false)];
+        let status = status_of(&lock, &claims);
+        assert_eq!(status.holders, ["c0", "c1", "c2"]);
+        assert_eq!((status.held, status.permits), (3, Some(3)));
+    }
 }

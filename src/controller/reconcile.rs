@@ -85,6 +85,10 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
         // Final: no grant waits for this claim's stamp (DESIGN.md §5a).
         ctx.registry.stamped(uid, false);
     }
+    if claim.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held) {
+        // Its grant landed (whichever of its writes did): none of them is in flight any more.
+        ctx.registry.settle(uid);
+    }
     if !terminal && ctx.registry.known_phase(uid).is_some_and(Phase::is_terminal) {
         // Final is final: this copy is older than the operator's own final write, and planning
         // from it could bring the claim back. Only make sure the nodes are gone; the watch
@@ -145,6 +149,13 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
                 // grant waits until the other's final status is written (by its own reconcile).
                 tracing::debug!(other = %other, "grant waits for the previous holder's final status");
                 ctx.trigger(&other);
+                return Ok(Action::requeue(GRANT_BACKSTOP));
+            }
+            Err(GrantBlocked::Granting(other)) => {
+                // Grants of a lock with permits are written one at a time, each with a token
+                // above the last (see `fresh_tokens`); this one is woken when that write is
+                // answered.
+                tracing::debug!(other = %other, "grant waits for another grant of the lock to be written");
                 return Ok(Action::requeue(GRANT_BACKSTOP));
             }
             Err(GrantBlocked::Unstamped(other)) => {
@@ -323,6 +334,11 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mu
             .write("patch_status", api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch)))
             .await;
         let refused = matches!(answer, Ok(Err(_)));
+        if matches!(&answer, Ok(Ok(_)) | Ok(Err(kube::Error::Api(_)))) {
+            // Answered: this write landed or never will, and a grant written earlier (tested
+            // against the same copy or an older one) cannot land after it.
+            ctx.registry.settle(uid);
+        }
         if refused && granting {
             // A grant reserved for this write did not happen. (One whose answer did not come
             // stays reserved: it may still land, until a newer write of the claim lands.)
@@ -353,7 +369,7 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mu
         if before.phase == Some(Phase::Held) && plan.status.phase.is_some_and(Phase::is_terminal) {
             for (part, token) in parts.iter().zip(tokens(&plan.status, parts)) {
                 if let Some(token) = token {
-                    ctx.registry.hold_ended(&part.lock, token);
+                    ctx.registry.token_used(&part.lock, token);
                 }
             }
         }
@@ -410,22 +426,33 @@ fn tokens(status: &LockClaimStatus, parts: &[Part]) -> Vec<Option<i64>> {
         .collect()
 }
 
-/// A grant is recorded with tokens above every hold of its locks that ended before: a grant
-/// whose write was held up (it timed out and is made again) while other holds of a lock with
-/// permits began and ended would otherwise read as older than holds that ended before it. Such
-/// a part gets a fresh token from the engine, above every token issued so far.
+/// A grant in a lock with permits is written with a token above every token of that lock
+/// granted or ended before: holders of such a lock are not granted in queue order (a claim
+/// over several locks may sit among the first N of one while it waits for another, and a
+/// grant's write may be held up and made again while other holds began and ended), so its
+/// first token could read as older than a hold that ended before it. Such a part gets a fresh
+/// token from the engine, above every token issued so far. Grants of the lock are written one
+/// at a time (the registry's reservation), so no other grant comes between the check and the
+/// write. (A mutex needs none of this: a grant there waits for every hold it conflicts with,
+/// and its token is above theirs.)
 async fn fresh_tokens(ctx: &Context, parts: &[Part], plan: &mut Plan) -> Result<(), Error> {
     for (i, (part, token)) in parts.iter().zip(tokens(&plan.status, parts)).enumerate() {
-        let Some(token) = token else { continue };
-        if token > ctx.registry.highest_ended(&part.lock) {
+        let Some(mut token) = token else { continue };
+        if !matches!(ctx.engine.limit(&part.lock), crate::recipe::Limit::Permits(_)) {
             continue;
         }
-        let fresh = ctx.engine.refresh_token(&part.id).await?.to_string();
-        tracing::info!(lock = %part.lock, old = token, new = %fresh, "a late grant takes a fresh fencing token");
-        match plan.status.locks.get_mut(i).filter(|l| l.lock_name == part.name) {
-            Some(lock) => lock.fencing_token = Some(fresh),
-            None => plan.status.fencing_token = Some(fresh),
+        // Tokens with permits are each a zxid of their own: an equal one is this grant's own,
+        // recorded by an earlier attempt of this write.
+        if token < ctx.registry.highest_token(&part.lock) {
+            let fresh = ctx.engine.refresh_token(&part.id).await?;
+            tracing::info!(lock = %part.lock, old = token, new = fresh, "a grant takes a fresh fencing token");
+            token = fresh;
+            match plan.status.locks.get_mut(i).filter(|l| l.lock_name == part.name) {
+                Some(lock) => lock.fencing_token = Some(fresh.to_string()),
+                None => plan.status.fencing_token = Some(fresh.to_string()),
+            }
         }
+        ctx.registry.token_used(&part.lock, token);
     }
     Ok(())
 }

@@ -60,9 +60,16 @@ struct Inner {
     blocked: HashMap<Arc<str>, HashSet<Uid>>,
     /// Where woken claims are sent (to be reconciled); none in unit tests.
     waker: Option<tokio::sync::mpsc::UnboundedSender<Uid>>,
-    /// Lock path → the highest fencing token of a hold whose final status was written: a grant
-    /// recorded after it must carry a higher one. Kept while a claim names the lock.
-    ended: HashMap<Arc<str>, i64>,
+    /// Lock path → the highest fencing token of a grant written (or tried) or of a hold whose
+    /// final status was written: a grant with permits recorded after it must carry a higher
+    /// one. Kept while a claim names the lock.
+    tokens: HashMap<Arc<str>, i64>,
+    /// Lock path (of a lock with permits) → the claim whose grant's status write is not
+    /// answered yet. Grants of such a lock are written one at a time: a grant written after a
+    /// hold ended then always carries a higher token than that hold, even when grants are
+    /// decided out of queue order (a claim over several locks waits for its other locks
+    /// meanwhile) or a write is held up in flight.
+    granting: HashMap<Arc<str>, Uid>,
 }
 
 /// Why a grant has to wait.
@@ -73,6 +80,8 @@ pub enum GrantBlocked {
     Holder(Uid),
     /// This claim's status may still receive a deposed leader's write: this term's first.
     Unstamped(Uid),
+    /// This claim's grant in a lock with permits is being written: one at a time there.
+    Granting(Uid),
 }
 
 /// A claim's locks (paths), each with whether it wants it exclusively: one, without an
@@ -169,10 +178,11 @@ impl Inner {
     /// Lets go of an interned string; the last claim naming it takes it along (and, for a
     /// lock, what is kept about it).
     fn unintern(&mut self, s: Arc<str>) {
-        // Two references left: this one and the set's (three while `ended` has it too).
-        let kept = usize::from(self.ended.contains_key(&*s));
+        // Two references left: this one and the set's (one more for each map keyed by it).
+        let kept = usize::from(self.tokens.contains_key(&*s)) + usize::from(self.granting.contains_key(&*s));
         if Arc::strong_count(&s) <= 2 + kept {
-            self.ended.remove(&*s);
+            self.tokens.remove(&*s);
+            self.granting.remove(&*s);
             self.strings.remove(&*s);
         }
     }
@@ -199,6 +209,18 @@ impl Inner {
                 }
             }
             self.wake_blocked(&lock);
+        }
+    }
+
+    /// Claim `uid`'s grant is no longer in flight in any of its locks; grants that waited for it
+    /// are woken.
+    fn settle(&mut self, uid: &str) {
+        let Some(locks) = self.claims.get(uid).map(|c| c.locks.clone()) else { return };
+        for (lock, _) in locks.iter() {
+            if self.granting.get(lock).is_some_and(|g| **g == *uid) {
+                self.granting.remove(lock);
+                self.wake_blocked(lock);
+            }
         }
     }
 
@@ -236,6 +258,7 @@ impl Inner {
                 }
             }
         } else if old == Some(Phase::Held) {
+            self.settle(uid);
             for (lock, _) in locks.iter() {
                 if let Some(holders) = self.held.get_mut(lock) {
                     holders.retain(|h| **h != *uid);
@@ -327,9 +350,11 @@ impl Registry {
     /// Reserves a grant: records `uid` as Held in all its locks unless, in one of them (given
     /// with its limit), another claim recorded Held conflicts with it (one of the two
     /// exclusive; with permits, all of them taken), or another claim may still receive a
-    /// deposed leader's status write. Check and record are one step, so two grants in flight
-    /// cannot both pass. A grant whose write fails is rolled back with
-    /// [`Registry::set_phase`] to the phase the claim had.
+    /// deposed leader's status write, or (with permits) another grant's write is in flight.
+    /// Check and record are one step, so two grants in flight cannot both pass. A grant whose
+    /// write fails is rolled back with [`Registry::set_phase`] to the phase the claim had; one
+    /// whose write is answered, or whose claim reads Held, is settled with
+    /// [`Registry::settle`].
     pub fn reserve_grant(&self, uid: &str, locks: &[(&str, bool, Limit)]) -> Result<(), GrantBlocked> {
         let mut inner = self.lock();
         let holder = locks.iter().find_map(|(lock, exclusive, limit)| inner.conflict(uid, lock, *exclusive, *limit));
@@ -338,15 +363,28 @@ impl Registry {
                 inner.unstamped.get(*lock).and_then(|claims| claims.iter().find(|c| ***c != *uid).cloned())
             })
         };
-        let blocked = match holder {
-            Some(other) => GrantBlocked::Holder(other),
-            None => match unstamped() {
-                Some(other) => GrantBlocked::Unstamped(other),
-                None => {
-                    inner.set_phase(uid, Some(Phase::Held));
-                    return Ok(());
+        let granting = || {
+            locks.iter().find_map(|(lock, _, limit)| {
+                let other = inner.granting.get(*lock).filter(|other| ***other != *uid);
+                other.filter(|_| matches!(limit, Limit::Permits(_))).cloned()
+            })
+        };
+        let blocked = match (holder, unstamped(), granting()) {
+            (Some(other), _, _) => GrantBlocked::Holder(other),
+            (None, Some(other), _) => GrantBlocked::Unstamped(other),
+            (None, None, Some(other)) => GrantBlocked::Granting(other),
+            (None, None, None) => {
+                inner.set_phase(uid, Some(Phase::Held));
+                if let Some(key) = inner.claims.get_key_value(uid).map(|(k, _)| k.clone()) {
+                    for (lock, _, limit) in locks {
+                        if matches!(limit, Limit::Permits(_)) {
+                            let lock = inner.intern(lock);
+                            inner.granting.insert(lock, key.clone());
+                        }
+                    }
                 }
-            },
+                return Ok(());
+            }
         };
         if let Some((key, claim_locks)) = inner.claims.get_key_value(uid).map(|(k, c)| (k.clone(), c.locks.clone())) {
             for (lock, _) in claim_locks.iter() {
@@ -445,6 +483,7 @@ impl Registry {
 
     pub fn forget(&self, uid: &str) {
         let mut inner = self.lock();
+        inner.settle(uid);
         inner.leave_gates(uid);
         inner.set_phase(uid, None);
         inner.unstamp(uid);
@@ -529,17 +568,25 @@ impl Registry {
         self.lock().claims.get(uid).and_then(|c| c.verdict.as_deref().map(String::from))
     }
 
-    /// The final status of a hold of `lock` with `token` was written.
-    pub fn hold_ended(&self, lock: &str, token: i64) {
+    /// A grant of `lock` with `token` is being written, or the final status of a hold with
+    /// `token` was written.
+    pub fn token_used(&self, lock: &str, token: i64) {
         let mut inner = self.lock();
         let Some(key) = inner.strings.get(lock).cloned() else { return };
-        let highest = inner.ended.entry(key).or_insert(token);
+        let highest = inner.tokens.entry(key).or_insert(token);
         *highest = (*highest).max(token);
     }
 
-    /// The highest token of a hold of `lock` that has ended (0: none known).
-    pub fn highest_ended(&self, lock: &str) -> i64 {
-        self.lock().ended.get(lock).copied().unwrap_or(0)
+    /// The highest token of `lock` granted or ended so far (0: none known).
+    pub fn highest_token(&self, lock: &str) -> i64 {
+        self.lock().tokens.get(lock).copied().unwrap_or(0)
+    }
+
+    /// Claim `uid`'s grant is no longer in flight: its status write was answered, a newer write
+    /// of the claim landed (the grant's write, which tests the same copy, cannot land after it),
+    /// or the claim reads Held.
+    pub fn settle(&self, uid: &str) {
+        self.lock().settle(uid);
     }
 
     /// Notes a holder's release for the handoff histogram. Entries no grant took within a
@@ -616,6 +663,7 @@ mod tests {
             Err(GrantBlocked::Holder("s1".into())),
             "no fourth of three"
         );
+        r.settle("e3");
         assert_eq!(r.reserve_grant("e4", &[("/l", true, Limit::from_permits(Some(4)))]), Ok(()));
         for uid in ["e3", "e4"] {
             r.set_phase(uid, Some(Phase::Released));
@@ -625,6 +673,40 @@ mod tests {
             Err(GrantBlocked::Holder("s1".into())),
             "exclusive beside shared"
         );
+    }
+
+    #[test]
+    fn grants_of_a_lock_with_permits_are_written_one_at_a_time() {
+        let r = Registry::default();
+        let three = Limit::from_permits(Some(3));
+        for (i, uid) in ["a", "b", "c", "m1", "m2"].into_iter().enumerate() {
+            let lock = if uid.starts_with('m') { "/mutex" } else { "/p" };
+            r.first_seen(&Uid::from(uid), seen(&one(lock, false)), i as i64, Some(Phase::Waiting));
+        }
+        assert_eq!(r.reserve_grant("a", &[("/p", true, three)]), Ok(()));
+        assert_eq!(
+            r.reserve_grant("b", &[("/p", true, three)]),
+            Err(GrantBlocked::Granting("a".into())),
+            "a's write is not answered yet"
+        );
+        assert_eq!(r.reserve_grant("a", &[("/p", true, three)]), Ok(()), "its own write does not hold it up");
+        r.settle("a");
+        assert_eq!(r.reserve_grant("b", &[("/p", true, three)]), Ok(()), "answered");
+        r.set_phase("b", Some(Phase::Waiting));
+        assert_eq!(r.reserve_grant("c", &[("/p", true, three)]), Ok(()), "a rolled-back grant is not in flight");
+        r.forget("c");
+        assert!(r.lock().granting.is_empty(), "a forgotten claim's grant is not in flight");
+        assert_eq!(r.reserve_grant("m1", &[("/mutex", false, Limit::Mutex)]), Ok(()));
+        assert_eq!(
+            r.reserve_grant("m2", &[("/mutex", false, Limit::Mutex)]),
+            Ok(()),
+            "shared grants of a mutex at once"
+        );
+
+        r.token_used("/p", 7);
+        r.token_used("/p", 5);
+        assert_eq!(r.highest_token("/p"), 7);
+        assert_eq!(r.highest_token("/unknown"), 0);
     }
 
     #[test]
