@@ -12,7 +12,8 @@
 //! (with API writes per gated handoff), uncontended acquire/release throughput over 1,000 locks next
 //! to Apache Curator's on the same ZooKeeper, and the operator's memory per claim at 10,000
 //! claims (`--memory-claims N` for another count, such as 100000). `--quick` runs smaller sizes (for a smoke test);
-//! `--only handoff|pods|gated|throughput|memory` runs one part. `ZKLOCK_BENCH_WRAP="heaptrack -o /tmp/op"` runs the operator under a wrapper
+//! `--only handoff|pods|gated|throughput|memory` runs one part; `--no-finalizer-policy` leaves the
+//! finalizer's admission policy out (the operator then adds its finalizer to each claim). `ZKLOCK_BENCH_WRAP="heaptrack -o /tmp/op"` runs the operator under a wrapper
 //! command (a profiler); the RSS figure is then the wrapper's, not the operator's.
 //! `ZKLOCK_BENCH_OPERATOR=PATH` runs another build of the operator, such as the static (musl)
 //! one the container image ships (`scripts/build-static.sh` prints its path), and
@@ -40,6 +41,7 @@ struct Sizes {
     handoffs: usize,
     pod_rounds: usize,
     locks: usize,
+    lifecycles: usize,
     memory_claims: usize,
 }
 
@@ -54,9 +56,9 @@ async fn main() -> Result<(), Error> {
     }
     let runs = |part: &str| only.as_deref().is_none_or(|o| o == part);
     let mut sizes = if quick {
-        Sizes { waiters: [5, 50], handoffs: 10, pod_rounds: 5, locks: 100, memory_claims: 500 }
+        Sizes { waiters: [5, 50], handoffs: 10, pod_rounds: 5, locks: 100, lifecycles: 20, memory_claims: 500 }
     } else {
-        Sizes { waiters: [10, 1000], handoffs: 50, pod_rounds: 20, locks: 1000, memory_claims: 10_000 }
+        Sizes { waiters: [10, 1000], handoffs: 50, pod_rounds: 20, locks: 1000, lifecycles: 100, memory_claims: 10_000 }
     };
     if let Some(i) = args.iter().position(|a| a == "--memory-claims") {
         let n = args.get(i + 1).and_then(|n| n.parse().ok()).filter(|n| *n > 0);
@@ -65,15 +67,19 @@ async fn main() -> Result<(), Error> {
     let sandbox = args.iter().any(|a| a == "--sandbox");
     let kubeconfig =
         if sandbox { zklock_testkit::kube::sandbox_kubeconfig() } else { zklock_testkit::kube::kubeconfig() };
-    let server = Server { kubeconfig: kubeconfig.to_path_buf(), sandbox };
+    // As the chart installs it on a real API server (1.36+); `--no-finalizer-policy` measures
+    // the operator adding its finalizer itself (older clusters, or an earlier build).
+    let finalizer_policy = !sandbox && !args.iter().any(|a| a == "--no-finalizer-policy");
+    let server = Server { kubeconfig: kubeconfig.to_path_buf(), sandbox, finalizer_policy };
     let zk = zklock_testkit::ZkServer::shared();
     let client = zklock_testkit::kube::client_for(kubeconfig).await;
     let version = client.apiserver_version().await?;
     println!(
-        "API server: {} {} ({})",
+        "API server: {} {} ({}){}",
         if sandbox { "kube-sandbox" } else { "kube-apiserver" },
         version.git_version,
-        kubeconfig.display()
+        kubeconfig.display(),
+        if finalizer_policy { ", finalizer admission policy installed" } else { "" }
     );
     install_crd(&client).await?;
 
@@ -82,13 +88,19 @@ async fn main() -> Result<(), Error> {
     }
     if runs("pods") {
         let bench = Bench::start(&client, &server, zk, "pods").await?;
+        let probe = ServerProbe::new(&client, &server);
+        let before = probe.sample().await;
         let pods = bench.pod_deletions(sizes.pod_rounds).await?;
         println!("holder pod deleted -> next Held: {}", pods.summary());
+        println!("{}", probe.sample().await.per(&before, sizes.pod_rounds, "pod handoff (setup included)"));
     }
     if runs("gated") {
         let bench = Bench::start(&client, &server, zk, "gated").await?;
+        let probe = ServerProbe::new(&client, &server);
+        let before = probe.sample().await;
         let (gated, writes) = bench.gated_handoffs(sizes.handoffs).await?;
         println!("gated pod finished -> next gated pod ungated: {}  | API writes/handoff {writes:.2}", gated.summary());
+        println!("{}", probe.sample().await.per(&before, sizes.handoffs, "gated handoff (setup included)"));
     }
     if runs("throughput") {
         throughput(&client, &server, zk, &sizes).await?;
@@ -156,7 +168,15 @@ async fn throughput(
     sizes: &Sizes,
 ) -> Result<(), Error> {
     let bench = Bench::start(client, server, zk, "throughput").await?;
-    let ours = bench.throughput(sizes.locks, 32).await?;
+    // One claim at a time first: what a user waits for on an idle lock.
+    let alone = bench.lifecycles(sizes.lifecycles).await?;
+    println!("uncontended claim created -> Held, one at a time: {}", alone.summary());
+    let probe = ServerProbe::new(client, server);
+    let before = probe.sample().await;
+    let (ours, loaded) = bench.throughput(sizes.locks, 32).await?;
+    let after = probe.sample().await;
+    println!("uncontended claim created -> Held, 32 at once: {}", loaded.summary());
+    println!("{}", after.per(&before, sizes.locks, "claim lifecycle"));
     let curator_connect = zk.chroot().await;
     let locks = sizes.locks.to_string();
     let curator = tokio::task::spawn_blocking(move || {
@@ -171,6 +191,38 @@ async fn throughput(
     print!("{curator}");
     println!("zklock / curator throughput: {:.2}", ours / curator_rate);
     Ok(())
+}
+
+/// The finalizer's admission policy (as the chart installs it), and a binding for namespace `ns`.
+async fn install_finalizer_policy(client: &kube::Client, ns: &str) -> Result<(), Error> {
+    use k8s_openapi::api::admissionregistration::v1::{MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding};
+    use zklock::api::finalizer_policy::{finalizer_policy, finalizer_policy_binding, FINALIZER_POLICY};
+    let apply = kube::api::PatchParams::apply("zklock-bench").force();
+    Api::<MutatingAdmissionPolicy>::all(client.clone())
+        .patch(FINALIZER_POLICY, &apply, &kube::api::Patch::Apply(&finalizer_policy(FINALIZER_POLICY)))
+        .await?;
+    let name = format!("{FINALIZER_POLICY}-{ns}");
+    let binding = finalizer_policy_binding(&name, FINALIZER_POLICY, &[ns.to_string()]);
+    Api::<MutatingAdmissionPolicyBinding>::all(client.clone())
+        .patch(&name, &apply, &kube::api::Patch::Apply(&binding))
+        .await?;
+    // In force once the API server has loaded it: a dry-run create shows it.
+    let claims: Api<LockClaim> = Api::namespaced(client.clone(), ns);
+    let probe: LockClaim = serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim", "metadata": {"name": "probe"}, "spec": {"lockName": "p"}
+    }))?;
+    let dry_run = PostParams { dry_run: true, ..PostParams::default() };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let made = claims.create(&dry_run, &probe).await?;
+        if made.metadata.finalizers.iter().flatten().any(|f| f == zklock::api::FINALIZER) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err("the finalizer policy did not take effect within 30 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The leader epoch's admission policy, and a binding for namespace `ns` with its parameter there.
@@ -208,6 +260,8 @@ async fn install_crd(client: &kube::Client) -> Result<(), Error> {
 struct Server {
     kubeconfig: std::path::PathBuf,
     sandbox: bool,
+    /// The finalizer's admission policy is installed for the bench's namespaces.
+    finalizer_policy: bool,
 }
 
 /// One operator process serving one namespace of its own.
@@ -244,6 +298,9 @@ impl Bench {
             install_epoch_policy(client, &ns).await?;
             "--epoch-param=zklock-leader-epoch"
         };
+        if server.finalizer_policy {
+            install_finalizer_policy(client, &ns).await?;
+        }
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let binary = match std::env::var_os("ZKLOCK_BENCH_OPERATOR") {
             Some(path) => std::path::PathBuf::from(path),
@@ -516,31 +573,55 @@ impl Bench {
         (seen, follower)
     }
 
-    async fn throughput(&self, locks: usize, concurrency: usize) -> Result<f64, Error> {
+    /// Claims on a free lock one after the other: each created, timed until seen Held, deleted
+    /// and seen gone.
+    async fn lifecycles(&self, n: usize) -> Result<Samples, Error> {
+        let (seen, follower) = self.follow();
+        let mut samples = Samples::default();
+        for i in 0..n {
+            let name = format!("u{i}");
+            let start = Instant::now();
+            self.create(&name, &format!("alone-{i}"), None).await?;
+            within(&name, "Held", seen.wait(|sets| sets.0.contains(&name))).await?;
+            samples.push(start.elapsed());
+            self.claims.delete(&name, &DeleteParams::default()).await?;
+            within(&name, "gone", seen.wait(|sets| sets.1.contains(&name))).await?;
+        }
+        follower.abort();
+        Ok(samples)
+    }
+
+    /// Acquire+release over `locks` locks, `concurrency` claims at once; answers the rate and
+    /// each claim's time from its create request to its Held status.
+    async fn throughput(&self, locks: usize, concurrency: usize) -> Result<(f64, Samples), Error> {
         // One watch of the namespace tells every worker when its claim is Held and when it is
         // gone: a watch per claim would load the API server more than the operator does.
         let (seen, follower) = self.follow();
         let start = Instant::now();
-        let results: Vec<Result<(), Error>> = futures::stream::iter(0..locks)
+        let results: Vec<Result<Duration, Error>> = futures::stream::iter(0..locks)
             .map(|i| {
                 let seen = seen.clone();
                 async move {
                     let name = format!("t{i}");
+                    let created = Instant::now();
                     self.create(&name, &format!("lock-{i}"), None).await?;
-                    seen.wait(|sets| sets.0.contains(&name)).await;
+                    within(&name, "Held", seen.wait(|sets| sets.0.contains(&name))).await?;
+                    let held = created.elapsed();
                     self.claims.delete(&name, &DeleteParams::default()).await?;
-                    seen.wait(|sets| sets.1.contains(&name)).await;
-                    Ok(())
+                    within(&name, "gone", seen.wait(|sets| sets.1.contains(&name))).await?;
+                    Ok(held)
                 }
             })
             .buffer_unordered(concurrency)
             .collect()
             .await;
+        let rate = locks as f64 / start.elapsed().as_secs_f64();
         follower.abort();
+        let mut held = Samples::default();
         for r in results {
-            r?;
+            held.push(r?);
         }
-        Ok(locks as f64 / start.elapsed().as_secs_f64())
+        Ok((rate, held))
     }
 
     async fn memory(&self, claims: usize) -> Result<(f64, u64), Error> {
@@ -602,6 +683,13 @@ fn rss(pid: u32) -> Result<u64, Error> {
     Ok(kb * 1024)
 }
 
+/// Waits at most two minutes for `what` of claim `name`.
+async fn within(name: &str, what: &str, wait: impl std::future::Future<Output = ()>) -> Result<(), Error> {
+    tokio::time::timeout(Duration::from_secs(120), wait)
+        .await
+        .map_err(|_| format!("{name} not {what} within 120 s").into())
+}
+
 /// Claims seen Held, and claims seen deleted.
 #[derive(Default)]
 struct Seen {
@@ -657,5 +745,131 @@ impl Samples {
     fn summary(&self) -> String {
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         format!("p50 {:.1} ms  p99 {:.1} ms  (n={})", ms(self.percentile(0.5)), ms(self.percentile(0.99)), self.0.len())
+    }
+}
+
+/// What the benchmark reads of the control plane itself: the CPU time of its kube-apiserver
+/// and etcd processes (when `scripts/k8s.sh` started them: it lists their PIDs beside the
+/// kubeconfig) and the API server's own request and watch counters (its `/metrics`).
+struct ServerProbe {
+    client: kube::Client,
+    apiserver: Option<u32>,
+    etcd: Option<u32>,
+    tick: f64,
+}
+
+/// One reading of [`ServerProbe`].
+struct ServerSample {
+    apiserver_cpu: Option<f64>,
+    etcd_cpu: Option<f64>,
+    /// `VERB resource[/subresource]` → requests served.
+    requests: HashMap<String, f64>,
+    /// resource → watch events sent.
+    watch_events: HashMap<String, f64>,
+}
+
+/// The resources whose requests a lifecycle is made of (the operator's leader Lease and epoch
+/// ConfigMap are renewed on a timer, not per claim, and are left out).
+const PROBED: [&str; 4] = ["lockclaims", "events", "pods", "locks"];
+
+impl ServerProbe {
+    fn new(client: &kube::Client, server: &Server) -> ServerProbe {
+        let pids = server.kubeconfig.parent().map(|dir| dir.join("pids"));
+        let pids = pids.and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
+        let pid = |name: &str| {
+            pids.lines().find_map(|l| l.split_once(' ').filter(|(_, n)| *n == name).and_then(|(p, _)| p.parse().ok()))
+        };
+        let tick = Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0);
+        let (apiserver, etcd) = if server.sandbox { (None, None) } else { (pid("kube-apiserver"), pid("etcd")) };
+        ServerProbe { client: client.clone(), apiserver, etcd, tick }
+    }
+
+    /// CPU seconds (user + system) a process has used.
+    fn cpu(&self, pid: Option<u32>) -> Option<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?;
+        // Fields after the command name (which may hold spaces): utime and stime are 12th and 13th.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+        Some(ticks / self.tick)
+    }
+
+    async fn sample(&self) -> ServerSample {
+        let mut sample = ServerSample {
+            apiserver_cpu: self.cpu(self.apiserver),
+            etcd_cpu: self.cpu(self.etcd),
+            requests: HashMap::new(),
+            watch_events: HashMap::new(),
+        };
+        let Ok(request) = http::Request::get("/metrics").body(vec![]) else { return sample };
+        // kube-sandbox serves no metrics: its sample has CPU and counters empty.
+        let text = self.client.request_text(request).await.unwrap_or_default();
+        for line in text.lines() {
+            let Some((name, rest)) = line.split_once('{') else { continue };
+            let Some((labels, value)) = rest.rsplit_once("} ") else { continue };
+            let Ok(value) = value.trim().parse::<f64>() else { continue };
+            let label = |key: &str| {
+                let start = labels.find(&format!("{key}=\""))? + key.len() + 2;
+                labels[start..].split('"').next()
+            };
+            let resource = label("resource").unwrap_or_default();
+            if !PROBED.contains(&resource) {
+                continue;
+            }
+            match name {
+                "apiserver_request_total" => {
+                    let sub =
+                        label("subresource").filter(|s| !s.is_empty()).map(|s| format!("/{s}")).unwrap_or_default();
+                    let key = format!("{} {resource}{sub}", label("verb").unwrap_or_default());
+                    *sample.requests.entry(key).or_default() += value;
+                }
+                "apiserver_watch_events_total" => {
+                    *sample.watch_events.entry(resource.to_string()).or_default() += value
+                }
+                _ => {}
+            }
+        }
+        sample
+    }
+}
+
+impl ServerSample {
+    /// What the API server did between `before` and this sample, per `lifecycles`, as lines.
+    fn per(&self, before: &ServerSample, lifecycles: usize, what: &str) -> String {
+        let n = lifecycles as f64;
+        let ms = |after: Option<f64>, before: Option<f64>| match (after, before) {
+            (Some(a), Some(b)) => format!("{:.2} ms", (a - b) * 1000.0 / n),
+            _ => "not measured (the control plane was not started by this project)".into(),
+        };
+        let mut out = format!(
+            "kube-apiserver CPU per {what}: {} (etcd {}) over {lifecycles}\n",
+            ms(self.apiserver_cpu, before.apiserver_cpu),
+            ms(self.etcd_cpu, before.etcd_cpu)
+        );
+        let delta = |after: &HashMap<String, f64>, before: &HashMap<String, f64>| {
+            let mut d: Vec<(String, f64)> = after
+                .iter()
+                .map(|(k, v)| (k.clone(), (v - before.get(k).copied().unwrap_or(0.0)) / n))
+                .filter(|(_, v)| *v >= 0.005)
+                .collect();
+            d.sort_by(|a, b| a.0.cmp(&b.0));
+            d
+        };
+        let requests = delta(&self.requests, &before.requests);
+        if requests.is_empty() {
+            out.push_str("API requests per lifecycle: not served by this API server's /metrics\n");
+            return out;
+        }
+        let total: f64 = requests.iter().filter(|(k, _)| !k.starts_with("WATCH")).map(|(_, v)| v).sum();
+        let listed: Vec<String> = requests.iter().map(|(k, v)| format!("{k} {v:.2}")).collect();
+        out.push_str(&format!("API requests per {what}: {total:.2} ({})\n", listed.join(", ")));
+        let watch: Vec<String> =
+            delta(&self.watch_events, &before.watch_events).iter().map(|(k, v)| format!("{k} {v:.2}")).collect();
+        out.push_str(&format!("watch events sent per {what}: {}", watch.join(", ")));
+        out
     }
 }

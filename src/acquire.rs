@@ -108,6 +108,8 @@ pub fn claim_for(request: &Request, request_id: &str) -> LockClaim {
             namespace: Some(request.namespace.clone()),
             owner_references: owner(request).map(|o| vec![o]),
             annotations: Some([(REQUEST_ID_ANNOTATION.to_string(), request_id.to_string())].into()),
+            // The operator's finalizer from the start: one API write less for it per claim.
+            finalizers: Some(vec![crate::api::FINALIZER.to_string()]),
             ..ObjectMeta::default()
         },
         spec: LockClaimSpec {

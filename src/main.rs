@@ -40,6 +40,17 @@ enum Command {
         #[arg(long, default_value = zklock::api::epoch_policy::EPOCH_PARAM)]
         name: String,
     },
+    /// Print the admission policy that puts the operator's finalizer on each LockClaim as it is
+    /// created (one API write less per claim), and its binding, as YAML (the chart installs both;
+    /// this is for installs without it; Kubernetes 1.36 or later)
+    FinalizerPolicy {
+        /// Namespaces the operator serves (repeat the flag); default: all
+        #[arg(long = "namespace")]
+        namespaces: Vec<String>,
+        /// Name of the policy and its binding
+        #[arg(long, default_value = zklock::api::finalizer_policy::FINALIZER_POLICY)]
+        name: String,
+    },
     /// Print the queue of one lock, holders first, as ZooKeeper has it.
     Queue {
         /// ZooKeeper connect string: HOST:PORT[,HOST:PORT...][/chroot]
@@ -340,6 +351,14 @@ async fn run(cli: Cli) -> Result<u8, String> {
             let policy = serde_yaml::to_string(&epoch_policy(&name)).map_err(|e| e.to_string())?;
             let binding = epoch_policy_binding(&name, &name, &name, &param_namespace, &namespaces);
             let binding = serde_yaml::to_string(&binding).map_err(|e| e.to_string())?;
+            print!("{policy}---\n{binding}");
+            Ok(0)
+        }
+        Command::FinalizerPolicy { namespaces, name } => {
+            use zklock::api::finalizer_policy::{finalizer_policy, finalizer_policy_binding};
+            let policy = serde_yaml::to_string(&finalizer_policy(&name)).map_err(|e| e.to_string())?;
+            let binding = serde_yaml::to_string(&finalizer_policy_binding(&name, &name, &namespaces))
+                .map_err(|e| e.to_string())?;
             print!("{policy}---\n{binding}");
             Ok(0)
         }

@@ -38,10 +38,114 @@ struct OpLabel {
     op: &'static str,
 }
 
+/// A lock, by namespace and name: the labels of the per-lock metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, Ord, PartialOrd, EncodeLabelSet)]
+pub struct LockLabel {
+    pub namespace: String,
+    pub lock: String,
+}
+
+/// Per-lock series kept at most, so that a cluster with many locks cannot grow the operator's
+/// metrics (and Prometheus's storage) without bound: claims of further locks are counted under
+/// namespace and lock `_other`.
+pub const MAX_LOCK_SERIES: usize = 200;
+
+fn wait_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 20))
+}
+
+/// How long claims waited before they were Held, per lock ([`MAX_LOCK_SERIES`] at most).
+pub struct AcquireWait {
+    family: Family<LockLabel, Histogram, fn() -> Histogram>,
+    labels: Mutex<std::collections::HashSet<LockLabel>>,
+}
+
+impl AcquireWait {
+    fn new() -> Self {
+        AcquireWait { family: Family::new_with_constructor(wait_histogram), labels: Mutex::default() }
+    }
+
+    pub fn observe(&self, namespace: &str, lock: &str, seconds: f64) {
+        let mut label = LockLabel { namespace: namespace.into(), lock: lock.into() };
+        {
+            let mut labels = self.labels.lock();
+            if !labels.contains(&label) {
+                if labels.len() < MAX_LOCK_SERIES {
+                    labels.insert(label.clone());
+                } else {
+                    label = LockLabel { namespace: OTHER.into(), lock: OTHER.into() };
+                }
+            }
+        }
+        self.family.get_or_create(&label).observe(seconds.max(0.0));
+    }
+}
+
+/// The label of the series that counts what is beyond [`MAX_LOCK_SERIES`].
+const OTHER: &str = "_other";
+
+/// The age of the oldest claim waiting for each lock, read at each scrape from the claim stores
+/// of the current term (the locks with the oldest waiters first, [`MAX_LOCK_SERIES`] at most),
+/// and how many locks have waiters.
+#[derive(Clone, Default)]
+pub struct Waiters(Arc<Mutex<Vec<kube::runtime::reflector::Store<crate::api::KeptClaim>>>>);
+
+impl Waiters {
+    pub fn follow(&self, stores: Vec<kube::runtime::reflector::Store<crate::api::KeptClaim>>) {
+        *self.0.lock() = stores;
+    }
+
+    /// The oldest waiter's age per lock, oldest first.
+    fn oldest(&self, now: k8s_openapi::jiff::Timestamp) -> Vec<(LockLabel, f64)> {
+        let mut oldest: std::collections::HashMap<LockLabel, f64> = std::collections::HashMap::new();
+        for store in self.0.lock().iter() {
+            for claim in store.state() {
+                let waiting = matches!(claim.phase(), None | Some(Phase::Pending | Phase::Waiting));
+                if !waiting || claim.metadata.deletion_timestamp.is_some() {
+                    continue;
+                }
+                let Some(created) = &claim.metadata.creation_timestamp else { continue };
+                let age = now.duration_since(created.0).as_secs_f64().max(0.0);
+                let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+                for lock in claim.spec.lock_refs() {
+                    let label = LockLabel { namespace: namespace.clone(), lock: lock.lock_name.clone() };
+                    let entry = oldest.entry(label).or_insert(age);
+                    *entry = entry.max(age);
+                }
+            }
+        }
+        let mut oldest: Vec<(LockLabel, f64)> = oldest.into_iter().collect();
+        oldest.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        oldest
+    }
+}
+
+impl std::fmt::Debug for Waiters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Waiters")
+    }
+}
+
+impl Collector for Waiters {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let oldest = self.oldest(k8s_openapi::jiff::Timestamp::now());
+        let help = "Age of the oldest claim waiting for the lock (locks with the oldest waiters, 200 at most)";
+        let mut family = encoder.encode_descriptor("oldest_waiter_seconds", help, None, MetricType::Gauge)?;
+        for (label, age) in oldest.iter().take(MAX_LOCK_SERIES) {
+            prometheus_client::metrics::gauge::ConstGauge::new(*age).encode(family.encode_family(label)?)?;
+        }
+        let count = i64::try_from(oldest.len()).unwrap_or(i64::MAX);
+        let help = "Locks with at least one claim waiting";
+        let family = encoder.encode_descriptor("locks_with_waiters", help, None, MetricType::Gauge)?;
+        prometheus_client::metrics::gauge::ConstGauge::new(count).encode(family)?;
+        Ok(())
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     pub claims: Family<PhaseLabel, Gauge>,
-    pub acquire_wait: Histogram,
+    pub acquire_wait: Arc<AcquireWait>,
     pub handoff: Histogram,
     pub zk_session_connected: Gauge,
     pub zk_sessions_lost: Counter,
@@ -61,6 +165,8 @@ pub struct Metrics {
     pub gated_reconciles: Counter,
     /// The engine whose ZooKeeper counters a scrape reads: the current term's.
     pub engine: EngineCounters,
+    /// The claim stores whose waiters a scrape reads: the current term's.
+    pub waiters: Waiters,
 }
 
 impl Default for Metrics {
@@ -68,7 +174,7 @@ impl Default for Metrics {
         let mut m = Metrics {
             registry: Registry::with_prefix("zklock"),
             claims: Family::default(),
-            acquire_wait: Histogram::new(exponential_buckets(0.005, 2.0, 20)),
+            acquire_wait: Arc::new(AcquireWait::new()),
             handoff: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             zk_session_connected: Gauge::default(),
             zk_sessions_lost: Counter::default(),
@@ -82,10 +188,12 @@ impl Default for Metrics {
             pods_ungated: Counter::default(),
             gated_reconciles: Counter::default(),
             engine: EngineCounters::default(),
+            waiters: Waiters::default(),
         };
         let r = &mut m.registry;
         r.register("claims", "LockClaims served, by phase", m.claims.clone());
-        r.register("acquire_wait_seconds", "From claim creation to Held", m.acquire_wait.clone());
+        let wait = "From claim creation to Held, per lock (200 locks at most; the rest under lock _other)";
+        r.register("acquire_wait_seconds", wait, m.acquire_wait.family.clone());
         r.register("handoff_seconds", "From a holder letting go to the next claim Held", m.handoff.clone());
         let connected = "1 while the ZooKeeper session is connected";
         r.register("zookeeper_session_connected", connected, m.zk_session_connected.clone());
@@ -103,6 +211,7 @@ impl Default for Metrics {
         r.register("pods_ungated", ungated, m.pods_ungated.clone());
         r.register("gated_pod_reconciles", "Reconciliations of gated pods run", m.gated_reconciles.clone());
         r.register_collector(Box::new(m.engine.clone()));
+        r.register_collector(Box::new(m.waiters.clone()));
         m
     }
 }
@@ -127,6 +236,8 @@ impl std::fmt::Debug for EngineCounters {
 
 impl Collector for EngineCounters {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let help = "ZooKeeper operations of the lock engine";
+        let mut family = encoder.encode_descriptor("zookeeper_operations", help, None, MetricType::Counter)?;
         let Some(s) = self.0.lock().as_ref().map(LockEngine::stats) else { return Ok(()) };
         let counts = [
             ("create", s.creates),
@@ -139,8 +250,6 @@ impl Collector for EngineCounters {
             ("directory_removed", s.directories_removed),
             ("duplicate_deleted", s.duplicates_deleted),
         ];
-        let help = "ZooKeeper operations of the lock engine";
-        let mut family = encoder.encode_descriptor("zookeeper_operations", help, None, MetricType::Counter)?;
         for (op, count) in counts {
             ConstCounter::new(count).encode(family.encode_family(&OpLabel { op })?)?;
         }
@@ -165,6 +274,23 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn waits_are_kept_per_lock_up_to_a_bound() {
+        let metrics = super::Metrics::default();
+        for i in 0..super::MAX_LOCK_SERIES + 5 {
+            metrics.acquire_wait.observe("shop", &format!("lock-{i}"), 0.5);
+        }
+        metrics.acquire_wait.observe("shop", "lock-0", 1.0);
+        let text = metrics.encode();
+        assert!(text.contains("zklock_acquire_wait_seconds_count{namespace=\"shop\",lock=\"lock-0\"} 2\n"), "{text}");
+        let other = "zklock_acquire_wait_seconds_count{namespace=\"_other\",lock=\"_other\"} 5\n";
+        assert!(text.contains(other), "the locks beyond the bound share one series");
+        let series = text.lines().filter(|l| l.starts_with("zklock_acquire_wait_seconds_count")).count();
+        assert_eq!(series, super::MAX_LOCK_SERIES + 1);
+        assert!(text.contains("# TYPE zklock_oldest_waiter_seconds gauge"), "described without a term");
+        assert!(text.contains("zklock_locks_with_waiters 0\n"), "{text}");
+    }
+
     #[test]
     fn phases_are_labelled_by_their_api_names() {
         let metrics = super::Metrics::default();

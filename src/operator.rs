@@ -135,6 +135,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
         };
         lease.step_down();
         metrics.engine.follow(None);
+        metrics.waiters.follow(vec![]);
         metrics.leader.set(0);
         term.end();
         match result {

@@ -239,6 +239,8 @@ fn typed_round_trip(doc: &Value) -> Result<bool, String> {
         "ClusterRoleBinding" => trip::<rbac::v1::ClusterRoleBinding>(doc),
         "ValidatingAdmissionPolicy" => trip::<admissionregistration::v1::ValidatingAdmissionPolicy>(doc),
         "ValidatingAdmissionPolicyBinding" => trip::<admissionregistration::v1::ValidatingAdmissionPolicyBinding>(doc),
+        "MutatingAdmissionPolicy" => trip::<admissionregistration::v1::MutatingAdmissionPolicy>(doc),
+        "MutatingAdmissionPolicyBinding" => trip::<admissionregistration::v1::MutatingAdmissionPolicyBinding>(doc),
         _ => Ok(false),
     }
 }
@@ -252,6 +254,8 @@ fn check_documents(label: &str, docs: &[Value], values: &Value, ns: &str) {
         "Namespace",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
     ];
     let mut seen = BTreeSet::new();
     for doc in docs {
@@ -304,6 +308,8 @@ fn check_documents(label: &str, docs: &[Value], values: &Value, ns: &str) {
     } else {
         assert!(args.contains_key("--no-leader-election") && values["replicaCount"] == 1, "{label}");
     }
+    check_finalizer_policy(label, docs, values);
+    check_dashboard(label, docs, values);
     assert_eq!(args["--log-format"], [values["logFormat"].as_str().unwrap()], "{label}");
     let watch: Vec<String> = strings(&values["watchNamespaces"]);
     assert_eq!(args.get("--watch-namespace").cloned().unwrap_or_default(), watch, "{label}: watched namespaces");
@@ -374,7 +380,10 @@ fn check_documents(label: &str, docs: &[Value], values: &Value, ns: &str) {
             find(docs, "Service").into_iter().find(|s| name(s) == sts["spec"]["serviceName"]).expect("headless");
         assert_eq!(headless["spec"]["clusterIP"], "None");
         assert_eq!(headless["spec"]["publishNotReadyAddresses"], true);
-        let config = find(docs, "ConfigMap")[0]["data"]["zoo.cfg"].as_str().unwrap();
+        let config = find(docs, "ConfigMap")
+            .into_iter()
+            .find_map(|m| m["data"]["zoo.cfg"].as_str())
+            .expect("the bundled ensemble's zoo.cfg");
         let servers = config.lines().filter(|l| l.starts_with("server.")).count() as u64;
         assert_eq!(servers, if replicas == 1 { 0 } else { replicas }, "{label}: zoo.cfg servers\n{config}");
         let claims = sts["spec"]["volumeClaimTemplates"].as_array().map_or(0, Vec::len);
@@ -419,6 +428,92 @@ fn check_epoch_policy(label: &str, docs: &[Value], values: &Value, args: &BTreeM
         .iter()
         .any(|r| strings(&r["resources"]) == ["configmaps"] && strings(&r["resourceNames"]) == [name.clone()]);
     assert!(named, "{label}: the operator may read and raise its epoch's ConfigMap");
+}
+
+/// The finalizer's admission policy: rendered exactly when asked for (and the API server serves
+/// it: the renders say it does), and the very objects `zklock::api::finalizer_policy` makes.
+fn check_finalizer_policy(label: &str, docs: &[Value], values: &Value) {
+    use zklock::api::finalizer_policy::{finalizer_policy, finalizer_policy_binding};
+    let policies = find(docs, "MutatingAdmissionPolicy");
+    let bindings = find(docs, "MutatingAdmissionPolicyBinding");
+    if values["claims"]["finalizerPolicy"] != true {
+        assert!(policies.is_empty() && bindings.is_empty(), "{label}: no policy when finalizerPolicy is off");
+        return;
+    }
+    assert_eq!((policies.len(), bindings.len()), (1, 1), "{label}: one policy, one binding");
+    let name = name(policies[0]).to_string();
+    let watched = strings(&values["watchNamespaces"]);
+    let spec = |v: serde_json::Value| v["spec"].clone();
+    assert_eq!(
+        policies[0]["spec"],
+        spec(serde_json::to_value(finalizer_policy(&name)).unwrap()),
+        "{label}: the policy"
+    );
+    let binding = finalizer_policy_binding(&name, &name, &watched);
+    assert_eq!(bindings[0]["spec"], spec(serde_json::to_value(binding).unwrap()), "{label}: the binding");
+}
+
+/// The Grafana dashboard: shipped exactly when asked for, valid JSON, and every metric its
+/// queries read is one the operator exports (a renamed metric would leave a panel empty).
+fn check_dashboard(label: &str, docs: &[Value], values: &Value) {
+    let maps: Vec<&Value> = find(docs, "ConfigMap").into_iter().filter(|m| name(m).ends_with("-dashboard")).collect();
+    if values["metrics"]["grafanaDashboard"]["enabled"] != true {
+        assert!(maps.is_empty(), "{label}: no dashboard unless asked for");
+        return;
+    }
+    assert_eq!(maps.len(), 1, "{label}: one dashboard");
+    assert_eq!(maps[0]["metadata"]["labels"]["grafana_dashboard"], "1", "{label}: the sidecar's label");
+    let json = maps[0]["data"]["zklock.json"].as_str().expect("the dashboard's JSON");
+    let dashboard: Value = serde_json::from_str(json).expect("the dashboard is JSON");
+    // Families are written once they have a series: one each.
+    let metrics = zklock::metrics::Metrics::default();
+    metrics.set_phase_counts(&Default::default());
+    metrics.acquire_wait.observe("ns", "lock", 0.1);
+    let call = zklock::metrics::CallLabel { method: "GET".into(), resource: "pods".into(), outcome: "200".into() };
+    metrics.api_calls.get_or_create(&call).inc();
+    metrics.reconcile_errors.get_or_create(&zklock::metrics::ErrorLabel { error: "timeout".into() }).inc();
+    let exported: BTreeSet<String> = metrics
+        .encode()
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(String::from)
+        .collect();
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let mut read = BTreeSet::new();
+    for target in panels.iter().flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default()) {
+        let expr = target["expr"].as_str().expect("a query");
+        for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if let Some(metric) = word.strip_prefix("zklock_").map(|_| word) {
+                let base = ["_bucket", "_count", "_sum", "_total"]
+                    .iter()
+                    .find_map(|suffix| metric.strip_suffix(suffix))
+                    .unwrap_or(metric);
+                read.insert(base.to_string());
+            }
+        }
+    }
+    let missing: Vec<&String> = read.iter().filter(|m| !exported.contains(*m)).collect();
+    assert!(missing.is_empty(), "{label}: the dashboard reads metrics the operator does not export: {missing:?}");
+    for wanted in
+        ["zklock_claims", "zklock_acquire_wait_seconds", "zklock_oldest_waiter_seconds", "zklock_handoff_seconds"]
+    {
+        assert!(read.contains(wanted), "{label}: the dashboard shows {wanted}");
+    }
+}
+
+/// On a cluster that does not serve MutatingAdmissionPolicy (before 1.36) the chart renders
+/// none, and the operator adds the finalizer itself.
+#[test]
+fn no_finalizer_policy_where_the_api_server_does_not_serve_it() {
+    let out = helm().args(["template", "zklock"]).arg(chart()).args(["--namespace", "zklock-system"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let docs = documents(&String::from_utf8(out.stdout).unwrap());
+    assert!(
+        find(&docs, "MutatingAdmissionPolicy").is_empty() && find(&docs, "MutatingAdmissionPolicyBinding").is_empty()
+    );
+    let with = documents(&render("zklock-system", None, &[]).unwrap());
+    assert_eq!(find(&with, "MutatingAdmissionPolicy").len(), 1, "rendered where it is served");
 }
 
 fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String) {

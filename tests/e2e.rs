@@ -765,17 +765,24 @@ async fn a_late_grant_on_a_semaphore_takes_a_token_above_the_holds_that_ended_me
     env.history.check();
 }
 
-/// A deleted holder's final status write is refused (its copy was outdated by a change made
-/// meanwhile): the finalizer stays until the status is written from a newer copy and the node
-/// is gone. Before, the cleanup went on as if written: the finalizer went, the claim vanished
-/// still reading Held, and its node held the lock until the orphan release found it.
+/// A deleted holder that another finalizer keeps in the API reads Released before its node
+/// goes. When that final status write is refused (its copy was outdated by a change made
+/// meanwhile), the operator's finalizer stays until the status is written from a newer copy and
+/// the node is gone. Before, the cleanup went on as if written: the finalizer went, the claim
+/// stayed reading Held beside the next holder, and its node held the lock until the orphan
+/// release found it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_holder_keeps_its_finalizer_until_its_final_status_is_written() {
     use zklock_testkit::api_proxy::{ApiProxy, Matcher};
     let env = Env::new().await;
     let proxy = ApiProxy::start(zklock_testkit::kube::kubeconfig()).await;
     let _op = Operator::start_proxied(&env, &proxy, &[]);
-    env.claim("x", "cleanup", json!({})).await;
+    let kept: zklock::api::LockClaim = serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim",
+        "metadata": { "name": "x", "finalizers": ["example.com/keep"] }, "spec": { "lockName": "cleanup" },
+    }))
+    .unwrap();
+    env.claims.create(&Default::default(), &kept).await.unwrap();
     env.wait_phase("x", Phase::Held).await;
     env.claim("y", "cleanup", json!({})).await;
     env.wait_phase("y", Phase::Waiting).await;
@@ -789,8 +796,14 @@ async fn a_deleted_holder_keeps_its_finalizer_until_its_final_status_is_written(
     assert!(code == 409 || code == 422, "the outdated write was answered {code}");
     let released = env.history.await_record("x Released", |r| r.name == "x" && r.phase == Some(Phase::Released)).await;
     assert!(!released.gone, "x's final status is written before it goes");
-    env.history.await_gone("x").await;
     env.wait_phase("y", Phase::Held).await;
+    env.wait("x", "only its own finalizer left", |c| {
+        c.metadata.finalizers.as_deref() == Some(&["example.com/keep".to_string()][..])
+    })
+    .await;
+    let keep_none = json!({ "metadata": { "finalizers": null } });
+    env.claims.patch("x", &PatchParams::default(), &Patch::Merge(&keep_none)).await.unwrap();
+    env.history.await_gone("x").await;
     env.history.check();
 }
 
@@ -1061,4 +1074,52 @@ fn the_checker_orders_tokens_of_a_mutex_by_the_holds_each_grant_waited_for() {
         record(3, "x", true, Phase::Held, 29),
     ];
     assert!(!check(exclusive_below_shared), "an Exclusive grant below a hold it waited for");
+}
+
+/// With the chart's admission policy a claim carries the operator's finalizer from its creation,
+/// and the operator writes nothing to add it; without the policy (its binding deleted, or a
+/// cluster before 1.36) the operator adds it itself, and the claim is served all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_get_the_finalizer_at_creation_from_the_policy_or_else_from_the_operator() {
+    use k8s_openapi::api::admissionregistration::v1::MutatingAdmissionPolicyBinding;
+    let env = Env::new().await;
+    let op = env.operator();
+    let finalizer_patches = || op.metric("zklock_kubernetes_calls_total{method=\"PATCH\",resource=\"lockclaims\",");
+    let has_finalizer =
+        |c: &zklock::api::LockClaim| c.metadata.finalizers.iter().flatten().any(|f| f == zklock::api::FINALIZER);
+    let probe = |name: &str| -> zklock::api::LockClaim {
+        serde_json::from_value(json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim",
+            "metadata": { "name": name }, "spec": { "lockName": "fin" },
+        }))
+        .unwrap()
+    };
+    let dry_run = kube::api::PostParams { dry_run: true, ..Default::default() };
+    if finalizer_policy(&env.kubeconfig) {
+        // The policy takes effect once the API server has loaded the binding.
+        until("the finalizer policy to take effect", || async {
+            env.claims.create(&dry_run, &probe("probe")).await.is_ok_and(|c| has_finalizer(&c))
+        })
+        .await;
+        let made = env.claims.create(&Default::default(), &probe("at-creation")).await.unwrap();
+        assert!(has_finalizer(&made), "the create answer carries the finalizer: {:?}", made.metadata.finalizers);
+        env.wait_phase("at-creation", Phase::Held).await;
+        assert_eq!(finalizer_patches().await, 0.0, "no write to add the finalizer");
+        env.delete_claim("at-creation").await;
+        env.history.await_gone("at-creation").await;
+        let bindings: kube::Api<MutatingAdmissionPolicyBinding> = kube::Api::all(env.client.clone());
+        bindings.delete(&finalizer_binding(&env.ns), &DeleteParams::default()).await.unwrap();
+        until("the finalizer policy to be gone", || async {
+            env.claims.create(&dry_run, &probe("probe")).await.is_ok_and(|c| !has_finalizer(&c))
+        })
+        .await;
+    }
+    let made = env.claims.create(&Default::default(), &probe("by-operator")).await.unwrap();
+    assert!(!has_finalizer(&made), "no policy: {:?}", made.metadata.finalizers);
+    env.wait("by-operator", "the finalizer", has_finalizer).await;
+    env.wait_phase("by-operator", Phase::Held).await;
+    assert!(finalizer_patches().await >= 1.0, "the operator added it");
+    env.delete_claim("by-operator").await;
+    env.history.await_gone("by-operator").await;
+    env.history.check();
 }

@@ -4,6 +4,7 @@
 mod claim;
 pub mod conditions;
 pub mod epoch_policy;
+pub mod finalizer_policy;
 mod kept;
 mod lock;
 mod validate;

@@ -37,6 +37,10 @@ pub enum Error {
     /// The status write's test failed: the copy planned from is older than the claim.
     #[error("the status write was refused ({0}); planning again from a newer copy")]
     StatusRefused(String),
+    /// A deleted claim's copy is older than the operator's own last write: its cleanup waits for
+    /// the newer one (an error, so that the finalizer stays until the cleanup is done).
+    #[error("this copy of the deleted claim is older than the operator's last write; waiting for the newer one")]
+    OutdatedCopy,
 }
 
 impl Error {
@@ -52,6 +56,7 @@ impl Error {
             Error::Write { call, .. } => (*call).into(),
             Error::NotLeading => "not_leading".into(),
             Error::StatusRefused(_) => "status_conflict".into(),
+            Error::OutdatedCopy => "outdated_copy".into(),
             Error::ApiFence(_) => "api_fence".into(),
             Error::TaskPanicked(_) => "task_panicked".into(),
         }
@@ -62,7 +67,7 @@ impl Error {
         match self {
             Error::Malformed(_) => None,
             // The watch brings the newer copy (and a reconcile) soon; this is the backstop.
-            Error::StatusRefused(_) => Some(Duration::from_millis(500)),
+            Error::StatusRefused(_) | Error::OutdatedCopy => Some(Duration::from_millis(500)),
             _ => Some(RETRY),
         }
     }

@@ -353,6 +353,8 @@ pub async fn run(
         leadership,
     });
 
+    // Scrapes read this term's waiters (the term's end lets go of them: see operator.rs).
+    ctx.metrics.waiters.follow(ctx.claims.clone());
     let shutdown = shutdown.shared();
     // The API server refuses every status write of earlier terms before a single claim is
     // listed: whatever such a write changed before is in the list this term plans from.
@@ -485,7 +487,9 @@ fn error_policy(claim: Arc<KeptClaim>, error: &Error, ctx: Arc<Context>) -> Acti
     let name = claim.metadata.name.as_deref().unwrap_or_default();
     match error {
         // Routine: the copy planned from was older than the claim.
-        Error::StatusRefused(_) => tracing::debug!(claim = name, %error, "reconcile met a newer claim"),
+        Error::StatusRefused(_) | Error::OutdatedCopy => {
+            tracing::debug!(claim = name, %error, "reconcile met a newer claim")
+        }
         _ => tracing::warn!(claim = name, %error, "reconcile failed"),
     }
     error.retry_after().map_or_else(Action::await_change, Action::requeue)

@@ -189,14 +189,17 @@ impl Plan {
     }
 }
 
-/// A claim being deleted. A holder reads `Released` before its node goes, as for every other
-/// release: otherwise the next claim would be Held while this one still reads Held. A claim
-/// that does not hold keeps its status (nobody is granted because it leaves), which saves a
-/// write per deletion. No event: the object is on its way out.
-pub fn deleted(claim: &LockClaim, known_held: bool, now: Timestamp) -> Plan {
+/// A claim being deleted: its nodes go, then (the finalizer helper) the operator's finalizer.
+/// The API must never show it Held beside the next holder. When the operator's finalizer is the
+/// last one, the claim leaves the API the moment it goes, and no grant of its locks is written
+/// before that (the registry counts it Held until the removal is answered): no status write.
+/// When another finalizer keeps the claim after ours, a holder reads `Released` before its node
+/// goes, as for every other release. A claim that does not hold keeps its status (nobody is
+/// granted because it leaves). No event: the object is on its way out.
+pub fn deleted(claim: &LockClaim, known_held: bool, kept_by_others: bool, now: Timestamp) -> Plan {
     let mut plan = Plan { status: claim.status.clone().unwrap_or_default(), release: true, ..Plan::default() };
     let terminal = plan.status.phase.is_some_and(Phase::is_terminal);
-    if !terminal && (plan.status.phase == Some(Phase::Held) || known_held) {
+    if kept_by_others && !terminal && (plan.status.phase == Some(Phase::Held) || known_held) {
         let message = "the claim was deleted".to_string();
         plan = plan.finish(Phase::Released, "ClaimDeleted", message, claim.metadata.generation, &Time(now));
         plan.events.clear();
@@ -413,7 +416,12 @@ pub fn plan(input: Inputs<'_>) -> Plan {
                 } else {
                     format!("lock held with fencing token {token}")
                 };
-                plan.event(false, "Acquired", note);
+                // An event for a grant after a wait, which a person may want explained; a grant
+                // at once is in the status alone (acquiredAt), one write less per claim.
+                if recorded == Some(Phase::Waiting) {
+                    let waited = now.duration_since(created).as_secs_f64().max(0.0);
+                    plan.event(false, "Acquired", format!("{note}, after waiting {waited:.1}s"));
+                }
             }
             set_phase(&mut plan, Phase::Held, "Acquired", "the lock is held", generation, &now_t);
             plan.status.position = Some(0);
@@ -579,12 +587,24 @@ mod tests {
         assert_eq!(p.status.fencing_token.as_deref(), Some("42"));
         assert!(conditions::is_true(&p.status.conditions, HELD));
         assert!(!conditions::is_true(&p.status.conditions, FINISHED));
-        assert_eq!(p.events.iter().map(|e| e.reason).collect::<Vec<_>>(), vec!["Acquired"]);
+        assert!(p.events.is_empty(), "a grant at once is in the status alone");
         // Re-anchored with a new node (new czxid): the recorded token stays.
         let c = with_status(c, &p);
         let p2 = run(&c, HolderView::NotRequested, tracked(ContenderState::Held { fencing_token: 99 }), t(9));
         assert_eq!(p2.status.fencing_token.as_deref(), Some("42"));
         assert!(p2.events.is_empty());
+    }
+
+    #[test]
+    fn a_grant_after_a_wait_is_an_event_that_says_how_long() {
+        let c = claim(spec());
+        let waiting = ContenderState::Waiting { ahead: 1, watching: "_c_x-lock-0000000009".into() };
+        let p = run(&c, HolderView::NotRequested, tracked(waiting), t(1));
+        assert_eq!(p.events.iter().map(|e| e.reason).collect::<Vec<_>>(), vec!["Waiting"]);
+        let c = with_status(c, &p);
+        let p = run(&c, HolderView::NotRequested, tracked(ContenderState::Held { fencing_token: 7 }), t(9));
+        assert_eq!(p.events.iter().map(|e| e.reason).collect::<Vec<_>>(), vec!["Acquired"]);
+        assert!(p.events[0].note.contains("fencing token 7, after waiting"), "{}", p.events[0].note);
     }
 
     #[test]
@@ -611,23 +631,26 @@ mod tests {
     }
 
     #[test]
-    fn a_deleted_holder_reads_released_before_its_node_goes_and_a_waiter_is_not_written() {
+    fn a_deleted_holder_kept_by_another_finalizer_reads_released_before_its_node_goes() {
         let c = claim(spec());
         let p = run(&c, HolderView::NotRequested, tracked(ContenderState::Held { fencing_token: 1 }), t(1));
         let held = with_status(c.clone(), &p);
-        let p = deleted(&held, false, t(2));
+        let p = deleted(&held, false, true, t(2));
         assert_eq!(p.status.phase, Some(Phase::Released));
         assert!(!conditions::is_true(&p.status.conditions, HELD));
         assert!(conditions::is_true(&p.status.conditions, FINISHED));
         assert!(p.release && p.events.is_empty());
+        let p = deleted(&held, false, false, t(2));
+        assert_eq!(p.status, held.status.clone().unwrap(), "no write when it leaves with the operator's finalizer");
+        assert!(p.release);
 
         let waiting = ContenderState::Waiting { ahead: 1, watching: "_c_x-lock-0000000009".into() };
         let p = run(&c, HolderView::NotRequested, tracked(waiting), t(1));
         let waiter = with_status(c, &p);
-        let p = deleted(&waiter, false, t(2));
+        let p = deleted(&waiter, false, true, t(2));
         assert_eq!(p.status, waiter.status.clone().unwrap(), "no write for a claim that does not hold");
         assert!(p.release);
-        let p = deleted(&waiter, true, t(2));
+        let p = deleted(&waiter, true, true, t(2));
         assert_eq!(p.status.phase, Some(Phase::Released), "held as the operator last wrote, the copy is older");
     }
 

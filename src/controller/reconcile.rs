@@ -34,22 +34,42 @@ pub async fn reconcile(uid: Uid, claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Re
     let api: Api<KeptClaim> = Api::namespaced(ctx.client.clone(), &namespace);
     // The finalizer helper writes without asking: ask for it.
     ctx.leadership.time_left().ok_or(Error::NotLeading)?;
+    let cleaned = std::sync::atomic::AtomicBool::new(false);
     let result = finalizer(&api, FINALIZER, claim, |event| async {
         match event {
             // Planned from the whole claim again (the store keeps a compact copy).
             Finalizer::Apply(claim) => apply(&uid, claim.to_claim(), &ctx).await,
-            Finalizer::Cleanup(claim) => cleanup(&uid, claim.to_claim(), &ctx).await,
+            Finalizer::Cleanup(claim) => {
+                let action = cleanup(&uid, claim.to_claim(), &ctx).await?;
+                cleaned.store(true, std::sync::atomic::Ordering::Relaxed);
+                Ok(action)
+            }
         }
     })
     .await;
+    let gone = || {
+        // The finalizer is gone (the helper's removal was answered, or it had gone before):
+        // the claim holds nothing any more, in the API either, and grants of its locks that
+        // waited for it are made now.
+        ctx.registry.forget(&uid);
+        ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
+    };
     match result {
-        Ok(action) => Ok(action),
+        Ok(action) => {
+            if cleaned.load(std::sync::atomic::Ordering::Relaxed) {
+                gone();
+            }
+            Ok(action)
+        }
         // Our own errors keep their metric label.
         Err(FinalizerError::ApplyFailed(e) | FinalizerError::CleanupFailed(e)) => Err(e),
         // Gone already: an earlier reconcile removed the finalizer and the claim went with it.
         Err(
             FinalizerError::RemoveFinalizer(kube::Error::Api(s)) | FinalizerError::AddFinalizer(kube::Error::Api(s)),
-        ) if s.code == 404 => Ok(Action::await_change()),
+        ) if s.code == 404 => {
+            gone();
+            Ok(Action::await_change())
+        }
         // The finalizer patch tests the list it read; a cached copy older than our own last
         // write fails that test. The watch event that carries the write is on its way.
         Err(FinalizerError::AddFinalizer(kube::Error::Api(s))) if s.code == 422 || s.code == 409 => {
@@ -201,15 +221,17 @@ async fn cleanup(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, E
         Ok(spec) => parts::of(ctx, &claim.namespace().unwrap_or_default(), uid, &spec),
         Err(_) => ctx.parts_tracked(uid),
     };
-    if let Some(waiting) = stale_copy(&claim, ctx, uid).await? {
-        return Ok(waiting);
+    if stale_copy(&claim, ctx, uid).await?.is_some() {
+        // Not Ok: the finalizer helper would take that for a finished cleanup and remove the
+        // finalizer while the nodes still hold.
+        return Err(Error::OutdatedCopy);
     }
     // Held as far as the operator knows: its own Held write may be newer than this copy.
     let held = ctx.registry.known_phase(uid) == Some(Phase::Held);
-    let plan = plan::deleted(&claim, held, Timestamp::now());
+    let kept_by_others = claim.finalizers().iter().any(|f| f != FINALIZER);
+    let plan = plan::deleted(&claim, held, kept_by_others, Timestamp::now());
     execute(&claim, ctx, uid, &parts, plan).await?;
-    ctx.registry.forget(uid);
-    ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
+    // Forgotten (and its locks' grants let go on) once the finalizer is gone: see `reconcile`.
     Ok(Action::await_change())
 }
 
@@ -486,7 +508,10 @@ fn write_error<T>(result: Result<Result<T, kube::Error>, Error>) -> Option<Strin
 fn observe_grant(claim: &LockClaim, ctx: &Context, parts: &[Part]) {
     if let Some(created) = &claim.metadata.creation_timestamp {
         let waited = Timestamp::now().duration_since(created.0).as_secs_f64();
-        ctx.metrics.acquire_wait.observe(waited.max(0.0));
+        let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+        for part in parts {
+            ctx.metrics.acquire_wait.observe(namespace, &part.name, waited);
+        }
     }
     // The handoff that ends here: the latest release among the claim's locks.
     let released = parts.iter().filter_map(|p| ctx.registry.take_release(&p.lock)).min();

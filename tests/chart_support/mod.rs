@@ -56,6 +56,9 @@ pub fn value_sets() -> Vec<(String, Option<PathBuf>)> {
     sets
 }
 
+/// The API the chart's finalizer policy needs (Kubernetes 1.36 or later).
+pub const FINALIZER_POLICY_API: &str = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy";
+
 /// `helm template` with a values file and `--set` pairs; stdout, or stderr as the error.
 pub fn render(namespace: &str, values: Option<&Path>, sets: &[&str]) -> Result<String, String> {
     render_release("zklock", namespace, values, sets)
@@ -65,6 +68,8 @@ pub fn render(namespace: &str, values: Option<&Path>, sets: &[&str]) -> Result<S
 pub fn render_release(release: &str, namespace: &str, values: Option<&Path>, sets: &[&str]) -> Result<String, String> {
     let mut cmd = helm();
     cmd.args(["template", release]).arg(chart()).args(["--namespace", namespace]);
+    // As the API server under test (1.36) would answer `helm install`'s discovery.
+    cmd.args(["--api-versions", FINALIZER_POLICY_API]);
     if let Some(values) = values {
         cmd.arg("--values").arg(values);
     }

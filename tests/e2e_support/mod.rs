@@ -70,6 +70,10 @@ impl Env {
             // epoch in the test's namespace (their lease namespace) and serve only it.
             install_epoch_policy(&client, &format!("zklock-leader-epoch-{ns}"), &ns, std::slice::from_ref(&ns)).await;
         }
+        if binding && finalizer_policy(kubeconfig) {
+            // As the chart does: claims get the operator's finalizer as they are created.
+            install_finalizer_policy(&client, &finalizer_binding(&ns), std::slice::from_ref(&ns)).await;
+        }
         let claims: Api<LockClaim> = Api::namespaced(client.clone(), &ns);
         let history = History::default();
         let task = tokio::spawn(history.clone().record(claims.clone()));
@@ -234,6 +238,32 @@ pub fn epoch_policy(kubeconfig: &std::path::Path) -> bool {
 
 /// Creates (or updates) the epoch policy and a binding `name` for `namespaces`, whose
 /// parameter lives in `param_namespace`, and waits until the API server enforces them.
+/// Whether the tests' claims get the operator's finalizer from the admission policy (as the
+/// chart installs it): on a real API server, unless ZKLOCK_TEST_FINALIZER_POLICY=off (to
+/// compare with the operator adding it itself).
+pub fn finalizer_policy(kubeconfig: &std::path::Path) -> bool {
+    kubeconfig != zklock_testkit::kube::sandbox_kubeconfig_if_started()
+        && std::env::var("ZKLOCK_TEST_FINALIZER_POLICY").map_or(true, |v| v != "off")
+}
+
+/// The name of the finalizer policy's binding for the test namespace `ns`.
+pub fn finalizer_binding(ns: &str) -> String {
+    format!("zklock-finalizer-{ns}")
+}
+
+/// The finalizer's admission policy, and binding `name` for `namespaces`.
+pub async fn install_finalizer_policy(client: &kube::Client, name: &str, namespaces: &[String]) {
+    use k8s_openapi::api::admissionregistration::v1::{MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding};
+    use zklock::api::finalizer_policy::{finalizer_policy, finalizer_policy_binding, FINALIZER_POLICY};
+    let apply = PatchParams::apply("zklock-tests").force();
+    let policies: Api<MutatingAdmissionPolicy> = Api::all(client.clone());
+    let policy = finalizer_policy(FINALIZER_POLICY);
+    policies.patch(FINALIZER_POLICY, &apply, &Patch::Apply(&policy)).await.expect("install the finalizer policy");
+    let bindings: Api<MutatingAdmissionPolicyBinding> = Api::all(client.clone());
+    let binding = finalizer_policy_binding(name, FINALIZER_POLICY, namespaces);
+    bindings.patch(name, &apply, &Patch::Apply(&binding)).await.expect("install the finalizer policy's binding");
+}
+
 pub async fn install_epoch_policy(client: &kube::Client, name: &str, param_namespace: &str, namespaces: &[String]) {
     use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
     use zklock::api::epoch_policy::{epoch_policy, epoch_policy_binding, EPOCH_PARAM, EPOCH_POLICY};

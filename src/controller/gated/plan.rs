@@ -184,6 +184,8 @@ pub fn claim_for(pod: &KeptPod, ask: &Ask) -> LockClaim {
             name: Some(pod.name().into()),
             namespace: Some(pod.namespace().into()),
             owner_references: Some(vec![owner]),
+            // Its finalizer from the start: no write to add it.
+            finalizers: Some(vec![crate::api::FINALIZER.to_string()]),
             ..ObjectMeta::default()
         },
         spec: LockClaimSpec {
@@ -365,6 +367,7 @@ mod tests {
         let owner = &claim.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!((owner.kind.as_str(), owner.uid.as_str(), owner.controller), ("Pod", "pod-1", Some(true)));
         assert_eq!(claim.spec.holder.as_ref().map(|h| h.pod_name.as_str()), Some("job-abc"));
+        assert_eq!(claim.metadata.finalizers, Some(vec![crate::api::FINALIZER.to_string()]), "no write to add it");
         assert_eq!((claim.spec.mode, claim.spec.acquire_timeout_seconds), (Some(Mode::Shared), Some(600)));
         let report = plan.report.unwrap();
         assert_eq!((report.acquired, report.reason, report.warning), (false, "Waiting", false));
