@@ -72,7 +72,11 @@ async fn main() -> Result<(), Error> {
     let finalizer_policy = !sandbox && !args.iter().any(|a| a == "--no-finalizer-policy");
     let server = Server { kubeconfig: kubeconfig.to_path_buf(), sandbox, finalizer_policy };
     let zk = zklock_testkit::ZkServer::shared();
-    let client = zklock_testkit::kube::client_for(kubeconfig).await;
+    // The operator's own client stack (TCP_NODELAY), so that the bench's requests do not wait
+    // for delayed ACKs that the operator's do not.
+    let config = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default()).await?;
+    let client = zklock::client::builder(config)?.build();
     let version = client.apiserver_version().await?;
     println!(
         "API server: {} {} ({}){}",
@@ -173,10 +177,29 @@ async fn throughput(
     println!("uncontended claim created -> Held, one at a time: {}", alone.summary());
     let probe = ServerProbe::new(client, server);
     let before = probe.sample().await;
-    let (ours, loaded) = bench.throughput(sizes.locks, 32).await?;
+    let (ours, loaded, held) = bench.throughput(sizes.locks, 32).await?;
     let after = probe.sample().await;
     println!("uncontended claim created -> Held, 32 at once: {}", loaded.summary());
     println!("{}", after.per(&before, sizes.locks, "claim lifecycle"));
+    if !server.sandbox {
+        // What the API server charges for the requests alone, whoever makes them.
+        let ours_cpu = after.apiserver_cpu_since(&before);
+        let held = held.ok_or("no Held status was seen to copy for the floor")?;
+        let before = probe.sample().await;
+        let floor_rate = floor(client, server, held, sizes.locks, 32).await?;
+        let after = probe.sample().await;
+        println!("{}", after.per(&before, sizes.locks, "lifecycle of the API server's floor"));
+        let cpu_ratio = match (ours_cpu, after.apiserver_cpu_since(&before)) {
+            (Some(ours), Some(floor)) if floor > 0.0 => format!("{:.2}", ours / floor),
+            _ => "not measured".into(),
+        };
+        println!(
+            "API server's floor: {floor_rate:.0} lifecycles/s (the same create, Held status, delete and finalizer \
+             removal made by the bench on claims no operator serves, 32 at once); zklock / floor: throughput {:.2}, \
+             kube-apiserver CPU per lifecycle {cpu_ratio}",
+            ours / floor_rate
+        );
+    }
     let curator_connect = zk.chroot().await;
     let locks = sizes.locks.to_string();
     let curator = tokio::task::spawn_blocking(move || {
@@ -191,6 +214,77 @@ async fn throughput(
     print!("{curator}");
     println!("zklock / curator throughput: {:.2}", ours / curator_rate);
     Ok(())
+}
+
+/// The API server's own cost of a claim's lifecycle, without the operator: the requests the
+/// lifecycle is made of (create, the Held status the operator wrote, delete, the finalizer's
+/// removal; as JSON patches tested against the UID and resourceVersion, as the operator makes
+/// them) made by the bench on claims of a namespace no operator serves, with the same
+/// admission policies and one watch of the namespace. Answers lifecycles per second.
+async fn floor(
+    client: &kube::Client,
+    server: &Server,
+    held: serde_json::Value,
+    n: usize,
+    concurrency: usize,
+) -> Result<f64, Error> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Patch, PatchParams};
+    let ns = format!("bench-floor-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await?;
+    install_epoch_policy(client, &ns).await?;
+    let epoch = held.get("leaderEpoch").and_then(|e| e.as_u64()).unwrap_or(0);
+    let param: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": zklock::api::epoch_policy::EPOCH_PARAM},
+        "data": {(zklock::api::epoch_policy::EPOCH_KEY): epoch.to_string()}
+    }))?;
+    Api::<ConfigMap>::namespaced(client.clone(), &ns).create(&PostParams::default(), &param).await?;
+    if server.finalizer_policy {
+        install_finalizer_policy(client, &ns).await?;
+    }
+    let claims: Api<LockClaim> = Api::namespaced(client.clone(), &ns);
+    let watch = tokio::spawn(watcher(claims.clone(), watcher::Config::default()).for_each(|_| async {}));
+    let manager = PatchParams { field_manager: Some("zklock".into()), ..PatchParams::default() };
+    let start = Instant::now();
+    let results: Vec<Result<(), Error>> = futures::stream::iter(0..n)
+        .map(|i| {
+            let (claims, held, manager) = (claims.clone(), held.clone(), manager.clone());
+            async move {
+                let name = format!("f{i}");
+                let mut metadata = json!({"name": name});
+                if !server.finalizer_policy {
+                    metadata["finalizers"] = json!([zklock::api::FINALIZER]);
+                }
+                let claim: LockClaim = serde_json::from_value(json!({
+                    "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim", "metadata": metadata,
+                    "spec": {"lockName": format!("lock-{i}")}
+                }))?;
+                let made = claims.create(&PostParams::default(), &claim).await?;
+                let (uid, version) = (made.metadata.uid.clone(), made.metadata.resource_version.clone());
+                let status: json_patch::Patch = serde_json::from_value(json!([
+                    {"op": "test", "path": "/metadata/uid", "value": uid},
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+                    {"op": "add", "path": "/status", "value": held},
+                ]))?;
+                claims.patch_status(&name, &manager, &Patch::Json::<()>(status)).await?;
+                claims.delete(&name, &DeleteParams::default()).await?;
+                let release: json_patch::Patch = serde_json::from_value(json!([
+                    {"op": "test", "path": "/metadata/finalizers/0", "value": zklock::api::FINALIZER},
+                    {"op": "remove", "path": "/metadata/finalizers/0"},
+                ]))?;
+                claims.patch(&name, &manager, &Patch::Json::<()>(release)).await?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    watch.abort();
+    results.into_iter().collect::<Result<Vec<()>, Error>>()?;
+    Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await?;
+    Ok(rate)
 }
 
 /// The finalizer's admission policy (as the chart installs it), and a binding for namespace `ns`.
@@ -558,6 +652,8 @@ impl Bench {
                         Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c)) => {
                             if c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held) {
                                 sets.0.insert(c.metadata.name.unwrap_or_default());
+                                let status = c.status.as_ref().and_then(|s| serde_json::to_value(s).ok());
+                                *seen.held.lock().unwrap_or_else(|p| p.into_inner()) = status;
                             }
                         }
                         Ok(watcher::Event::Delete(c)) => {
@@ -592,8 +688,12 @@ impl Bench {
     }
 
     /// Acquire+release over `locks` locks, `concurrency` claims at once; answers the rate and
-    /// each claim's time from its create request to its Held status.
-    async fn throughput(&self, locks: usize, concurrency: usize) -> Result<(f64, Samples), Error> {
+    /// each claim's time from its create request to its Held status, and one Held status.
+    async fn throughput(
+        &self,
+        locks: usize,
+        concurrency: usize,
+    ) -> Result<(f64, Samples, Option<serde_json::Value>), Error> {
         // One watch of the namespace tells every worker when its claim is Held and when it is
         // gone: a watch per claim would load the API server more than the operator does.
         let (seen, follower) = self.follow();
@@ -621,7 +721,8 @@ impl Bench {
         for r in results {
             held.push(r?);
         }
-        Ok((rate, held))
+        let status = seen.held.lock().unwrap_or_else(|p| p.into_inner()).take();
+        Ok((rate, held, status))
     }
 
     async fn memory(&self, claims: usize) -> Result<(f64, u64), Error> {
@@ -695,6 +796,8 @@ async fn within(name: &str, what: &str, wait: impl std::future::Future<Output = 
 struct Seen {
     sets: std::sync::Mutex<Sets>,
     changed: tokio::sync::Notify,
+    /// The status of the last claim seen Held, as the operator wrote it.
+    held: std::sync::Mutex<Option<serde_json::Value>>,
 }
 
 type Sets = (std::collections::HashSet<String>, std::collections::HashSet<String>);
@@ -838,6 +941,11 @@ impl ServerProbe {
 }
 
 impl ServerSample {
+    /// kube-apiserver's CPU seconds between `before` and this sample, when it was measured.
+    fn apiserver_cpu_since(&self, before: &ServerSample) -> Option<f64> {
+        Some(self.apiserver_cpu? - before.apiserver_cpu?)
+    }
+
     /// What the API server did between `before` and this sample, per `lifecycles`, as lines.
     fn per(&self, before: &ServerSample, lifecycles: usize, what: &str) -> String {
         let n = lifecycles as f64;

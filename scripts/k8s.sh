@@ -16,7 +16,10 @@
 # Options (environment): ZKLOCK_K8S_CACHE (where binaries are kept), ZKLOCK_K8S_WATCH_PID (up:
 # everything is stopped and DIR removed once that process has gone; the test kit sets it),
 # ZKLOCK_K8S_COMPACTION (etcd compaction interval kube-apiserver asks for, default 30s, so
-# that a watch from an old revision really gets 410 Gone in a test; 5m in a default cluster).
+# that a watch from an old revision really gets 410 Gone in a test; 5m in a default cluster),
+# ZKLOCK_K8S_PROFILING=true (serve kube-apiserver's /debug/pprof, to see where its CPU goes:
+# `curl --cert pki/admin.crt --key pki/admin.key --cacert pki/ca.crt \
+#  https://127.0.0.1:<port>/debug/pprof/profile?seconds=10 >cpu.prof; go tool pprof -top cpu.prof`).
 # A failure says which component failed and where its log is, and leaves nothing running.
 set -euo pipefail
 
@@ -207,9 +210,20 @@ stop_all() {
   rm -f "$DIR/pids"
 }
 
+# Whether any process `up` recorded in DIR still runs (a PID file left by a machine that
+# restarted names nothing, or somebody else's process: the command line must match too).
+any_alive() {
+  local pid name
+  while read -r pid name; do
+    kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "$name" && return 0
+  done <"$DIR/pids"
+  return 1
+}
+
 up() {
   if [[ -f $DIR/pids ]]; then
-    die "a control plane already runs in $DIR (scripts/k8s.sh down $DIR first)"
+    any_alive && die "a control plane already runs in $DIR (scripts/k8s.sh down $DIR first)"
+    say "nothing of the control plane recorded in $DIR runs any more: starting afresh"
   fi
   local bin; bin=$(build)
   local started=$SECONDS
@@ -242,7 +256,7 @@ up() {
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-cluster-ip-range 10.0.0.0/24 \
-    --authorization-mode RBAC --allow-privileged=true --profiling=false \
+    --authorization-mode RBAC --allow-privileged=true --profiling="${ZKLOCK_K8S_PROFILING:-false}" \
     --endpoint-reconciler-type none
   wait_for kube-apiserver 60 "/readyz" api /readyz
 

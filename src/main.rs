@@ -389,10 +389,12 @@ async fn run(cli: Cli) -> Result<u8, String> {
 }
 
 async fn kube_client() -> Result<kube::Client, u8> {
-    kube::Client::try_default().await.map_err(|e| {
+    let no_api = |e: &dyn std::fmt::Display| {
         eprintln!("zklock: no Kubernetes API: {e} (set KUBECONFIG, or run in a cluster)");
         zklock::acquire::exit::ERROR
-    })
+    };
+    let config = kube::Config::infer().await.map_err(|e| no_api(&e))?;
+    Ok(zklock::client::builder(config).map_err(|e| no_api(&e))?.build())
 }
 
 /// The signals `acquire` and `exec` handle, installed before anything else (see

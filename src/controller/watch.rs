@@ -104,6 +104,9 @@ pub fn holder_pods(
                 }
             }
             Err(e) => tracing::debug!(error = %e, "pod watch error; the watcher retries"),
+            Ok(watcher::Event::Apply(pod) | watcher::Event::Delete(pod)) => {
+                tracing::trace!(pod = %pod.name_any(), deleted = pod.metadata.deletion_timestamp.is_some(), "pod changed")
+            }
             Ok(_) => {}
         })
         .touched_objects()
