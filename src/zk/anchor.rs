@@ -49,7 +49,7 @@ pub(super) async fn recreate(
 ) -> Result<Recreated, Error> {
     let node_options = zk::CreateMode::EphemeralSequential.with_acls(core.config.node_acls());
     // Its marker decides the continuity rule: nobody but us may write it.
-    ops::protect(client, &core.config, lock, core.config.directory_acls()).await;
+    super::acl::protect(client, &core.config, lock, core.config.directory_acls()).await;
     let mut backoff = Backoff::new();
     for _ in 0..MAX_ATTEMPTS {
         let (body, stat) = match retry::idempotent(|| client.get_data(lock)).await {
@@ -189,7 +189,7 @@ pub(super) async fn remove_if_empty(client: &zk::Client, core: &Core, lock: &str
 /// to semaphores of that count.
 pub(super) async fn mark_foreign(client: &zk::Client, core: &Core, lock: &str) -> Result<(), zk::Error> {
     // A foreign client may have made the directory, open to all: nobody else may reset the mark.
-    ops::protect(client, &core.config, lock, core.config.directory_acls()).await;
+    super::acl::protect(client, &core.config, lock, core.config.directory_acls()).await;
     let marker = DirMarker { foreign_seen: true }.to_bytes();
     loop {
         let (body, stat) = retry::idempotent(|| client.get_data(lock)).await?;

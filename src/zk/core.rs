@@ -11,12 +11,12 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, OnceCell};
 use zookeeper_client as zk;
 
-use super::book::{Book, Member, NodeEvent};
-use super::contender::{ContenderSpec, ContenderState, EngineEvent, LostReason, SessionEvent, CONNECTION_LOST};
+use super::book::{Book, Member};
+use super::contender::{ContenderState, EngineEvent, LostReason, SessionEvent, CONNECTION_LOST};
 use super::fence::Fence;
 use super::stats::Stats;
-use super::{ops, rounds, session, Error, ZkConfig};
-use crate::recipe::{self, Decision};
+use super::{Error, ZkConfig};
+use crate::recipe::Decision;
 
 pub(super) struct Core {
     pub config: ZkConfig,
@@ -120,92 +120,6 @@ impl Core {
                 self.publish(id, &before, member.state());
             }
         }
-    }
-
-    /// Enters freshly made nodes in the book, asks for their first decision and closes the
-    /// create's window. A node whose contender id is tracked already (a concurrent enqueue of
-    /// the same id won) is deleted again. A node marked as keeping a hold (a recorded holder,
-    /// re-anchored ahead of everybody) is held from the start, whatever the lock's limit.
-    pub fn register(
-        self: &Arc<Self>,
-        client: &zk::Client,
-        lock_path: &Arc<str>,
-        window: u64,
-        nodes: Vec<(ContenderSpec, String, bool)>,
-    ) -> Result<Registered, Error> {
-        let session_id = client.session_id().0;
-        let mut registered = Vec::with_capacity(nodes.len());
-        let mut extra = vec![];
-        let mut data_changed = vec![];
-        let start = {
-            let mut book = self.book.lock();
-            if book.lost_sessions.contains(&session_id) {
-                // The session ended while the nodes were being made: they go with it, and
-                // nobody would ever decide for them.
-                book.close_window(lock_path, window);
-                return Err(Error::SessionLost);
-            }
-            for (spec, name, keeps_hold) in nodes {
-                if book.contenders.contains_key(&*spec.id) {
-                    extra.push(format!("{lock_path}/{name}"));
-                    registered.push((spec.id.clone(), None));
-                    continue;
-                }
-                let id = spec.id.clone();
-                // Back (re-anchored): no longer lost.
-                book.lost.remove(&*id);
-                let sequence = recipe::parse_child(&name).map_or(0, |c| c.sequence);
-                let (tx, rx) = oneshot::channel();
-                let member = Member {
-                    lock: lock_path.clone(),
-                    name: name.into_boxed_str(),
-                    sequence,
-                    session_id,
-                    fencing_token: 0,
-                    decision: keeps_hold.then_some(Decision::Held),
-                    revoke: None,
-                    stale: true,
-                    reads_before: book.locks.get(lock_path).map_or(0, |q| q.reads),
-                    decided: Some(tx),
-                    granting: false,
-                };
-                if let Some(q) = book.locks.get_mut(lock_path) {
-                    q.nodes.insert(sequence, id.clone());
-                    if q.seen_since(window, &member.name, NodeEvent::DataChanged) {
-                        data_changed.push((id.clone(), member.path()));
-                    }
-                }
-                book.contenders.insert(id.clone(), Box::new(member));
-                registered.push((id, Some(rx)));
-            }
-            book.locks.get_mut(lock_path).is_some_and(|q| {
-                let start = q.request_evaluation();
-                q.close(window);
-                start
-            })
-        };
-        if start {
-            tokio::spawn(rounds::evaluate(Arc::downgrade(self), lock_path.clone()));
-        }
-        for (id, path) in data_changed {
-            tokio::spawn(session::read_revocation(Arc::downgrade(self), id, path));
-        }
-        ops::delete_in_background(client, self, extra);
-        Ok(registered)
-    }
-
-    /// Waits until every registered node has had its first decision; answers each one's state.
-    pub async fn settle(&self, registered: Registered) -> Vec<(Arc<str>, ContenderState)> {
-        let mut settled = Vec::with_capacity(registered.len());
-        for (id, decided) in registered {
-            if let Some(decided) = decided {
-                // Dropped unanswered when the contender ended first: its state says how.
-                let _ = decided.await;
-            }
-            let state = self.book.lock().state(&id).unwrap_or(ContenderState::Released);
-            settled.push((id, state));
-        }
-        settled
     }
 
     /// Every contender of `session_id` is lost: its nodes went with the session.

@@ -21,6 +21,7 @@ use super::book::{Book, Member};
 use super::contender::{ContenderSpec, ContenderState, EngineEvent, QueueEntry, Reanchored, Recorded, SessionEvent};
 use super::core::{Core, WindowGuard};
 use super::data;
+use super::enqueue;
 use super::fence::{self, Epoch};
 use super::ops::{self, is_lock_path};
 use super::retry;
@@ -208,9 +209,9 @@ impl LockEngine {
         let mut registered = Vec::with_capacity(specs.len());
         for ((spec, name), guard) in specs.into_iter().zip(names).zip(guards) {
             let (lock, window) = guard.disarm();
-            registered.extend(self.core.register(&client, &lock, window, vec![(spec, name, false)])?);
+            registered.extend(enqueue::register(&self.core, &client, &lock, window, vec![(spec, name, false)])?);
         }
-        let settled = self.core.settle(registered).await;
+        let settled = enqueue::settle(&self.core, registered).await;
         Ok(settled.into_iter().map(|(_, state)| state).collect())
     }
 
@@ -254,8 +255,8 @@ impl LockEngine {
             .zip(held)
             .map(|((spec, name), held)| (spec, name, held && !created.foreign_seen))
             .collect();
-        let registered = self.core.register(&client, &lock, window, nodes)?;
-        let contenders = self.core.settle(registered).await;
+        let registered = enqueue::register(&self.core, &client, &lock, window, nodes)?;
+        let contenders = enqueue::settle(&self.core, registered).await;
         Ok(Reanchored { contenders, foreign_seen: created.foreign_seen })
     }
 

@@ -146,7 +146,7 @@ pub(super) async fn bump(
         Ok(_) | Err(zk::Error::NodeExists) => {}
         Err(e) => return Err(e),
     }
-    super::ops::protect(client, config, path, config.node_acls()).await;
+    super::acl::protect(client, config, path, config.node_acls()).await;
     let (_, read) = super::retry::idempotent(|| client.get_data(path)).await?;
     match super::retry::idempotent(|| client.set_data(path, holder.as_bytes(), Some(read.version))).await {
         Ok(stat) => Ok((stat.version, stat.mzxid)),

@@ -1,10 +1,18 @@
 //! The lock engine: ZooKeeper's lock recipe on one session, for many contenders.
 //!
-//! `engine` is its face; `contender` what it tells; `book` its bookkeeping (pure); `core` what
-//! its tasks share; `session` the watches and the session's state; `rounds` the reads and
-//! decisions; `ops` the ZooKeeper operations; `anchor` re-anchoring after a new session;
-//! `fence` the leader epoch every write is guarded by.
+//! Its files in layers, each readable knowing only the layers under it (none imports one
+//! above it):
+//! 1. what everything shares, without tasks: `data` (what nodes and directories hold),
+//!    `contender` (what the engine tells), `config`, `retry`, `stats`, `book` (the bookkeeping,
+//!    pure), `acl` (who may change our nodes), `fence` (the leader epoch every write is guarded
+//!    by) and `core` (the session, the book and the fence, as the tasks share them);
+//! 2. `ops`: the ZooKeeper operations, each retried through connection loss and guarded;
+//! 3. the tasks, each using only those before it: `anchor` (re-anchoring after a new
+//!    session), `rounds` (a lock's reads and decisions), `session` (the watches and the
+//!    session's state), `enqueue` (made nodes become contenders and get their first decision);
+//! 4. `engine`, its face.
 
+mod acl;
 mod anchor;
 mod book;
 mod config;
@@ -12,6 +20,7 @@ mod contender;
 mod core;
 pub mod data;
 mod engine;
+mod enqueue;
 mod fence;
 mod ops;
 mod retry;

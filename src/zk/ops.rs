@@ -54,28 +54,6 @@ pub(super) async fn list(client: &zk::Client, path: &str) -> Result<Vec<String>,
     children_or_empty(client, path).await.map(|listing| listing.children).map_err(|e| Error::zk("list", path, e))
 }
 
-/// With credentials, makes sure that nobody but our identity can write `path`'s data or change
-/// its ACL (a directory made by another client, or by an earlier zklock without credentials,
-/// may be open to all): `acls` replace an ACL that lets the world write or administer it.
-pub(super) async fn protect(client: &zk::Client, config: &super::ZkConfig, path: &str, acls: zk::Acls<'_>) {
-    if config.digest_auth.is_none() {
-        return;
-    }
-    let Ok((current, stat)) = retry::idempotent(|| client.get_acl(path)).await else { return };
-    let open = current.iter().any(|acl| {
-        acl.scheme() == "world"
-            && (acl.permission().has(zk::Permission::WRITE) || acl.permission().has(zk::Permission::ADMIN))
-    });
-    if !open {
-        return;
-    }
-    match retry::idempotent(|| client.set_acl(path, &acls, Some(stat.aversion))).await {
-        Ok(_) => tracing::info!(path, "protected against writes by other ZooKeeper clients"),
-        // Changed meanwhile (by whoever: it is looked at again next time), or not ours to change.
-        Err(e) => tracing::warn!(path, error = %e, "could not protect the node against other clients' writes"),
-    }
-}
-
 /// Makes lock directory `lock` (and its parents), with the data that marks it as zklock's (and
 /// refuses kazoo's semaphore, see [`super::data::DirMarker`]). Lock directories stay open to everybody
 /// for create, so that Curator clients can contend.

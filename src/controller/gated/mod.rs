@@ -27,8 +27,9 @@ use serde_json::json;
 use tracing::Instrument;
 
 pub use arrivals::Arrivals;
-use plan::{PodPlan, Report, Step, CONDITION, GATE};
+use plan::{PodPlan, Report, Step, GATE};
 pub use pod::KeptPod;
+use pod::CONDITION;
 
 use super::{Context, Error, Uid};
 use crate::api::{LockClaim, Phase};

@@ -24,8 +24,6 @@ pub const LOCK: &str = "zklock.io/lock";
 pub const MODE: &str = "zklock.io/mode";
 /// The annotation giving `acquireTimeoutSeconds`.
 pub const ACQUIRE_TIMEOUT: &str = "zklock.io/acquire-timeout-seconds";
-/// The pod condition the operator writes: True once the lock was granted and the gate removed.
-pub const CONDITION: &str = "zklock.io/LockAcquired";
 
 const KNOWN: [&str; 3] = [LOCK, MODE, ACQUIRE_TIMEOUT];
 const MAX_TIMEOUT_SECONDS: i64 = 31_536_000;
@@ -325,6 +323,7 @@ fn phase_reason(phase: Phase) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use super::super::pod::CONDITION;
     use super::*;
     use serde_json::{json, Value};
 

@@ -6,7 +6,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::Deserialize;
 
-use super::plan::CONDITION;
+/// The pod condition the operator writes: True once the lock was granted and the gate removed.
+pub const CONDITION: &str = "zklock.io/LockAcquired";
 
 /// Pod annotations the operator reads all start with this; no other annotation is kept.
 const OWN_ANNOTATIONS: &str = "zklock.io/";
