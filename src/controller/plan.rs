@@ -2,6 +2,7 @@
 //! spec, its holder pod, its contender in the lock engine, the clock), the status it should have
 //! and what must be done. No I/O, so every rule of DESIGN.md §2–§3 is a unit test.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -219,234 +220,43 @@ pub fn invalid(claim: &LockClaim, message: String, now: Timestamp) -> Plan {
     plan
 }
 
+/// The claim's plan: the rules that can end it whatever it waits for or holds come first
+/// (each ends the plan when it applies), then the rules of the phase the lock engine says it is
+/// in. Each rule is one function below, in the order they are applied.
 pub fn plan(input: Inputs<'_>) -> Plan {
-    let Inputs { claim, spec, holder, contender, admitting, anchor_verdict, now } = input;
-    let generation = claim.metadata.generation;
-    let now_t = Time(now);
-    let mut plan = Plan { status: claim.status.clone().unwrap_or_default(), ..Plan::default() };
-    let recorded = plan.status.phase;
-    if recorded.is_some_and(Phase::is_terminal) {
-        // Final: only make sure the node is gone.
-        plan.release = matches!(contender, ContenderView::Tracked { .. });
-        return plan;
-    }
-    let created = claim.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
-    let pod = spec.holder_pod.as_deref().unwrap_or_default();
-    let (state, parts, waiting_for) = match &contender {
-        ContenderView::Tracked { state, parts, waiting_for } => (Some(state), &parts[..], waiting_for.clone()),
-        ContenderView::Untracked => (None, &[][..], None),
+    let facts = Facts::of(&input);
+    let plan = Plan { status: input.claim.status.clone().unwrap_or_default(), ..Plan::default() };
+    let ended = || -> ControlFlow<Plan, Plan> {
+        let plan = already_final(plan, &facts)?;
+        let plan = coming_back(plan, &facts)?;
+        let plan = anchor_verdict(plan, &facts)?;
+        let plan = holder_pod(plan, &facts)?;
+        let plan = node_lost(plan, &facts)?;
+        revocation(plan, &facts)
     };
-    let held_now = state.is_some_and(ContenderState::is_held);
-
-    // While a new session is being re-anchored, a claim that was queued may not be back yet:
-    // leave its status alone (never turn Held into anything but a final phase).
-    if !admitting && matches!(recorded, Some(Phase::Held | Phase::Waiting)) && !held_now {
-        plan.requeue_after = Some(Duration::from_secs(1));
-        return plan;
-    }
-    plan.status.observed_generation = generation;
-    plan.status.lock = Some(spec.lock_label());
-
-    // Re-anchoring found that a recorded holder cannot prove it kept the lock.
-    if let Some(why) = anchor_verdict {
-        return plan.finish(Phase::Lost, "SessionLost", why, generation, &now_t);
-    }
-
-    // The holder pod.
-    match holder {
-        HolderView::NotRequested => {}
-        HolderView::Missing if plan.status.holder_uid.is_some() => {
-            let msg = format!("holder pod {pod} was deleted");
-            return plan.finish(Phase::Released, "HolderGone", msg, generation, &now_t);
-        }
-        HolderView::Missing => {
-            let deadline = after(created, HOLDER_APPEAR_WINDOW);
-            if now >= deadline {
-                let msg = format!(
-                    "holder pod {pod:?} does not exist in namespace {:?} (waited {}s for it to appear): create the \
-                     pod first, or fix spec.holder.podName in a new claim",
-                    claim.metadata.namespace.as_deref().unwrap_or_default(),
-                    HOLDER_APPEAR_WINDOW.as_secs()
-                );
-                return plan.finish(Phase::Invalid, "HolderPodNotFound", msg, generation, &now_t);
-            }
-            let msg = format!("waiting for holder pod {pod} to appear");
-            set_phase(&mut plan, Phase::Pending, "HolderPodNotFound", &msg, generation, &now_t);
-            plan.requeue_at(now, deadline);
-            return plan;
-        }
-        HolderView::Present { uid, finished } => {
-            match plan.status.holder_uid.as_deref() {
-                None => plan.status.holder_uid = Some(uid.clone()),
-                Some(bound) if bound != uid => {
-                    let msg = format!("holder pod {pod} was replaced by a new pod of the same name (uid {uid})");
-                    return plan.finish(Phase::Released, "HolderGone", msg, generation, &now_t);
-                }
-                Some(_) => {}
-            }
-            if let Some(phase) = finished {
-                let msg = format!("holder pod {pod} finished (phase {phase})");
-                return plan.finish(Phase::Released, "HolderGone", msg, generation, &now_t);
-            }
-        }
-    }
-
-    // The contender's node vanished (or never came back after a new session).
-    if let Some(ContenderState::Lost { why }) = state {
-        let (reason, msg) = match why {
-            LostReason::SessionExpired => ("SessionLost", "the ZooKeeper session ended with the node".to_string()),
-            LostReason::DeletedByOther => ("NodeDeleted", "the znode was deleted by another ZooKeeper client".into()),
-            LostReason::Failed(e) => ("ZooKeeperError", format!("ZooKeeper refused an operation: {e}")),
-        };
-        if *why != LostReason::SessionExpired || admitting {
-            return plan.finish(Phase::Lost, reason, msg, generation, &now_t);
-        }
-    }
-    if recorded == Some(Phase::Held) && !held_now && admitting {
-        // Never silently from Held to anything but a final phase: a holder that is not held any
-        // more lost the lock (its node came back behind somebody, or not at all).
-        let msg = match state {
-            None => "the znode is gone and the claim could not be re-anchored".to_string(),
-            Some(_) => "after a new ZooKeeper session the claim's node could not come back first".to_string(),
-        };
-        return plan.finish(Phase::Lost, "SessionLost", msg, generation, &now_t);
-    }
-
-    // Revocation: by annotation, or written into the znode by another client.
-    let annotation = claim.metadata.annotations.as_ref().and_then(|a| a.get(REVOKE_ANNOTATION));
-    let from_znode = match state {
-        Some(ContenderState::RevokeRequested { reason, .. }) => Some(reason.clone()),
-        _ => None,
+    let mut plan = match ended() {
+        ControlFlow::Break(plan) => return plan,
+        ControlFlow::Continue(plan) => plan,
     };
-    let revoke =
-        annotation.map(|r| if r.is_empty() { "revoked".to_string() } else { r.clone() }).or(from_znode.clone());
-    if let Some(reason) = revoke {
-        if !held_now {
-            let msg = format!("revoked while not holding the lock: {reason}");
-            return plan.finish(Phase::Revoked, "Revoked", msg, generation, &now_t);
-        }
-        let requested_at = conditions::get(&plan.status.conditions, REVOKE_REQUESTED)
-            .filter(|c| c.status == "True")
-            .map(|c| c.last_transition_time.0);
-        match requested_at {
-            None => {
-                conditions::set(
-                    &mut plan.status.conditions,
-                    REVOKE_REQUESTED,
-                    true,
-                    "RevokeRequested",
-                    &reason,
-                    generation,
-                    &now_t,
-                );
-                if from_znode.is_none() {
-                    plan.write_revoke = Some(reason.clone());
-                }
-                if spec.holder_pod.is_some() {
-                    plan.annotate_pod = Some(reason.clone());
-                }
-                let note = format!("revocation requested ({reason}); force release in {}s", spec.grace.as_secs());
-                plan.event(false, "RevokeRequested", note);
-                plan.requeue_at(now, after(now, spec.grace));
-            }
-            Some(at) => {
-                let deadline = after(at, spec.grace);
-                if now >= deadline {
-                    let msg = format!("revoked ({reason}); the grace period of {}s ran out", spec.grace.as_secs());
-                    return plan.finish(Phase::Revoked, "Revoked", msg, generation, &now_t);
-                }
-                plan.requeue_at(now, deadline);
-            }
-        }
-    }
-
-    match state {
-        None => {
-            // A claim recorded Waiting that the engine does not track never held anything, so
-            // it is queued again (at the back) rather than failed. This is how a deposed
-            // leader's late status write ends: sent before it stepped down, delivered after
-            // this term listed and re-anchored the claims (the chaos suite's API hang).
-            let (reason, message) = if recorded == Some(Phase::Waiting) {
-                ("Requeued", "queued again: its znode is gone (a new ZooKeeper session or leader)")
-            } else {
-                ("Pending", "accepted; the znode is not created yet")
-            };
-            set_phase(&mut plan, Phase::Pending, reason, message, generation, &now_t);
-            plan.enqueue = admitting;
-        }
+    plan = match facts.state {
+        None => pending(plan, &facts),
         Some(ContenderState::Waiting { .. }) | Some(ContenderState::RevokeRequested { fencing_token: None, .. }) => {
-            let ahead = match state {
-                Some(ContenderState::Waiting { ahead, .. }) => *ahead as i64,
-                _ => plan.status.position.unwrap_or(0),
-            };
-            if spec.acquire_timeout == Some(Duration::ZERO) {
-                let msg = "the lock was busy and acquireTimeoutSeconds is 0 (try once)".to_string();
-                return plan.finish(Phase::Expired, "Expired", msg, generation, &now_t);
-            }
-            if let Some(timeout) = spec.acquire_timeout {
-                let deadline = after(created, timeout);
-                if now >= deadline {
-                    let msg = format!("not held within acquireTimeoutSeconds ({}s)", timeout.as_secs());
-                    return plan.finish(Phase::Expired, "Expired", msg, generation, &now_t);
-                }
-                plan.requeue_at(now, deadline);
-            }
-            if recorded != Some(Phase::Waiting) {
-                plan.event(false, "Waiting", format!("queued behind {} contender(s)", ahead));
-            }
-            let msg = format!("{ahead} contender(s) ahead");
-            set_phase(&mut plan, Phase::Waiting, "Waiting", &msg, generation, &now_t);
-            plan.status.position = Some(ahead);
-            plan.status.waiting_for = waiting_for;
-        }
-        Some(s) if s.is_held() => {
-            let token = s.fencing_token().unwrap_or_default();
-            if recorded != Some(Phase::Held) {
-                // A claim over several locks has a token per lock (in status.locks), none of its own.
-                plan.status.fencing_token = (!spec.several).then(|| token.to_string());
-                plan.status.acquired_at = Some(now_t.clone());
-                plan.status.lease_expires_at = spec.lease.map(|l| Time(after(now, l)));
-                plan.status.renewed = renew_value(claim);
-                let note = if spec.several {
-                    let tokens: Vec<String> = parts
-                        .iter()
-                        .map(|p| format!("{} {}", p.lock_name, p.state.fencing_token().unwrap_or_default()))
-                        .collect();
-                    format!("locks held with fencing tokens {}", tokens.join(", "))
-                } else {
-                    format!("lock held with fencing token {token}")
-                };
-                // An event for a grant after a wait, which a person may want explained; a grant
-                // at once is in the status alone (acquiredAt), one write less per claim.
-                if recorded == Some(Phase::Waiting) {
-                    let waited = now.duration_since(created).as_secs_f64().max(0.0);
-                    plan.event(false, "Acquired", format!("{note}, after waiting {waited:.1}s"));
-                }
-            }
-            set_phase(&mut plan, Phase::Held, "Acquired", "the lock is held", generation, &now_t);
-            plan.status.position = Some(0);
-            plan.status.waiting_for = None;
-            if let Some(lease) = spec.lease {
-                let renew = renew_value(claim);
-                if renew != plan.status.renewed {
-                    plan.status.renewed = renew;
-                    plan.status.lease_expires_at = Some(Time(after(now, lease)));
-                }
-                let expires = plan.status.lease_expires_at.as_ref().map_or(after(now, lease), |t| t.0);
-                if now >= expires {
-                    let msg = format!("the lease of {}s ran out without renewal", lease.as_secs());
-                    return plan.finish(Phase::Released, "LeaseExpired", msg, generation, &now_t);
-                }
-                plan.requeue_at(now, expires);
+            match waiting(plan, &facts) {
+                ControlFlow::Break(plan) => return plan,
+                ControlFlow::Continue(plan) => plan,
             }
         }
+        Some(s) if s.is_held() => match held(plan, &facts, s) {
+            ControlFlow::Break(plan) => return plan,
+            ControlFlow::Continue(plan) => plan,
+        },
         // Released, or lost during a session change: nothing to record until re-anchored.
-        Some(_) => {}
-    }
-    if spec.several {
-        record_parts(&mut plan.status, parts, recorded == Some(Phase::Held));
+        Some(_) => plan,
+    };
+    if facts.spec.several {
+        record_parts(&mut plan.status, facts.parts, facts.recorded == Some(Phase::Held));
     } else {
-        let node = parts.first().and_then(|p| p.node.clone());
+        let node = facts.parts.first().and_then(|p| p.node.clone());
         plan.status.znode = node.or(plan.status.znode.take());
     }
     // A final claim changes no more (its deletion comes as a watch event): no backstop entry
@@ -455,6 +265,300 @@ pub fn plan(input: Inputs<'_>) -> Plan {
         plan.requeue_after = Some(RESYNC);
     }
     plan
+}
+
+/// What the rules read, derived once from [`Inputs`].
+struct Facts<'a> {
+    claim: &'a LockClaim,
+    spec: &'a ValidSpec,
+    holder: &'a HolderView,
+    contender: &'a ContenderView,
+    admitting: bool,
+    anchor_verdict: Option<&'a str>,
+    now: Timestamp,
+    now_t: Time,
+    generation: Option<i64>,
+    /// The phase the claim's status records (what this plan starts from).
+    recorded: Option<Phase>,
+    created: Timestamp,
+    /// The holder pod's name, for messages.
+    pod: &'a str,
+    state: Option<&'a ContenderState>,
+    parts: &'a [PartView],
+    waiting_for: Option<String>,
+    held_now: bool,
+}
+
+impl<'a> Facts<'a> {
+    fn of(input: &'a Inputs<'a>) -> Facts<'a> {
+        let (state, parts, waiting_for) = match &input.contender {
+            ContenderView::Tracked { state, parts, waiting_for } => (Some(state), &parts[..], waiting_for.clone()),
+            ContenderView::Untracked => (None, &[][..], None),
+        };
+        Facts {
+            claim: input.claim,
+            spec: input.spec,
+            holder: &input.holder,
+            contender: &input.contender,
+            admitting: input.admitting,
+            anchor_verdict: input.anchor_verdict.as_deref(),
+            now: input.now,
+            now_t: Time(input.now),
+            generation: input.claim.metadata.generation,
+            recorded: input.claim.status.as_ref().and_then(|s| s.phase),
+            created: input.claim.metadata.creation_timestamp.as_ref().map_or(input.now, |t| t.0),
+            pod: input.spec.holder_pod.as_deref().unwrap_or_default(),
+            state,
+            parts,
+            waiting_for,
+            held_now: state.is_some_and(ContenderState::is_held),
+        }
+    }
+
+    /// Ends the claim in `phase`.
+    fn finish(&self, plan: Plan, phase: Phase, reason: &'static str, message: String) -> ControlFlow<Plan, Plan> {
+        ControlFlow::Break(plan.finish(phase, reason, message, self.generation, &self.now_t))
+    }
+}
+
+/// Final: only make sure the node is gone.
+fn already_final(mut plan: Plan, facts: &Facts) -> ControlFlow<Plan, Plan> {
+    if !facts.recorded.is_some_and(Phase::is_terminal) {
+        return ControlFlow::Continue(plan);
+    }
+    plan.release = matches!(facts.contender, ContenderView::Tracked { .. });
+    ControlFlow::Break(plan)
+}
+
+/// While a new session is being re-anchored, a claim that was queued may not be back yet:
+/// leave its status alone (never turn Held into anything but a final phase). Past this rule the
+/// status is the plan's to write.
+fn coming_back(mut plan: Plan, facts: &Facts) -> ControlFlow<Plan, Plan> {
+    if !facts.admitting && matches!(facts.recorded, Some(Phase::Held | Phase::Waiting)) && !facts.held_now {
+        plan.requeue_after = Some(Duration::from_secs(1));
+        return ControlFlow::Break(plan);
+    }
+    plan.status.observed_generation = facts.generation;
+    plan.status.lock = Some(facts.spec.lock_label());
+    ControlFlow::Continue(plan)
+}
+
+/// Re-anchoring found that a recorded holder cannot prove it kept the lock.
+fn anchor_verdict(plan: Plan, facts: &Facts) -> ControlFlow<Plan, Plan> {
+    match facts.anchor_verdict {
+        Some(why) => facts.finish(plan, Phase::Lost, "SessionLost", why.to_string()),
+        None => ControlFlow::Continue(plan),
+    }
+}
+
+/// The holder pod: bound at first sight; gone, replaced or finished releases the claim; one
+/// that does not appear within [`HOLDER_APPEAR_WINDOW`] makes it Invalid.
+fn holder_pod(mut plan: Plan, facts: &Facts) -> ControlFlow<Plan, Plan> {
+    let pod = facts.pod;
+    match facts.holder {
+        HolderView::NotRequested => {}
+        HolderView::Missing if plan.status.holder_uid.is_some() => {
+            let msg = format!("holder pod {pod} was deleted");
+            return facts.finish(plan, Phase::Released, "HolderGone", msg);
+        }
+        HolderView::Missing => {
+            let deadline = after(facts.created, HOLDER_APPEAR_WINDOW);
+            if facts.now >= deadline {
+                let msg = format!(
+                    "holder pod {pod:?} does not exist in namespace {:?} (waited {}s for it to appear): create the \
+                     pod first, or fix spec.holder.podName in a new claim",
+                    facts.claim.metadata.namespace.as_deref().unwrap_or_default(),
+                    HOLDER_APPEAR_WINDOW.as_secs()
+                );
+                return facts.finish(plan, Phase::Invalid, "HolderPodNotFound", msg);
+            }
+            let msg = format!("waiting for holder pod {pod} to appear");
+            set_phase(&mut plan, Phase::Pending, "HolderPodNotFound", &msg, facts.generation, &facts.now_t);
+            plan.requeue_at(facts.now, deadline);
+            return ControlFlow::Break(plan);
+        }
+        HolderView::Present { uid, finished } => {
+            match plan.status.holder_uid.as_deref() {
+                None => plan.status.holder_uid = Some(uid.clone()),
+                Some(bound) if bound != uid => {
+                    let msg = format!("holder pod {pod} was replaced by a new pod of the same name (uid {uid})");
+                    return facts.finish(plan, Phase::Released, "HolderGone", msg);
+                }
+                Some(_) => {}
+            }
+            if let Some(phase) = finished {
+                let msg = format!("holder pod {pod} finished (phase {phase})");
+                return facts.finish(plan, Phase::Released, "HolderGone", msg);
+            }
+        }
+    }
+    ControlFlow::Continue(plan)
+}
+
+/// The contender's node vanished (or never came back after a new session).
+fn node_lost(plan: Plan, facts: &Facts) -> ControlFlow<Plan, Plan> {
+    if let Some(ContenderState::Lost { why }) = facts.state {
+        let (reason, msg) = match why {
+            LostReason::SessionExpired => ("SessionLost", "the ZooKeeper session ended with the node".to_string()),
+            LostReason::DeletedByOther => ("NodeDeleted", "the znode was deleted by another ZooKeeper client".into()),
+            LostReason::Failed(e) => ("ZooKeeperError", format!("ZooKeeper refused an operation: {e}")),
+        };
+        if *why != LostReason::SessionExpired || facts.admitting {
+            return facts.finish(plan, Phase::Lost, reason, msg);
+        }
+    }
+    if facts.recorded == Some(Phase::Held) && !facts.held_now && facts.admitting {
+        // Never silently from Held to anything but a final phase: a holder that is not held any
+        // more lost the lock (its node came back behind somebody, or not at all).
+        let msg = match facts.state {
+            None => "the znode is gone and the claim could not be re-anchored".to_string(),
+            Some(_) => "after a new ZooKeeper session the claim's node could not come back first".to_string(),
+        };
+        return facts.finish(plan, Phase::Lost, "SessionLost", msg);
+    }
+    ControlFlow::Continue(plan)
+}
+
+/// Revocation: by annotation, or written into the znode by another client. A waiting claim
+/// leaves the queue; a holder is asked, and loses the lock when the grace period runs out.
+fn revocation(mut plan: Plan, facts: &Facts) -> ControlFlow<Plan, Plan> {
+    let (generation, now, now_t, spec) = (facts.generation, facts.now, &facts.now_t, facts.spec);
+    let annotation = facts.claim.metadata.annotations.as_ref().and_then(|a| a.get(REVOKE_ANNOTATION));
+    let from_znode = match facts.state {
+        Some(ContenderState::RevokeRequested { reason, .. }) => Some(reason.clone()),
+        _ => None,
+    };
+    let revoke =
+        annotation.map(|r| if r.is_empty() { "revoked".to_string() } else { r.clone() }).or(from_znode.clone());
+    let Some(reason) = revoke else { return ControlFlow::Continue(plan) };
+    if !facts.held_now {
+        let msg = format!("revoked while not holding the lock: {reason}");
+        return facts.finish(plan, Phase::Revoked, "Revoked", msg);
+    }
+    let requested_at = conditions::get(&plan.status.conditions, REVOKE_REQUESTED)
+        .filter(|c| c.status == "True")
+        .map(|c| c.last_transition_time.0);
+    match requested_at {
+        None => {
+            conditions::set(
+                &mut plan.status.conditions,
+                REVOKE_REQUESTED,
+                true,
+                "RevokeRequested",
+                &reason,
+                generation,
+                now_t,
+            );
+            if from_znode.is_none() {
+                plan.write_revoke = Some(reason.clone());
+            }
+            if spec.holder_pod.is_some() {
+                plan.annotate_pod = Some(reason.clone());
+            }
+            let note = format!("revocation requested ({reason}); force release in {}s", spec.grace.as_secs());
+            plan.event(false, "RevokeRequested", note);
+            plan.requeue_at(now, after(now, spec.grace));
+        }
+        Some(at) => {
+            let deadline = after(at, spec.grace);
+            if now >= deadline {
+                let msg = format!("revoked ({reason}); the grace period of {}s ran out", spec.grace.as_secs());
+                return facts.finish(plan, Phase::Revoked, "Revoked", msg);
+            }
+            plan.requeue_at(now, deadline);
+        }
+    }
+    ControlFlow::Continue(plan)
+}
+
+/// Not in the engine: to be enqueued. A claim recorded Waiting that the engine does not track
+/// never held anything, so it is queued again (at the back) rather than failed. This is how a
+/// deposed leader's late status write ends: sent before it stepped down, delivered after this
+/// term listed and re-anchored the claims (the chaos suite's API hang).
+fn pending(mut plan: Plan, facts: &Facts) -> Plan {
+    let (reason, message) = if facts.recorded == Some(Phase::Waiting) {
+        ("Requeued", "queued again: its znode is gone (a new ZooKeeper session or leader)")
+    } else {
+        ("Pending", "accepted; the znode is not created yet")
+    };
+    set_phase(&mut plan, Phase::Pending, reason, message, facts.generation, &facts.now_t);
+    plan.enqueue = facts.admitting;
+    plan
+}
+
+/// Waiting in the queue: its place and whom it waits for, until its acquire timeout.
+fn waiting(mut plan: Plan, facts: &Facts) -> ControlFlow<Plan, Plan> {
+    let (spec, now) = (facts.spec, facts.now);
+    let ahead = match facts.state {
+        Some(ContenderState::Waiting { ahead, .. }) => *ahead as i64,
+        _ => plan.status.position.unwrap_or(0),
+    };
+    if spec.acquire_timeout == Some(Duration::ZERO) {
+        let msg = "the lock was busy and acquireTimeoutSeconds is 0 (try once)".to_string();
+        return facts.finish(plan, Phase::Expired, "Expired", msg);
+    }
+    if let Some(timeout) = spec.acquire_timeout {
+        let deadline = after(facts.created, timeout);
+        if now >= deadline {
+            let msg = format!("not held within acquireTimeoutSeconds ({}s)", timeout.as_secs());
+            return facts.finish(plan, Phase::Expired, "Expired", msg);
+        }
+        plan.requeue_at(now, deadline);
+    }
+    if facts.recorded != Some(Phase::Waiting) {
+        plan.event(false, "Waiting", format!("queued behind {} contender(s)", ahead));
+    }
+    let msg = format!("{ahead} contender(s) ahead");
+    set_phase(&mut plan, Phase::Waiting, "Waiting", &msg, facts.generation, &facts.now_t);
+    plan.status.position = Some(ahead);
+    plan.status.waiting_for = facts.waiting_for.clone();
+    ControlFlow::Continue(plan)
+}
+
+/// Held: the grant (token, acquiredAt, the lease), then the lease's renewals and its end.
+fn held(mut plan: Plan, facts: &Facts, state: &ContenderState) -> ControlFlow<Plan, Plan> {
+    let (claim, spec, now, now_t) = (facts.claim, facts.spec, facts.now, &facts.now_t);
+    let token = state.fencing_token().unwrap_or_default();
+    if facts.recorded != Some(Phase::Held) {
+        // A claim over several locks has a token per lock (in status.locks), none of its own.
+        plan.status.fencing_token = (!spec.several).then(|| token.to_string());
+        plan.status.acquired_at = Some(now_t.clone());
+        plan.status.lease_expires_at = spec.lease.map(|l| Time(after(now, l)));
+        plan.status.renewed = renew_value(claim);
+        let note = if spec.several {
+            let tokens: Vec<String> = facts
+                .parts
+                .iter()
+                .map(|p| format!("{} {}", p.lock_name, p.state.fencing_token().unwrap_or_default()))
+                .collect();
+            format!("locks held with fencing tokens {}", tokens.join(", "))
+        } else {
+            format!("lock held with fencing token {token}")
+        };
+        // An event for a grant after a wait, which a person may want explained; a grant
+        // at once is in the status alone (acquiredAt), one write less per claim.
+        if facts.recorded == Some(Phase::Waiting) {
+            let waited = now.duration_since(facts.created).as_secs_f64().max(0.0);
+            plan.event(false, "Acquired", format!("{note}, after waiting {waited:.1}s"));
+        }
+    }
+    set_phase(&mut plan, Phase::Held, "Acquired", "the lock is held", facts.generation, now_t);
+    plan.status.position = Some(0);
+    plan.status.waiting_for = None;
+    if let Some(lease) = spec.lease {
+        let renew = renew_value(claim);
+        if renew != plan.status.renewed {
+            plan.status.renewed = renew;
+            plan.status.lease_expires_at = Some(Time(after(now, lease)));
+        }
+        let expires = plan.status.lease_expires_at.as_ref().map_or(after(now, lease), |t| t.0);
+        if now >= expires {
+            let msg = format!("the lease of {}s ran out without renewal", lease.as_secs());
+            return facts.finish(plan, Phase::Released, "LeaseExpired", msg);
+        }
+        plan.requeue_at(now, expires);
+    }
+    ControlFlow::Continue(plan)
 }
 
 /// `t` plus `d`, the last representable time if that is later: times read from status data (a
