@@ -429,10 +429,16 @@ impl Bench {
             operator,
             metrics: format!("127.0.0.1:{port}"),
         };
+        // Leading and ready (a standby is ready too): its claim watch has listed, so claims made
+        // from now on reach it in creation order. (Claims it lists at start are queued by their
+        // creation second, then by name: a bench that created them before would find its
+        // queue out of its own order.)
         let deadline = Instant::now() + Duration::from_secs(30);
-        while bench.get("/readyz").await.is_none_or(|b| b.trim() != "ready") {
+        while bench.metric("zklock_leader").await < 1.0
+            || bench.get("/readyz").await.is_none_or(|b| b.trim() != "ready")
+        {
             if Instant::now() > deadline {
-                return Err("the operator did not become ready".into());
+                return Err("the operator did not lead and become ready within 30 s".into());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
