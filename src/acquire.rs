@@ -14,7 +14,7 @@ use crate::api::conditions::{self, FINISHED, REVOKE_REQUESTED};
 use crate::api::{Holder, LockClaim, LockClaimSpec, LockClaimStatus, LockRef, Phase};
 use crate::recipe::Mode;
 
-/// Exit codes besides the command's own (documented in README and `zklock exec --help`).
+/// Exit codes besides the command's own (documented in docs/user-guide.md and `zklock exec --help`).
 pub mod exit {
     /// zklock's own failure: bad flags, the API refused or is unreachable, the claim is Invalid.
     pub const ERROR: u8 = 1;

@@ -6,9 +6,19 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use zklock::zk::{LockEngine, ZkConfig};
 
+/// Shown under `zklock --help`: the commands people type most.
+const EXAMPLES: &str = "Examples:
+  zklock exec deploy-production --timeout 30m -- ./deploy.sh   run a command while holding a lock
+  zklock acquire db-migrations --env-file /shared/lock.env      wait for a lock (an init container)
+  zklock queue --zk-connect zk:2181 /zklock/locks/shop/db-migrations
+  zklock run --zk-connect zk:2181                               the operator (the chart runs it)
+
+Docs: docs/getting-started.md, docs/user-guide.md (claims, the CLI, exit codes),
+docs/operations.md (install, metrics, troubleshooting).";
+
 /// zklock: lease-style locks as Kubernetes custom resources, backed by ZooKeeper.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version, about, after_help = EXAMPLES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -88,10 +98,12 @@ enum Command {
     },
     /// Ask the holder of a lock node to let go, by writing a revocation request into its data.
     Revoke {
+        /// ZooKeeper connect string: HOST:PORT[,HOST:PORT...][/chroot]
         #[arg(long, env = "ZKLOCK_ZK_CONNECT")]
         zk_connect: String,
-        /// Full path of the node to revoke
+        /// Full path of the node to revoke (`zklock queue` lists a lock's nodes)
         node: String,
+        /// Why: the holder's claim shows it in its RevokeRequested condition
         #[arg(long, default_value = "revoked with zklock revoke")]
         reason: String,
     },
