@@ -11,12 +11,13 @@
 mod e2e_support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use e2e_support::*;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::DeleteParams;
+use kube::runtime::wait::await_condition;
 use kube::Api;
 
 fn root() -> PathBuf {
@@ -44,29 +45,22 @@ fn shell_blocks(text: &str, from: &str, to: &str) -> Vec<String> {
 
 /// Runs `script` with bash (errors and unset variables fatal), at most `limit`; its output, or a
 /// panic that shows the block and what it printed.
-fn run_block(script: &str, dir: &Path, env: &[(&str, String)], limit: Duration) -> String {
+async fn run_block(script: &str, dir: &Path, env: &[(&str, String)], limit: Duration) -> String {
     let out = dir.join("block.out");
     let file = std::fs::File::create(&out).unwrap();
-    let mut child: Child = Command::new("bash")
+    let mut child = tokio::process::Command::new("bash")
         .args(["-euo", "pipefail", "-c", script])
         .current_dir(dir)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(file.try_clone().unwrap())
         .stderr(file)
+        .kill_on_drop(true)
         .spawn()
         .expect("run bash");
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("block did not finish within {limit:?}:\n{script}\n--- output:\n{}", read_file(&out));
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    let status = match tokio::time::timeout(limit, child.wait()).await {
+        Ok(status) => status.expect("wait for bash"),
+        Err(_) => panic!("block did not finish within {limit:?}:\n{script}\n--- output:\n{}", read_file(&out)),
     };
     let printed = read_file(&out);
     assert!(status.success(), "block failed ({status}):\n{script}\n--- output:\n{printed}");
@@ -79,11 +73,7 @@ fn read_file(path: &Path) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn getting_started_runs_as_written() {
-    assert_eq!(
-        zklock_testkit::kube::server(),
-        zklock_testkit::kube::Server::Real,
-        "getting started runs a Job: it needs a real control plane (job controller, scheduler, node)"
-    );
+    require_real_control_plane("getting started runs a Job");
     let env = Env::new().await;
     let namespaces: Vec<String> = ["shop", "ci"].iter().map(|s| s.to_string()).collect();
     if epoch_policy(&env.kubeconfig) {
@@ -100,14 +90,13 @@ async fn getting_started_runs_as_written() {
     // operator finishes their claims).
     let api: Api<Namespace> = Api::all(env.client.clone());
     for ns in &namespaces {
+        let Some(uid) = api.get_opt(ns).await.unwrap().and_then(|n| n.metadata.uid) else { continue };
         let _ = api.delete(ns, &DeleteParams::default()).await;
-    }
-    for ns in &namespaces {
-        let deadline = Instant::now() + PATIENCE;
-        while api.get_opt(ns).await.unwrap().is_some() {
-            assert!(Instant::now() < deadline, "namespace {ns} of an earlier run not gone within {PATIENCE:?}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let gone = await_condition(api.clone(), ns, kube::runtime::conditions::is_deleted(&uid));
+        tokio::time::timeout(PATIENCE, gone)
+            .await
+            .unwrap_or_else(|_| panic!("namespace {ns} of an earlier run not gone within {PATIENCE:?}"))
+            .expect("watch of the namespace");
     }
 
     // A clone's working directory as the page assumes it (its examples/ and charts/), with the
@@ -138,7 +127,7 @@ async fn getting_started_runs_as_written() {
     let blocks = shell_blocks(&page, "## 2.", "## 5.");
     assert!(blocks.len() >= 5, "the page's shell blocks from section 2 on: {blocks:?}");
     for block in &blocks {
-        let printed = run_block(block, &dir, &vars, Duration::from_secs(300));
+        let printed = run_block(block, &dir, &vars, Duration::from_secs(300)).await;
         eprintln!("$ {block}\n{printed}");
     }
 

@@ -28,11 +28,7 @@ fn job(name: &str) -> Job {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gated_jobs_run_one_after_the_other() {
-    assert_eq!(
-        zklock_testkit::kube::server(),
-        zklock_testkit::kube::Server::Real,
-        "the Job story needs a real control plane (job controller, scheduler, node)"
-    );
+    require_real_control_plane("the Job story");
     let env = Env::new().await;
     let _op = env.operator();
     let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.ns);

@@ -68,11 +68,7 @@ pub fn epoch_policy_binding(
     param_namespace: &str,
     namespaces: &[String],
 ) -> ValidatingAdmissionPolicyBinding {
-    let selector = if namespaces.is_empty() {
-        json!({})
-    } else {
-        json!({ "matchExpressions": [{ "key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces }] })
-    };
+    let selector = super::served_namespaces(namespaces);
     // Plain data in the shape the type describes: it deserialises.
     serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",

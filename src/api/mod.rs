@@ -46,6 +46,18 @@ pub fn pod_revoke_annotation(claim: &str, reason: &str) -> (String, String) {
     (format!("{POD_REVOKE_ANNOTATION_PREFIX}{name}"), value)
 }
 
+/// The namespace selector of an admission policy binding for the namespaces one installation
+/// serves (every namespace when none is named).
+fn served_namespaces(namespaces: &[String]) -> serde_json::Value {
+    if namespaces.is_empty() {
+        serde_json::json!({})
+    } else {
+        serde_json::json!({
+            "matchExpressions": [{ "key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces }]
+        })
+    }
+}
+
 /// The generated CRDs as YAML, each with the file name `crds/` holds it under.
 pub fn crds() -> [(&'static str, String); 2] {
     use kube::CustomResourceExt;

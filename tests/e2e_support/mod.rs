@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
@@ -20,6 +20,16 @@ use serde_json::{json, Value};
 use zklock::api::{conditions, LockClaim, Phase};
 
 pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Fails a test that needs what kube-sandbox does not run (the job controller, the scheduler,
+/// a node): `needs` says which.
+pub fn require_real_control_plane(needs: &str) {
+    assert_eq!(
+        zklock_testkit::kube::server(),
+        zklock_testkit::kube::Server::Real,
+        "{needs}: it needs a real control plane (job controller, scheduler, node)"
+    );
+}
 
 pub struct Env {
     pub client: kube::Client,
@@ -225,6 +235,23 @@ pub async fn install_crd(client: &kube::Client) {
         let established = await_condition(crds, name, kube::runtime::conditions::is_crd_established());
         tokio::time::timeout(PATIENCE, established).await.expect("the CRD is not established").expect("watch CRD");
     }
+    // Established is not yet served: for a moment after a CRD's first install, kube-apiserver
+    // answers its kinds with 503 ("there can be a delay…"), which a user's kubectl, unlike the
+    // operator, does not retry. Nothing announces the end of that moment: ask until served.
+    let served = async {
+        let lists = ListParams::default().limit(1);
+        loop {
+            let claims = Api::<LockClaim>::all(client.clone()).list_metadata(&lists).await;
+            let locks = Api::<zklock::api::Lock>::all(client.clone()).list_metadata(&lists).await;
+            match (claims, locks) {
+                (Ok(_), Ok(_)) => return,
+                (Err(kube::Error::Api(e)), _) | (_, Err(kube::Error::Api(e))) if e.code == 503 || e.code == 404 => {}
+                (Err(e), _) | (_, Err(e)) => panic!("list the new kinds: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, served).await.expect("the CRDs' kinds are not served");
 }
 
 /// Whether the API server under test runs the admission policy that refuses a deposed
