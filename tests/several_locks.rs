@@ -171,3 +171,53 @@ async fn a_grant_written_after_a_later_hold_of_its_semaphore_ended_carries_a_tok
     env.history.await_gone("both").await;
     env.history.check();
 }
+
+/// A claim over several locks holds a permit of a semaphore while it waits for its other lock;
+/// a later claim takes the other permit and lets go; then the semaphore's `Lock` object is
+/// deleted (the lock is a mutex again, and the claim keeps its permit). Once the claim is
+/// granted, its token in the semaphore must be above that of the hold that ended before it,
+/// though the lock is no longer one with permits (chaos run, seed 1795586562701459641).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_kept_its_permit_after_the_lock_object_went_carries_a_token_above_the_holds_that_ended() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    let semaphore: zklock::api::Lock = serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock", "metadata": { "name": "sem" }, "spec": { "permits": 2 },
+    }))
+    .unwrap();
+    env.history.set_permits("sem", 2);
+    let lock_objects: kube::Api<zklock::api::Lock> = kube::Api::namespaced(env.client.clone(), &env.ns);
+    lock_objects.create(&Default::default(), &semaphore).await.unwrap();
+    env.claim("on-x", "x", json!({})).await;
+    env.wait_phase("on-x", Phase::Held).await;
+    env.claim_spec("both", locks(&["x", "sem"])).await;
+    env.wait_phase("both", Phase::Waiting).await;
+    env.claim("later", "sem", json!({})).await;
+    let later = env.wait_phase("later", Phase::Held).await;
+    let later_token: u64 = later.status.unwrap().fencing_token.unwrap().parse().unwrap();
+    // A waiter behind both permits: with permits it waits for the first of them to go (both's
+    // node), in a mutex for the node right before it (later's). Which one it names shows when
+    // the operator has taken the lock for a mutex.
+    env.claim("probe", "sem", json!({})).await;
+    // (waitingFor names a claim, namespaced or not.)
+    let waits_for = |c: &zklock::api::LockClaim, who: &str| {
+        c.status.as_ref().and_then(|s| s.waiting_for.as_deref()).is_some_and(|w| w.rsplit('/').next() == Some(who))
+    };
+    env.wait("probe", "waiting for both's permit", |c| waits_for(c, "both")).await;
+    lock_objects.delete("sem", &Default::default()).await.unwrap();
+    env.wait("probe", "waiting as in a mutex", |c| waits_for(c, "later")).await;
+    env.history.set_permits("sem", 1);
+    env.delete_claim("later").await;
+    env.history.await_gone("later").await;
+    env.delete_claim("on-x").await;
+    let both = env.wait_phase("both", Phase::Held).await;
+    let token = both.status.unwrap().locks.iter().find(|l| l.lock_name == "sem").and_then(|l| l.fencing_token.clone());
+    let token: u64 = token.expect("a token per lock").parse().unwrap();
+    assert!(token > later_token, "both's sem token {token} is not above {later_token}, of a hold that ended before");
+    assert_eq!(env.status("probe").await, Some(Phase::Waiting), "a mutex: probe waits for both");
+    env.delete_claim("both").await;
+    env.wait_phase("probe", Phase::Held).await;
+    env.delete_claim("probe").await;
+    env.history.await_gone("probe").await;
+    env.history.check();
+}

@@ -448,21 +448,25 @@ fn tokens(status: &LockClaimStatus, parts: &[Part]) -> Vec<Option<i64>> {
         .collect()
 }
 
-/// A grant in a lock with permits is written with a token above every token of that lock
-/// granted or ended before: holders of such a lock are not granted in queue order (a claim
-/// over several locks may sit among the first N of one while it waits for another, and a
-/// grant's write may be held up and made again while other holds began and ended), so its
-/// first token could read as older than a hold that ended before it. Such a part gets a fresh
-/// token from the engine, above every token issued so far. Grants of the lock are written one
-/// at a time (the registry's reservation), so no other grant comes between the check and the
-/// write. (A mutex needs none of this: a grant there waits for every hold it conflicts with,
-/// and its token is above theirs.)
+/// A grant is written with a token above every token of its lock granted or ended before.
+/// Holders of a lock with permits are not granted in queue order (a claim over several locks may
+/// sit among the first N of one while it waits for another, and a grant's write may be held up
+/// and made again while other holds began and ended), so a part's first token could read as
+/// older than a hold that ended before it. Such a part gets a fresh token from the engine,
+/// above every token issued so far. Grants of a lock with permits are written one at a time
+/// (the registry's reservation), so no other grant comes between the check and the write.
+///
+/// The check does not ask for the lock's limit now: a part granted under permits keeps its
+/// hold when the permits are lowered or its `Lock` object is deleted (the lock is a mutex
+/// again), and its first token is as old as before (chaos run, seed 1795586562701459641: the
+/// `Lock` went 0.2 s before such a claim's grant was written, which then carried 8589934793
+/// after a hold with 8589934806 had ended). On a mutex that was one all along, only a Shared
+/// holder granted beside another can come out below (it takes a fresh one, needlessly but
+/// harmlessly); an Exclusive grant waits for every hold it conflicts with, and its token is
+/// above theirs.
 async fn fresh_tokens(ctx: &Context, parts: &[Part], plan: &mut Plan) -> Result<(), Error> {
     for (i, (part, token)) in parts.iter().zip(tokens(&plan.status, parts)).enumerate() {
         let Some(mut token) = token else { continue };
-        if !matches!(ctx.engine.limit(&part.lock), crate::recipe::Limit::Permits(_)) {
-            continue;
-        }
         // Tokens with permits are each a zxid of their own: an equal one is this grant's own,
         // recorded by an earlier attempt of this write.
         if token < ctx.registry.highest_token(&part.lock) {
