@@ -193,15 +193,17 @@ async fn revocation_annotates_the_pod_and_forces_release_after_the_grace_period(
 async fn timeouts_and_leases() {
     let env = Env::new().await;
     let _op = env.operator();
-    env.claim("holder", "t", json!({"leaseDurationSeconds": 4})).await;
+    // (Times in the API have whole seconds, so a lease of N ends after N−1 to N seconds and a
+    // timeout likewise: both are long enough here that a loaded machine still sees each step.)
+    env.claim("holder", "t", json!({"leaseDurationSeconds": 10})).await;
     env.wait_phase("holder", Phase::Held).await;
     // Try once on a busy lock: Expired at once.
     env.claim("once", "t", json!({"acquireTimeoutSeconds": 0})).await;
     let once = env.wait_phase("once", Phase::Expired).await;
     assert!(condition(&once, conditions::FINISHED).unwrap().2.contains("busy"));
-    // An acquire timeout that runs out while waiting (this also lets two seconds of the lease
+    // An acquire timeout that runs out while waiting (this also lets three seconds of the lease
     // pass, so that a renewal shows in the second-granular lease expiry).
-    env.claim("late", "t", json!({"acquireTimeoutSeconds": 2})).await;
+    env.claim("late", "t", json!({"acquireTimeoutSeconds": 4})).await;
     env.wait_phase("late", Phase::Waiting).await;
     env.wait_phase("late", Phase::Expired).await;
     // Renewal restarts the lease timer; without more renewals the lease then runs out.
@@ -815,12 +817,15 @@ async fn a_deleted_holder_keeps_its_finalizer_until_its_final_status_is_written(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_claims_are_deleted_after_their_time_to_live() {
     let env = Env::new().await;
-    let op = Operator::start(&env, &["--default-ttl-seconds-after-finished", "3"]);
+    let op = Operator::start(&env, &["--default-ttl-seconds-after-finished", "5"]);
     env.claim("holder", "batch", json!({})).await;
     env.wait_phase("holder", Phase::Held).await;
     // Each ends Expired at once (the lock is busy): own time to live, the default, and an owned
     // claim, which the default leaves to its owner's garbage collection.
     env.claim("own", "batch", json!({ "acquireTimeoutSeconds": 0, "ttlSecondsAfterFinished": 1 })).await;
+    // "default" cannot finish before it exists, and its time to live counts from a finish time
+    // in whole seconds (up to one early): it goes 4 s after this at the earliest.
+    let finished = Instant::now();
     env.claim("default", "batch", json!({ "acquireTimeoutSeconds": 0 })).await;
     let owner = env.pod("owner").await;
     let owned: zklock::api::LockClaim = serde_json::from_value(json!({
@@ -832,14 +837,17 @@ async fn finished_claims_are_deleted_after_their_time_to_live() {
     }))
     .unwrap();
     env.claims.create(&Default::default(), &owned).await.unwrap();
-    let finished = Instant::now();
+    // From the history, which has watched since before they were made: "own" may be gone
+    // already, and a watch opened now would never see it Expired.
     for name in ["own", "default", "owned"] {
-        env.wait_phase(name, Phase::Expired).await;
+        env.history
+            .await_record(&format!("{name} Expired"), |r| r.name == name && r.phase == Some(Phase::Expired))
+            .await;
     }
-    env.wait_gone("own").await;
-    assert!(env.status("default").await.is_some(), "the default (3 s) has not passed yet");
-    env.wait_gone("default").await;
-    assert!(finished.elapsed() >= std::time::Duration::from_secs(2), "deleted too early: {:?}", finished.elapsed());
+    env.history.await_gone("own").await;
+    assert!(env.status("default").await.is_some(), "the default (5 s) has not passed yet");
+    env.history.await_gone("default").await;
+    assert!(finished.elapsed() >= std::time::Duration::from_secs(4), "deleted too early: {:?}", finished.elapsed());
     // The default's time has passed for "owned" too. Touched, it is reconciled once more: had
     // the default applied to it, that reconcile would delete it.
     let before = op.metric("zklock_reconciles_total").await;

@@ -210,7 +210,7 @@ async fn a_gated_pod_deleted_while_waiting_leaves_the_queue() {
     env.wait("c", "moved up", |c| c.status.as_ref().and_then(|s| s.position) == Some(1)).await;
     finish(&env, "a").await;
     wait_pod(&env, "c", "ungated", |p| gates(p).is_empty()).await;
-    env.wait_phase("c", Phase::Held).await;
+    env.history.await_record("c Held", |r| r.name == "c" && r.phase == Some(Phase::Held)).await;
     assert_eq!(env.history.grants("reports"), ["a", "c"], "b never held the lock");
     env.history.check();
 }

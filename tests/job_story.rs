@@ -32,15 +32,29 @@ async fn two_gated_jobs_run_one_after_the_other() {
     let env = Env::new().await;
     let _op = env.operator();
     let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.ns);
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
     for name in ["first", "second"] {
         jobs.create(&PostParams::default(), &job(name)).await.unwrap_or_else(|e| panic!("create Job {name}: {e}"));
+        // Pods queue in the order they are made, and the job controller syncs new Jobs on
+        // several workers at once: the second Job is made once the first's pod exists, so that
+        // "first" is first for the operator too.
+        let selector = format!("batch.kubernetes.io/job-name={name}");
+        let made = async {
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                if !pods.list(&ListParams::default().labels(&selector)).await.unwrap().items.is_empty() {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(PATIENCE, made).await.unwrap_or_else(|_| panic!("no pod of Job {name} in {PATIENCE:?}"));
     }
     env.kubectl(&["wait", "--for=condition=complete", "job/first", "--timeout=120s"]);
     env.kubectl(&["wait", "--for=condition=complete", "job/second", "--timeout=120s"]);
 
     // Each Job's pod was claimed for, ran on the kwok node, and its claim was released when it
     // finished; the second was granted only after the first's ended (the history says so).
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
     let mut by_job = vec![];
     for name in ["first", "second"] {
         let selector = format!("batch.kubernetes.io/job-name={name}");

@@ -86,7 +86,7 @@ async fn acquire_prints_the_claim_and_token_waits_in_line_and_times_out() {
 
     // Busy: shows where it waits, then gives up with the timeout code and takes its claim along.
     let busy =
-        finish(zklock(&env, &["acquire", "deploy", "--timeout", "2s"]).spawn().unwrap(), "a timed acquire").await;
+        finish(zklock(&env, &["acquire", "deploy", "--timeout", "6s"]).spawn().unwrap(), "a timed acquire").await;
     let err = text(&busy.stderr);
     assert_eq!(busy.status.code(), Some(75), "{err}");
     assert!(err.contains("1 ahead, behind ") && err.contains(&claim), "{err}");
@@ -140,10 +140,10 @@ async fn acquire_from_an_init_container_leaves_a_claim_its_pod_owns() {
     )
     .await;
     assert!(next.status.success(), "the lock was left held: {}", text(&next.stderr));
-    env.wait_phase("next", Phase::Held).await;
-    assert_eq!(env.history.grants("db"), vec!["init", "next"]);
     env.delete_claim("next").await;
-    env.wait_gone("next").await;
+    // The history has everything before the deletion once it has the deletion.
+    env.history.await_gone("next").await;
+    assert_eq!(env.history.grants("db"), vec!["init", "next"]);
     env.history.check();
     // A UID without the pod's name is refused before anything is made.
     let bad = finish(zklock(&env, &["acquire", "db", "--holder-pod-uid", &uid]).spawn().unwrap(), "acquire").await;
@@ -165,10 +165,10 @@ async fn exec_runs_the_command_with_its_token_and_exits_with_its_status() {
     let seen = std::fs::read_to_string(&seen).expect("the command ran");
     let parts: Vec<&str> = seen.split_whitespace().collect();
     assert_eq!((parts.len(), parts[2]), (3, "ci"), "{seen}");
-    let record = env.history.records().into_iter().find(|r| r.name == parts[0]).expect("the claim is in the history");
+    // exec deletes its claim as it ends: once the history has that, it has the grant before it.
+    env.history.await_gone(parts[0]).await;
     let token = env.history.records().into_iter().filter(|r| r.name == parts[0]).find_map(|r| r.fencing);
     assert_eq!(token.as_deref(), Some(parts[1]), "the command saw its claim's fencing token");
-    env.history.await_gone(&record.name).await;
 
     let missing = finish(zklock(&env, &["exec", "ci", "--", "/no/such/command"]).spawn().unwrap(), "exec").await;
     assert_eq!(missing.status.code(), Some(127));
@@ -324,11 +324,11 @@ async fn exec_over_two_locks_gives_the_command_a_token_per_lock() {
     let words: Vec<&str> = seen.split_whitespace().collect();
     assert_eq!(words.len(), 4, "{seen}");
     assert_eq!(words[1], "db,search-index");
+    env.history.await_gone(words[0]).await;
     let token = |lock: &str| {
         env.history.records().into_iter().filter(|r| r.name == words[0] && r.lock == lock).find_map(|r| r.fencing)
     };
     assert_eq!(token("db").as_deref(), Some(words[2]), "the db lock's own token");
     assert_eq!(token("search-index").as_deref(), Some(words[3]), "the search-index lock's own token");
-    env.history.await_gone(words[0]).await;
     env.history.check();
 }

@@ -263,8 +263,6 @@ pub fn epoch_policy(kubeconfig: &std::path::Path) -> bool {
         && std::env::var("ZKLOCK_TEST_EPOCH_POLICY").map_or(true, |v| v != "off")
 }
 
-/// Creates (or updates) the epoch policy and a binding `name` for `namespaces`, whose
-/// parameter lives in `param_namespace`, and waits until the API server enforces them.
 /// Whether the tests' claims get the operator's finalizer from the admission policy (as the
 /// chart installs it): on a real API server, unless ZKLOCK_TEST_FINALIZER_POLICY=off (to
 /// compare with the operator adding it itself).
@@ -291,6 +289,9 @@ pub async fn install_finalizer_policy(client: &kube::Client, name: &str, namespa
     bindings.patch(name, &apply, &Patch::Apply(&binding)).await.expect("install the finalizer policy's binding");
 }
 
+/// Creates (or updates) the epoch policy and a binding `name` for `namespaces`, whose
+/// parameter lives in `param_namespace`. It returns before the API server enforces them (its
+/// policy cache follows within a second or so): a test that needs the refusal awaits it.
 pub async fn install_epoch_policy(client: &kube::Client, name: &str, param_namespace: &str, namespaces: &[String]) {
     use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
     use zklock::api::epoch_policy::{epoch_policy, epoch_policy_binding, EPOCH_PARAM, EPOCH_POLICY};
