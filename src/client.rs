@@ -8,7 +8,7 @@
 use std::io::Write;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
@@ -18,10 +18,49 @@ use crate::metrics::{CallLabel, Metrics};
 /// Environment variable naming the request log.
 pub const AUDIT_ENV: &str = "ZKLOCK_API_AUDIT";
 
-/// The operator's Kubernetes client: inferred config (KUBECONFIG or in-cluster), counted in
-/// `metrics`, plus the request log when `ZKLOCK_API_AUDIT` is set.
-pub async fn client(metrics: Arc<Metrics>) -> Result<kube::Client, String> {
+/// The operator's two Kubernetes clients, from one inferred config (KUBECONFIG or in-cluster).
+/// Every request has a deadline (DESIGN.md §3, liveness): kube's client sets no read timeout of
+/// its own, so one request the API server never answers (a half-open connection, a proxy that
+/// holds it) would hang whoever sent it for good — a reconcile, the finalizer helper's PATCH, a
+/// graceful shutdown that waits for both.
+#[derive(Clone)]
+pub struct Clients {
+    /// Requests (reads and writes): no answer within [`REQUEST_TIMEOUT`] fails the request.
+    pub requests: kube::Client,
+    /// Watches (and the lists they start with): these wait for news by design, so their
+    /// deadline is [`WATCH_READ_TIMEOUT`] of silence; a watch asks the server to close it after
+    /// [`WATCH_TIMEOUT_SECONDS`], well before, so that only a dead connection meets it.
+    pub watches: kube::Client,
+}
+
+/// The longest wait for any part of an answer to a request (it counts again from each write).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// What every watch asks of the server: close after this many seconds (the watcher then
+/// resumes from where it was, without a new list). kube-runtime's watcher gives up on a watch
+/// silent for this long plus 5 s.
+pub const WATCH_TIMEOUT_SECONDS: u32 = 55;
+/// The longest silence on a watch's or a list's connection.
+pub const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(75);
+
+/// The operator's clients (see [`Clients`]), counted in `metrics`, plus the request log when
+/// `ZKLOCK_API_AUDIT` is set.
+pub async fn clients(metrics: Arc<Metrics>) -> Result<Clients, String> {
     let config = kube::Config::infer().await.map_err(|e| e.to_string())?;
+    let with_timeout = |read: Duration| {
+        let mut config = config.clone();
+        config.read_timeout = Some(read);
+        // From when the request was sent, not from when its pooled connection went idle.
+        config.reset_reader_on_write = true;
+        config
+    };
+    Ok(Clients {
+        requests: client(with_timeout(REQUEST_TIMEOUT), metrics.clone())?,
+        watches: client(with_timeout(WATCH_READ_TIMEOUT), metrics)?,
+    })
+}
+
+/// A client for `config`, counted in `metrics`, plus the request log when `ZKLOCK_API_AUDIT` is set.
+fn client(config: kube::Config, metrics: Arc<Metrics>) -> Result<kube::Client, String> {
     let builder = builder(config).map_err(|e| e.to_string())?;
     let builder = builder.with_layer(&tower::layer::layer_fn(move |inner| Counted { inner, metrics: metrics.clone() }));
     let Some(path) = std::env::var_os(AUDIT_ENV).filter(|p| !p.is_empty()) else { return Ok(builder.build()) };
@@ -67,6 +106,7 @@ pub fn builder(config: kube::Config) -> Result<kube::client::ClientBuilder<Stack
     connector.set_connect_timeout(config.connect_timeout);
     connector.set_read_timeout(config.read_timeout);
     connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
     let client: hyper_util::client::legacy::Client<_, kube::client::Body> =
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
     let retry = kube::client::retry::RetryPolicy::server_retry();

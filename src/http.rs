@@ -35,7 +35,7 @@ pub async fn serve(
     let local = listener.local_addr()?;
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(health_handler))
         .route("/readyz", get(ready_handler))
         .with_state(AppState { metrics, health });
     let task = tokio::spawn(async move {
@@ -52,8 +52,18 @@ async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
 
 async fn ready_handler(State(state): State<AppState>) -> impl IntoResponse {
     if state.health.readiness.is_ready() {
-        (StatusCode::OK, "ready")
+        (StatusCode::OK, "ready".to_string())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+        let why = state.health.readiness.unable().map_or_else(String::new, |why| format!(": {why}"));
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready{why}"))
+    }
+}
+
+/// Alive: the process answers. A replica that could not serve its term says why (it has given
+/// the lease up; restarting it would not bring ZooKeeper closer).
+async fn health_handler(State(state): State<AppState>) -> impl IntoResponse {
+    match state.health.readiness.unable() {
+        Some(why) => format!("ok; gave up leading: {why}"),
+        None => "ok".to_string(),
     }
 }

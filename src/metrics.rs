@@ -150,6 +150,8 @@ pub struct Metrics {
     pub zk_session_connected: Gauge,
     pub zk_sessions_lost: Counter,
     pub leader: Gauge,
+    /// Terms given up because this replica could not serve them (its lease given up).
+    pub step_downs: Counter,
     pub reconciles: Counter,
     /// Claims waiting for a reconcile, and reconciles running.
     pub reconciles_running: Gauge,
@@ -179,6 +181,7 @@ impl Default for Metrics {
             zk_session_connected: Gauge::default(),
             zk_sessions_lost: Counter::default(),
             leader: Gauge::default(),
+            step_downs: Counter::default(),
             reconciles: Counter::default(),
             reconciles_running: Gauge::default(),
             reconcile_errors: Family::default(),
@@ -200,6 +203,8 @@ impl Default for Metrics {
         let lost = "ZooKeeper sessions that ended (each is followed by re-anchoring)";
         r.register("zookeeper_sessions_lost", lost, m.zk_sessions_lost.clone());
         r.register("leader", "1 while this replica is the leader", m.leader.clone());
+        let gave_up = "Leader terms given up because this replica could not serve them (the lease went to another)";
+        r.register("terms_given_up", gave_up, m.step_downs.clone());
         r.register("reconciles", "Reconciliations run", m.reconciles.clone());
         r.register("reconciles_running", "Reconciliations running now", m.reconciles_running.clone());
         r.register("reconcile_errors", "Reconciliations that failed, by error", m.reconcile_errors.clone());

@@ -20,6 +20,11 @@ use crate::zk::ZkConfig;
 /// Name of the Lease the replicas elect a leader on.
 pub const LEASE_NAME: &str = "zklock-leader";
 
+/// How long a replica that gave up a term it could not serve keeps out of the next election: a
+/// standby polls the lease every second and takes it in that time; with none, this replica
+/// tries again then.
+const COOL_DOWN: Duration = crate::leader::LEASE_DURATION;
+
 pub struct Options {
     pub zk: ZkConfig,
     pub zk_root: String,
@@ -51,7 +56,8 @@ pub enum RunError {
 
 pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), RunError> {
     let metrics = Arc::new(Metrics::default());
-    let client = crate::client::client(metrics.clone()).await.map_err(RunError::Kube)?;
+    let clients = crate::client::clients(metrics.clone()).await.map_err(RunError::Kube)?;
+    let client = clients.requests.clone();
     // Fail at once, with a message that says what to fix, if ZooKeeper cannot be reached.
     ensure_chroot(&options.zk).await?;
     let mut probe = options.zk.clone();
@@ -93,6 +99,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
             metrics.engine.follow(Some(engine.clone()));
             let setup = crate::controller::Setup {
                 client: client.clone(),
+                watch_client: clients.watches.clone(),
                 zk_root: options.zk_root.clone(),
                 namespaces: options.namespaces.clone(),
                 metrics: metrics.clone(),
@@ -149,8 +156,26 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
                 break;
             }
             Err(e) => {
-                tracing::error!(error = %e, "stepped down; trying to lead again");
-                tokio::time::sleep(Duration::from_secs(2)).await;
+                // A term this replica could not serve (ZooKeeper out of its reach, an API fence
+                // it cannot set up): the lease goes at once, and this replica keeps out of the
+                // next election for a while, so that a standby that can serve takes over. Kept,
+                // the lease was renewed for as long as the cause lasted, and every lock froze.
+                let why = e.to_string();
+                health.readiness.set_unable(Some(why.clone()));
+                metrics.step_downs.inc();
+                if options.leader_election {
+                    tracing::error!(error = %why, pause = ?COOL_DOWN, "cannot serve as the leader; giving the lease up");
+                    if let Err(e) = lease.release().await {
+                        tracing::warn!(error = %e, "could not give the lease up; a standby takes it once it expires");
+                    }
+                } else {
+                    tracing::error!(error = %why, pause = ?COOL_DOWN, "cannot serve; trying again after a pause");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(COOL_DOWN) => {}
+                    _ = shutdown.cancelled() => break,
+                }
+                health.readiness.set_unable(None);
             }
         }
     }

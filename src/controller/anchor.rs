@@ -9,13 +9,20 @@ use kube::ResourceExt;
 
 use super::parts::{self, Part};
 use super::{Context, Error};
-use crate::api::{validate_spec, KeptClaim, Phase};
+use crate::api::{validate_spec, KeptClaim, Phase, FINALIZER};
 use crate::zk::{ContenderSpec, Recorded};
 
 /// The claim's phase as last recorded: the operator's own last write is newer than any copy
 /// the watch may not have delivered yet.
 fn recorded_phase(ctx: &Context, claim: &KeptClaim) -> Option<Phase> {
     claim.uid().and_then(|uid| ctx.registry.known_phase(&uid)).or(claim.phase())
+}
+
+/// A claim deleted whose cleanup is over: its deletion is under way and the operator's
+/// finalizer is no longer on it (another finalizer, or foreground deletion, keeps the object).
+/// kube-runtime's finalizer helper never hands such a claim to a reconcile again.
+pub fn cleaned_up(claim: &KeptClaim) -> bool {
+    claim.metadata.deletion_timestamp.is_some() && !claim.finalizers().iter().any(|f| f == FINALIZER)
 }
 
 /// A live claim in one of its locks: the claim, its part there, and the node it recorded.
@@ -30,6 +37,12 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     let mut locks: BTreeMap<String, Vec<Live>> = BTreeMap::new();
     for claim in ctx.claims.iter().flat_map(|store| store.state()) {
         let (Some(namespace), Some(uid)) = (claim.namespace(), claim.uid()) else { continue };
+        if cleaned_up(&claim) {
+            // Deleted, and its cleanup is done (our finalizer went; another keeps the object):
+            // it holds nothing and waits for nothing, in this term too. Neither its node nor a
+            // stamp is awaited: no reconcile of it will ever run again to make or give them.
+            continue;
+        }
         let Ok(spec) = validate_spec(&claim.spec, &namespace) else { continue };
         let phase = recorded_phase(ctx, &claim);
         let live = matches!(phase, Some(Phase::Held | Phase::Waiting));

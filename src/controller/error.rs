@@ -34,6 +34,10 @@ pub enum Error {
     /// A controller or one of its tasks ended before the term did (a bug: it is not retried).
     #[error("{0}")]
     TaskPanicked(String),
+    /// This leader cannot serve (ZooKeeper unreachable from it, say): the term ends, and the
+    /// lease is given up for a replica that can.
+    #[error("cannot serve: {0}")]
+    CannotServe(String),
     /// The status write's test failed: the copy planned from is older than the claim.
     #[error("the status write was refused ({0}); planning again from a newer copy")]
     StatusRefused(String),
@@ -59,6 +63,7 @@ impl Error {
             Error::OutdatedCopy => "outdated_copy".into(),
             Error::ApiFence(_) => "api_fence".into(),
             Error::TaskPanicked(_) => "task_panicked".into(),
+            Error::CannotServe(_) => "cannot_serve".into(),
         }
     }
 

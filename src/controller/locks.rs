@@ -37,7 +37,7 @@ pub fn objects(
     writer: Writer<Lock>,
 ) -> impl Stream<Item = Result<Lock, watcher::Error>> + Send + 'static {
     let mut synced = false;
-    watcher(api, watcher::Config::default())
+    watcher(api, watcher::Config::default().timeout(crate::client::WATCH_TIMEOUT_SECONDS))
         .default_backoff()
         .reflect(writer)
         .inspect(move |event| match event {

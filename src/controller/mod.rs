@@ -55,7 +55,10 @@ pub use error::Error;
 
 /// What every reconcile shares.
 pub struct Context {
+    /// Reads and writes, each with a deadline (see [`crate::client::Clients`]).
     pub client: kube::Client,
+    /// Watches.
+    watch_client: kube::Client,
     pub engine: LockEngine,
     /// ZooKeeper root of zklock's tree; locks live at `<root>/locks/<namespace>/<lockName>`.
     pub zk_root: String,
@@ -272,12 +275,24 @@ impl Context {
         }
     }
 
-    /// The APIs of the claims served: one per watched namespace, or one for all.
+    /// The APIs of the claims served, for requests: one per watched namespace, or one for all.
     fn scoped<K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>>(&self) -> Vec<Api<K>> {
-        if self.namespaces.is_empty() {
-            vec![Api::all(self.client.clone())]
+        Self::scopes_of(&self.client, &self.namespaces)
+    }
+
+    /// The same APIs, for watches.
+    fn watched<K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>>(&self) -> Vec<Api<K>> {
+        Self::scopes_of(&self.watch_client, &self.namespaces)
+    }
+
+    fn scopes_of<K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>>(
+        client: &kube::Client,
+        namespaces: &[String],
+    ) -> Vec<Api<K>> {
+        if namespaces.is_empty() {
+            vec![Api::all(client.clone())]
         } else {
-            self.namespaces.iter().map(|ns| Api::namespaced(self.client.clone(), ns)).collect()
+            namespaces.iter().map(|ns| Api::namespaced(client.clone(), ns)).collect()
         }
     }
 }
@@ -285,6 +300,7 @@ impl Context {
 /// What the controller is run with, besides the engine.
 pub struct Setup {
     pub client: kube::Client,
+    pub watch_client: kube::Client,
     pub zk_root: String,
     pub namespaces: Vec<String>,
     pub metrics: Arc<Metrics>,
@@ -310,8 +326,19 @@ pub async fn run(
     engine_events: mpsc::UnboundedReceiver<crate::zk::EngineEvent>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let Setup { client, zk_root, namespaces, metrics, events, term, concurrency, default_ttl, leadership, epoch_param } =
-        setup;
+    let Setup {
+        client,
+        watch_client,
+        zk_root,
+        namespaces,
+        metrics,
+        events,
+        term,
+        concurrency,
+        default_ttl,
+        leadership,
+        epoch_param,
+    } = setup;
     let scopes = namespaces.len().max(1);
     let (orphans, orphans_rx) = mpsc::unbounded_channel();
     // Per scope: its store, and its triggers (the senders go into the context).
@@ -334,6 +361,7 @@ pub async fn run(
     }
     let ctx = Arc::new(Context {
         client,
+        watch_client,
         engine,
         zk_root,
         namespaces,
@@ -369,7 +397,7 @@ pub async fn run(
     // Ended when dropped: when this future ends, or is dropped by a deposed leader (which
     // aborts the reconciles in flight with their controller).
     let mut controllers = JoinSet::new();
-    let apis = ctx.scoped::<KeptClaim>().into_iter().zip(ctx.scoped::<PartialObjectMeta<Pod>>()).zip(ctx.scoped());
+    let apis = ctx.watched::<KeptClaim>().into_iter().zip(ctx.watched::<PartialObjectMeta<Pod>>()).zip(ctx.watched());
     for ((writer, reader, one_rx, all_rx, pod_rx), ((claim_api, pod_api), gated_api)) in scoped.into_iter().zip(apis) {
         let pods_ctx = ctx.clone();
         let controller = Controller::for_stream(watch::claims(ctx.clone(), claim_api, writer), reader)
@@ -390,7 +418,7 @@ pub async fn run(
             .for_each(|result| async move { report(result) });
         controllers.spawn(gated);
     }
-    for (scope, ((writer, reader, lock_rx), api)) in lock_scoped.into_iter().zip(ctx.scoped::<Lock>()).enumerate() {
+    for (scope, ((writer, reader, lock_rx), api)) in lock_scoped.into_iter().zip(ctx.watched::<Lock>()).enumerate() {
         let controller = Controller::for_stream(locks::objects(ctx.clone(), scope, api, writer), reader)
             .reconcile_on(lock_rx)
             .with_config(Config::default().debounce(locks::STATUS_DEBOUNCE))
@@ -400,7 +428,7 @@ pub async fn run(
         controllers.spawn(controller);
     }
     let mut tasks = JoinSet::new();
-    tasks.spawn(watch::release_orphans(ctx.clone(), orphans_rx));
+    tasks.spawn(watch::release_orphans(ctx.clone(), orphans_rx).map(Ok));
     let (woken, mut woken_rx) = mpsc::unbounded_channel();
     ctx.registry.wake_into(woken);
     let waking = ctx.clone();
@@ -409,6 +437,7 @@ pub async fn run(
         while let Some(uid) = woken_rx.recv().await {
             waking.trigger(&uid);
         }
+        Ok(())
     });
 
     tokio::select! {
@@ -416,28 +445,31 @@ pub async fn run(
         _ = shutdown.clone() => return Ok(()),
     }
     tasks.spawn(supervisor::follow(ctx.clone(), engine_events, term));
-    tasks.spawn(positions::refresh(ctx.clone()));
+    tasks.spawn(positions::refresh(ctx.clone()).map(Ok));
     supervise(controllers, tasks, || shutdown.peek().is_some()).await
 }
 
 /// Waits for the term's controllers and tasks. Every one of them runs for the whole term: one
 /// that ends before the term is being stopped (`stopping`), a panic say, would leave its part of
 /// the work undone while the rest looks healthy. The term ends with it instead, as an error the
-/// caller does not retry (the process ends, and its restarts show). Once stopping, it returns
-/// when every controller has (each after its running reconciles).
+/// caller does not retry (the process ends, and its restarts show). A task that ends with an
+/// error of its own (the session supervisor's [`Error::CannotServe`]) ends the term with that
+/// error. Once stopping, it returns when every controller has (each after its running
+/// reconciles).
 async fn supervise(
     mut controllers: JoinSet<()>,
-    mut tasks: JoinSet<()>,
+    mut tasks: JoinSet<Result<(), Error>>,
     stopping: impl Fn() -> bool,
 ) -> Result<(), Error> {
     loop {
         let (what, ended) = tokio::select! {
-            ended = controllers.join_next() => ("a controller", ended),
+            ended = controllers.join_next() => ("a controller", ended.map(|r| r.map(Ok))),
             ended = tasks.join_next(), if !tasks.is_empty() => ("a task of the controller", ended),
         };
         match ended {
             None => return Ok(()),
-            Some(Ok(())) if stopping() => {}
+            Some(Ok(Err(e))) if !stopping() => return Err(e),
+            Some(Ok(_)) if stopping() => {}
             Some(Err(e)) if e.is_panic() => {
                 let why = e.into_panic();
                 let why =
@@ -515,10 +547,11 @@ mod tests {
     #[tokio::test]
     async fn a_task_that_panics_or_stops_ends_the_term_and_a_stopped_term_ends_quietly() {
         let forever = || async { std::future::pending::<()>().await };
+        let task_forever = || async { std::future::pending::<Result<(), Error>>().await };
         let mut controllers = JoinSet::new();
         controllers.spawn(forever());
         let mut tasks = JoinSet::new();
-        tasks.spawn(forever());
+        tasks.spawn(task_forever());
         tasks.spawn(async { panic!("a bug on some data") });
         let ended = supervise(controllers, tasks, || false).await;
         assert!(matches!(&ended, Err(Error::TaskPanicked(why)) if why.contains("a bug on some data")), "{ended:?}");
@@ -531,7 +564,14 @@ mod tests {
         let mut controllers = JoinSet::new();
         controllers.spawn(async {});
         let mut tasks = JoinSet::new();
-        tasks.spawn(forever());
+        tasks.spawn(task_forever());
         assert!(supervise(controllers, tasks, || true).await.is_ok(), "stopping: the controllers' end is the term's");
+
+        let mut controllers = JoinSet::new();
+        controllers.spawn(forever());
+        let mut tasks = JoinSet::new();
+        tasks.spawn(async { Err(Error::CannotServe("ZooKeeper is out of reach".into())) });
+        let ended = supervise(controllers, tasks, || false).await;
+        assert!(matches!(&ended, Err(Error::CannotServe(why)) if why.contains("out of reach")), "{ended:?}");
     }
 }

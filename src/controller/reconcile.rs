@@ -235,10 +235,19 @@ async fn cleanup(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, E
     Ok(Action::await_change())
 }
 
-/// Checks the copy's leader epoch (DESIGN.md §5a). A copy that carries a later leader's epoch
-/// means this process is deposed: nothing is written. A copy without this term's epoch after
-/// the operator's own write in this term is older than that write: nothing is planned from it
-/// (the watch brings the newer one; the schedule is the backstop).
+/// Checks the copy against the operator's own writes (DESIGN.md §5a). The copy the last status
+/// write was planned from is older than that write: nothing is planned from it (the watch
+/// brings the newer one; the schedule is the backstop). A copy that carries a later leader's
+/// epoch means this process is deposed: nothing is written.
+///
+/// A copy without this term's epoch is not taken for an old one: the store only moves forward,
+/// and after a status write that landed it holds the copy that write was planned from (caught
+/// above) or a newer one. So such a copy is somebody else's edit made after the operator's
+/// write (an admin's `kubectl patch --subresource=status` that dropped `leaderEpoch`, a restore
+/// tool): it is planned from like any other, and the next write stamps the epoch again. Waiting
+/// for a copy with the epoch instead would wait for ever, and a claim next in its queue would
+/// stall the lock. An old copy planned from by mistake costs no safety either: every status write
+/// tests the resourceVersion it was planned from.
 async fn stale_copy(claim: &LockClaim, ctx: &Context, uid: &str) -> Result<Option<Action>, Error> {
     if ctx.registry.outdated(uid, claim.metadata.resource_version.as_deref()) {
         // The very copy the last status write was planned from: that write landed, and the
@@ -255,11 +264,11 @@ async fn stale_copy(claim: &LockClaim, ctx: &Context, uid: &str) -> Result<Optio
     }
     if copy == Some(mine) {
         ctx.registry.stamped(uid, false);
-        return Ok(None);
-    }
-    if ctx.registry.written(uid) {
-        tracing::debug!("this copy is older than the operator's own write in this term; waiting for the newer one");
-        return Ok(Some(Action::requeue(Duration::from_millis(500))));
+    } else if ctx.registry.written(uid) {
+        tracing::info!(
+            leader_epoch = ?copy,
+            "the claim's status was written by someone else after this term's write; planning from it"
+        );
     }
     Ok(None)
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use backon::{ExponentialBuilder, Retryable};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use super::{anchor, Context, Error};
 use crate::leader::Leadership;
@@ -21,34 +22,58 @@ pub const EPOCH_NODE: &str = "leader-epoch";
 /// The least lease time left in which the leader epoch is taken (the bump's own time included).
 const EPOCH_MARGIN: Duration = Duration::from_secs(1);
 
-/// Between attempts to open a new session and re-anchor: a ZooKeeper outage is waited out
-/// without limit, at most 10 s apart.
+/// Between attempts to open a new session and re-anchor, within [`serve_bound`].
 const REANCHOR_DELAYS: ExponentialBuilder = ExponentialBuilder::new()
     .with_min_delay(Duration::from_millis(200))
-    .with_max_delay(Duration::from_secs(10))
+    .with_max_delay(Duration::from_secs(2))
     .with_jitter()
     .without_max_times();
 
+/// How long ZooKeeper may stay out of a leader's reach (its session disconnected, then lost
+/// and not replaced and re-anchored) before it gives up the term (DESIGN.md §3, liveness):
+/// twice the session timeout, at least 5 s. A ZooKeeper that this leader cannot reach may well be reachable from a standby, which
+/// takes over once the lease is given up; waiting it out without limit while renewing the
+/// lease froze every lock, even holders whose pods went, for as long as the cut lasted.
+pub fn serve_bound(session_timeout: Duration) -> Duration {
+    (session_timeout * 2).max(Duration::from_secs(5))
+}
+
 /// What `/readyz` answers: a standby is ready (healthy, waiting to lead); a leader only while
-/// its session is re-anchored and admitting.
+/// its session is re-anchored and admitting; a replica that just gave up a term because it
+/// could not serve is not, until its pause before contending again is over (it says why).
 pub struct Readiness(Mutex<Stage>);
 
 struct Stage {
     /// Terms begun so far (0: none yet, a standby).
     term: u64,
     ready: bool,
+    /// Why the last term was given up, while that still stands.
+    unable: Option<String>,
 }
 
 impl Default for Readiness {
     /// A process starts as a standby.
     fn default() -> Self {
-        Readiness(Mutex::new(Stage { term: 0, ready: true }))
+        Readiness(Mutex::new(Stage { term: 0, ready: true, unable: None }))
     }
 }
 
 impl Readiness {
     pub fn is_ready(&self) -> bool {
         self.0.lock().ready
+    }
+
+    /// Why this replica is not ready, if it gave up a term it could not serve.
+    pub fn unable(&self) -> Option<String> {
+        self.0.lock().unable.clone()
+    }
+
+    /// The last term was given up because this replica could not serve it (`why`), or that
+    /// no longer stands (`None`: a standby again).
+    pub fn set_unable(&self, why: Option<String>) {
+        let mut stage = self.0.lock();
+        stage.ready = why.is_none();
+        stage.unable = why;
     }
 
     /// Not ready for good: the process is about to end with an error.
@@ -73,6 +98,7 @@ impl Term {
         let mut stage = readiness.0.lock();
         stage.term = stage.term.saturating_add(1);
         stage.ready = false;
+        stage.unable = None;
         Term { readiness: readiness.clone(), id: stage.term }
     }
 
@@ -126,10 +152,30 @@ pub(super) async fn first_anchor(ctx: &Context, term: &Term) -> Result<(), Error
 }
 
 /// Follows the engine: contender changes trigger their claim; a lost session is replaced and
-/// re-anchored (not ready meanwhile).
-pub(super) async fn follow(ctx: Arc<Context>, mut events: mpsc::UnboundedReceiver<EngineEvent>, term: Term) {
+/// re-anchored (not ready meanwhile). Ends the term with [`Error::CannotServe`] when that does
+/// not succeed within [`serve_bound`].
+pub(super) async fn follow(
+    ctx: Arc<Context>,
+    mut events: mpsc::UnboundedReceiver<EngineEvent>,
+    term: Term,
+) -> Result<(), Error> {
     ctx.metrics.zk_session_connected.set(1);
-    while let Some(event) = events.recv().await {
+    let bound = serve_bound(ctx.engine.session_timeout());
+    // Since when ZooKeeper has been out of this leader's reach: the bound counts from there,
+    // not from the session's end, which the client reports only 7/5 of its timeout later.
+    let mut out_of_reach: Option<Instant> = None;
+    loop {
+        let deadline = out_of_reach.map(|since| since + bound);
+        let event = tokio::select! {
+            event = events.recv() => match event {
+                Some(event) => event,
+                // The engine is gone: the term is ending.
+                None => return Ok(()),
+            },
+            _ = sleep_until(deadline) => {
+                return Err(Error::CannotServe(format!("ZooKeeper out of reach for {bound:?}")));
+            }
+        };
         match event {
             // A release is always the operator's own doing, by the reconcile that asked for
             // it: reconciling again would only redo its work from a copy of the claim that may
@@ -138,32 +184,54 @@ pub(super) async fn follow(ctx: Arc<Context>, mut events: mpsc::UnboundedReceive
             EngineEvent::Contender { id, .. } => ctx.trigger(&id),
             EngineEvent::Session(SessionEvent::Disconnected) => {
                 ctx.metrics.zk_session_connected.set(0);
+                out_of_reach.get_or_insert_with(Instant::now);
             }
             EngineEvent::Session(SessionEvent::Reconnected | SessionEvent::Connected { .. }) => {
                 ctx.metrics.zk_session_connected.set(1);
+                out_of_reach = None;
             }
             EngineEvent::Session(SessionEvent::Lost { .. }) => {
                 ctx.metrics.zk_session_connected.set(0);
                 ctx.metrics.zk_sessions_lost.inc();
                 term.set(false);
                 tracing::warn!("ZooKeeper session lost; opening a new one and re-anchoring");
+                let since = *out_of_reach.get_or_insert_with(Instant::now);
+                let last = Mutex::new(String::from("no attempt finished"));
                 let renewed = (|| async {
                     ctx.engine.reconnect().await?;
                     anchor::reanchor_all(&ctx).await
                 })
                 .retry(REANCHOR_DELAYS)
                 .sleep(tokio::time::sleep)
-                .notify(|e, after| tracing::warn!(error = %e, ?after, "re-anchoring failed; retrying"))
-                .await;
-                // Retried without limit: only a stopped controller (which drops this task) ends it.
-                if let Err(e) = renewed {
-                    tracing::error!(error = %e, "re-anchoring gave up");
-                    return;
+                .notify(|e, after| {
+                    *last.lock() = e.to_string();
+                    tracing::warn!(error = %e, ?after, "re-anchoring failed; retrying")
+                });
+                match tokio::time::timeout_at(since + bound, renewed).await {
+                    Ok(Ok(())) => {}
+                    // Not leading any more, say: the term ends with it.
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => {
+                        let why = format!(
+                            "ZooKeeper out of reach for {bound:?}: no new session re-anchored (last attempt: {})",
+                            last.lock()
+                        );
+                        return Err(Error::CannotServe(why));
+                    }
                 }
+                out_of_reach = None;
                 term.set(true);
                 ctx.trigger_all();
             }
         }
+    }
+}
+
+/// Sleeps until `deadline`, or for ever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -28,7 +28,7 @@ pub fn claims(
     writer: Writer<KeptClaim>,
 ) -> impl Stream<Item = Result<KeptClaim, watcher::Error>> + Send + 'static {
     let mut synced = false;
-    watcher(api, watcher::Config::default())
+    watcher(api, watcher::Config::default().timeout(crate::client::WATCH_TIMEOUT_SECONDS))
         .default_backoff()
         .reflect(writer)
         .inspect(move |event| match event {
@@ -76,6 +76,11 @@ fn first_seen(ctx: &Context, claim: &KeptClaim) {
         // Known: every later event of the claim (each status write comes back as one) stops here.
         return;
     }
+    if super::anchor::cleaned_up(claim) {
+        // Its cleanup is over (another finalizer keeps the object): nothing of it is served, so
+        // it waits at no gate and is counted in no lock.
+        return;
+    }
     let uid = ctx.engine.id(uid).unwrap_or_else(|| uid.into());
     let phase = claim.phase();
     let locks: Vec<(String, bool)> = claim
@@ -95,7 +100,7 @@ pub fn holder_pods(
     ctx: Arc<Context>,
     api: Api<PartialObjectMeta<Pod>>,
 ) -> impl Stream<Item = Result<PartialObjectMeta<Pod>, watcher::Error>> + Send + 'static {
-    watcher(api, watcher::Config::default())
+    watcher(api, watcher::Config::default().timeout(crate::client::WATCH_TIMEOUT_SECONDS))
         .default_backoff()
         .inspect(move |event| match event {
             Ok(watcher::Event::InitDone) => {

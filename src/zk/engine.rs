@@ -90,6 +90,11 @@ impl LockEngine {
         Ok(())
     }
 
+    /// The session timeout asked for (the server may have negotiated another).
+    pub fn session_timeout(&self) -> std::time::Duration {
+        self.core.config.session_timeout
+    }
+
     /// The current session's id, if there is one.
     pub fn session_id(&self) -> Option<i64> {
         self.core.session_id()
@@ -362,13 +367,32 @@ impl LockEngine {
     /// lock for the operator) that hold zklock nodes, as `(group, path)`: after a new session,
     /// the directories whose nodes of earlier sessions must go even if no live contender is
     /// left there to re-anchor.
+    ///
+    /// Best effort: a directory this session may not list (another client made it with an ACL
+    /// of its own: namespace directories are open for create, so that Curator can make lock
+    /// directories) is left out with a warning, so that one stranger's directory does not stop
+    /// every lock's re-anchoring. No zklock node can be in it: zklock could not list it either.
+    /// Only an error that ends the session ends the scan.
     pub async fn directories_with_nodes(&self, root: &str) -> Result<Vec<(String, String)>, Error> {
         let client = self.core.client()?;
+        let list = |path: String| {
+            let client = client.clone();
+            async move {
+                match ops::list(&client, &path).await {
+                    Ok(children) => Ok(children),
+                    Err(e) if e.ends_session() => Err(e),
+                    Err(e) => {
+                        tracing::warn!(%path, error = %e, "cannot list this directory; leaving it out of re-anchoring");
+                        Ok(vec![])
+                    }
+                }
+            }
+        };
         let mut found = vec![];
-        for group in ops::list(&client, root).await? {
-            for lock in ops::list(&client, &format!("{root}/{group}")).await? {
+        for group in list(root.to_string()).await? {
+            for lock in list(format!("{root}/{group}")).await? {
                 let path = format!("{root}/{group}/{lock}");
-                let children = ops::list(&client, &path).await?;
+                let children = list(path.clone()).await?;
                 if recipe::queue(&children).iter().any(|c| c.ours.is_some()) {
                     found.push((group.clone(), path));
                 }

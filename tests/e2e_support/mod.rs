@@ -338,6 +338,11 @@ impl Operator {
         Self::start_with_kubeconfig(env, proxy.kubeconfig(&std::env::temp_dir()), zk, extra)
     }
 
+    /// An operator that reaches ZooKeeper at `zk` (through a proxy, say).
+    pub fn start_with_zk(env: &Env, zk: &str, extra: &[&str]) -> Operator {
+        Self::start_with_kubeconfig(env, env.kubeconfig.clone(), zk, extra)
+    }
+
     /// An operator that reaches the API server through `relay` and ZooKeeper at `zk`.
     pub fn start_custom(env: &Env, relay: &zklock_testkit::hang::HangingRelay, zk: &str, extra: &[&str]) -> Operator {
         Self::start_with_kubeconfig(env, relayed_kubeconfig(env, relay), zk, extra)
@@ -433,8 +438,10 @@ impl Operator {
     /// Reads one sample of the operator's /metrics (0 when absent).
     pub async fn metric(&self, name: &str) -> f64 {
         let text = http_get(&self.metrics, "/metrics").await.unwrap_or_default();
+        // The metric itself (`name`, or `name{labels…` to pick some of its series), not another
+        // whose name it begins (zklock_leader_…).
         text.lines()
-            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter(|l| l.strip_prefix(name).is_some_and(|rest| name.contains('{') || rest.starts_with([' ', '{'])))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     }
@@ -481,6 +488,11 @@ pub fn api_address() -> std::net::SocketAddr {
 /// A tiny HTTP/1.0 GET (the operator's own endpoints only); `None` after 2 s without an
 /// answer (a stopped operator never answers).
 pub async fn http_get(addr: &str, path: &str) -> Option<String> {
+    http_answer(addr, path).await.filter(|(code, _)| *code == 200).map(|(_, body)| body)
+}
+
+/// A tiny HTTP/1.0 GET: the status code and the body; `None` after 2 s without an answer.
+pub async fn http_answer(addr: &str, path: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let get = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
@@ -489,11 +501,9 @@ pub async fn http_get(addr: &str, path: &str) -> Option<String> {
         stream.read_to_string(&mut body).await.ok()?;
         Some(body)
     };
-    let body = tokio::time::timeout(Duration::from_secs(2), get).await.ok()??;
-    if !body.starts_with("HTTP/1.0 200") && !body.starts_with("HTTP/1.1 200") {
-        return None;
-    }
-    body.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+    let answer = tokio::time::timeout(Duration::from_secs(2), get).await.ok()??;
+    let code = answer.split(' ').nth(1)?.parse().ok()?;
+    answer.split_once("\r\n\r\n").map(|(_, b)| (code, b.to_string()))
 }
 
 /// From when how many permits a lock has.

@@ -44,7 +44,7 @@ pub fn pods(
 ) -> impl Stream<Item = Result<KeptPod, watcher::Error>> + Send + 'static {
     // The pods of the listing under way: those it leaves out are gone.
     let mut listed: HashSet<Uid> = HashSet::new();
-    watcher(api, watcher::Config::default().fields("spec.nodeName="))
+    watcher(api, watcher::Config::default().timeout(crate::client::WATCH_TIMEOUT_SECONDS).fields("spec.nodeName="))
         .default_backoff()
         .reflect(writer)
         .inspect(move |event| match event {

@@ -1,0 +1,218 @@
+//! Liveness (DESIGN.md §3, §4.5): one stray object or one leader cut off from ZooKeeper never
+//! freezes a lock, or the whole operator. Each test makes its fault through the public surface,
+//! as a user or a network would: kubectl, a ZooKeeper client of its own, signals, a TCP proxy,
+//! an HTTP proxy in front of the API server. Each one failed on the build before its fix.
+
+mod e2e_support;
+
+use std::time::{Duration, Instant};
+
+use e2e_support::*;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use zklock::api::Phase;
+use zklock_testkit::api_proxy::{ApiProxy, Matcher};
+use zklock_testkit::proxy::Proxy;
+
+/// Polls `f` every 100 ms until it holds, at most [`PATIENCE`].
+async fn until<F, Fut>(what: &str, f: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            tick.tick().await;
+            if f().await {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out after {PATIENCE:?} waiting for {what}"));
+}
+
+/// A claim's finalizers as the API has them now.
+async fn finalizers(env: &Env, name: &str) -> Vec<String> {
+    env.claims.get_opt(name).await.ok().flatten().and_then(|c| c.metadata.finalizers).unwrap_or_default()
+}
+
+/// Takes another party's finalizer off claim `name` (so that its namespace can go).
+async fn let_go(env: &Env, name: &str) {
+    let none = json!({ "metadata": { "finalizers": null } });
+    let _ = env.claims.patch(name, &PatchParams::default(), &Patch::Merge(&none)).await;
+}
+
+/// A waiter deleted while another finalizer keeps the object has its cleanup done at once (its
+/// node goes, then the operator's finalizer); the object stays, with its last status, Waiting.
+/// After a restart the new term must not take it for a live claim: it was re-created a node
+/// (which then held the lock in ZooKeeper for good) and awaited for a stamp that no reconcile
+/// would ever write (kube-runtime's finalizer helper hands no reconcile a claim whose cleanup
+/// is over), so the lock granted nothing any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_deleted_while_another_finalizer_keeps_it_blocks_nothing_after_a_restart() {
+    let env = Env::new().await;
+    let mut op = env.operator();
+    env.claim("holder", "ghost", json!({})).await;
+    env.wait_phase("holder", Phase::Held).await;
+    for name in ["kept", "next"] {
+        env.claim(name, "ghost", json!({})).await;
+        env.wait_phase(name, Phase::Waiting).await;
+    }
+    let keep = json!([{ "op": "add", "path": "/metadata/finalizers/-", "value": "example.com/keep" }]);
+    let keep: json_patch::Patch = serde_json::from_value(keep).unwrap();
+    env.claims.patch("kept", &PatchParams::default(), &Patch::Json::<()>(keep)).await.expect("add a finalizer");
+    env.claims.delete("kept", &DeleteParams::default()).await.expect("delete kept");
+    until("kept's cleanup (only the other finalizer left)", || async {
+        finalizers(&env, "kept").await == ["example.com/keep"]
+    })
+    .await;
+    op.restart();
+    env.delete_claim("holder").await;
+    env.wait_phase("next", Phase::Held).await;
+    assert_eq!(env.status("kept").await, Some(Phase::Waiting), "a deleted claim keeps its last status");
+    env.delete_claim("next").await;
+    env.history.await_gone("next").await;
+    let_go(&env, "kept").await;
+    assert_eq!(env.history.grants("ghost"), vec!["holder", "next"]);
+    env.history.check();
+}
+
+/// An admin's (or a restore tool's) edit of a claim's status that drops `leaderEpoch`, made
+/// after the operator wrote the claim in this term: the operator took every copy without its
+/// epoch for one older than its own write and waited for a newer one for ever, so the claim
+/// froze, and with it the lock it was next in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_edit_that_drops_the_leader_epoch_does_not_freeze_the_claim() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    env.claim("holder", "edited", json!({})).await;
+    env.wait_phase("holder", Phase::Held).await;
+    env.claim("next", "edited", json!({})).await;
+    let next = env.wait_phase("next", Phase::Waiting).await;
+    assert!(next.status.and_then(|s| s.leader_epoch).is_some(), "the operator stamps its epoch into its writes");
+    let drop_epoch = r#"[{"op":"remove","path":"/status/leaderEpoch"}]"#;
+    // The operator writes the epoch back at once now; it used to freeze instead.
+    env.kubectl(&["patch", "lockclaim", "next", "--subresource=status", "--type=json", "-p", drop_epoch]);
+    env.delete_claim("holder").await;
+    let next = env.wait_phase("next", Phase::Held).await;
+    assert!(next.status.and_then(|s| s.leader_epoch).is_some(), "the grant stamps the epoch again");
+    env.delete_claim("next").await;
+    env.history.await_gone("next").await;
+    env.history.check();
+}
+
+/// Namespace directories are open for create (Curator makes its lock directories there), so
+/// any ZooKeeper client can make one the operator may not even list: Curator's usual secure
+/// setup, a creator-only ACL. Re-anchoring scans the namespace directories for nodes of earlier
+/// sessions; one unreadable directory failed the whole scan, so no term could start after a
+/// restart, and the operator never served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_another_client_closed_does_not_stop_re_anchoring() {
+    let env = Env::new().await;
+    let mut op = Operator::start(&env, &["--zk-session-timeout", "2s"]);
+    env.claim("holder", "open", json!({})).await;
+    let held = env.wait_phase("holder", Phase::Held).await;
+    let stranger = zookeeper_client::Client::connector()
+        .with_auth("digest", b"stranger:secret")
+        .connect(&env.zk)
+        .await
+        .expect("connect to ZooKeeper");
+    let closed = format!("/zklock/locks/{}/curator-secured", env.ns);
+    let options = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::creator_all());
+    stranger.create(&closed, b"", &options).await.expect("make a directory only its creator may read");
+    let lock = format!("{closed}/lock-");
+    let ephemeral = zookeeper_client::CreateMode::EphemeralSequential.with_acls(zookeeper_client::Acls::creator_all());
+    stranger.create(&lock, b"", &ephemeral).await.expect("a node of the stranger's own");
+
+    op.restart();
+    env.claim("next", "open", json!({})).await;
+    env.wait_phase("next", Phase::Waiting).await;
+    let holder = env.claims.get("holder").await.unwrap();
+    assert_eq!(phase_of(&holder), Some(Phase::Held), "the holder kept the lock across the restart");
+    assert_eq!(holder.status.unwrap().fencing_token, held.status.unwrap().fencing_token);
+    env.delete_claim("holder").await;
+    env.wait_phase("next", Phase::Held).await;
+    env.delete_claim("next").await;
+    env.history.await_gone("next").await;
+    env.history.check();
+}
+
+/// kube-runtime's finalizer helper sends its PATCH with the operator's client, which had no
+/// read timeout: one request the API server never answered froze the reconcile of a deleted
+/// holder for good, and the registry (which counts the holder until its finalizer's removal
+/// is answered) never let the next claim be granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finalizer_removal_that_is_never_answered_does_not_hold_the_next_grant() {
+    let env = Env::new().await;
+    let proxy = ApiProxy::start(zklock_testkit::kube::kubeconfig()).await;
+    let _op = Operator::start_proxied(&env, &proxy, &[]);
+    env.claim("holder", "unanswered", json!({})).await;
+    env.wait_phase("holder", Phase::Held).await;
+    env.claim("next", "unanswered", json!({})).await;
+    env.wait_phase("next", Phase::Waiting).await;
+    // The holder's cleanup writes no status (no other finalizer keeps it): the first PATCH of
+    // the claim after its deletion is the finalizer's removal.
+    let path = format!("/namespaces/{}/lockclaims/holder", env.ns);
+    let held = proxy.hold_next(Matcher { method: "PATCH", path_contains: path });
+    env.delete_claim("holder").await;
+    assert!(held.caught(PATIENCE).await, "the operator removed the finalizer");
+    let deleted = Instant::now();
+    env.wait_phase("next", Phase::Held).await;
+    eprintln!("finalizer removal never answered -> next Held after {:?}", deleted.elapsed());
+    let answer = held.deliver(PATIENCE).await;
+    eprintln!("the held removal was answered {answer:?} when delivered at last");
+    env.delete_claim("next").await;
+    env.history.await_gone("next").await;
+    env.history.check();
+}
+
+/// A leader that cannot reach ZooKeeper (its API path fine) kept the lease for as long as the
+/// cut lasted: it re-opened sessions without limit while renewing the lease, so the standby
+/// that could serve never took over and every lock froze. It must give the lease up within
+/// its bound (twice the session timeout) and say so; the standby leads and grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_zookeeper_gives_the_lease_to_a_standby_that_can_serve() {
+    let env = Env::new().await;
+    let server = zklock_testkit::ZkServer::shared();
+    let chroot = &env.zk[env.zk.find('/').expect("a chroot")..];
+    let (cut, fine) = (Proxy::start(server.addr()).await, Proxy::start(server.addr()).await);
+    let flags = ["--zk-session-timeout", "4s"];
+    let first = Operator::start_with_zk(&env, &cut.connect_string(chroot), &flags);
+    until("the first replica to lead", || async { first.metric("zklock_leader").await == 1.0 }).await;
+    let second = Operator::start_with_zk(&env, &fine.connect_string(chroot), &flags);
+    until("the standby to be ready", || async { second.ready().await }).await;
+    env.claim("holder", "cut", json!({})).await;
+    env.wait_phase("holder", Phase::Held).await;
+    env.claim("next", "cut", json!({})).await;
+    env.wait_phase("next", Phase::Waiting).await;
+
+    cut.set_blackhole(true);
+    let at = Instant::now();
+    env.delete_claim("holder").await;
+    until("the standby to lead and serve", || async {
+        second.metric("zklock_leader").await == 1.0 && second.ready().await
+    })
+    .await;
+    let leads = at.elapsed();
+    env.wait_phase("next", Phase::Held).await;
+    let granted = at.elapsed();
+    eprintln!("leader cut off from ZooKeeper -> standby leads after {leads:?}; next claim Held after {granted:?}");
+    assert_eq!(first.metric("zklock_leader").await, 0.0, "the cut-off replica does not lead");
+    assert_eq!(first.metric("zklock_terms_given_up_total").await, 1.0, "it gave its term up once");
+    let (code, body) = http_answer(&first.metrics, "/readyz").await.expect("the cut-off replica answers");
+    if code == 503 {
+        assert!(body.contains("ZooKeeper"), "its readiness says why: {body}");
+    }
+
+    cut.set_blackhole(false);
+    env.claim("after", "cut", json!({})).await;
+    env.wait_phase("after", Phase::Waiting).await;
+    env.delete_claim("next").await;
+    env.wait_phase("after", Phase::Held).await;
+    env.delete_claim("after").await;
+    env.history.await_gone("after").await;
+    assert_eq!(first.metric("zklock_leader").await, 0.0, "one replica leads");
+    env.history.check();
+}
