@@ -21,9 +21,9 @@ use crate::zk::ZkConfig;
 pub const LEASE_NAME: &str = "zklock-leader";
 
 /// How long a replica that gave up a term it could not serve keeps out of the next election: a
-/// standby polls the lease every second and takes it in that time; with none, this replica
-/// tries again then.
-const COOL_DOWN: Duration = crate::leader::LEASE_DURATION;
+/// standby asks for the lease every second (`leader::RETRY_PERIOD`) and takes it within that
+/// time; with none, this replica tries again then.
+const COOL_DOWN: Duration = Duration::from_secs(3);
 
 pub struct Options {
     pub zk: ZkConfig,

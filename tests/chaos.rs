@@ -192,8 +192,11 @@ async fn chaos() {
     let mut stuck = vec![];
     for claim in &all.items {
         let name = claim.metadata.name.clone().unwrap_or_default();
-        let settled = tokio::time::timeout(LIVENESS, env.wait(&name, "Held or final", held_or_final)).await;
-        if settled.is_err() {
+        // Gone counts as settled: a claim its worker deleted last may leave while it is awaited.
+        let settled = kube::runtime::wait::await_condition(env.claims.clone(), &name, |c: Option<&LockClaim>| {
+            c.is_none_or(held_or_final)
+        });
+        if !matches!(tokio::time::timeout(LIVENESS, settled).await, Ok(Ok(_))) {
             stuck.push(name);
         }
     }

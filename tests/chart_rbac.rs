@@ -530,3 +530,58 @@ fn token_kubeconfig(env: &Env, token: &str) -> std::path::PathBuf {
     std::fs::write(&path, text).unwrap();
     path
 }
+
+/// The epoch policy and its binding are cluster-scoped; its parameter lives in the release's
+/// namespace. Deleting that namespace (instead of `helm uninstall`) used to leave the binding
+/// behind with its parameter gone, and the API server then refused every status write in the
+/// namespaces it covered, for the next installation too. The chart makes both owned by the
+/// release's namespace, so the garbage collector takes them along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_installation_whose_namespace_is_deleted_leaves_no_epoch_binding_behind() {
+    use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+    assert!(e2e_support::epoch_policy(zklock_testkit::kube::kubeconfig()), "the control plane serves the policy");
+    let zk = zklock_testkit::ZkServer::shared().chroot().await;
+    let env = Env::on(zklock_testkit::kube::kubeconfig(), zk.clone(), false).await;
+    let release_ns = format!("{}-gone", env.ns);
+    create_namespace(&env, &release_ns).await;
+    let release = format!("zg{}", &env.ns[env.ns.len() - 8..]);
+    let (host, chroot) = zk.split_at(zk.find('/').unwrap_or(zk.len()));
+    let mut install = helm_on(zklock_testkit::kube::kubeconfig());
+    install.args(["install", &release]).arg(chart()).args(["--namespace", &release_ns, "--skip-crds", "--wait=false"]);
+    for set in [
+        format!("watchNamespaces={{{}}}", env.ns),
+        "zookeeper.bundled.enabled=false".to_string(),
+        format!("zookeeper.connectString={host}"),
+        format!("zookeeper.chroot={chroot}"),
+        "replicaCount=1".to_string(),
+    ] {
+        install.args(["--set", &set]);
+    }
+    let out = install.output().expect("run helm install");
+    assert!(out.status.success(), "helm install: {}", String::from_utf8_lossy(&out.stderr));
+    let name = format!("{release}-zklock-leader-epoch");
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(env.client.clone());
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(env.client.clone());
+    let binding = bindings.get(&name).await.expect("the chart's binding");
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    let uid = namespaces.get(&release_ns).await.expect("the release's namespace").metadata.uid;
+    let owners = binding.metadata.owner_references.unwrap_or_default();
+    assert!(
+        owners.iter().any(|o| o.kind == "Namespace" && o.name == release_ns && Some(&o.uid) == uid.as_ref()),
+        "the binding is owned by the release's namespace: {owners:?}"
+    );
+
+    namespaces.delete(&release_ns, &DeleteParams::default()).await.expect("delete the release's namespace");
+    let gone = async {
+        loop {
+            let left = (bindings.get_opt(&name).await, policies.get_opt(&name).await);
+            if matches!(left, (Ok(None), Ok(None))) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    tokio::time::timeout(e2e_support::PATIENCE * 2, gone).await.unwrap_or_else(|_| {
+        panic!("the policy and binding {name} outlived their namespace by {:?}", e2e_support::PATIENCE * 2)
+    });
+}

@@ -216,3 +216,33 @@ async fn a_leader_cut_off_from_zookeeper_gives_the_lease_to_a_standby_that_can_s
     assert_eq!(first.metric("zklock_leader").await, 0.0, "one replica leads");
     env.history.check();
 }
+
+/// The epoch policy's parameter deleted (`kubectl delete cm`, a namespace clean-up): the API
+/// server then refuses every status write, the leader's too (`parameterNotFoundAction: Deny`),
+/// and every grant stalled for good. The leader makes it again with its own epoch, proves the
+/// fence again, and goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_epoch_parameter_is_made_again_and_grants_go_on() {
+    let env = Env::new().await;
+    assert!(epoch_policy(&env.kubeconfig), "the control plane serves ValidatingAdmissionPolicy");
+    let _op = env.operator();
+    env.claim("holder", "param", json!({})).await;
+    env.wait_phase("holder", Phase::Held).await;
+    env.claim("next", "param", json!({})).await;
+    env.wait_phase("next", Phase::Waiting).await;
+    let param = zklock::api::epoch_policy::EPOCH_PARAM;
+    env.kubectl(&["delete", "configmap", param]);
+    let deleted = Instant::now();
+    env.delete_claim("holder").await;
+    env.wait_phase("next", Phase::Held).await;
+    eprintln!("epoch parameter deleted -> next Held after {:?}", deleted.elapsed());
+    let configmaps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(env.client.clone(), &env.ns);
+    let made = configmaps.get(param).await.expect("the parameter was made again");
+    let epoch = made.data.and_then(|d| d.get("epoch").cloned()).expect("with an epoch");
+    let next = env.claims.get("next").await.unwrap();
+    assert_eq!(next.status.and_then(|s| s.leader_epoch).map(|e| e.to_string()), Some(epoch), "the leader's own");
+    env.delete_claim("next").await;
+    env.history.await_gone("next").await;
+    env.history.check();
+}

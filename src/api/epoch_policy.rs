@@ -24,6 +24,10 @@ pub const EPOCH_PARAM: &str = "zklock-leader-epoch";
 pub const EPOCH_KEY: &str = "epoch";
 /// Begins the message of every refusal, so that the operator tells it from other 403s.
 pub const EPOCH_REFUSAL: &str = "zklock: status written in a leader term that is over";
+/// In the API server's refusal of every status write while a binding's parameter is missing
+/// (`parameterNotFoundAction: Deny`): someone deleted the ConfigMap, or the API server's
+/// informer has not seen it yet.
+pub const PARAM_MISSING: &str = "no params found";
 
 /// The policy: a LockClaim status that carries a `leaderEpoch` below the parameter's is
 /// refused. A status without one (an operator run without leader election) passes. A missing

@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use super::parts::{self, Part};
 use super::{Context, Error};
 use crate::api::{validate_spec, KeptClaim, Phase, FINALIZER};
-use crate::zk::{ContenderSpec, Recorded};
+use crate::zk::{ContenderSpec, ContenderState, LostReason, Recorded};
 
 /// The claim's phase as last recorded: the operator's own last write is newer than any copy
 /// the watch may not have delivered yet.
@@ -76,6 +76,13 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
             locks.entry(path).or_default();
         }
     }
+    // The session this pass re-anchors in. Verdicts are kept until the pass is over: one that
+    // ends with the session (a second session change close behind the first) proves nothing
+    // about the holders it met, and the next pass starts over. Recorded at once, a holder whose
+    // node went with that session was judged "could not come back first" and ended Lost on a
+    // lock nobody else uses (the chaos suite's cli-621, seed 5580262741893311129).
+    let session = ctx.engine.session_id();
+    let mut verdicts: Vec<(String, String)> = vec![];
     for (path, mut claims) in locks {
         // The engine orders holders first, then by the nodes recorded; equal ones (no node
         // recorded) keep this order: creation order (the same in every lock: one listing).
@@ -108,13 +115,14 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
             Err(e) => {
                 tracing::error!(lock = %path, error = %e, "cannot re-anchor this lock; its claims end Lost");
                 let why = format!("the claim's node could not be re-created after a new ZooKeeper session: {e}");
-                for uid in claims.iter().filter_map(|(c, _, _)| c.uid()) {
-                    ctx.registry.set_verdict(&uid, why.clone());
-                }
+                verdicts.extend(claims.iter().filter_map(|(c, _, _)| c.uid()).map(|uid| (uid, why.clone())));
                 continue;
             }
         };
         for (id, state) in anchored.contenders.iter().filter(|(id, _)| recorded_held.contains(id)) {
+            if matches!(state, ContenderState::Lost { why: LostReason::SessionExpired }) {
+                return Err(crate::zk::Error::SessionLost.into());
+            }
             let why = if anchored.foreign_seen {
                 "the ZooKeeper session changed and this lock is shared with clients other than zklock, which may \
                  have held it in the gap"
@@ -123,9 +131,15 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
             } else {
                 continue;
             };
-            ctx.registry.set_verdict(parts::claim_of(id), why.into());
+            verdicts.push((parts::claim_of(id).to_string(), why.into()));
         }
         tracing::info!(lock = %path, claims = anchored.contenders.len(), foreign = anchored.foreign_seen, "re-anchored");
+    }
+    if ctx.engine.session_id() != session {
+        return Err(crate::zk::Error::SessionLost.into());
+    }
+    for (uid, why) in verdicts {
+        ctx.registry.set_verdict(&uid, why);
     }
     ctx.engine.admit();
     Ok(())

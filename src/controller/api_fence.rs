@@ -13,7 +13,7 @@ use kube::Api;
 use serde_json::json;
 
 use super::{Error, API_TIMEOUT};
-use crate::api::epoch_policy::{EPOCH_KEY, EPOCH_REFUSAL};
+use crate::api::epoch_policy::{EPOCH_KEY, EPOCH_REFUSAL, PARAM_MISSING};
 use crate::api::LockClaim;
 use crate::zk::LockEngine;
 
@@ -36,12 +36,17 @@ pub enum FenceError {
     Timeout { call: &'static str },
     #[error("the epoch in force ({found}) is above this leader's ({mine}): a newer leader took over")]
     Deposed { found: i64, mine: i64 },
+    #[error("this leader's epoch ({mine}) is no longer the latest in ZooKeeper: a newer leader took over")]
+    Superseded { mine: i64 },
     #[error(
         "the admission policy zklock-leader-epoch does not refuse a status of an earlier term in namespace {namespace} \
          (claim {claim}) within {PROPAGATION:?}: install the chart's policy and its binding for this namespace, or \
-         run with --no-epoch-policy (see the docs for what that gives up)"
+         run with --no-epoch-policy (see the docs for what that gives up){}",
+        last.as_deref().map(|l| format!("; the API server's last answer: {l}")).unwrap_or_default()
     )]
-    NotEnforced { namespace: String, claim: String },
+    NotEnforced { namespace: String, claim: String, last: Option<String> },
+    #[error("another repair of the epoch parameter is under way")]
+    Busy,
     #[error("the epoch parameter {0} holds no epoch number")]
     Malformed(String),
     #[error("{0}")]
@@ -51,7 +56,8 @@ pub enum FenceError {
 impl From<FenceError> for Error {
     fn from(e: FenceError) -> Self {
         match e {
-            FenceError::Deposed { .. } => Error::NotLeading,
+            FenceError::Deposed { .. } | FenceError::Superseded { .. } => Error::NotLeading,
+            FenceError::Busy => Error::EpochParam("being made again by another reconcile".into()),
             other => Error::ApiFence(other.to_string()),
         }
     }
@@ -93,6 +99,11 @@ async fn write_epoch(
     loop {
         let current = timed("get_epoch_param", api.get_opt(&param.name)).await?;
         let Some(current) = current else {
+            // Made with this term's epoch only while it is the latest: a deposed leader's
+            // repair of a deleted parameter must not lower the fence below its successor's.
+            if !engine.epoch_is_current().await? {
+                return Err(FenceError::Superseded { mine });
+            }
             let fresh = ConfigMap {
                 metadata: ObjectMeta {
                     name: Some(param.name.clone()),
@@ -148,24 +159,71 @@ async fn prove(scope: &Api<LockClaim>, mine: i64) -> Result<(), FenceError> {
     let Some(claim) = listed.items.into_iter().next() else { return Ok(()) };
     let (Some(name), Some(namespace)) = (claim.metadata.name, claim.metadata.namespace) else { return Ok(()) };
     let api: Api<LockClaim> = Api::namespaced(scope.clone().into_client(), &namespace);
+    match prove_on(&api, &name, &namespace, mine).await {
+        // Deleted meanwhile: another claim, if any, proves it.
+        Err(FenceError::Api(kube::Error::Api(s))) if s.code == 404 => Box::pin(prove(scope, mine)).await,
+        proved => proved,
+    }
+}
+
+/// The proof on claim `name` of `namespace`: a dry-run status write carrying the epoch below
+/// `mine`, repeated until the policy refuses it for its epoch. A refusal for a missing parameter
+/// (the API server's informer has not seen the ConfigMap just made) is waited out like an
+/// answer that lets the write through.
+async fn prove_on(api: &Api<LockClaim>, name: &str, namespace: &str, mine: i64) -> Result<(), FenceError> {
     let probe = json!({ "status": { "leaderEpoch": mine - 1 } });
     let dry_run = PatchParams { dry_run: true, ..PatchParams::default() };
     let deadline = tokio::time::Instant::now() + PROPAGATION;
     let mut pause = Duration::from_millis(20);
     loop {
-        match timed("probe_epoch_policy", api.patch_status(&name, &dry_run, &Patch::Merge(&probe))).await {
+        let last = match timed("probe_epoch_policy", api.patch_status(name, &dry_run, &Patch::Merge(&probe))).await {
             Err(FenceError::Api(kube::Error::Api(s))) if s.code == 403 && s.message.contains(EPOCH_REFUSAL) => {
                 tracing::info!(namespace, epoch = mine, "the API server refuses status writes of earlier terms");
                 return Ok(());
             }
-            // Deleted meanwhile: another claim, if any, proves it.
-            Err(FenceError::Api(kube::Error::Api(s))) if s.code == 404 => return Box::pin(prove(scope, mine)).await,
+            // (422: the API server cannot configure the binding.)
+            Err(FenceError::Api(kube::Error::Api(s))) if s.message.contains(PARAM_MISSING) => Some(s.message),
             Err(e) => return Err(e),
-            Ok(_) if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(500));
-            }
-            Ok(_) => return Err(FenceError::NotEnforced { namespace, claim: name }),
+            Ok(_) => None,
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(FenceError::NotEnforced { namespace: namespace.into(), claim: name.into(), last });
         }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// This term's fence in the API server, kept for repairs: the parameter the leader raised and
+/// the epoch it raised it to.
+pub struct Fence {
+    param: EpochParam,
+    mine: i64,
+    /// One repair at a time; reconciles that meet the same refusal meanwhile retry later.
+    repairing: tokio::sync::Mutex<()>,
+}
+
+impl Fence {
+    pub fn new(param: EpochParam, mine: i64) -> Fence {
+        Fence { param, mine, repairing: tokio::sync::Mutex::new(()) }
+    }
+
+    /// A status write was refused for a missing parameter: someone deleted the ConfigMap (a
+    /// `kubectl delete`, a namespace clean-up), and from then on the API server refuses every
+    /// status write, this leader's too, for ever. Makes it again with this term's epoch (or
+    /// finds a newer leader's: deposed) and proves the fence again on the refused claim.
+    pub async fn repair(
+        &self,
+        client: &kube::Client,
+        engine: &LockEngine,
+        claim: &str,
+        namespace: &str,
+    ) -> Result<(), FenceError> {
+        let Ok(_one) = self.repairing.try_lock() else { return Err(FenceError::Busy) };
+        tracing::warn!(param = %format!("{}/{}", self.param.namespace, self.param.name), "a status write was refused \
+            for a missing epoch parameter; making it again");
+        write_epoch(client, &self.param, engine, self.mine).await?;
+        let api: Api<LockClaim> = Api::namespaced(client.clone(), namespace);
+        prove_on(&api, claim, namespace, self.mine).await
     }
 }

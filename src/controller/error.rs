@@ -34,6 +34,9 @@ pub enum Error {
     /// A controller or one of its tasks ended before the term did (a bug: it is not retried).
     #[error("{0}")]
     TaskPanicked(String),
+    /// A status write was refused because the epoch policy's parameter is missing.
+    #[error("the epoch policy's parameter is missing: {0}")]
+    EpochParam(String),
     /// This leader cannot serve (ZooKeeper unreachable from it, say): the term ends, and the
     /// lease is given up for a replica that can.
     #[error("cannot serve: {0}")]
@@ -64,6 +67,7 @@ impl Error {
             Error::ApiFence(_) => "api_fence".into(),
             Error::TaskPanicked(_) => "task_panicked".into(),
             Error::CannotServe(_) => "cannot_serve".into(),
+            Error::EpochParam(_) => "epoch_param".into(),
         }
     }
 
@@ -72,7 +76,7 @@ impl Error {
         match self {
             Error::Malformed(_) => None,
             // The watch brings the newer copy (and a reconcile) soon; this is the backstop.
-            Error::StatusRefused(_) | Error::OutdatedCopy => Some(Duration::from_millis(500)),
+            Error::StatusRefused(_) | Error::OutdatedCopy | Error::EpochParam(_) => Some(Duration::from_millis(500)),
             _ => Some(RETRY),
         }
     }

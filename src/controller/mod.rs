@@ -89,6 +89,8 @@ pub struct Context {
     /// Set once the first re-anchoring is done: no claim is reconciled before (then all are).
     anchored: AtomicBool,
     leadership: Leadership,
+    /// This term's fence in the API server, if the admission policy is used (DESIGN.md §5a).
+    fence: Option<api_fence::Fence>,
 }
 
 struct Triggers {
@@ -359,6 +361,7 @@ pub async fn run(
         lock_triggers.push(lock);
         lock_scoped.push((lock_writer, lock_reader, lock_rx));
     }
+    let engine_epoch = engine.epoch();
     let ctx = Arc::new(Context {
         client,
         watch_client,
@@ -379,6 +382,7 @@ pub async fn run(
         unsynced: channel::Sender::new(2 * scopes),
         anchored: AtomicBool::new(false),
         leadership,
+        fence: epoch_param.clone().zip(engine_epoch).map(|(param, mine)| api_fence::Fence::new(param, mine)),
     });
 
     // Scrapes read this term's waiters (the term's end lets go of them: see operator.rs).

@@ -16,6 +16,7 @@ use super::plan::{self, ContenderView, HolderView, Inputs, PartView, Plan};
 use super::registry::GrantBlocked;
 use super::Uid;
 use super::{Context, Error, API_TIMEOUT};
+use crate::api::epoch_policy::PARAM_MISSING;
 use crate::api::{
     pod_revoke_annotation, validate, KeptClaim, LockClaim, LockClaimStatus, Phase, EPOCH_REFUSAL, FINALIZER,
 };
@@ -377,6 +378,16 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mu
         }
         match answer {
             Ok(Ok(_)) => {}
+            // The policy's parameter is gone: every status write is refused until it is back (the
+            // API server answers 422 for a binding it cannot configure).
+            Ok(Err(kube::Error::Api(s))) if s.message.contains(PARAM_MISSING) => {
+                let Some(fence) = &ctx.fence else { return Err(Error::EpochParam(s.message)) };
+                let repaired = fence.repair(&ctx.client, &ctx.engine, &name, &namespace).await;
+                return Err(match repaired {
+                    Ok(()) => Error::EpochParam(format!("{} (made again; the write is tried again)", s.message)),
+                    Err(e) => Error::from(e),
+                });
+            }
             // The test of the version failed: this copy is older than the claim (the watch
             // brings the newer one).
             Ok(Err(kube::Error::Api(s))) if s.code == 409 || s.code == 422 => {

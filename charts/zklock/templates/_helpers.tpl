@@ -72,3 +72,20 @@ app.kubernetes.io/component: zookeeper
 release namespace) share one name. */}}
 {{- define "zklock.epochPolicyName" -}}{{ include "zklock.fullname" . }}-leader-epoch{{- end -}}
 {{- define "zklock.epochPolicy" -}}{{ and .Values.leaderElection.enabled .Values.leaderElection.epochPolicy }}{{- end -}}
+
+{{- /*
+Cluster-scoped objects of a release (the epoch policy and its binding) are owned by the release's
+namespace, so that deleting the namespace instead of running `helm uninstall` takes them along: a
+binding whose parameter went with its namespace would refuse every status write in the namespaces
+it covers. `lookup` reads the namespace's UID on install and upgrade; `helm template` (no cluster)
+renders no owner.
+*/ -}}
+{{- define "zklock.ownedByReleaseNamespace" -}}
+{{- with (lookup "v1" "Namespace" "" .Release.Namespace) }}
+ownerReferences:
+  - apiVersion: v1
+    kind: Namespace
+    name: {{ .metadata.name }}
+    uid: {{ .metadata.uid }}
+{{- end }}
+{{- end -}}
