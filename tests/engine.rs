@@ -584,8 +584,9 @@ async fn a_deposed_leaders_engine_is_fenced_by_the_next_epoch() {
     assert!(matches!(release, Err(zklock::zk::Error::Fenced { .. })), "delete after the new epoch: {release:?}");
     let revoke = old.request_revocation(&holder.node, "stale").await;
     assert!(matches!(revoke, Err(zklock::zk::Error::Fenced { .. })), "revocation after the new epoch: {revoke:?}");
-    let reanchor =
-        old.reanchor(LOCK, vec![Recorded { spec: spec(LOCK, Mode::Exclusive), held: false, node: None }]).await;
+    let reanchor = old
+        .reanchor(LOCK, vec![Recorded { spec: spec(LOCK, Mode::Exclusive), held: false, node: None, ticket: None }])
+        .await;
     assert!(matches!(reanchor, Err(zklock::zk::Error::Fenced { .. })), "re-anchor after the new epoch: {reanchor:?}");
     let left = children(&raw, LOCK).await;
     assert_eq!(left.len(), 1, "only the holder's node, untouched: {left:?}");

@@ -246,3 +246,51 @@ async fn a_deleted_epoch_parameter_is_made_again_and_grants_go_on() {
     env.history.await_gone("next").await;
     env.history.check();
 }
+
+/// FIFO across sessions. A new ZooKeeper session re-creates every node, in recorded order, with
+/// new sequence numbers; the claims' statuses take the new nodes one write at a time. When a
+/// second session change comes before every status caught up, ordering by the recorded nodes
+/// mixed sequences of two generations: a claim whose write lagged (here, held up by a proxy)
+/// was put back ahead of one enqueued before it, and was granted first. Claims are ordered by a
+/// key that every re-creation keeps: the zxid of their first enqueue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_session_changes_close_together_keep_the_queue_in_order() {
+    let env = Env::new().await;
+    let server = zklock_testkit::ZkServer::shared();
+    let chroot = &env.zk[env.zk.find('/').expect("a chroot")..];
+    let zk = Proxy::start(server.addr()).await;
+    let api = ApiProxy::start(zklock_testkit::kube::kubeconfig()).await;
+    let op = Operator::start_proxied_with_zk(&env, &api, &zk.connect_string(chroot), &["--zk-session-timeout", "2s"]);
+    for name in ["holder", "first", "second"] {
+        env.claim(name, "order", json!({})).await;
+        env.wait(name, "queued", |c| matches!(phase_of(c), Some(Phase::Held | Phase::Waiting))).await;
+    }
+    let znode = |c: &zklock::api::LockClaim| c.status.as_ref().and_then(|s| s.znode.clone()).unwrap_or_default();
+    let before = znode(&env.claims.get("first").await.unwrap());
+    // The second claim's status write after the next session change is held up.
+    let path = format!("/namespaces/{}/lockclaims/second/status", env.ns);
+    let held = api.hold_next(Matcher { method: "PATCH", path_contains: path });
+    for round in 1..=2 {
+        zk.set_blackhole(true);
+        until("the session to end", || async {
+            op.metric("zklock_zookeeper_sessions_lost_total").await >= f64::from(round)
+        })
+        .await;
+        zk.set_blackhole(false);
+        until("the leader to serve again", || async { op.ready().await }).await;
+        if round == 1 {
+            assert!(held.caught(PATIENCE).await, "second's status write was held");
+            env.wait("first", "recorded with its new node", |c| znode(c) != before).await;
+        }
+    }
+    env.delete_claim("holder").await;
+    env.wait_phase("first", Phase::Held).await;
+    assert_eq!(env.status("second").await, Some(Phase::Waiting), "second waits behind first");
+    let _ = held.deliver(PATIENCE).await;
+    env.delete_claim("first").await;
+    env.wait_phase("second", Phase::Held).await;
+    env.delete_claim("second").await;
+    env.history.await_gone("second").await;
+    assert_eq!(env.history.grants("order"), vec!["holder", "first", "second"]);
+    env.history.check();
+}

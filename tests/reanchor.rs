@@ -31,9 +31,10 @@ async fn a_new_session_recreates_the_queue_in_order_and_replaces_the_old_nodes()
         spec: ContenderSpec { id: c.id.clone().into(), lock: LOCK.into(), mode, description: "re-anchored".into() },
         held,
         node: Some(c.node.clone()),
+        ticket: None,
     };
     let given = vec![
-        Recorded { spec: late.clone(), held: false, node: None },
+        Recorded { spec: late.clone(), held: false, node: None, ticket: None },
         recorded(&w2, Mode::Exclusive, false),
         recorded(&h, Mode::Exclusive, true),
         recorded(&w1, Mode::Shared, false),
@@ -84,6 +85,7 @@ async fn a_foreign_node_is_remembered_and_can_overtake_a_holder_across_sessions(
         },
         held,
         node: Some(c.node.clone()),
+        ticket: None,
     };
     let anchored = new.reanchor(LOCK, vec![recorded(&h, true), recorded(&w, false)]).await.unwrap();
     assert!(anchored.foreign_seen, "the directory's marker says foreign clients use it");
@@ -112,7 +114,8 @@ async fn a_foreign_node_made_during_re_anchoring_is_caught_after_the_commit() {
         stranger.create(&format!("{LOCK}/_c_stranger-lock-"), b"", &options).await.unwrap();
     });
     let holder = spec(LOCK, Mode::Exclusive);
-    let anchored = engine.reanchor(LOCK, vec![Recorded { spec: holder, held: true, node: None }]).await.unwrap();
+    let anchored =
+        engine.reanchor(LOCK, vec![Recorded { spec: holder, held: true, node: None, ticket: None }]).await.unwrap();
     assert!(anchored.foreign_seen, "the stranger's node made during re-anchoring was noticed");
     let (marker, _) = raw.get_data(LOCK).await.unwrap();
     assert_eq!(marker, b"-1", "and recorded in the directory");
@@ -149,6 +152,7 @@ async fn recorded_holders_keep_the_lock_across_a_new_session_whatever_its_limit_
             },
             held,
             node: Some(c.node.clone()),
+            ticket: None,
         };
         let mut given: Vec<Recorded> = holders.iter().map(|h| recorded(h, true)).collect();
         given.push(recorded(&waiter, false));

@@ -199,6 +199,11 @@ pub struct LockClaimStatus {
     /// The claim's znode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub znode: Option<String>,
+    /// The claim's place in its locks' queues, as a decimal string: the zxid of its first
+    /// enqueue. Kept when a new ZooKeeper session or leader re-creates the claim's nodes, which
+    /// it re-creates in this order (their sequence numbers start anew each time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ticket: Option<String>,
     /// UID of the holder pod the claim bound to on first sight.
     #[serde(default, rename = "holderUID", skip_serializing_if = "Option::is_none")]
     pub holder_uid: Option<String>,

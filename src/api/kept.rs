@@ -30,6 +30,7 @@ pub struct KeptStatus {
     pub position: Option<i64>,
     pub leader_epoch: Option<i64>,
     pub znode: Option<Box<str>>,
+    ticket: Option<Box<str>>,
     observed_generation: Option<i64>,
     acquired_at: Option<Time>,
     lease_expires_at: Option<Time>,
@@ -114,6 +115,11 @@ impl KeptClaim {
         self.status.as_ref().and_then(|s| s.znode.as_deref())
     }
 
+    /// The claim's ticket (its place across sessions), if one is recorded.
+    pub fn ticket(&self) -> Option<i64> {
+        self.status.as_ref().and_then(|s| s.ticket.as_deref()).and_then(|t| t.parse().ok())
+    }
+
     pub fn fencing_token(&self) -> Option<&str> {
         self.status.as_ref().and_then(|s| s.fencing_token.as_deref())
     }
@@ -176,6 +182,7 @@ impl From<LockClaimStatus> for KeptStatus {
             position: s.position,
             leader_epoch: s.leader_epoch,
             znode: s.znode.map(Into::into),
+            ticket: s.ticket.map(Into::into),
             observed_generation: s.observed_generation,
             acquired_at: s.acquired_at,
             lease_expires_at: s.lease_expires_at,
@@ -209,6 +216,7 @@ impl From<KeptStatus> for LockClaimStatus {
             waiting_for: s.waiting_for.map(Into::into),
             fencing_token: s.fencing_token.map(Into::into),
             znode: s.znode.map(Into::into),
+            ticket: s.ticket.map(Into::into),
             holder_uid: s.holder_uid.map(Into::into),
             acquired_at: s.acquired_at,
             lease_expires_at: s.lease_expires_at,
@@ -264,6 +272,7 @@ mod tests {
                 ],
                 "leaderEpoch": 10, "observedGeneration": 1, "phase": "Waiting", "position": 2,
                 "waitingFor": "report-reader-2", "fencingToken": "17", "holderUID": "p-1", "renewed": "3",
+                "ticket": "4294967301",
                 "acquiredAt": "2026-11-23T17:59:06Z", "leaseExpiresAt": "2026-11-23T18:59:06Z",
                 "lock": "sales-tables",
                 "locks": [{"lockName": "sales-tables", "fencingToken": "17", "position": 2, "waitingFor": "report-reader-2"}],
@@ -294,6 +303,7 @@ mod tests {
         assert_eq!(kept.phase(), Some(Phase::Waiting));
         assert_eq!(kept.leader_epoch(), Some(10));
         assert!(kept.znode().is_some_and(|z| z.ends_with("lock-0000000002")));
+        assert_eq!(kept.ticket(), Some(4294967301));
     }
 
     #[test]

@@ -84,8 +84,9 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     let session = ctx.engine.session_id();
     let mut verdicts: Vec<(String, String)> = vec![];
     for (path, mut claims) in locks {
-        // The engine orders holders first, then by the nodes recorded; equal ones (no node
-        // recorded) keep this order: creation order (the same in every lock: one listing).
+        // The engine orders holders first, then by the tickets (or nodes) recorded; equal ones
+        // (neither recorded) keep this order: creation order (the same in every lock: one
+        // listing).
         claims.sort_by_key(|(c, _, _)| c.creation_timestamp().map(|t| t.0));
         let held = |c: &KeptClaim| recorded_phase(ctx, c) == Some(Phase::Held);
         let recorded: Vec<Recorded> = claims
@@ -101,6 +102,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
                     },
                     held: held(c),
                     node: node.clone(),
+                    ticket: c.ticket(),
                 })
             })
             .collect();

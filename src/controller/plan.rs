@@ -53,6 +53,8 @@ pub struct PartView {
     pub state: ContenderState,
     /// The claim (its name) or foreign node it waits for in this lock.
     pub waiting_for: Option<String>,
+    /// The claim's ticket (its place across sessions), if the engine knows it.
+    pub ticket: Option<i64>,
 }
 
 /// A claim's state from its parts' (DESIGN.md §5c): lost if one is (or is gone), asked to let
@@ -258,6 +260,11 @@ pub fn plan(input: Inputs<'_>) -> Plan {
     } else {
         let node = facts.parts.first().and_then(|p| p.node.clone());
         plan.status.znode = node.or(plan.status.znode.take());
+    }
+    // Recorded with the claim's first status after its enqueue (no write of its own): every
+    // part of a claim over several locks was made by one multi-op, and shares it.
+    if let Some(ticket) = facts.parts.iter().find_map(|p| p.ticket) {
+        plan.status.ticket = Some(ticket.to_string());
     }
     // A final claim changes no more (its deletion comes as a watch event): no backstop entry
     // kept for it in the controller's scheduler.
@@ -642,6 +649,7 @@ mod tests {
             node: Some("/zklock/locks/shop/db/write-x-lock-0000000001".into()),
             state: state.clone(),
             waiting_for: None,
+            ticket: None,
         };
         ContenderView::Tracked { state, parts: vec![part], waiting_for: None }
     }

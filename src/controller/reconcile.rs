@@ -307,7 +307,13 @@ fn contender_view(ctx: &Context, parts: &[Part]) -> ContenderView {
                 ),
                 _ => None,
             };
-            Some(PartView { lock_name: part.name.clone(), node: ctx.engine.node(&part.id), state, waiting_for })
+            Some(PartView {
+                lock_name: part.name.clone(),
+                node: ctx.engine.node(&part.id),
+                state,
+                waiting_for,
+                ticket: ctx.engine.ticket(&part.id),
+            })
         })
         .collect();
     if views.is_empty() {

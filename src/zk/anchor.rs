@@ -23,14 +23,26 @@ const MAX_ATTEMPTS: usize = 20;
 /// Operations per multi-op: keeps each request well under ZooKeeper's 1 MiB jute.maxbuffer.
 const OPS_PER_MULTI: usize = 1000;
 
-/// The order re-created nodes take: recorded holders first, then the others in the order of
-/// the nodes they had (across a wrap of the sequence too), then as given. Each with whether it
-/// was recorded holding.
-pub(super) fn queue_order(mut recorded: Vec<Recorded>) -> Vec<(ContenderSpec, bool)> {
+/// The order re-created nodes take: recorded holders first; then contenders recorded by an
+/// earlier release (a node but no ticket), in the order of the nodes they had (across a wrap of
+/// the sequence too): they were enqueued before any contender with a ticket; then the others by
+/// ticket; then those with neither, as given. Each with whether it was recorded holding.
+///
+/// Tickets, not the recorded nodes: each re-creation numbers the nodes anew, and the records of
+/// the nodes catch up one status write at a time, so after two session changes close together
+/// the recorded nodes mix two numberings (a contender whose record lagged would be put back
+/// ahead of one enqueued before it). A ticket is the zxid of the first enqueue, kept by every
+/// re-creation, and zxids order every enqueue the ensemble ever made.
+pub(super) fn queue_order(mut recorded: Vec<Recorded>) -> Vec<(ContenderSpec, bool, Option<i64>)> {
     let sequence = |r: &Recorded| r.node.as_deref().map(node_name).and_then(recipe::parse_child).map(|c| c.sequence);
-    let base = recipe::wrap_base(recorded.iter().filter_map(sequence));
-    recorded.sort_by_key(|r| (!r.held, sequence(r).map_or(u64::MAX, |s| recipe::queue_key(s, base))));
-    recorded.into_iter().map(|r| (r.spec, r.held)).collect()
+    let base = recipe::wrap_base(recorded.iter().filter(|r| r.ticket.is_none()).filter_map(sequence));
+    let key = |r: &Recorded| match (r.ticket, sequence(r)) {
+        (None, Some(sequence)) => (0, recipe::queue_key(sequence, base)),
+        (Some(ticket), _) => (1, u64::try_from(ticket).unwrap_or(0)),
+        (None, None) => (2, 0),
+    };
+    recorded.sort_by_key(|r| (!r.held, key(r)));
+    recorded.into_iter().map(|r| (r.spec, r.held, r.ticket)).collect()
 }
 
 pub(super) struct Recreated {
@@ -45,7 +57,7 @@ pub(super) async fn recreate(
     client: &zk::Client,
     core: &Core,
     lock: &str,
-    contenders: &[ContenderSpec],
+    contenders: &[(ContenderSpec, Option<i64>)],
 ) -> Result<Recreated, Error> {
     let node_options = zk::CreateMode::EphemeralSequential.with_acls(core.config.node_acls());
     // Its marker decides the continuity rule: nobody but us may write it.
@@ -70,9 +82,10 @@ pub(super) async fn recreate(
         // stale deletes, then the creates in queue order.
         enum Op<'a> {
             Delete(&'a str),
-            Create(&'a ContenderSpec),
+            Create(&'a ContenderSpec, Option<i64>),
         }
-        let ops: Vec<Op> = stale.iter().map(|p| Op::Delete(p)).chain(contenders.iter().map(Op::Create)).collect();
+        let ops: Vec<Op> =
+            stale.iter().map(|p| Op::Delete(p)).chain(contenders.iter().map(|(c, t)| Op::Create(c, *t))).collect();
         let marker = DirMarker { foreign_seen }.to_bytes();
         let mut version = stat.version;
         let mut nodes = Vec::with_capacity(contenders.len());
@@ -86,9 +99,9 @@ pub(super) async fn recreate(
             for op in chunk {
                 match op {
                     Op::Delete(path) => multi.add_delete(path, None),
-                    Op::Create(spec) => multi.add_create(
+                    Op::Create(spec, ticket) => multi.add_create(
                         &format!("{lock}/{}", recipe::node_prefix(&spec.id, spec.mode)),
-                        &NodeData::new(&spec.id, spec.mode, &spec.description).to_bytes(),
+                        &NodeData::new(&spec.id, spec.mode, &spec.description).with_ticket(*ticket).to_bytes(),
                         &node_options,
                     ),
                 }
@@ -149,11 +162,15 @@ pub(super) async fn recreate(
 }
 
 /// The nodes of all `contenders` made by this session, if every one of them has one.
-async fn find_all(client: &zk::Client, lock: &str, contenders: &[ContenderSpec]) -> Result<Option<Vec<String>>, Error> {
+async fn find_all(
+    client: &zk::Client,
+    lock: &str,
+    contenders: &[(ContenderSpec, Option<i64>)],
+) -> Result<Option<Vec<String>>, Error> {
     let children = ops::list(client, lock).await?;
     let mut found = Vec::with_capacity(contenders.len());
-    for spec in contenders {
-        let Some(name) = ops::own_node(client, lock, &children, &spec.id).await? else { return Ok(None) };
+    for (spec, _) in contenders {
+        let Some((name, _)) = ops::own_node(client, lock, &children, &spec.id).await? else { return Ok(None) };
         found.push(name);
     }
     Ok(Some(found))
@@ -211,7 +228,7 @@ mod tests {
     fn recorded(id: &str, held: bool, node: Option<&str>) -> Recorded {
         let spec =
             ContenderSpec { id: id.into(), lock: "/l".into(), mode: recipe::Mode::Exclusive, description: "".into() };
-        Recorded { spec, held, node: node.map(str::to_string) }
+        Recorded { spec, held, node: node.map(str::to_string), ticket: None }
     }
 
     #[test]
@@ -225,9 +242,29 @@ mod tests {
             recorded("later", false, None),
         ];
         let order: Vec<(String, bool)> =
-            queue_order(given).into_iter().map(|(s, held)| (s.id.to_string(), held)).collect();
+            queue_order(given).into_iter().map(|(s, held, _)| (s.id.to_string(), held)).collect();
         let ids: Vec<&str> = order.iter().map(|(id, _)| id.as_str()).collect();
         assert_eq!(ids, ["holder", "second", "wrapped", "late", "later"]);
         assert_eq!(order.iter().map(|(_, held)| *held).collect::<Vec<_>>(), [true, false, false, false, false]);
+    }
+
+    #[test]
+    fn tickets_order_what_the_recorded_nodes_of_two_numberings_would_not() {
+        let ticketed =
+            |id: &str, node: &str, ticket: i64| Recorded { ticket: Some(ticket), ..recorded(id, false, Some(node)) };
+        let given = vec![
+            // Re-created by the last session (a higher sequence), enqueued before "lagging".
+            ticketed("early", "write-a-lock-0000000011", 100),
+            // Its record still names its node from before that session.
+            ticketed("lagging", "write-b-lock-0000000003", 200),
+            ticketed("holder", "write-h-lock-0000000010", 50),
+            // Recorded by an earlier release: a node, no ticket.
+            recorded("legacy", false, Some("write-c-lock-0000000002")),
+            recorded("new", false, None),
+        ];
+        let given =
+            given.into_iter().map(|r| if r.spec.id.as_ref() == "holder" { Recorded { held: true, ..r } } else { r });
+        let order: Vec<String> = queue_order(given.collect()).into_iter().map(|(s, _, _)| s.id.to_string()).collect();
+        assert_eq!(order, ["holder", "legacy", "early", "lagging", "new"]);
     }
 }

@@ -94,6 +94,8 @@ pub(super) struct Member {
     pub session_id: i64,
     /// Set when the recipe first grants the lock (see the engine's `apply`).
     pub fencing_token: i64,
+    /// The zxid of the contender's first enqueue: its place in the queue across sessions.
+    pub ticket: i64,
     /// `None` until the first read of the directory after the node was made.
     pub decision: Option<Decision>,
     pub revoke: Option<String>,

@@ -22,7 +22,8 @@ pub struct ContenderSpec {
 }
 
 /// A contender to re-create after a new session, with what its owner recorded about it: the
-/// engine puts recorded holders first, then the others in the order of the nodes they had.
+/// engine puts recorded holders first, then the others in the order of their tickets (or, for
+/// contenders recorded by an earlier release, of the nodes they had).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Recorded {
     pub spec: ContenderSpec,
@@ -30,6 +31,9 @@ pub struct Recorded {
     pub held: bool,
     /// The node it had (full path or name), if one was recorded.
     pub node: Option<String>,
+    /// Its ticket, if one was recorded: its place in the queue whatever session made its node
+    /// (see [`super::LockEngine::ticket`]).
+    pub ticket: Option<i64>,
 }
 
 /// Where a contender stands. `RevokeRequested` is sticky: once somebody asked the contender to

@@ -24,6 +24,10 @@ pub struct NodeData {
     pub description: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoke: Option<RevokeRequest>,
+    /// The contender's ticket (the zxid of its first enqueue) on a node re-created after a new
+    /// session; a first node's ticket is its own czxid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ticket: Option<i64>,
 }
 
 pub const OWNER: &str = "zklock";
@@ -36,7 +40,19 @@ pub struct RevokeRequest {
 
 impl NodeData {
     pub fn new(id: &str, mode: Mode, description: &str) -> Self {
-        NodeData { owner: OWNER.into(), id: id.into(), mode, description: description.into(), revoke: None }
+        NodeData {
+            owner: OWNER.into(),
+            id: id.into(),
+            mode,
+            description: description.into(),
+            revoke: None,
+            ticket: None,
+        }
+    }
+
+    pub fn with_ticket(mut self, ticket: Option<i64>) -> Self {
+        self.ticket = ticket;
+        self
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {

@@ -21,7 +21,7 @@ use super::book::{Book, Member};
 use super::contender::{ContenderSpec, ContenderState, EngineEvent, QueueEntry, Reanchored, Recorded, SessionEvent};
 use super::core::{Core, WindowGuard};
 use super::data;
-use super::enqueue;
+use super::enqueue::{self, Made};
 use super::fence::{self, Epoch};
 use super::ops::{self, is_lock_path};
 use super::retry;
@@ -165,6 +165,13 @@ impl LockEngine {
         tracked.or_else(|| book.lost.get_key_value(id).map(|(key, _)| key)).cloned()
     }
 
+    /// Contender `id`'s ticket, if the engine tracks it and knows one: the zxid of its first
+    /// enqueue, which orders it in its queues whatever session made its node. Its owner records
+    /// it and gives it back when the contender is re-anchored (see [`Recorded`]).
+    pub fn ticket(&self, id: &str) -> Option<i64> {
+        self.core.book.lock().contenders.get(id).map(|m| m.ticket).filter(|t| *t > 0)
+    }
+
     /// The full path of contender `id`'s node (the node it had, if lost), if the engine tracks it.
     pub fn node(&self, id: &str) -> Option<String> {
         let book = self.core.book.lock();
@@ -210,11 +217,12 @@ impl LockEngine {
         for spec in &specs {
             self.core.watch_parent(&client, &spec.lock).await?;
         }
-        let names = ops::create_adopting(&client, &self.core, &specs).await?;
+        let (names, ticket) = ops::create_adopting(&client, &self.core, &specs).await?;
         let mut registered = Vec::with_capacity(specs.len());
         for ((spec, name), guard) in specs.into_iter().zip(names).zip(guards) {
             let (lock, window) = guard.disarm();
-            registered.extend(enqueue::register(&self.core, &client, &lock, window, vec![(spec, name, false)])?);
+            let made = Made { spec, name, keeps_hold: false, ticket };
+            registered.extend(enqueue::register(&self.core, &client, &lock, window, vec![made])?);
         }
         let settled = enqueue::settle(&self.core, registered).await;
         Ok(settled.into_iter().map(|(_, state)| state).collect())
@@ -240,7 +248,8 @@ impl LockEngine {
                 return Err(Error::BadLockPath(c.spec.lock.clone()));
             }
         }
-        let (contenders, held): (Vec<ContenderSpec>, Vec<bool>) = anchor::queue_order(contenders).into_iter().unzip();
+        let (contenders, held): (Vec<(ContenderSpec, Option<i64>)>, Vec<bool>) =
+            anchor::queue_order(contenders).into_iter().map(|(spec, held, ticket)| ((spec, ticket), held)).unzip();
         let client = self.core.client()?;
         // The window first: it enters the lock in the book, which keeps the parent's watch.
         let guard = WindowGuard::open(&self.core, lock_path);
@@ -254,11 +263,18 @@ impl LockEngine {
         // foreign client has used, nobody could have been granted meanwhile): they keep the lock
         // whatever its limit is now. Lowering the permits, or deleting or creating a `Lock`,
         // takes nothing away, across a new session too (DESIGN.md §5b).
+        // A contender recorded without a ticket (by an earlier release) keeps none: the zxid of
+        // this re-creation, shared by every node it makes, would not order it.
         let nodes = contenders
             .into_iter()
             .zip(created.nodes)
             .zip(held)
-            .map(|((spec, name), held)| (spec, name, held && !created.foreign_seen))
+            .map(|(((spec, ticket), name), held)| Made {
+                spec,
+                name,
+                keeps_hold: held && !created.foreign_seen,
+                ticket: ticket.unwrap_or(0),
+            })
             .collect();
         let registered = enqueue::register(&self.core, &client, &lock, window, nodes)?;
         let contenders = enqueue::settle(&self.core, registered).await;

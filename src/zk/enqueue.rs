@@ -13,6 +13,17 @@ use super::core::{Core, Registered};
 use super::{ops, rounds, session, Error};
 use crate::recipe::{self, Decision};
 
+/// A node just made for a contender.
+pub(super) struct Made {
+    pub spec: ContenderSpec,
+    /// Its name in the lock directory.
+    pub name: String,
+    /// A recorded holder re-anchored ahead of everybody: held from the start.
+    pub keeps_hold: bool,
+    /// The contender's ticket.
+    pub ticket: i64,
+}
+
 /// Enters freshly made nodes in the book, asks for their first decision and closes the
 /// create's window. A node whose contender id is tracked already (a concurrent enqueue of
 /// the same id won) is deleted again. A node marked as keeping a hold (a recorded holder,
@@ -22,7 +33,7 @@ pub(super) fn register(
     client: &zk::Client,
     lock_path: &Arc<str>,
     window: u64,
-    nodes: Vec<(ContenderSpec, String, bool)>,
+    nodes: Vec<Made>,
 ) -> Result<Registered, Error> {
     let session_id = client.session_id().0;
     let mut registered = Vec::with_capacity(nodes.len());
@@ -36,7 +47,7 @@ pub(super) fn register(
             book.close_window(lock_path, window);
             return Err(Error::SessionLost);
         }
-        for (spec, name, keeps_hold) in nodes {
+        for Made { spec, name, keeps_hold, ticket } in nodes {
             if book.contenders.contains_key(&*spec.id) {
                 extra.push(format!("{lock_path}/{name}"));
                 registered.push((spec.id.clone(), None));
@@ -53,6 +64,7 @@ pub(super) fn register(
                 sequence,
                 session_id,
                 fencing_token: 0,
+                ticket,
                 decision: keeps_hold.then_some(Decision::Held),
                 revoke: None,
                 stale: true,

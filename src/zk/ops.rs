@@ -74,12 +74,12 @@ pub(super) async fn ensure_dir(client: &zk::Client, config: &super::ZkConfig, lo
 /// lost answer, looks for the nodes by contender id before trying again, so that no contender
 /// ever gets two nodes. One multi-op: either every node is made or none, and the nodes of two
 /// groups stand in the same order in every directory they share. Answers the nodes' names, in
-/// the order given.
+/// the order given, and the zxid that made them (one transaction: one zxid for all).
 pub(super) async fn create_adopting(
     client: &zk::Client,
     core: &Core,
     specs: &[ContenderSpec],
-) -> Result<Vec<String>, Error> {
+) -> Result<(Vec<String>, i64), Error> {
     let options = zk::CreateMode::EphemeralSequential.with_acls(core.config.node_acls());
     let made = specs
         .iter()
@@ -97,24 +97,30 @@ pub(super) async fn create_adopting(
         }
         match core.fence.commit(&mut multi).await {
             Ok(results) => {
-                let names: Vec<String> = results
+                let made: Vec<(String, i64)> = results
                     .into_iter()
                     .filter_map(|r| match r {
-                        zk::MultiWriteResult::Create { path, .. } => Some(node_name(&path).to_string()),
+                        zk::MultiWriteResult::Create { path, stat } => Some((path, stat.czxid)),
                         _ => None,
                     })
                     .collect();
-                if names.len() != specs.len() {
+                if made.len() != specs.len() {
                     return Err(Error::zk(
                         "create",
                         &what(),
                         zk::Error::UnexpectedError("a create answered no path".into()),
                     ));
                 }
-                for _ in &names {
+                for _ in &made {
                     Stats::bump(&core.stats.creates);
                 }
-                return Ok(names);
+                let zxid = match made.first() {
+                    Some((_, czxid)) if *czxid > 0 => *czxid,
+                    // A multi's stat can come back empty (ZOOKEEPER-4026): the node has it.
+                    Some((path, _)) => czxid_of(client, path).await?,
+                    None => 0,
+                };
+                return Ok((made.into_iter().map(|(path, _)| node_name(&path).to_string()).collect(), zxid));
             }
             Err(zk::Error::NoNode) => {
                 for spec in specs {
@@ -125,16 +131,20 @@ pub(super) async fn create_adopting(
                 Stats::bump(&core.stats.create_unknown_outcomes);
                 // All or none: the multi-op applied, or it did not.
                 let mut found = Vec::with_capacity(specs.len());
+                let mut zxid = 0;
                 for spec in specs {
                     let children = list(client, &spec.lock).await?;
                     match own_node(client, &spec.lock, &children, &spec.id).await? {
-                        Some(name) => found.push(name),
+                        Some((name, czxid)) => {
+                            found.push(name);
+                            zxid = czxid;
+                        }
                         None => break,
                     }
                 }
                 if found.len() == specs.len() {
                     Stats::bump(&core.stats.nodes_adopted);
-                    return Ok(found);
+                    return Ok((found, zxid));
                 }
                 backoff.wait().await;
             }
@@ -143,17 +153,24 @@ pub(super) async fn create_adopting(
     }
 }
 
-/// The node of contender `id` among `children` of `lock` that this session made, if any.
+/// The node of contender `id` among `children` of `lock` that this session made, if any, with
+/// its czxid.
 pub(super) async fn own_node(
     client: &zk::Client,
     lock: &str,
     children: &[String],
     id: &str,
-) -> Result<Option<String>, Error> {
+) -> Result<Option<(String, i64)>, Error> {
     let Some(name) = recipe::find_node(children, id) else { return Ok(None) };
     let path = format!("{lock}/{name}");
     let stat = retry::idempotent(|| client.check_stat(&path)).await.map_err(|e| Error::zk("stat", &path, e))?;
-    Ok(stat.filter(|s| s.ephemeral_owner == client.session_id().0).map(|_| name.to_string()))
+    Ok(stat.filter(|s| s.ephemeral_owner == client.session_id().0).map(|s| (name.to_string(), s.czxid)))
+}
+
+/// The zxid that made node `path`.
+async fn czxid_of(client: &zk::Client, path: &str) -> Result<i64, Error> {
+    let stat = retry::idempotent(|| client.check_stat(path)).await.map_err(|e| Error::zk("stat", path, e))?;
+    stat.map(|s| s.czxid).ok_or_else(|| Error::zk("stat", path, zk::Error::NoNode))
 }
 
 /// Deletes `path` until ZooKeeper confirms it is gone. The end of the session confirms it too:
