@@ -294,3 +294,56 @@ async fn two_session_changes_close_together_keep_the_queue_in_order() {
     assert_eq!(env.history.grants("order"), vec!["holder", "first", "second"]);
     env.history.check();
 }
+
+/// The fence of DESIGN.md §5a is proven where the operator writes, whatever the number of
+/// claims: here the admission policy's binding covers one served namespace and not the other.
+/// The term used to prove it on one claim per scope at its start: a namespace with claims that
+/// the binding missed failed the whole term, again and again (no namespace served at all), and
+/// one without claims then was served unfenced. Now each namespace is proven before the term's
+/// first status write there, and one that cannot be fails alone, saying why on its claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_the_epoch_policy_does_not_cover_fails_alone() {
+    use k8s_openapi::api::events::v1::Event;
+    let env = Env::new().await;
+    assert!(epoch_policy(&env.kubeconfig), "the control plane serves ValidatingAdmissionPolicy");
+    let other = format!("{}-uncovered", env.ns);
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(env.client.clone());
+    let namespace = serde_json::from_value(json!({ "metadata": { "name": other } })).unwrap();
+    namespaces.create(&Default::default(), &namespace).await.expect("create the uncovered namespace");
+    let uncovered: kube::Api<zklock::api::LockClaim> = kube::Api::namespaced(env.client.clone(), &other);
+    let claim = |name: &str| -> zklock::api::LockClaim {
+        serde_json::from_value(json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim",
+            "metadata": { "name": name }, "spec": { "lockName": "uncovered" },
+        }))
+        .unwrap()
+    };
+    uncovered.create(&Default::default(), &claim("early")).await.expect("a claim before the term");
+    let op = Operator::start(&env, &["--watch-namespace", &other]);
+    env.claim("served", "covered", json!({})).await;
+    env.wait_phase("served", Phase::Held).await;
+    uncovered.create(&Default::default(), &claim("late")).await.expect("a claim during the term");
+    let events: kube::Api<Event> = kube::Api::namespaced(env.client.clone(), &other);
+    for name in ["early", "late"] {
+        until(&format!("a Warning event on {name}"), || async {
+            let listed = events.list(&Default::default()).await.map(|l| l.items).unwrap_or_default();
+            listed.iter().any(|e| {
+                e.reason.as_deref() == Some("Unfenced")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                    && e.note.as_deref().is_some_and(|n| n.contains("does not refuse"))
+            })
+        })
+        .await;
+        let now = uncovered.get(name).await.expect("the claim");
+        assert_eq!(now.status.and_then(|s| s.phase), None, "nothing is written for {name}");
+    }
+    assert_eq!(op.metric("zklock_leader").await, 1.0, "the operator leads and serves the covered namespace");
+    for name in ["early", "late"] {
+        uncovered.delete(name, &Default::default()).await.expect("delete the claim");
+        until(&format!("{name} to be gone"), || async { matches!(uncovered.get_opt(name).await, Ok(None)) }).await;
+    }
+    env.delete_claim("served").await;
+    env.history.await_gone("served").await;
+    let _ = namespaces.delete(&other, &Default::default()).await;
+    env.history.check();
+}

@@ -5,6 +5,7 @@
 //! however late it arrives, is refused by the API server itself; and since the claims are listed
 //! only after that, whatever such a write changed before is in the list the leader plans from.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -47,6 +48,9 @@ pub enum FenceError {
     NotEnforced { namespace: String, claim: String, last: Option<String> },
     #[error("another repair of the epoch parameter is under way")]
     Busy,
+    /// The namespace's proof failed (recently): nothing is written there.
+    #[error("{0}")]
+    Unproven(String),
     #[error("the epoch parameter {0} holds no epoch number")]
     Malformed(String),
     #[error("{0}")]
@@ -58,6 +62,7 @@ impl From<FenceError> for Error {
         match e {
             FenceError::Deposed { .. } | FenceError::Superseded { .. } => Error::NotLeading,
             FenceError::Busy => Error::EpochParam("being made again by another reconcile".into()),
+            FenceError::Unproven(why) => Error::Unfenced(why),
             other => Error::ApiFence(other.to_string()),
         }
     }
@@ -70,17 +75,28 @@ async fn timed<T>(
     tokio::time::timeout(API_TIMEOUT, f).await.map_err(|_| FenceError::Timeout { call })?.map_err(FenceError::Api)
 }
 
-/// Raises the epoch in force to `mine`, then proves it is enforced in every served scope.
+/// Raises the epoch in force to `mine`, then proves it is enforced where claims are: in the
+/// namespace of a claim of each served scope (each served namespace, or one namespace when all
+/// are served). Every namespace not proven here is proven before this term writes a claim
+/// status there ([`Fence::ready`]); one where the proof fails fails alone.
 pub async fn raise(
     client: &kube::Client,
-    param: &EpochParam,
+    fence: &Fence,
     scopes: &[Api<LockClaim>],
     engine: &LockEngine,
-    mine: i64,
 ) -> Result<(), FenceError> {
-    write_epoch(client, param, engine, mine).await?;
+    write_epoch(client, &fence.param, engine, fence.mine).await?;
     for scope in scopes {
-        prove(scope, mine).await?;
+        match prove(scope, fence.mine).await {
+            Ok(Some(namespace)) => fence.note(&namespace, Ok(())),
+            Ok(None) => {}
+            Err(FenceError::NotEnforced { namespace, claim, last }) => {
+                let failed = FenceError::NotEnforced { namespace: namespace.clone(), claim, last };
+                tracing::error!(%namespace, error = %failed, "no claim status is written in this namespace");
+                fence.note(&namespace, Err(failed.to_string()));
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }
@@ -153,16 +169,17 @@ async fn write_epoch(
 
 /// Proves that the policy refuses a status of the term just before `mine`: a dry-run status
 /// write on any claim of the scope, repeated until refused (the policy reads its parameter from
-/// an informer). A scope without claims has nothing an earlier term could still write.
-async fn prove(scope: &Api<LockClaim>, mine: i64) -> Result<(), FenceError> {
+/// an informer). Answers the namespace proven, if the scope has a claim.
+async fn prove(scope: &Api<LockClaim>, mine: i64) -> Result<Option<String>, FenceError> {
     let listed = timed("list_claims", scope.list_metadata(&ListParams::default().limit(1))).await?;
-    let Some(claim) = listed.items.into_iter().next() else { return Ok(()) };
-    let (Some(name), Some(namespace)) = (claim.metadata.name, claim.metadata.namespace) else { return Ok(()) };
+    let Some(claim) = listed.items.into_iter().next() else { return Ok(None) };
+    let (Some(name), Some(namespace)) = (claim.metadata.name, claim.metadata.namespace) else { return Ok(None) };
     let api: Api<LockClaim> = Api::namespaced(scope.clone().into_client(), &namespace);
     match prove_on(&api, &name, &namespace, mine).await {
+        Ok(()) => Ok(Some(namespace)),
         // Deleted meanwhile: another claim, if any, proves it.
         Err(FenceError::Api(kube::Error::Api(s))) if s.code == 404 => Box::pin(prove(scope, mine)).await,
-        proved => proved,
+        Err(e) => Err(e),
     }
 }
 
@@ -194,18 +211,90 @@ async fn prove_on(api: &Api<LockClaim>, name: &str, namespace: &str, mine: i64) 
     }
 }
 
-/// This term's fence in the API server, kept for repairs: the parameter the leader raised and
-/// the epoch it raised it to.
+/// This term's fence in the API server: the parameter the leader raised, the epoch it raised it
+/// to, and the namespaces where the policy was proven to enforce it.
 pub struct Fence {
     param: EpochParam,
     mine: i64,
     /// One repair at a time; reconciles that meet the same refusal meanwhile retry later.
     repairing: tokio::sync::Mutex<()>,
+    /// Namespace → its proof: done, or failed (why, and when, to try again after a while).
+    proofs: parking_lot::Mutex<HashMap<String, Proof>>,
+    /// One proof at a time: a namespace's first claims would all prove it at once otherwise.
+    proving: tokio::sync::Mutex<()>,
+    /// Claims told (by a Warning event) that their namespace is not served: once each per term.
+    warned: parking_lot::Mutex<std::collections::HashSet<String>>,
 }
+
+#[derive(Clone)]
+enum Proof {
+    Done,
+    Failed { why: String, at: tokio::time::Instant },
+}
+
+/// How long a namespace where the fence could not be proven waits before the next attempt.
+const PROOF_RETRY: Duration = Duration::from_secs(30);
 
 impl Fence {
     pub fn new(param: EpochParam, mine: i64) -> Fence {
-        Fence { param, mine, repairing: tokio::sync::Mutex::new(()) }
+        Fence {
+            param,
+            mine,
+            repairing: tokio::sync::Mutex::new(()),
+            proofs: Default::default(),
+            proving: tokio::sync::Mutex::new(()),
+            warned: Default::default(),
+        }
+    }
+
+    /// True the first time it is asked for claim `uid` in this term.
+    pub fn first_warning(&self, uid: &str) -> bool {
+        self.warned.lock().insert(uid.to_string())
+    }
+
+    fn note(&self, namespace: &str, proof: Result<(), String>) {
+        let proof = match proof {
+            Ok(()) => Proof::Done,
+            Err(why) => Proof::Failed { why, at: tokio::time::Instant::now() },
+        };
+        self.proofs.lock().insert(namespace.to_string(), proof);
+    }
+
+    /// Before this term writes a claim status in `namespace`: the policy must be proven to
+    /// refuse earlier terms' statuses there (DESIGN.md §5a). An installation without the policy,
+    /// or whose binding does not cover the namespace, used to serve it unfenced until the next
+    /// failover found out, and then serve nothing at all. Proven once per namespace and term, on
+    /// claim `claim` (a dry-run write); a namespace where it fails fails alone, with the reason,
+    /// and is tried again after [`PROOF_RETRY`].
+    pub async fn ready(&self, client: &kube::Client, namespace: &str, claim: &str) -> Result<(), FenceError> {
+        let known = |proofs: &HashMap<String, Proof>| match proofs.get(namespace) {
+            Some(Proof::Done) => Some(Ok(())),
+            Some(Proof::Failed { why, at }) if at.elapsed() < PROOF_RETRY => {
+                Some(Err(FenceError::Unproven(why.clone())))
+            }
+            _ => None,
+        };
+        if let Some(known) = known(&self.proofs.lock()) {
+            return known;
+        }
+        let _one = self.proving.lock().await;
+        if let Some(known) = known(&self.proofs.lock()) {
+            return known;
+        }
+        let api: Api<LockClaim> = Api::namespaced(client.clone(), namespace);
+        match prove_on(&api, claim, namespace, self.mine).await {
+            Ok(()) => {
+                self.note(namespace, Ok(()));
+                Ok(())
+            }
+            Err(e @ FenceError::NotEnforced { .. }) => {
+                let why = e.to_string();
+                tracing::error!(namespace, error = %why, "no claim status is written in this namespace");
+                self.note(namespace, Err(why.clone()));
+                Err(FenceError::Unproven(why))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// A status write was refused for a missing parameter: someone deleted the ConfigMap (a
@@ -224,6 +313,8 @@ impl Fence {
             for a missing epoch parameter; making it again");
         write_epoch(client, &self.param, engine, self.mine).await?;
         let api: Api<LockClaim> = Api::namespaced(client.clone(), namespace);
-        prove_on(&api, claim, namespace, self.mine).await
+        prove_on(&api, claim, namespace, self.mine).await?;
+        self.note(namespace, Ok(()));
+        Ok(())
     }
 }

@@ -34,6 +34,10 @@ pub enum Error {
     /// A controller or one of its tasks ended before the term did (a bug: it is not retried).
     #[error("{0}")]
     TaskPanicked(String),
+    /// The admission policy's fence is not proven in the claim's namespace: nothing is written
+    /// there (DESIGN.md §5a).
+    #[error("no status is written in this namespace: {0}")]
+    Unfenced(String),
     /// A status write was refused because the epoch policy's parameter is missing.
     #[error("the epoch policy's parameter is missing: {0}")]
     EpochParam(String),
@@ -68,6 +72,7 @@ impl Error {
             Error::TaskPanicked(_) => "task_panicked".into(),
             Error::CannotServe(_) => "cannot_serve".into(),
             Error::EpochParam(_) => "epoch_param".into(),
+            Error::Unfenced(_) => "unfenced".into(),
         }
     }
 
@@ -77,6 +82,8 @@ impl Error {
             Error::Malformed(_) => None,
             // The watch brings the newer copy (and a reconcile) soon; this is the backstop.
             Error::StatusRefused(_) | Error::OutdatedCopy | Error::EpochParam(_) => Some(Duration::from_millis(500)),
+            // Tried again after a while: see api_fence's PROOF_RETRY.
+            Error::Unfenced(_) => Some(Duration::from_secs(30)),
             _ => Some(RETRY),
         }
     }

@@ -390,11 +390,11 @@ pub async fn run(
     let shutdown = shutdown.shared();
     // The API server refuses every status write of earlier terms before a single claim is
     // listed: whatever such a write changed before is in the list this term plans from.
-    if let (Some(param), Some(mine)) = (&epoch_param, ctx.epoch()) {
+    if let Some(fence) = &ctx.fence {
         ctx.leadership.time_left().ok_or(Error::NotLeading)?;
         let scopes = ctx.scoped::<crate::api::LockClaim>();
         tokio::select! {
-            raised = api_fence::raise(&ctx.client, param, &scopes, &ctx.engine, mine) => raised?,
+            raised = api_fence::raise(&ctx.client, fence, &scopes, &ctx.engine) => raised?,
             _ = shutdown.clone() => return Ok(()),
         }
     }

@@ -121,6 +121,9 @@ pub struct Plan {
     pub requeue_after: Option<Duration>,
     /// Delete the claim (last): its time to live after finishing has passed.
     pub delete: bool,
+    /// The cleanup of a deleted claim: its status is written only if this plan changes it (a
+    /// write for the epoch alone would change nothing for anybody).
+    pub cleanup: bool,
 }
 
 impl Plan {
@@ -200,7 +203,8 @@ impl Plan {
 /// goes, as for every other release. A claim that does not hold keeps its status (nobody is
 /// granted because it leaves). No event: the object is on its way out.
 pub fn deleted(claim: &LockClaim, known_held: bool, kept_by_others: bool, now: Timestamp) -> Plan {
-    let mut plan = Plan { status: claim.status.clone().unwrap_or_default(), release: true, ..Plan::default() };
+    let mut plan =
+        Plan { status: claim.status.clone().unwrap_or_default(), release: true, cleanup: true, ..Plan::default() };
     let terminal = plan.status.phase.is_some_and(Phase::is_terminal);
     if kept_by_others && !terminal && (plan.status.phase == Some(Phase::Held) || known_held) {
         let message = "the claim was deleted".to_string();

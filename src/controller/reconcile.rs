@@ -337,7 +337,9 @@ fn contender_view(ctx: &Context, parts: &[Part]) -> ContenderView {
 }
 
 async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mut plan: Plan) -> Result<Action, Error> {
-    if let Some(epoch) = ctx.epoch() {
+    let unchanged =
+        plan.cleanup && claim.status.as_ref().map_or(plan.status == Default::default(), |s| *s == plan.status);
+    if let Some(epoch) = ctx.epoch().filter(|_| !unchanged) {
         plan.status.leader_epoch = Some(epoch);
     }
     let namespace = claim.namespace().unwrap_or_default();
@@ -365,6 +367,7 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mu
         fresh_tokens(ctx, parts, &mut plan).await?;
     }
     if plan.status != before {
+        fenced_here(claim, ctx, uid, &namespace, &name).await?;
         let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
         let version = claim.metadata.resource_version.as_deref().ok_or(Error::Malformed("a resourceVersion"))?;
         let patch = status_patch(uid, &plan.status, version)?;
@@ -377,7 +380,7 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mu
             // against the same copy or an older one) cannot land after it.
             ctx.registry.settle(uid);
         }
-        if refused && granting {
+        if refused && granting && !grant_landed(ctx, &api, &name, uid, &answer).await {
             // A grant reserved for this write did not happen. (One whose answer did not come
             // stays reserved: it may still land, until a newer write of the claim lands.)
             ctx.registry.set_phase(uid, before.phase);
@@ -458,6 +461,53 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mu
         return Ok(Action::await_change());
     }
     Ok(plan.requeue_after.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// No status is written in a namespace before the admission policy is proven to refuse earlier
+/// terms' statuses there (see [`super::api_fence::Fence::ready`]). Where it cannot be, the
+/// namespace fails alone: each of its claims gets one Warning event per term saying why.
+async fn fenced_here(claim: &LockClaim, ctx: &Context, uid: &str, namespace: &str, name: &str) -> Result<(), Error> {
+    let Some(fence) = &ctx.fence else { return Ok(()) };
+    let Err(e) = fence.ready(&ctx.client, namespace, name).await else { return Ok(()) };
+    let e = Error::from(e);
+    if let Error::Unfenced(why) = &e {
+        if fence.first_warning(uid) {
+            let note = format!("no status is written for claims of this namespace: {why}");
+            let reference = claim.object_ref(&());
+            let published = ctx.write("publish_event", ctx.events.publish(&reference, true, "Unfenced", &note)).await;
+            if let Some(e) = write_error(published) {
+                tracing::info!(claim = %name, error = %e, "could not publish an event");
+            }
+        }
+    }
+    Err(e)
+}
+
+/// Whether a grant whose write was refused for a changed claim (409/422) is in the API anyway:
+/// an earlier attempt of the same grant, given up on after its timeout, may have landed since
+/// and changed the claim. Then the registry must keep it Held, not roll it back to Waiting while
+/// the API says Held. Settled by a read; a read that fails keeps the reservation (the safe side:
+/// it only holds back other grants until this claim's next reconcile plans again).
+async fn grant_landed(
+    ctx: &Context,
+    api: &Api<LockClaim>,
+    name: &str,
+    uid: &str,
+    answer: &Result<Result<LockClaim, kube::Error>, Error>,
+) -> bool {
+    if !matches!(answer, Ok(Err(kube::Error::Api(s))) if s.code == 409 || s.code == 422) {
+        return false;
+    }
+    match tokio::time::timeout(API_TIMEOUT, api.get_opt(name)).await {
+        Ok(Ok(Some(now))) => {
+            let status = now.status.as_ref();
+            now.metadata.uid.as_deref() == Some(uid)
+                && status.and_then(|s| s.phase) == Some(Phase::Held)
+                && status.and_then(|s| s.leader_epoch) == ctx.epoch()
+        }
+        Ok(Ok(None)) => false,
+        Ok(Err(_)) | Err(_) => true,
+    }
 }
 
 /// Each part's fencing token as the status records it, in the order of `parts`.
