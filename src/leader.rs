@@ -79,11 +79,26 @@ pub struct LeaseLock {
     /// Until when we lead: the send time of the last successful renewal plus the renew
     /// deadline; `None` while we do not.
     leading: watch::Sender<Option<Instant>>,
+    /// The UID of the Lease object, once read: the same for every replica of an installation
+    /// (they elect on it), different for any other.
+    uid: Option<String>,
 }
 
 impl LeaseLock {
     pub fn new(api: Api<Lease>, name: &str, identity: &str) -> Self {
-        LeaseLock { api, name: name.into(), identity: identity.into(), observed: None, leading: watch::channel(None).0 }
+        LeaseLock {
+            api,
+            name: name.into(),
+            identity: identity.into(),
+            observed: None,
+            leading: watch::channel(None).0,
+            uid: None,
+        }
+    }
+
+    /// The UID of the Lease elected on, once read (always, once it was acquired).
+    pub fn uid(&self) -> Option<&str> {
+        self.uid.as_deref()
     }
 
     /// Whether we lead, as every writer asks it.
@@ -129,11 +144,15 @@ impl LeaseLock {
                 }),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
+                Ok(made) => {
+                    self.uid = made.metadata.uid;
+                    Ok(true)
+                }
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
                 Err(e) => Err(e),
             };
         };
+        self.uid.clone_from(&lease.metadata.uid);
         let spec = lease.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.clone().unwrap_or_default();
         let record = format!("{holder}|{:?}|{:?}", spec.renew_time.as_ref().map(|t| t.0), spec.lease_transitions);

@@ -15,7 +15,7 @@ use crate::controller::supervisor::{self, Term};
 use crate::http::{self, Health};
 use crate::leader::{Leadership, LeaseLock};
 use crate::metrics::Metrics;
-use crate::zk::ZkConfig;
+use crate::zk::{Installation, ZkConfig};
 
 /// Name of the Lease the replicas elect a leader on.
 pub const LEASE_NAME: &str = "zklock-leader";
@@ -92,8 +92,18 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
             .epoch_param
             .as_ref()
             .map(|name| crate::controller::EpochParam { namespace: lease_namespace.clone(), name: name.clone() });
+        // Who serves the root: every replica of this installation elects on one Lease (its UID);
+        // an operator without leader election is one process, and stands for itself alone, so
+        // that a second one beside it (a rollout that overlaps) waits instead of taking over.
+        let installation = Installation {
+            installation: match lease.uid().filter(|_| options.leader_election) {
+                Some(uid) => format!("{lease_namespace}/{LEASE_NAME} (Lease {uid})"),
+                None => format!("{lease_namespace}/{} (without leader election)", options.identity),
+            },
+            holder: options.identity.clone(),
+        };
         let served = async {
-            let (engine, events) = supervisor::connect(&options.zk, &options.zk_root, &options.identity, &leadership)
+            let (engine, events) = supervisor::connect(&options.zk, &options.zk_root, installation, &leadership)
                 .await
                 .map_err(Ended::Connect)?;
             metrics.engine.follow(Some(engine.clone()));
@@ -111,14 +121,22 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
                 epoch_param,
             };
             let mut fenced = engine.fenced();
+            let serving = engine.clone();
             let controller = crate::controller::run(setup, engine, events, shutdown.clone().cancelled_owned());
-            tokio::select! {
+            let ended = tokio::select! {
                 result = controller => result.map_err(Ended::Controller),
                 _ = fenced.wait_for(|f| *f) => {
                     tracing::warn!("stepped down: another leader took the leader epoch in ZooKeeper");
                     Ok(())
                 }
+            };
+            if shutdown.is_cancelled() {
+                // A graceful stop: the root goes at once, so that this installation's next
+                // process need not wait for this session to end (the nodes stay until the next
+                // leader re-anchors them).
+                let _ = tokio::time::timeout(Duration::from_secs(2), serving.leave_root()).await;
             }
+            ended
         };
         // The lease is renewed from the moment it is taken, also while the ZooKeeper session is
         // opened and the epoch taken (a slow connect must not outlast it). Deposed (the lease

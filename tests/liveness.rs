@@ -347,3 +347,81 @@ async fn a_namespace_the_epoch_policy_does_not_cover_fails_alone() {
     let _ = namespaces.delete(&other, &Default::default()).await;
     env.history.check();
 }
+
+/// Two installations on one ZooKeeper root (two releases on the default root, two clusters on
+/// one ensemble) took the leader epoch from each other for ever, each re-anchoring the other's
+/// nodes away. The root serves one installation: the second one's leader is refused with a
+/// message naming the root, and the first goes on undisturbed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_installation_on_a_root_in_use_is_refused_and_the_first_goes_on() {
+    let first = Env::new().await;
+    let second = Env::on(&first.kubeconfig, first.zk.clone(), true).await;
+    let a = first.operator();
+    until("the first installation to lead", || async { a.metric("zklock_leader").await == 1.0 }).await;
+    first.claim("holder", "shared-root", json!({})).await;
+    let held = first.wait_phase("holder", Phase::Held).await;
+    first.claim("next", "shared-root", json!({})).await;
+    first.wait_phase("next", Phase::Waiting).await;
+
+    let b = second.operator();
+    second.claim("elsewhere", "shared-root", json!({})).await;
+    until("the second installation to say that the root serves another", || async {
+        http_answer(&b.metrics, "/readyz")
+            .await
+            .is_some_and(|(_, body)| body.contains("serves another zklock installation"))
+    })
+    .await;
+    let holder = first.claims.get("holder").await.unwrap();
+    assert_eq!(phase_of(&holder), Some(Phase::Held));
+    assert_eq!(holder.status.unwrap().fencing_token, held.status.unwrap().fencing_token, "the holder is undisturbed");
+    first.delete_claim("holder").await;
+    first.wait_phase("next", Phase::Held).await;
+    assert_eq!(second.status("elsewhere").await, None, "the refused installation writes nothing");
+    assert!(!a.logs().contains("stepped down"), "the first installation kept its term");
+    first.delete_claim("next").await;
+    first.history.await_gone("next").await;
+    first.history.check();
+}
+
+/// Without leader election an operator is one process: a rollout that overlaps (the chart's
+/// single-replica profile rolled out with maxSurge) started a second one beside it, whose
+/// re-anchoring deleted the first one's nodes, and the first wrote every claim Lost. The second
+/// now waits while the first serves the root, and takes over once it stops, holders kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_operators_without_leader_election_overlapping_take_no_hold_away() {
+    // No admission policy: an operator without leader election keeps no epoch parameter.
+    let zk = zklock_testkit::ZkServer::shared().chroot().await;
+    let env = Env::on(zklock_testkit::kube::kubeconfig(), zk, false).await;
+    let mut old = Operator::start(&env, &["--no-leader-election"]);
+    env.claim("holder", "rollout", json!({})).await;
+    let held = env.wait_phase("holder", Phase::Held).await;
+    env.claim("next", "rollout", json!({})).await;
+    env.wait_phase("next", Phase::Waiting).await;
+
+    let new = Operator::start(&env, &["--no-leader-election"]);
+    until("the new operator to wait for the root", || async {
+        http_answer(&new.metrics, "/readyz")
+            .await
+            .is_some_and(|(_, body)| body.contains("serves another zklock installation"))
+    })
+    .await;
+    env.claim("during", "rollout", json!({})).await;
+    env.wait_phase("during", Phase::Waiting).await;
+    let stopped = old.terminate();
+    assert!(stopped.success(), "the old operator stops cleanly: {stopped:?}");
+    until("the new operator to serve", || async { new.ready().await }).await;
+    let holder = env.claims.get("holder").await.unwrap();
+    assert_eq!(phase_of(&holder), Some(Phase::Held), "the holder kept the lock");
+    assert_eq!(holder.status.unwrap().fencing_token, held.status.unwrap().fencing_token);
+    env.delete_claim("holder").await;
+    env.wait_phase("next", Phase::Held).await;
+    env.delete_claim("next").await;
+    env.wait_phase("during", Phase::Held).await;
+    env.delete_claim("during").await;
+    env.history.await_gone("during").await;
+    let lost: Vec<String> =
+        env.history.records().into_iter().filter(|r| r.phase == Some(Phase::Lost)).map(|r| r.name).collect();
+    assert!(lost.is_empty(), "claims turned Lost in the rollout: {lost:?}");
+    assert_eq!(env.history.grants("rollout"), vec!["holder", "next", "during"]);
+    env.history.check();
+}

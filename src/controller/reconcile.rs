@@ -133,7 +133,14 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
         anchor_verdict: ctx.registry.verdict(uid),
         now,
     };
-    let mut plan = plan::plan(inputs(contender_view(ctx, &parts)));
+    let view = contender_view(ctx, &parts);
+    if deleted_by_another(&view) && !ctx.engine.epoch_is_current().await? {
+        // Deleted by the next leader's re-anchoring (a rollout of unelected operators, say):
+        // this process is deposed and writes nothing, least of all Lost for a hold the next
+        // leader keeps.
+        return Err(Error::NotLeading);
+    }
+    let mut plan = plan::plan(inputs(view));
     let enqueue = plan.enqueue;
     if enqueue {
         let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
@@ -290,6 +297,12 @@ async fn holder_view(ctx: &Context, namespace: &str, pod: Option<&str>) -> Resul
             finished: p.status.and_then(|s| s.phase).filter(|phase| phase == "Succeeded" || phase == "Failed"),
         },
     })
+}
+
+/// Whether another ZooKeeper client deleted one of the claim's nodes.
+fn deleted_by_another(view: &ContenderView) -> bool {
+    let lost = ContenderState::Lost { why: crate::zk::LostReason::DeletedByOther };
+    matches!(view, ContenderView::Tracked { parts, .. } if parts.iter().any(|p| p.state == lost))
 }
 
 /// The claim's contenders in the engine (one per lock), each with the claim it waits for named.

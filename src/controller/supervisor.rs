@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::{anchor, Context, Error};
 use crate::leader::Leadership;
-use crate::zk::{ContenderState, EngineEvent, LockEngine, SessionEvent, ZkConfig};
+use crate::zk::{ContenderState, EngineEvent, Installation, LockEngine, SessionEvent, ZkConfig};
 
 /// The leader epoch's node below the ZooKeeper root (DESIGN.md §5a).
 pub const EPOCH_NODE: &str = "leader-epoch";
@@ -120,17 +120,20 @@ impl Term {
 pub async fn connect(
     config: &ZkConfig,
     zk_root: &str,
-    identity: &str,
+    installation: Installation,
     leadership: &Leadership,
 ) -> Result<(LockEngine, mpsc::UnboundedReceiver<EngineEvent>), Error> {
     let (engine, events) = LockEngine::connect_with_events(config.clone()).await?;
+    // The root first: a leader of another installation is refused before it takes anything.
+    let identity = installation.holder.clone();
+    engine.take_root(zk_root, installation).await?;
     // The bump must be over while the lease is ours, with time to spare: a bump that lands
     // after a successor's would fence the successor. A successor can only take over once our
     // lease has run out by its own clock (longer than our renew deadline), so a bump finished
     // within our time left is before any successor's.
     let left = leadership.time_left().filter(|left| *left > EPOCH_MARGIN).ok_or(Error::NotLeading)?;
     let epoch_path = format!("{}/{EPOCH_NODE}", zk_root.trim_end_matches('/'));
-    let epoch = tokio::time::timeout(left - EPOCH_MARGIN, engine.take_epoch(&epoch_path, identity))
+    let epoch = tokio::time::timeout(left - EPOCH_MARGIN, engine.take_epoch(&epoch_path, &identity))
         .await
         .map_err(|_| Error::NotLeading)??;
     if !leadership.is_leading() {

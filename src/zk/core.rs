@@ -35,6 +35,9 @@ pub(super) struct Core {
     /// Lock directories our last contender left, and since when: removed, if still idle and
     /// empty, once the config's `idle_directory_grace` has passed (one sweeper task at a time).
     pub idle_directories: Mutex<HashMap<Arc<str>, Instant>>,
+    /// The root this engine serves and for which installation (see [`super::root`]): taken
+    /// again in every new session.
+    pub root: Mutex<Option<(String, super::Installation)>>,
 }
 
 /// A parent directory watched recursively, and the session whose watch it is.
@@ -63,6 +66,7 @@ impl Core {
             parents: Mutex::new(HashMap::new()),
             fence: Fence::default(),
             idle_directories: Mutex::new(HashMap::new()),
+            root: Mutex::new(None),
         }
     }
 

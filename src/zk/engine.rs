@@ -25,6 +25,7 @@ use super::enqueue::{self, Made};
 use super::fence::{self, Epoch};
 use super::ops::{self, is_lock_path};
 use super::retry;
+use super::root::{self, Installation};
 use super::rounds;
 use super::session;
 use super::stats::{Stats, StatsSnapshot};
@@ -79,6 +80,10 @@ impl LockEngine {
     /// ([`LockEngine::admit`]), before new ones can be enqueued.
     pub async fn reconnect(&self) -> Result<(), Error> {
         let client = self.core.config.connect().await?;
+        let root = self.core.root.lock().clone();
+        if let Some((root, mine)) = root {
+            take_root(&client, &self.core.config, &root, &mine).await?;
+        }
         let session_id = client.session_id().0;
         let states = client.state_watcher();
         let old = self.core.session.lock().replace(client);
@@ -102,6 +107,24 @@ impl LockEngine {
 
     pub fn stats(&self) -> StatsSnapshot {
         self.core.stats.snapshot()
+    }
+
+    /// Serves ZooKeeper root `root` for installation `mine`, in this session and every later
+    /// one (see [`super::root`]): refused while another installation's leader serves it.
+    pub async fn take_root(&self, root: &str, mine: Installation) -> Result<(), Error> {
+        let client = self.core.client()?;
+        take_root(&client, &self.core.config, root, &mine).await?;
+        *self.core.root.lock() = Some((root.to_string(), mine));
+        Ok(())
+    }
+
+    /// Gives the root up (a graceful stop), so that the installation's next process need not
+    /// wait for this session to end.
+    pub async fn leave_root(&self) {
+        let root = self.core.root.lock().take();
+        if let (Some((root, _)), Ok(client)) = (root, self.core.client()) {
+            root::leave(&client, &root).await;
+        }
     }
 
     /// Takes the leader epoch at `path` (DESIGN.md §5a): bumps it, so that every write guarded
@@ -529,4 +552,11 @@ impl LockEngine {
             })
             .collect())
     }
+}
+
+async fn take_root(client: &zk::Client, config: &ZkConfig, root: &str, mine: &Installation) -> Result<(), Error> {
+    root::take(client, config, root, mine).await.map_err(|refused| match refused {
+        root::Refused::InUse(other) => Error::RootInUse { root: root.to_string(), other },
+        root::Refused::ZooKeeper(e) => Error::zk("installation", root, e),
+    })
 }

@@ -24,6 +24,7 @@ mod enqueue;
 mod fence;
 mod ops;
 mod retry;
+mod root;
 mod rounds;
 mod session;
 mod stats;
@@ -33,6 +34,7 @@ pub use contender::{
     ContenderSpec, ContenderState, EngineEvent, LostReason, QueueEntry, Reanchored, Recorded, SessionEvent,
 };
 pub use engine::LockEngine;
+pub use root::Installation;
 pub use stats::StatsSnapshot;
 
 use zookeeper_client as zk;
@@ -63,6 +65,12 @@ pub enum Error {
     UnknownContender(String),
     #[error("{op} {path}: fenced: another leader took the leader epoch, so this process may not change any lock")]
     Fenced { op: &'static str, path: String },
+    #[error(
+        "the ZooKeeper root {root} serves another zklock installation ({}, its leader {}): give each installation \
+         a root of its own (--zk-root, or a chroot in --zk-connect; the chart's zookeeper.chroot)",
+        other.installation, other.holder
+    )]
+    RootInUse { root: String, other: Installation },
 }
 
 impl Error {
@@ -78,6 +86,7 @@ impl Error {
     pub fn ends_session(&self) -> bool {
         match self {
             Error::SessionLost | Error::NotAdmitted | Error::Fenced { .. } | Error::Connect { .. } => true,
+            Error::RootInUse { .. } => true,
             Error::ConnectTls { .. } | Error::Tls(_) => true,
             Error::ZooKeeper { source, .. } => retry::is_session_end(source) || retry::is_unknown_outcome(source),
             Error::BadContenderId(_) | Error::BadLockPath(_) | Error::UnknownContender(_) => false,
@@ -94,6 +103,7 @@ impl Error {
             Error::ZooKeeper { .. } => "zookeeper",
             Error::UnknownContender(_) => "unknown_contender",
             Error::Fenced { .. } => "fenced",
+            Error::RootInUse { .. } => "root_in_use",
         }
     }
 }

@@ -1,0 +1,104 @@
+//! Which zklock installation a ZooKeeper root serves: one at a time. Two installations on one
+//! root (two releases on the default root, two clusters on one ensemble, two unelected
+//! operators side by side during a rollout) would take the leader epoch from each other for
+//! ever and re-anchor each other's nodes away. The leader of the installation that serves the
+//! root holds an ephemeral node `<root>/installation` naming it; a leader of another one finds
+//! it and is refused, with a message naming the root and the installation, for as long as that
+//! node lives (its owner's session). A new leader of the same installation takes the node over.
+
+use serde::{Deserialize, Serialize};
+use zookeeper_client as zk;
+
+use super::retry;
+
+/// The node below the root.
+pub const INSTALLATION_NODE: &str = "installation";
+
+/// What the node holds: who serves the root.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Installation {
+    /// The same for every replica of one installation, different for any other.
+    pub installation: String,
+    /// The replica that took the node: for people reading the refusal.
+    pub holder: String,
+}
+
+/// Why the root could not be taken.
+#[derive(Debug)]
+pub(super) enum Refused {
+    /// Another installation's leader holds it.
+    InUse(Installation),
+    ZooKeeper(zk::Error),
+}
+
+impl From<zk::Error> for Refused {
+    fn from(e: zk::Error) -> Self {
+        Refused::ZooKeeper(e)
+    }
+}
+
+/// Takes `<root>/installation` for `mine`, in this session: makes it, or replaces one of the
+/// same installation (a previous leader's, whose session may still live), or is refused.
+pub(super) async fn take(
+    client: &zk::Client,
+    config: &super::ZkConfig,
+    root: &str,
+    mine: &Installation,
+) -> Result<(), Refused> {
+    let path = path(root);
+    let parents = zk::CreateMode::Persistent.with_acls(config.parent_acls());
+    retry::idempotent(|| client.mkdir(root, &parents)).await?;
+    // Serialising two strings cannot fail.
+    let data = serde_json::to_vec(mine).unwrap_or_default();
+    let options = zk::CreateMode::Ephemeral.with_acls(config.node_acls());
+    loop {
+        match retry::timed(client.create(&path, &data, &options)).await {
+            Ok(_) => return Ok(()),
+            Err(zk::Error::NodeExists) => {}
+            // The answer was lost: whether it was made shows in the node.
+            Err(e) if retry::is_unknown_outcome(&e) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let (found, stat) = match retry::idempotent(|| client.get_data(&path)).await {
+            Ok(found) => found,
+            Err(zk::Error::NoNode) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if stat.ephemeral_owner == client.session_id().0 {
+            return Ok(());
+        }
+        let theirs = serde_json::from_slice::<Installation>(&found).unwrap_or_else(|_| Installation {
+            installation: String::from_utf8_lossy(&found).into_owned(),
+            holder: "unknown".into(),
+        });
+        if theirs.installation != mine.installation {
+            return Err(Refused::InUse(theirs));
+        }
+        // Ours, from an earlier leader: replaced in one step, guarded by the version read.
+        let mut multi = client.new_multi_writer();
+        multi.add_delete(&path, Some(stat.version)).map_err(Refused::ZooKeeper)?;
+        multi.add_create(&path, &data, &options).map_err(Refused::ZooKeeper)?;
+        match retry::timed(async { multi.commit().await.map_err(zk::Error::from) }).await {
+            Ok(_) => return Ok(()),
+            // Changed or gone meanwhile, or the answer lost: look again.
+            Err(zk::Error::BadVersion | zk::Error::NoNode | zk::Error::NodeExists) => {}
+            Err(e) if retry::is_unknown_outcome(&e) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Gives the node up, if this session holds it (a graceful stop: the next process of the
+/// installation need not wait for this session to end).
+pub(super) async fn leave(client: &zk::Client, root: &str) {
+    let path = path(root);
+    if let Ok(Some(stat)) = retry::idempotent(|| client.check_stat(&path)).await {
+        if stat.ephemeral_owner == client.session_id().0 {
+            let _ = retry::timed(client.delete(&path, Some(stat.version))).await;
+        }
+    }
+}
+
+fn path(root: &str) -> String {
+    format!("{}/{INSTALLATION_NODE}", root.trim_end_matches('/'))
+}
