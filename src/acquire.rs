@@ -1,6 +1,7 @@
 //! `zklock acquire` (and the first half of `zklock exec`): asks for a lock through the claim API
 //! only — a LockClaim, no ZooKeeper access — and follows the claim until it is Held or ends,
-//! saying on stderr where it waits. Needs create, get, watch and delete on lockclaims.
+//! saying on stderr where it waits. Needs create, get, watch and delete on lockclaims (and
+//! patch, to take the finalizer off a claim of its own that no operator ever served).
 
 use std::time::Duration;
 
@@ -239,8 +240,9 @@ pub async fn delete(api: &Api<LockClaim>, name: &str, uid: &str) {
     };
     let attempt = || async {
         match tokio::time::timeout(Duration::from_secs(5), api.delete(name, &only)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => Ok(()),
+            // Still there (its finalizer waits for an operator), and never served by one.
+            Ok(Ok(answer)) => Ok(answer.left().filter(|left| left.status.is_none())),
+            Ok(Err(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => Ok(None),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("no answer within 5s".to_string()),
         }
@@ -255,8 +257,50 @@ pub async fn delete(api: &Api<LockClaim>, name: &str, uid: &str) {
         .sleep(tokio::time::sleep)
         .notify(|e, after| eprintln!("zklock: deleting LockClaim {name} failed ({e}); again in {after:?}"))
         .await;
-    if let Err(e) = deleted {
-        eprintln!("zklock: could not delete LockClaim {name} ({e}); delete it to release the lock");
+    match deleted {
+        Err(e) => eprintln!("zklock: could not delete LockClaim {name} ({e}); delete it to release the lock"),
+        Ok(Some(_)) => let_go_if_unserved(api, name, uid).await,
+        Ok(None) => {}
+    }
+}
+
+/// How long a deleted claim no operator ever wrote may wait for one before its creator takes
+/// the operator's finalizer off itself.
+const UNSERVED_WAIT: Duration = Duration::from_secs(3);
+
+/// A claim this command made carries the operator's finalizer from creation (one API write less
+/// for the operator). In a namespace no operator serves, nothing would ever remove it: the
+/// deleted claim stayed Terminating for good and held up the namespace's deletion. If it is
+/// still there after [`UNSERVED_WAIT`] with no status at all (no operator ever wrote it), the
+/// finalizer goes, tested against the copy read: a claim that got a status meanwhile is left to
+/// its operator. Safe even if an operator enqueued it without writing yet: a claim that leaves
+/// without its finalizer has its node released by the operator's orphan release. Needs `patch`
+/// on lockclaims; without it the claim stays, and the message says so.
+async fn let_go_if_unserved(api: &Api<LockClaim>, name: &str, uid: &str) {
+    tokio::time::sleep(UNSERVED_WAIT).await;
+    let Ok(Ok(Some(now))) = tokio::time::timeout(Duration::from_secs(5), api.get_opt(name)).await else { return };
+    if now.metadata.uid.as_deref() != Some(uid) || now.status.is_some() {
+        return;
+    }
+    let Some(version) = now.metadata.resource_version.clone() else { return };
+    let kept: Vec<String> = now.finalizers().iter().filter(|f| *f != crate::api::FINALIZER).cloned().collect();
+    let patch = serde_json::json!([
+        { "op": "test", "path": "/metadata/uid", "value": uid },
+        { "op": "test", "path": "/metadata/resourceVersion", "value": version },
+        { "op": "replace", "path": "/metadata/finalizers", "value": kept },
+    ]);
+    let Ok(patch) = serde_json::from_value::<json_patch::Patch>(patch) else { return };
+    let (params, patch) = (kube::api::PatchParams::default(), kube::api::Patch::Json::<()>(patch));
+    match tokio::time::timeout(Duration::from_secs(5), api.patch(name, &params, &patch)).await {
+        Ok(Ok(_)) => eprintln!("zklock: no operator served LockClaim {name}; took its finalizer off"),
+        Ok(Err(kube::Error::Api(s))) if s.code == 404 || s.code == 409 || s.code == 422 => {}
+        Ok(Err(e)) => eprintln!(
+            "zklock: no operator served LockClaim {name}, and its finalizer could not be taken off ({e}): it stays \
+             Terminating until an operator serves namespace {} or somebody removes finalizer {}",
+            api.namespace().unwrap_or_default(),
+            crate::api::FINALIZER
+        ),
+        Err(_) => eprintln!("zklock: could not take the finalizer off LockClaim {name} (no answer within 5s)"),
     }
 }
 

@@ -332,3 +332,19 @@ async fn exec_over_two_locks_gives_the_command_a_token_per_lock() {
     assert_eq!(token("search-index").as_deref(), Some(words[3]), "the search-index lock's own token");
     env.history.check();
 }
+
+/// A claim `zklock acquire` makes carries the operator's finalizer from creation. In a namespace
+/// no operator serves, a stopped acquire deleted its claim, which then stayed Terminating for
+/// good (nothing removes the finalizer) and held up the namespace's deletion. The command now
+/// takes the finalizer off a claim no operator ever wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_acquire_in_a_namespace_no_operator_serves_leaves_no_claim_behind() {
+    let env = Env::new().await;
+    let waiting = zklock(&env, &["acquire", "unserved", "--name", "alone"]).spawn().unwrap();
+    env.wait("alone", "created", |_| true).await;
+    std::process::Command::new("kill").args(["-TERM", &waiting.id().unwrap().to_string()]).status().unwrap();
+    let out = finish(waiting, "a stopped acquire").await;
+    assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
+    env.wait_gone("alone").await;
+    assert!(text(&out.stderr).contains("no operator served"), "it says what it did: {}", text(&out.stderr));
+}
