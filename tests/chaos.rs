@@ -1,18 +1,29 @@
 //! The chaos suite (DESIGN.md §5): three replicas of the real `zklock` binary with leader
 //! election, a real three-server ZooKeeper ensemble, the API server under test (each replica
 //! reaches it through a proxy of its own), and a workload of claims on a few locks (exclusive
-//! and shared, acquire timeouts, holder pods deleted, revocations; one lock a semaphore of two
-//! permits; `zklock acquire` and `zklock exec` clients), while faults are injected again and
-//! again: kill -9 of the leader, a hung API connection for the leader, one status write of the
-//! leader held back past its timeout and delivered after newer writes, API latency spikes,
-//! SIGSTOP of the leader for longer than its lease, a kill of the ZooKeeper leader, a partition
-//! of the leader from ZooKeeper long enough to expire its session, the semaphore's permits
-//! raised, lowered, its `Lock` deleted and made again, CLI clients killed with SIGTERM or
-//! SIGKILL at random moments (their holder pods then go, as a dead pod's would), and a foreign
-//! node without a sequence made and removed in a lock of its own (`f0`). Every status change is
-//! recorded from a watch and the whole history is checked (DESIGN.md §4), plus: no holder of the
-//! zklock-only locks ever turns Lost, no znode of a gone claim remains, every claim ends Held or
-//! final, and no claim a killed client left holds once its pod has gone.
+//! and shared, acquire timeouts, holder pods deleted, revocations, claims that another party's
+//! finalizer keeps and that are deleted while they wait; one lock a semaphore of two permits;
+//! `zklock acquire` and `zklock exec` clients), while faults are injected again and again.
+//!
+//! Safety faults: kill -9 of the leader, a hung API connection for the leader, one status write
+//! of the leader held back past its timeout and delivered after newer writes, API latency
+//! spikes, SIGSTOP of the leader for longer than its lease, a kill of the ZooKeeper leader, a
+//! partition of the leader from ZooKeeper long enough to expire its session, the semaphore's
+//! permits raised, lowered, its `Lock` deleted and made again, CLI clients killed with SIGTERM
+//! or SIGKILL at random moments (their holder pods then go, as a dead pod's would), and a
+//! foreign node without a sequence made and removed in a lock of its own (`f0`).
+//!
+//! Liveness faults: ZooKeeper cut off from the leader alone for four session timeouts (a
+//! standby must take over), the epoch policy's parameter deleted, a claim's status edited by
+//! somebody else (its leaderEpoch dropped), a directory the operator may not list made by
+//! another ZooKeeper client, one non-status PATCH (a finalizer's) held past its timeout, and a
+//! rolling restart of every replica with SIGTERM.
+//!
+//! Every status change is recorded from a watch and the whole history is checked (DESIGN.md
+//! §4), plus: no holder of the zklock-only locks ever turns Lost, no znode of a gone claim
+//! remains, every claim ends Held or final, no claim a killed client left holds once its pod has
+//! gone, and the longest stall (a claim non-final while its lock is free in ZooKeeper or its
+//! blockers gone, sampled every second) stays within lease duration + session timeout + 5 s.
 //!
 //! `ZKLOCK_CHAOS_MINUTES` sets the length (default 3, the test command's run); it prints one
 //! summary line starting with `chaos:`. A 30-minute run:
@@ -49,6 +60,12 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(4);
 const OUTAGE: Duration = Duration::from_secs(12);
 /// A claim not Held or final after this long waits forever, as far as the suite is concerned.
 const LIVENESS: Duration = Duration::from_secs(90);
+/// The longest a claim may stay non-final while its lock is free in ZooKeeper, or its blocker
+/// gone (DESIGN.md §5): lease duration + session timeout + 5 s.
+const STALL_BOUND: Duration =
+    Duration::from_secs(zklock::leader::LEASE_DURATION.as_secs() + SESSION_TIMEOUT.as_secs() + 5);
+/// The finalizer of another party some of the workload's claims carry (deleted while they wait).
+const OTHER_FINALIZER: &str = "chaos.zklock.io/keep";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Fault {
@@ -65,18 +82,39 @@ enum Fault {
     Permits,
     /// A sequence-less node of a foreign client made and removed in lock f0.
     ForeignNode,
+    /// ZooKeeper cut off from the leader only, its API path fine, for four session timeouts:
+    /// it must give its term up, and a standby that reaches ZooKeeper take over.
+    ZkCut,
+    /// The epoch policy's parameter (a ConfigMap) deleted.
+    EpochParamDeleted,
+    /// A claim's status edited by somebody else: its leaderEpoch dropped.
+    StatusEdit,
+    /// A directory another ZooKeeper client made where the operator may not even list it.
+    UnreadableDir,
+    /// One non-status PATCH of a claim (a finalizer's) held past the leader's timeout.
+    FinalizerHang,
+    /// Every replica stopped with SIGTERM and started again, one after the other, the leader
+    /// last (a rollout).
+    RollingRestart,
 }
 
-const FAULTS: [Fault; 9] = [
+/// In this order first (a 3-minute run meets about the first nine), then at random.
+const FAULTS: [Fault; 15] = [
     Fault::Kill9,
-    Fault::ApiHang,
+    Fault::ZkCut,
     Fault::ApiLateWrite,
-    Fault::ApiLatency,
+    Fault::EpochParamDeleted,
     Fault::SigStop,
-    Fault::ZkLeaderKill,
+    Fault::StatusEdit,
+    Fault::FinalizerHang,
+    Fault::RollingRestart,
+    Fault::UnreadableDir,
+    Fault::ApiHang,
     Fault::ZkPartition,
+    Fault::ZkLeaderKill,
     Fault::Permits,
     Fault::ForeignNode,
+    Fault::ApiLatency,
 ];
 
 /// One replica and the means to cut it off.
@@ -139,6 +177,15 @@ async fn chaos() {
     env.history.set_permits("p0", PERMITS);
     locks.create(&PostParams::default(), &semaphore(PERMITS)).await.expect("create the Lock of p0");
 
+    // The liveness figure, sampled from ZooKeeper and the history until every claim settled.
+    let stop_sampling = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = tokio::spawn(sample_stalls(
+        format!("{}{chroot}", ensemble.connect()),
+        env.ns.clone(),
+        env.history.clone(),
+        stop_sampling.clone(),
+    ));
+
     // The workload, until the deadline.
     let deadline = started + run_for;
     let claims_made = Arc::new(AtomicUsize::new(0));
@@ -175,9 +222,20 @@ async fn chaos() {
         })
         .await;
         eprintln!("chaos: {:>6.1}s {fault:?} on replica {i}", started.elapsed().as_secs_f64());
-        let mut chaos =
-            Chaos { env: &env, locks: &locks, ensemble: &mut ensemble, rng: &mut rng, permits: &mut permits };
-        inject(fault, &mut replicas[i], &mut chaos).await;
+        if fault == Fault::RollingRestart {
+            rolling_restart(&mut replicas, i).await;
+        } else {
+            let mut chaos = Chaos {
+                env: &env,
+                locks: &locks,
+                ensemble: &mut ensemble,
+                rng: &mut rng,
+                permits: &mut permits,
+                chroot: &chroot,
+                n,
+            };
+            inject(fault, &mut replicas[i], &mut chaos).await;
+        }
         *injected.entry(fault).or_default() += 1;
     }
     while let Some(done) = workers.join_next().await {
@@ -200,6 +258,8 @@ async fn chaos() {
             stuck.push(name);
         }
     }
+    stop_sampling.store(true, Ordering::SeqCst);
+    let stalls = sampler.await.expect("the stall sampler");
     for claim in &all.items {
         let name = claim.metadata.name.as_deref().unwrap_or_default();
         let _ = env.claims.delete(name, &DeleteParams::default()).await;
@@ -232,12 +292,15 @@ async fn chaos() {
     let (cli_runs, cli_killed) = (clients.runs.load(Ordering::SeqCst), clients.killed.load(Ordering::SeqCst));
     eprintln!(
         "chaos: minutes={minutes_run:.1} faults: {} CliKilled={cli_killed} claims={} grants={grants} transitions={} \
-         violations={violations} leaked_znodes={} longest_wait_behind_gone_holder={:.1}s p0_most_held_at_once={semaphore_most} \
-         cli_clients={cli_runs} f0_lost={lost_foreign} claims_over_several_locks={over_several}",
+         violations={violations} leaked_znodes={} longest_stall={:.1}s ({}; bound {STALL_BOUND:?}) \
+         longest_wait_behind_gone_holder={:.1}s p0_most_held_at_once={semaphore_most} cli_clients={cli_runs} \
+         f0_lost={lost_foreign} claims_over_several_locks={over_several}",
         faults.join(" "),
         names.len(),
         records.len(),
         leaked.len(),
+        stalls.longest.as_secs_f64(),
+        stalls.which,
         longest_wait_behind_gone_holder(&env.history).as_secs_f64(),
     );
     eprintln!("chaos: claims made by the workload: {}", claims_made.load(Ordering::SeqCst));
@@ -255,6 +318,12 @@ async fn chaos() {
         "claims of killed clients held after their pod went: {clients_left_holding:?}"
     );
     assert!(stuck.is_empty(), "claims neither Held nor final after {LIVENESS:?}: {stuck:?}");
+    assert!(
+        stalls.longest <= STALL_BOUND,
+        "a claim stayed non-final for {:?} while it could be served ({}): more than {STALL_BOUND:?}",
+        stalls.longest,
+        stalls.which
+    );
     assert!(leaked.is_empty(), "znodes left behind: {leaked:?}");
     assert!(semaphore_most >= PERMITS, "p0, a semaphore of {PERMITS} permits, never had that many holders at once");
     assert!(cli_runs > 0, "the CLI clients ran");
@@ -288,6 +357,9 @@ struct Chaos<'a> {
     ensemble: &'a mut Ensemble,
     rng: &'a mut Rng,
     permits: &'a mut Option<usize>,
+    chroot: &'a str,
+    /// The fault's number in the run.
+    n: usize,
 }
 
 async fn inject(fault: Fault, replica: &mut Replica, chaos: &mut Chaos<'_>) {
@@ -302,7 +374,7 @@ async fn inject(fault: Fault, replica: &mut Replica, chaos: &mut Chaos<'_>) {
             // The leader's next status write is held past its timeout (the leader goes on and
             // writes newer ones), then delivered: it must be refused.
             let path = format!("/namespaces/{}/lockclaims/", chaos.env.ns);
-            let held = replica.api.hold_next(Matcher { method: "PATCH", path_contains: path });
+            let held = replica.api.hold_next(Matcher { method: "PATCH", path_contains: path, status: None });
             if held.caught(OUTAGE).await {
                 tokio::time::sleep(OUTAGE).await;
             }
@@ -338,6 +410,60 @@ async fn inject(fault: Fault, replica: &mut Replica, chaos: &mut Chaos<'_>) {
             }
         }
         Fault::Permits => change_permits(chaos).await,
+        Fault::ZkCut => {
+            for proxy in &replica.zk {
+                proxy.set_blackhole(true);
+            }
+            tokio::time::sleep(SESSION_TIMEOUT * 4).await;
+            for proxy in &replica.zk {
+                proxy.set_blackhole(false);
+            }
+        }
+        Fault::EpochParamDeleted => {
+            let configmaps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+                kube::Api::namespaced(chaos.env.client.clone(), &chaos.env.ns);
+            let deleted = configmaps.delete(zklock::api::epoch_policy::EPOCH_PARAM, &DeleteParams::default()).await;
+            eprintln!("chaos: the epoch parameter deleted: {:?}", deleted.map(|_| ()));
+        }
+        Fault::StatusEdit => {
+            let all = chaos.env.claims.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+            let live: Vec<&LockClaim> = all
+                .iter()
+                .filter(|c| c.status.as_ref().is_some_and(|s| s.leader_epoch.is_some()))
+                .filter(|c| !phase_of(c).is_some_and(Phase::is_terminal))
+                .collect();
+            if !live.is_empty() {
+                let claim = live[chaos.rng.below(live.len() as u64) as usize];
+                let name = claim.metadata.name.clone().unwrap_or_default();
+                let edit: json_patch::Patch =
+                    serde_json::from_value(json!([{ "op": "remove", "path": "/status/leaderEpoch" }])).unwrap();
+                let edited =
+                    chaos.env.claims.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(edit)).await;
+                eprintln!("chaos: {name}'s leaderEpoch dropped by hand: {:?}", edited.map(|_| ()));
+            }
+        }
+        Fault::UnreadableDir => {
+            let stranger = zookeeper_client::Client::connector()
+                .with_auth("digest", b"stranger:secret")
+                .connect(&format!("{}{}", chaos.ensemble.connect(), chaos.chroot))
+                .await
+                .expect("connect to ZooKeeper");
+            let dir = format!("/zklock/locks/{}/stranger-{}", chaos.env.ns, chaos.n);
+            let options = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::creator_all());
+            let made = stranger.create(&dir, b"", &options).await;
+            eprintln!("chaos: {dir} made readable by its creator only: {:?}", made.map(|_| ()));
+        }
+        Fault::FinalizerHang => {
+            // The leader's next non-status PATCH of a claim (a finalizer's removal, mostly).
+            let path = format!("/namespaces/{}/lockclaims/", chaos.env.ns);
+            let held = replica.api.hold_next(Matcher { method: "PATCH", path_contains: path, status: Some(false) });
+            if held.caught(OUTAGE).await {
+                tokio::time::sleep(OUTAGE).await;
+            }
+            let answer = held.deliver(LIVENESS).await;
+            eprintln!("chaos: the held finalizer patch was answered {answer:?}");
+        }
+        Fault::RollingRestart => unreachable!("handled with every replica: see rolling_restart"),
         Fault::ForeignNode => {
             // kazoo's Semaphore lease looks like this: a plain child, holding ahead of everybody.
             let client = zookeeper_client::Client::connect(&chaos.env.zk).await.expect("connect to ZooKeeper");
@@ -350,6 +476,24 @@ async fn inject(fault: Fault, replica: &mut Replica, chaos: &mut Chaos<'_>) {
             tokio::time::sleep(Duration::from_secs(2 + chaos.rng.below(5))).await;
             client.delete(&lease, None).await.expect("remove the foreign node");
         }
+    }
+}
+
+/// A rollout: every replica stopped with SIGTERM and started again, one after the other, each
+/// waited for until it is ready again; the leader (`leader`) last.
+async fn rolling_restart(replicas: &mut [Replica], leader: usize) {
+    let order = (0..replicas.len()).filter(|i| *i != leader).chain([leader]);
+    for i in order {
+        let stopped = replicas[i].operator.terminate_within(LIVENESS);
+        assert!(stopped.is_some(), "replica {i} did not stop within {LIVENESS:?} of its SIGTERM");
+        replicas[i].operator.restart();
+        let operator = &replicas[i].operator;
+        within("a restarted replica to be ready", async {
+            while !operator.ready().await {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await;
     }
 }
 
@@ -502,6 +646,11 @@ async fn work(env: &Env, worker: usize, mut rng: Rng, deadline: Instant, made: &
             spec = json!({ "locks": locks });
         }
         let kind = rng.below(100);
+        if (55..60).contains(&kind) {
+            kept_by_another(env, &name, spec, &mut rng).await;
+            made.fetch_add(1, Ordering::SeqCst);
+            continue;
+        }
         let pod = (60..75).contains(&kind).then(|| format!("{name}-pod"));
         if let Some(pod) = &pod {
             env.pod(pod).await;
@@ -535,6 +684,110 @@ async fn work(env: &Env, worker: usize, mut rng: Rng, deadline: Instant, made: &
         }
         let _ = env.claims.delete(&name, &DeleteParams::default()).await;
     }
+}
+
+/// A claim that another party's finalizer keeps, deleted once it waits (or holds): its cleanup
+/// must be done at once and hold nothing up, in this term or the next; the other party lets go
+/// of it a moment later.
+async fn kept_by_another(env: &Env, name: &str, spec: serde_json::Value, rng: &mut Rng) {
+    let claim: LockClaim = serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim",
+        "metadata": { "name": name, "finalizers": [OTHER_FINALIZER] }, "spec": spec,
+    }))
+    .expect("claim json");
+    env.claims.create(&PostParams::default(), &claim).await.unwrap_or_else(|e| panic!("create claim {name}: {e}"));
+    env.wait(name, "queued, held or final", |c| phase_of(c).is_some_and(|p| p != Phase::Pending)).await;
+    let _ = env.claims.delete(name, &DeleteParams::default()).await;
+    tokio::time::sleep(Duration::from_millis(rng.below(3000))).await;
+    for _ in 0..100 {
+        let Ok(Some(now)) = env.claims.get_opt(name).await else { return };
+        let finalizers = now.metadata.finalizers.clone().unwrap_or_default();
+        let kept: Vec<&String> = finalizers.iter().filter(|f| *f != OTHER_FINALIZER).collect();
+        if kept.len() == finalizers.len() {
+            return;
+        }
+        let version = now.metadata.resource_version.clone().unwrap_or_default();
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            { "op": "test", "path": "/metadata/resourceVersion", "value": version },
+            { "op": "replace", "path": "/metadata/finalizers", "value": kept },
+        ]))
+        .expect("a JSON patch");
+        if env.claims.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch)).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("could not take {OTHER_FINALIZER} off {name}");
+}
+
+/// The liveness figure (DESIGN.md §4.5): every second, which claims stay non-final and not Held
+/// while they could be served: their lock is free in ZooKeeper (no node holds it), or every node
+/// that holds it ahead of them belongs to a claim that is final, being deleted or gone. The longest
+/// such run of any claim in any lock is the stall. Lock f0 is left out: a foreign node holds
+/// it now and then. A lock with permits is judged as a mutex (its second holder counts as
+/// waiting behind the first: never a stall more than there is).
+struct Stalls {
+    longest: Duration,
+    which: String,
+}
+
+async fn sample_stalls(zk: String, ns: String, history: History, stop: Arc<std::sync::atomic::AtomicBool>) -> Stalls {
+    let mut stalls = Stalls { longest: Duration::ZERO, which: "none".into() };
+    let Ok(client) = zookeeper_client::Client::connect(&zk).await else { return stalls };
+    // The latest record of each claim in each lock, and how far the history was read.
+    let mut latest: HashMap<(String, String), Record> = HashMap::new();
+    let mut read = 0;
+    let mut since: HashMap<(String, String), Instant> = HashMap::new();
+    while !stop.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let fresh = history.records_since(read);
+        read += fresh.len();
+        for r in fresh {
+            latest.insert((r.uid.clone(), r.lock.clone()), r);
+        }
+        let now = Instant::now();
+        let alive = |uid: &str, lock: &str| {
+            latest
+                .get(&(uid.to_string(), lock.to_string()))
+                .is_none_or(|r| !r.gone && !r.deleting && !r.phase.is_some_and(Phase::is_terminal))
+        };
+        let mut stalled = HashSet::new();
+        for lock in LOCKS.iter().filter(|l| **l != FOREIGN_LOCK) {
+            let Ok(children) = client.list_children(&format!("/zklock/locks/{ns}/{lock}")).await else { continue };
+            let queue = zklock::recipe::queue(&children);
+            let limit = zklock::recipe::Limit::default();
+            let holds = |name: &str| zklock::recipe::decide_in(&queue, name, limit) == zklock::recipe::Decision::Held;
+            let claim_of =
+                |c: &zklock::recipe::Child| c.ours.map(|(id, _)| zklock::controller::parts::claim_of(id).to_string());
+            // A holder whose claim is gone holds nobody up for long: it counts as gone.
+            let live_holder =
+                queue.iter().filter(|c| holds(c.name)).any(|c| claim_of(c).is_none_or(|uid| alive(&uid, lock)));
+            for ((uid, on), r) in &latest {
+                // Held is served (its node comes back with the next session, if gone).
+                if on != lock || !alive(uid, lock) || r.phase == Some(Phase::Held) {
+                    continue;
+                }
+                let mine = queue.iter().find(|c| claim_of(c).as_deref() == Some(uid.as_str()));
+                let waits_for_nothing = match mine {
+                    Some(node) => !holds(node.name) && !live_holder,
+                    None => !live_holder,
+                };
+                if waits_for_nothing {
+                    stalled.insert((uid.clone(), on.clone()));
+                }
+            }
+        }
+        since.retain(|key, _| stalled.contains(key));
+        for key in stalled {
+            let start = *since.entry(key.clone()).or_insert(now);
+            let stall = now.duration_since(start);
+            if stall > stalls.longest {
+                let name = latest.get(&key).map_or_else(String::new, |r| r.name.clone());
+                stalls = Stalls { longest: stall, which: format!("{name} on {}", key.1) };
+            }
+        }
+    }
+    stalls
 }
 
 /// After `delay`, prints the nodes of `lock` with their sessions (a worker's wait is about to

@@ -715,7 +715,7 @@ async fn a_status_write_that_times_out_and_lands_late_is_refused() {
     env.claim("y", "late", json!({})).await;
     env.wait_phase("y", Phase::Waiting).await;
     let path = format!("/namespaces/{}/lockclaims/x/status", env.ns);
-    let held = proxy.hold_next(Matcher { method: "PATCH", path_contains: path });
+    let held = proxy.hold_next(Matcher { method: "PATCH", path_contains: path, status: None });
     env.annotate("x", "zklock.io/revoke", "late write").await;
     assert!(held.caught(PATIENCE).await, "the operator wrote x's revocation request");
     // The operator gives the write up after its timeout (10 s), writes it again, and goes on.
@@ -754,8 +754,11 @@ async fn a_late_grant_on_a_semaphore_takes_a_token_above_the_holds_that_ended_me
     locks.create(&kube::api::PostParams::default(), &lock).await.unwrap();
     env.claim("a", "sem", json!({})).await;
     env.wait_phase("a", Phase::Held).await;
-    let held = proxy
-        .hold_next(Matcher { method: "PATCH", path_contains: format!("/namespaces/{}/lockclaims/b/status", env.ns) });
+    let held = proxy.hold_next(Matcher {
+        method: "PATCH",
+        path_contains: format!("/namespaces/{}/lockclaims/b/status", env.ns),
+        status: None,
+    });
     env.claim("b", "sem", json!({})).await;
     assert!(held.caught(PATIENCE).await, "b's grant is being written");
     env.claim("c", "sem", json!({})).await;
@@ -794,7 +797,7 @@ async fn a_deleted_holder_keeps_its_finalizer_until_its_final_status_is_written(
     env.claim("y", "cleanup", json!({})).await;
     env.wait_phase("y", Phase::Waiting).await;
     let path = format!("/namespaces/{}/lockclaims/x/status", env.ns);
-    let held = proxy.hold_next(Matcher { method: "PATCH", path_contains: path });
+    let held = proxy.hold_next(Matcher { method: "PATCH", path_contains: path, status: None });
     env.delete_claim("x").await;
     assert!(held.caught(PATIENCE).await, "the operator wrote x's final status");
     // Changed while the write is on its way: the write's copy is outdated, and refused.

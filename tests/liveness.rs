@@ -155,7 +155,7 @@ async fn a_finalizer_removal_that_is_never_answered_does_not_hold_the_next_grant
     // The holder's cleanup writes no status (no other finalizer keeps it): the first PATCH of
     // the claim after its deletion is the finalizer's removal.
     let path = format!("/namespaces/{}/lockclaims/holder", env.ns);
-    let held = proxy.hold_next(Matcher { method: "PATCH", path_contains: path });
+    let held = proxy.hold_next(Matcher { method: "PATCH", path_contains: path, status: Some(false) });
     env.delete_claim("holder").await;
     assert!(held.caught(PATIENCE).await, "the operator removed the finalizer");
     let deleted = Instant::now();
@@ -269,7 +269,7 @@ async fn two_session_changes_close_together_keep_the_queue_in_order() {
     let before = znode(&env.claims.get("first").await.unwrap());
     // The second claim's status write after the next session change is held up.
     let path = format!("/namespaces/{}/lockclaims/second/status", env.ns);
-    let held = api.hold_next(Matcher { method: "PATCH", path_contains: path });
+    let held = api.hold_next(Matcher { method: "PATCH", path_contains: path, status: None });
     for round in 1..=2 {
         zk.set_blackhole(true);
         until("the session to end", || async {

@@ -274,7 +274,7 @@ async fn a_signal_while_the_claim_is_created_withdraws_it() {
     let _op = env.operator();
     let proxy = ApiProxy::start(zklock_testkit::kube::kubeconfig()).await;
     let path = format!("/namespaces/{}/lockclaims", env.ns);
-    let create = proxy.hold_next(Matcher { method: "POST", path_contains: path });
+    let create = proxy.hold_next(Matcher { method: "POST", path_contains: path, status: None });
     let mut cmd = zklock(&env, &["acquire", "interrupted"]);
     cmd.env("KUBECONFIG", proxy.kubeconfig(&tempdir(&env)));
     let child = cmd.spawn().unwrap();

@@ -157,6 +157,7 @@ async fn a_grant_written_after_a_later_hold_of_its_semaphore_ended_carries_a_tok
     let grant = proxy.hold_next(Matcher {
         method: "PATCH",
         path_contains: format!("/namespaces/{}/lockclaims/both/status", env.ns),
+        status: None,
     });
     env.delete_claim("on-x").await;
     assert!(grant.caught(PATIENCE).await, "both's grant is being written");
@@ -219,5 +220,52 @@ async fn a_grant_that_kept_its_permit_after_the_lock_object_went_carries_a_token
     env.wait_phase("probe", Phase::Held).await;
     env.delete_claim("probe").await;
     env.history.await_gone("probe").await;
+    env.history.check();
+}
+
+/// Foreign clients and claims over several locks (docs/user-guide.md, "Several locks with
+/// foreign clients"). A claim enqueues in all its locks at once; a foreign client that holds one
+/// of them and then asks for another (Curator's InterProcessMultiLock, nested locks) can stand
+/// ahead of the claim in the first lock and behind it in the second: a cycle zklock does not
+/// break. What bounds it is the claim's `acquireTimeoutSeconds`: the claim leaves both queues
+/// Expired, and the foreign client goes on. Tested as the docs say it, with Curator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_client_taking_two_locks_in_turn_waits_for_a_claim_over_both_no_longer_than_its_acquire_timeout() {
+    use std::io::BufRead;
+    let env = Env::new().await;
+    let _op = env.operator();
+    let (a, b) = (format!("/zklock/locks/{}/fa", env.ns), format!("/zklock/locks/{}/fb", env.ns));
+    let go = format!("/go-{}", env.ns);
+    let mut peer = zklock_testkit::curator::command(&["nested", &env.zk, &a, &b, &go, "60"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the Curator peer");
+    let stdout = peer.stdout.take().expect("the peer's stdout");
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    async fn next_line(lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>, what: &str) -> String {
+        let line = tokio::time::timeout(PATIENCE * 2, lines.recv()).await.ok().flatten();
+        line.unwrap_or_else(|| panic!("the peer never said {what}"))
+    }
+    assert_eq!(next_line(&mut lines, "holding A").await, "holding A");
+    let both = json!({ "locks": [{ "lockName": "fa" }, { "lockName": "fb" }], "acquireTimeoutSeconds": 8 });
+    env.claim_spec("both", both).await;
+    env.wait_phase("both", Phase::Waiting).await;
+    let raw = zookeeper_client::Client::connect(&env.zk).await.expect("connect to ZooKeeper");
+    let open = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    raw.create(&go, b"", &open).await.expect("tell the peer to ask for its second lock");
+    let claim = env.wait_phase("both", Phase::Expired).await;
+    assert!(claim.status.and_then(|s| s.fencing_token).is_none(), "the claim held nothing");
+    assert_eq!(next_line(&mut lines, "got B").await, "got B", "the foreign client went on once the claim left");
+    let status = tokio::task::spawn_blocking(move || peer.wait()).await.unwrap().expect("the peer ends");
+    assert!(status.success(), "the Curator peer: {status}");
+    let _ = raw.delete(&go, None).await;
+    env.delete_claim("both").await;
+    env.history.await_gone("both").await;
     env.history.check();
 }

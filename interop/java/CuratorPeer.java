@@ -10,6 +10,10 @@
 //   handoff <connect> <lockPath> <iterations>
 //       two mutexes on one client (one session, as zklock's engine uses): the holder releases
 //       while the other waits in acquire(); prints release-to-acquired latency percentiles.
+//   nested <connect> <lockA> <lockB> <goPath> <timeoutSeconds>
+//       two locks taken one after the other, as InterProcessMultiLock takes them: acquires A,
+//       prints "holding A", waits until node <goPath> exists, then asks for B (at most
+//       <timeoutSeconds>); prints "got B" or "no B", releases what it holds.
 
 import java.util.ArrayList;
 import java.util.Collections;
@@ -43,6 +47,7 @@ public class CuratorPeer {
                 case "contend" -> contend(client, args[2], Integer.parseInt(args[3]), args[4]);
                 case "handoff" -> handoff(client, args[2], Integer.parseInt(args[3]));
                 case "throughput" -> throughput(client, Integer.parseInt(args[2]), Integer.parseInt(args[3]));
+                case "nested" -> nested(client, args[2], args[3], args[4], Integer.parseInt(args[5]));
                 default -> throw new IllegalArgumentException("unknown mode " + args[0]);
             }
         } finally {
@@ -72,6 +77,31 @@ public class CuratorPeer {
             }
         }
         System.out.println("curator rounds=" + rounds + " violations=" + violations);
+    }
+
+    static void nested(CuratorFramework client, String a, String b, String go, int timeoutSeconds) throws Exception {
+        InterProcessMutex first = new InterProcessMutex(client, a);
+        InterProcessMutex second = new InterProcessMutex(client, b);
+        first.acquire();
+        try {
+            System.out.println("holding A");
+            System.out.flush();
+            long deadline = System.currentTimeMillis() + 60_000;
+            while (client.checkExists().forPath(go) == null) {
+                if (System.currentTimeMillis() > deadline) {
+                    throw new IllegalStateException("no go node " + go + " within 60 s");
+                }
+                Thread.sleep(50);
+            }
+            if (second.acquire(timeoutSeconds, TimeUnit.SECONDS)) {
+                System.out.println("got B");
+                second.release();
+            } else {
+                System.out.println("no B");
+            }
+        } finally {
+            first.release();
+        }
     }
 
     static void throughput(CuratorFramework client, int locks, int threads) throws Exception {

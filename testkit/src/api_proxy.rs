@@ -25,17 +25,22 @@ use tokio::task::JoinSet;
 
 type ProxyBody = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
 
-/// Which requests a [`Hold`] catches: the method, and a piece of the path (with its query).
+/// Which requests a [`Hold`] catches: the method, a piece of the path (with its query), and
+/// whether it is a status write (`…/status`): `None` catches either.
 #[derive(Clone, Debug)]
 pub struct Matcher {
     pub method: &'static str,
     pub path_contains: String,
+    pub status: Option<bool>,
 }
 
 impl Matcher {
     fn matches<B>(&self, request: &Request<B>) -> bool {
         let path = request.uri().path_and_query().map_or("", |p| p.as_str());
-        request.method().as_str() == self.method && path.contains(&self.path_contains)
+        let status = request.uri().path().ends_with("/status");
+        request.method().as_str() == self.method
+            && path.contains(&self.path_contains)
+            && self.status.is_none_or(|wanted| wanted == status)
     }
 }
 

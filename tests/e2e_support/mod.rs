@@ -426,6 +426,24 @@ impl Operator {
         child.wait().expect("wait for the operator")
     }
 
+    /// SIGTERM, and the exit status once it stops; after `limit` it is killed (-9) and the
+    /// answer is `None`: a graceful stop that does not end is a finding, never a hang.
+    pub fn terminate_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take().expect("operator running");
+        let _ = Command::new("kill").arg(child.id().to_string()).status();
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// Starts the operator again with the same flags (after `terminate`, or killing it).
     pub fn restart(&mut self) {
         self.kill9();
         self.spawn();
@@ -627,6 +645,11 @@ impl History {
 
     pub fn records(&self) -> Vec<Record> {
         self.inner.lock().unwrap().clone()
+    }
+
+    /// The records from the `from`-th on (to follow the history as it grows).
+    pub fn records_since(&self, from: usize) -> Vec<Record> {
+        self.inner.lock().unwrap().get(from..).map(<[Record]>::to_vec).unwrap_or_default()
     }
 
     /// How the history's watch has fared, for failure messages.
