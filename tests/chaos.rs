@@ -763,8 +763,12 @@ async fn sample_stalls(zk: String, ns: String, history: History, stop: Arc<std::
             let live_holder =
                 queue.iter().filter(|c| holds(c.name)).any(|c| claim_of(c).is_none_or(|uid| alive(&uid, lock)));
             for ((uid, on), r) in &latest {
-                // Held is served (its node comes back with the next session, if gone).
-                if on != lock || !alive(uid, lock) || r.phase == Some(Phase::Held) {
+                // Held is served (its node comes back with the next session, if gone). A claim
+                // whose holder pod does not exist (a killed client's pod deleted before any
+                // operator bound it) cannot be served: it waits for the pod to appear, then
+                // ends Invalid (DESIGN.md §2, a window of 30 s).
+                let holder_missing = r.why.as_deref().is_some_and(|w| w.starts_with("HolderPodNotFound"));
+                if on != lock || !alive(uid, lock) || r.phase == Some(Phase::Held) || holder_missing {
                     continue;
                 }
                 let mine = queue.iter().find(|c| claim_of(c).as_deref() == Some(uid.as_str()));
