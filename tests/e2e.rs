@@ -526,25 +526,6 @@ async fn a_status_write_meant_for_another_uid_is_refused() {
     assert_eq!(written.status.unwrap().position, Some(3));
 }
 
-/// Polls `f` every 100 ms until it holds.
-async fn until<F, Fut>(what: &str, f: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
-    tokio::time::timeout(PATIENCE, async {
-        loop {
-            tick.tick().await;
-            if f().await {
-                return;
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revocation_written_into_the_znode_by_another_client_is_followed() {
     let env = Env::new().await;

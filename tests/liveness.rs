@@ -5,7 +5,7 @@
 
 mod e2e_support;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use e2e_support::*;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -13,25 +13,6 @@ use serde_json::json;
 use zklock::api::Phase;
 use zklock_testkit::api_proxy::{ApiProxy, Matcher};
 use zklock_testkit::proxy::Proxy;
-
-/// Polls `f` every 100 ms until it holds, at most [`PATIENCE`].
-async fn until<F, Fut>(what: &str, f: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
-    tokio::time::timeout(PATIENCE, async {
-        loop {
-            tick.tick().await;
-            if f().await {
-                return;
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("timed out after {PATIENCE:?} waiting for {what}"));
-}
 
 /// A claim's finalizers as the API has them now.
 async fn finalizers(env: &Env, name: &str) -> Vec<String> {

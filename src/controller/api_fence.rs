@@ -6,12 +6,14 @@
 //! only after that, whatever such a write changed before is in the list the leader plans from.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::Api;
 use serde_json::json;
+use tokio::sync::watch;
 
 use super::{Error, API_TIMEOUT};
 use crate::api::epoch_policy::{EPOCH_KEY, EPOCH_REFUSAL, PARAM_MISSING};
@@ -51,6 +53,13 @@ pub enum FenceError {
     /// The namespace's proof failed (recently): nothing is written there.
     #[error("{0}")]
     Unproven(String),
+    /// The namespace's proof is under way.
+    #[error("the leader epoch policy is being proven in namespace {0}")]
+    Proving(String),
+    /// The namespace's proof met an error that tells nothing of the policy (a timeout, the
+    /// claim gone): the next reconcile there proves it again.
+    #[error("proving the leader epoch policy: {0}")]
+    ProofBroken(String),
     #[error("the epoch parameter {0} holds no epoch number")]
     Malformed(String),
     #[error("{0}")]
@@ -63,6 +72,7 @@ impl From<FenceError> for Error {
             FenceError::Deposed { .. } | FenceError::Superseded { .. } => Error::NotLeading,
             FenceError::Busy => Error::EpochParam("being made again by another reconcile".into()),
             FenceError::Unproven(why) => Error::Unfenced(why),
+            FenceError::Proving(namespace) => Error::Proving(namespace),
             other => Error::ApiFence(other.to_string()),
         }
     }
@@ -87,7 +97,7 @@ pub async fn raise(
 ) -> Result<(), FenceError> {
     write_epoch(client, &fence.param, engine, fence.mine).await?;
     for scope in scopes {
-        match prove(scope, fence.mine).await {
+        match prove(scope, &fence.param, fence.mine).await {
             Ok(Some(namespace)) => fence.note(&namespace, Ok(())),
             Ok(None) => {}
             Err(FenceError::NotEnforced { namespace, claim, last }) => {
@@ -170,15 +180,15 @@ async fn write_epoch(
 /// Proves that the policy refuses a status of the term just before `mine`: a dry-run status
 /// write on any claim of the scope, repeated until refused (the policy reads its parameter from
 /// an informer). Answers the namespace proven, if the scope has a claim.
-async fn prove(scope: &Api<LockClaim>, mine: i64) -> Result<Option<String>, FenceError> {
+async fn prove(scope: &Api<LockClaim>, param: &EpochParam, mine: i64) -> Result<Option<String>, FenceError> {
     let listed = timed("list_claims", scope.list_metadata(&ListParams::default().limit(1))).await?;
     let Some(claim) = listed.items.into_iter().next() else { return Ok(None) };
     let (Some(name), Some(namespace)) = (claim.metadata.name, claim.metadata.namespace) else { return Ok(None) };
     let api: Api<LockClaim> = Api::namespaced(scope.clone().into_client(), &namespace);
-    match prove_on(&api, &name, &namespace, mine).await {
+    match prove_on(&api, param, &name, &namespace, mine).await {
         Ok(()) => Ok(Some(namespace)),
         // Deleted meanwhile: another claim, if any, proves it.
-        Err(FenceError::Api(kube::Error::Api(s))) if s.code == 404 => Box::pin(prove(scope, mine)).await,
+        Err(FenceError::Api(kube::Error::Api(s))) if s.code == 404 => Box::pin(prove(scope, param, mine)).await,
         Err(e) => Err(e),
     }
 }
@@ -187,7 +197,13 @@ async fn prove(scope: &Api<LockClaim>, mine: i64) -> Result<Option<String>, Fenc
 /// `mine`, repeated until the policy refuses it for its epoch. A refusal for a missing parameter
 /// (the API server's informer has not seen the ConfigMap just made) is waited out like an
 /// answer that lets the write through.
-async fn prove_on(api: &Api<LockClaim>, name: &str, namespace: &str, mine: i64) -> Result<(), FenceError> {
+async fn prove_on(
+    api: &Api<LockClaim>,
+    param: &EpochParam,
+    name: &str,
+    namespace: &str,
+    mine: i64,
+) -> Result<(), FenceError> {
     let probe = json!({ "status": { "leaderEpoch": mine - 1 } });
     let dry_run = PatchParams { dry_run: true, ..PatchParams::default() };
     let deadline = tokio::time::Instant::now() + PROPAGATION;
@@ -204,10 +220,32 @@ async fn prove_on(api: &Api<LockClaim>, name: &str, namespace: &str, mine: i64) 
             Ok(_) => None,
         };
         if tokio::time::Instant::now() >= deadline {
+            let last = match last {
+                Some(last) if last.contains(PARAM_MISSING) => Some(explain_missing(api, param, last).await),
+                last => last,
+            };
             return Err(FenceError::NotEnforced { namespace: namespace.into(), claim: name.into(), last });
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// The API server kept answering that the policy's parameter is missing: if it is there, its
+/// parameter cache lost it. kube-apiserver (1.36 and before) stops the informer of a built-in
+/// parameter kind for good once no binding names that kind for a moment (a `helm uninstall`
+/// of the last such policy), and from then on refuses every write the binding matches until it
+/// is restarted (kubernetes/kubernetes#130887). Nothing the operator writes mends that: the
+/// message says what will.
+async fn explain_missing(api: &Api<LockClaim>, param: &EpochParam, last: String) -> String {
+    let params: Api<ConfigMap> = Api::namespaced(api.clone().into_client(), &param.namespace);
+    match timed("get_epoch_param", params.get_opt(&param.name)).await {
+        Ok(Some(_)) => format!(
+            "{last} (yet the parameter {}/{} exists: the API server's cache of ConfigMap parameters is stale, \
+             kubernetes/kubernetes#130887; restart kube-apiserver)",
+            param.namespace, param.name
+        ),
+        _ => last,
     }
 }
 
@@ -218,10 +256,9 @@ pub struct Fence {
     mine: i64,
     /// One repair at a time; reconciles that meet the same refusal meanwhile retry later.
     repairing: tokio::sync::Mutex<()>,
-    /// Namespace → its proof: done, or failed (why, and when, to try again after a while).
-    proofs: parking_lot::Mutex<HashMap<String, Proof>>,
-    /// One proof at a time: a namespace's first claims would all prove it at once otherwise.
-    proving: tokio::sync::Mutex<()>,
+    /// Namespace → its proof: done, under way, or failed (why, and when, to try again after a
+    /// while). Shared with the proofs running in the background.
+    proofs: Arc<parking_lot::Mutex<HashMap<String, Proof>>>,
     /// Claims told (by a Warning event) that their namespace is not served: once each per term.
     warned: parking_lot::Mutex<std::collections::HashSet<String>>,
 }
@@ -229,11 +266,20 @@ pub struct Fence {
 #[derive(Clone)]
 enum Proof {
     Done,
-    Failed { why: String, at: tokio::time::Instant },
+    /// Under way: its outcome is sent here (`None` until then).
+    Running(watch::Receiver<Option<Result<(), Failure>>>),
+    Failed {
+        why: String,
+        at: tokio::time::Instant,
+    },
 }
 
 /// How long a namespace where the fence could not be proven waits before the next attempt.
 const PROOF_RETRY: Duration = Duration::from_secs(30);
+/// How long a reconcile waits for its namespace's proof before it gives its slot up (and is
+/// tried again): a covered namespace is proven in milliseconds, one that is not only after
+/// [`PROPAGATION`], which must not hold up the claims of other namespaces.
+const PROOF_WAIT: Duration = Duration::from_secs(1);
 
 impl Fence {
     pub fn new(param: EpochParam, mine: i64) -> Fence {
@@ -242,7 +288,6 @@ impl Fence {
             mine,
             repairing: tokio::sync::Mutex::new(()),
             proofs: Default::default(),
-            proving: tokio::sync::Mutex::new(()),
             warned: Default::default(),
         }
     }
@@ -252,48 +297,62 @@ impl Fence {
         self.warned.lock().insert(uid.to_string())
     }
 
+    /// Records a namespace proven (`Ok`) or proven not to be fenced (`Err`, why).
     fn note(&self, namespace: &str, proof: Result<(), String>) {
-        let proof = match proof {
-            Ok(()) => Proof::Done,
-            Err(why) => Proof::Failed { why, at: tokio::time::Instant::now() },
-        };
-        self.proofs.lock().insert(namespace.to_string(), proof);
+        note(&self.proofs, namespace, &proof.map_err(Failure::NotEnforced));
     }
 
     /// Before this term writes a claim status in `namespace`: the policy must be proven to
     /// refuse earlier terms' statuses there (DESIGN.md §5a). An installation without the policy,
     /// or whose binding does not cover the namespace, used to serve it unfenced until the next
     /// failover found out, and then serve nothing at all. Proven once per namespace and term, on
-    /// claim `claim` (a dry-run write); a namespace where it fails fails alone, with the reason,
-    /// and is tried again after [`PROOF_RETRY`].
+    /// claim `claim` (a dry-run write), in the background: each namespace on its own, so that
+    /// one that cannot be proven (which takes [`PROPAGATION`] to tell) holds up no other. A
+    /// namespace where it fails fails alone, with the reason, and is tried again after
+    /// [`PROOF_RETRY`].
     pub async fn ready(&self, client: &kube::Client, namespace: &str, claim: &str) -> Result<(), FenceError> {
-        let known = |proofs: &HashMap<String, Proof>| match proofs.get(namespace) {
-            Some(Proof::Done) => Some(Ok(())),
-            Some(Proof::Failed { why, at }) if at.elapsed() < PROOF_RETRY => {
-                Some(Err(FenceError::Unproven(why.clone())))
+        let mut outcome = {
+            let mut proofs = self.proofs.lock();
+            match proofs.get(namespace) {
+                Some(Proof::Done) => return Ok(()),
+                Some(Proof::Failed { why, at }) if at.elapsed() < PROOF_RETRY => {
+                    return Err(FenceError::Unproven(why.clone()));
+                }
+                Some(Proof::Running(outcome)) => outcome.clone(),
+                Some(Proof::Failed { .. }) | None => {
+                    let (sender, outcome) = watch::channel(None);
+                    proofs.insert(namespace.to_string(), Proof::Running(outcome.clone()));
+                    let api: Api<LockClaim> = Api::namespaced(client.clone(), namespace);
+                    let (proofs, param, namespace, claim, mine) =
+                        (self.proofs.clone(), self.param.clone(), namespace.to_string(), claim.to_string(), self.mine);
+                    tokio::spawn(async move {
+                        let proved = match prove_on(&api, &param, &claim, &namespace, mine).await {
+                            Ok(()) => Ok(()),
+                            Err(e @ FenceError::NotEnforced { .. }) => {
+                                let why = e.to_string();
+                                tracing::error!(%namespace, error = %why, "no claim status is written in this namespace");
+                                Err(Failure::NotEnforced(why))
+                            }
+                            Err(e) => Err(Failure::Broken(e.to_string())),
+                        };
+                        note(&proofs, &namespace, &proved);
+                        sender.send_replace(Some(proved));
+                    });
+                    outcome
+                }
             }
-            _ => None,
         };
-        if let Some(known) = known(&self.proofs.lock()) {
-            return known;
-        }
-        let _one = self.proving.lock().await;
-        if let Some(known) = known(&self.proofs.lock()) {
-            return known;
-        }
-        let api: Api<LockClaim> = Api::namespaced(client.clone(), namespace);
-        match prove_on(&api, claim, namespace, self.mine).await {
-            Ok(()) => {
-                self.note(namespace, Ok(()));
-                Ok(())
-            }
-            Err(e @ FenceError::NotEnforced { .. }) => {
-                let why = e.to_string();
-                tracing::error!(namespace, error = %why, "no claim status is written in this namespace");
-                self.note(namespace, Err(why.clone()));
-                Err(FenceError::Unproven(why))
-            }
-            Err(e) => Err(e),
+        let proved = match tokio::time::timeout(PROOF_WAIT, outcome.wait_for(Option::is_some)).await {
+            Ok(Ok(proved)) => proved.clone(),
+            // The proof's task ended without an answer (the runtime is stopping), or it takes
+            // longer: this claim is tried again soon.
+            Ok(Err(_)) | Err(_) => None,
+        };
+        match proved {
+            Some(Ok(())) => Ok(()),
+            Some(Err(Failure::NotEnforced(why))) => Err(FenceError::Unproven(why)),
+            Some(Err(Failure::Broken(why))) => Err(FenceError::ProofBroken(why)),
+            None => Err(FenceError::Proving(namespace.to_string())),
         }
     }
 
@@ -313,8 +372,30 @@ impl Fence {
             for a missing epoch parameter; making it again");
         write_epoch(client, &self.param, engine, self.mine).await?;
         let api: Api<LockClaim> = Api::namespaced(client.clone(), namespace);
-        prove_on(&api, claim, namespace, self.mine).await?;
+        prove_on(&api, &self.param, claim, namespace, self.mine).await?;
         self.note(namespace, Ok(()));
         Ok(())
     }
+}
+
+/// Why a namespace's proof did not succeed.
+#[derive(Clone, Debug)]
+enum Failure {
+    /// The policy does not refuse an earlier term's status there: not tried again for
+    /// [`PROOF_RETRY`].
+    NotEnforced(String),
+    /// Something else went wrong: the next reconcile tries again.
+    Broken(String),
+}
+
+/// Records namespace `namespace`'s proof.
+fn note(proofs: &parking_lot::Mutex<HashMap<String, Proof>>, namespace: &str, proof: &Result<(), Failure>) {
+    let mut proofs = proofs.lock();
+    match proof {
+        Ok(()) => proofs.insert(namespace.to_string(), Proof::Done),
+        Err(Failure::NotEnforced(why)) => {
+            proofs.insert(namespace.to_string(), Proof::Failed { why: why.clone(), at: tokio::time::Instant::now() })
+        }
+        Err(Failure::Broken(_)) => proofs.remove(namespace),
+    };
 }

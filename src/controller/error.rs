@@ -38,6 +38,9 @@ pub enum Error {
     /// there (DESIGN.md §5a).
     #[error("no status is written in this namespace: {0}")]
     Unfenced(String),
+    /// The admission policy's fence is being proven in the claim's namespace: tried again soon.
+    #[error("{0}: the leader epoch policy is being proven there")]
+    Proving(String),
     /// A status write was refused because the epoch policy's parameter is missing.
     #[error("the epoch policy's parameter is missing: {0}")]
     EpochParam(String),
@@ -73,6 +76,7 @@ impl Error {
             Error::CannotServe(_) => "cannot_serve".into(),
             Error::EpochParam(_) => "epoch_param".into(),
             Error::Unfenced(_) => "unfenced".into(),
+            Error::Proving(_) => "proving".into(),
         }
     }
 
@@ -81,7 +85,9 @@ impl Error {
         match self {
             Error::Malformed(_) => None,
             // The watch brings the newer copy (and a reconcile) soon; this is the backstop.
-            Error::StatusRefused(_) | Error::OutdatedCopy | Error::EpochParam(_) => Some(Duration::from_millis(500)),
+            Error::StatusRefused(_) | Error::OutdatedCopy | Error::EpochParam(_) | Error::Proving(_) => {
+                Some(Duration::from_millis(500))
+            }
             // Tried again after a while: see api_fence's PROOF_RETRY.
             Error::Unfenced(_) => Some(Duration::from_secs(30)),
             _ => Some(RETRY),

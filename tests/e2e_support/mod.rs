@@ -21,6 +21,25 @@ use zklock::api::{conditions, LockClaim, Phase};
 
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
+/// Awaits `f()` being true, asked every 100 ms, for at most [`PATIENCE`]; panics with `what`.
+pub async fn until<F, Fut>(what: &str, f: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            tick.tick().await;
+            if f().await {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out after {PATIENCE:?} waiting for {what}"));
+}
+
 /// Fails a test that needs what kube-sandbox does not run (the job controller, the scheduler,
 /// a node): `needs` says which.
 pub fn require_real_control_plane(needs: &str) {
