@@ -18,6 +18,7 @@ const ZK_LAYERS: &[&str] = &[
     "fence",
     "core", // shared
     "ops",  // the ZooKeeper operations
+    "root", // the installation that owns the root
     "anchor",
     "rounds",
     "session",

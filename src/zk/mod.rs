@@ -6,7 +6,8 @@
 //!    `contender` (what the engine tells), `config`, `retry`, `stats`, `book` (the bookkeeping,
 //!    pure), `acl` (who may change our nodes), `fence` (the leader epoch every write is guarded
 //!    by) and `core` (the session, the book and the fence, as the tasks share them);
-//! 2. `ops`: the ZooKeeper operations, each retried through connection loss and guarded;
+//! 2. `ops`: the ZooKeeper operations, each retried through connection loss and guarded, and
+//!    `root` (the one installation that serves the root);
 //! 3. the tasks, each using only those before it: `anchor` (re-anchoring after a new
 //!    session), `rounds` (a lock's reads and decisions), `session` (the watches and the
 //!    session's state), `enqueue` (made nodes become contenders and get their first decision);

@@ -54,6 +54,8 @@ pub struct Env {
     pub client: kube::Client,
     /// The kubeconfig of the API server this environment lives on.
     pub kubeconfig: PathBuf,
+    /// The kubeconfig it was made with (the admin's, whatever `with_kubeconfig` sets later).
+    made_with: PathBuf,
     pub ns: String,
     /// ZooKeeper connect string with this test's chroot.
     pub zk: String,
@@ -61,6 +63,37 @@ pub struct Env {
     pub pods: Api<Pod>,
     pub history: History,
     _history_task: tokio::task::JoinHandle<()>,
+}
+
+/// What a test made in the API server goes with it, passed or failed: its namespaces (every one
+/// named after its own, their claims' finalizers taken off first, since no operator is left to
+/// take them) and the admission bindings named after it. Waits for nothing.
+impl Drop for Env {
+    fn drop(&mut self) {
+        let script = r#"
+            k() { "$KUBECTL" --kubeconfig "$KUBECONFIG_PATH" --request-timeout=10s "$@"; }
+            for n in $(k get namespaces -o name | sed 's|^namespace/||' | grep "^$NS"); do
+              k -n "$n" get lockclaims -o name | xargs -r -n 20 "$KUBECTL" --kubeconfig "$KUBECONFIG_PATH" \
+                --request-timeout=10s -n "$n" patch --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null
+              k delete namespace "$n" --wait=false >/dev/null
+            done
+            k get validatingadmissionpolicybindings,mutatingadmissionpolicybindings -o name 2>/dev/null | grep -- "$NS" \
+              | xargs -r "$KUBECTL" --kubeconfig "$KUBECONFIG_PATH" --request-timeout=10s delete --ignore-not-found >/dev/null
+        "#;
+        // (kubectl is there: every environment's test ran it or could have; a panic here,
+        // during a failed test's unwinding, would abort the run instead.)
+        let Ok(kubectl) = std::panic::catch_unwind(zklock_testkit::kube::kubectl) else { return };
+        let cleaned = Command::new("bash")
+            .args(["-c", script])
+            .env("KUBECTL", kubectl)
+            .env("KUBECONFIG_PATH", &self.made_with)
+            .env("NS", &self.ns)
+            .stdout(Stdio::null())
+            .status();
+        if !matches!(cleaned, Ok(status) if status.success()) {
+            eprintln!("cleaning up after namespace {} did not finish: {cleaned:?}", self.ns);
+        }
+    }
 }
 
 impl Env {
@@ -108,6 +141,7 @@ impl Env {
         let task = tokio::spawn(history.clone().record(claims.clone()));
         let kubeconfig = kubeconfig.to_path_buf();
         Env {
+            made_with: kubeconfig.clone(),
             pods: Api::namespaced(client.clone(), &ns),
             client,
             kubeconfig,
