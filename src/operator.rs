@@ -24,6 +24,12 @@ pub const LEASE_NAME: &str = "zklock-leader";
 /// standby asks for the lease every second (`leader::RETRY_PERIOD`) and takes it within that
 /// time; with none, this replica tries again then.
 const COOL_DOWN: Duration = Duration::from_secs(3);
+/// How long a stop signal waits for the reconciles running then. Past it the term ends without
+/// them, as a crash would end it (which the lock survives by design): a stop must end well
+/// within the pod's `terminationGracePeriodSeconds` (30 s by default), with the root and the
+/// lease given up after it, and a wait inside kube-runtime's graceful shutdown once held a
+/// stopping operator, lease and all, for good.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
 pub struct Options {
     pub zk: ZkConfig,
@@ -123,8 +129,16 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
             let mut fenced = engine.fenced();
             let serving = engine.clone();
             let controller = crate::controller::run(setup, engine, events, shutdown.clone().cancelled_owned());
+            let grace_over = async {
+                shutdown.cancelled().await;
+                tokio::time::sleep(STOP_GRACE).await;
+            };
             let ended = tokio::select! {
                 result = controller => result.map_err(Ended::Controller),
+                _ = grace_over => {
+                    tracing::warn!(grace = ?STOP_GRACE, "the running reconciles did not end after the stop signal; stopping without them");
+                    Ok(())
+                }
                 _ = fenced.wait_for(|f| *f) => {
                     tracing::warn!("stepped down: another leader took the leader epoch in ZooKeeper");
                     Ok(())

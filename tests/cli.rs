@@ -4,6 +4,7 @@
 mod e2e_support;
 
 use std::process::Command;
+use std::time::Duration;
 
 use e2e_support::*;
 
@@ -44,7 +45,11 @@ async fn sigterm_stops_the_operator_cleanly() {
     let mut op = env.operator();
     env.claim("a", "l", serde_json::json!({})).await;
     env.wait_phase("a", zklock::api::Phase::Held).await;
-    let status = op.terminate();
-    assert!(status.success(), "exit status {status}; log:\n{}", op.logs());
-    assert!(op.logs().contains("stopped"));
+    // Within the operator's own grace for running reconciles (10 s) and what follows it, well
+    // inside a pod's default terminationGracePeriodSeconds (30 s).
+    let status = op.terminate_within(Duration::from_secs(20));
+    let logs = op.logs();
+    let status = status.unwrap_or_else(|| panic!("the operator did not stop within 20 s of SIGTERM; log:\n{logs}"));
+    assert!(status.success(), "exit status {status}; log:\n{logs}");
+    assert!(logs.contains("stopped"));
 }

@@ -439,7 +439,7 @@ impl Operator {
         let child = Command::new(binary)
             .args(&self.args)
             .env("KUBECONFIG", &self.kubeconfig)
-            .env("RUST_LOG", "info,zklock=debug")
+            .env("RUST_LOG", std::env::var("ZKLOCK_TEST_OPERATOR_LOG").unwrap_or_else(|_| "info,zklock=debug".into()))
             .env("HOSTNAME", format!("op-{}", uuid::Uuid::new_v4().simple()))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
