@@ -19,7 +19,7 @@ use crate::metrics::{CallLabel, Metrics};
 pub const AUDIT_ENV: &str = "ZKLOCK_API_AUDIT";
 
 /// The operator's two Kubernetes clients, from one inferred config (KUBECONFIG or in-cluster).
-/// Every request has a deadline (DESIGN.md §3, liveness): kube's client sets no read timeout of
+/// Every request has a deadline (docs/design.md: liveness): kube's client sets no read timeout of
 /// its own, so one request the API server never answers (a half-open connection, a proxy that
 /// holds it) would hang whoever sent it for good — a reconcile, the finalizer helper's PATCH, a
 /// graceful shutdown that waits for both.

@@ -531,7 +531,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
 
-        /// Claims over several locks (DESIGN.md §5c): each makes its node in every one of its
+        /// Claims over several locks (docs/user-guide.md: several locks): each makes its node in every one of its
         /// locks at once (one multi-op: the nodes of two claims are in the same order in every
         /// lock they share), each node follows the one-lock recipe (a node once held stays held
         /// until it goes), and a claim holds when all its nodes do. Whatever the locks, modes

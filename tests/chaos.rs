@@ -1,4 +1,4 @@
-//! The chaos suite (DESIGN.md §5): three replicas of the real `zklock` binary with leader
+//! The chaos suite (docs/development.md, the chaos suite): three replicas of the real `zklock` binary with leader
 //! election, a real three-server ZooKeeper ensemble, the API server under test (each replica
 //! reaches it through a proxy of its own), and a workload of claims on a few locks (exclusive
 //! and shared, acquire timeouts, holder pods deleted, revocations, claims that another party's
@@ -19,7 +19,7 @@
 //! another ZooKeeper client, one non-status PATCH (a finalizer's) held past its timeout, and a
 //! rolling restart of every replica with SIGTERM.
 //!
-//! Every status change is recorded from a watch and the whole history is checked (DESIGN.md
+//! Every status change is recorded from a watch and the whole history is checked (docs/design.md
 //! §4), plus: no holder of the zklock-only locks ever turns Lost, no znode of a gone claim
 //! remains, every claim ends Held or final, no claim a killed client left holds once its pod has
 //! gone, and the longest stall (a claim non-final while its lock is free in ZooKeeper or its
@@ -47,7 +47,7 @@ use zklock_testkit::Ensemble;
 const REPLICAS: usize = 3;
 const LOCKS: [&str; 6] = ["x0", "x1", "x2", "s0", "p0", "f0"];
 /// The lock a foreign client (a sequence-less node) uses now and then: a session loss may
-/// end its holders Lost (DESIGN.md §3), so it is left out of the "never Lost" check.
+/// end its holders Lost (docs/design.md: re-anchoring), so it is left out of the "never Lost" check.
 const FOREIGN_LOCK: &str = "f0";
 /// The locks claims over several locks take (the zklock-only ones).
 const SEVERAL: [&str; 5] = ["x0", "x1", "x2", "s0", "p0"];
@@ -61,7 +61,7 @@ const OUTAGE: Duration = Duration::from_secs(12);
 /// A claim not Held or final after this long waits forever, as far as the suite is concerned.
 const LIVENESS: Duration = Duration::from_secs(90);
 /// The longest a claim may stay non-final while its lock is free in ZooKeeper, or its blocker
-/// gone (DESIGN.md §5): lease duration + session timeout + 5 s.
+/// gone (docs/development.md, the chaos suite): lease duration + session timeout + 5 s.
 const STALL_BOUND: Duration =
     Duration::from_secs(zklock::leader::LEASE_DURATION.as_secs() + SESSION_TIMEOUT.as_secs() + 5);
 /// The finalizer of another party some of the workload's claims carry (deleted while they wait).
@@ -720,7 +720,7 @@ async fn kept_by_another(env: &Env, name: &str, spec: serde_json::Value, rng: &m
     panic!("could not take {OTHER_FINALIZER} off {name}");
 }
 
-/// The liveness figure (DESIGN.md §4.5): every second, which claims stay non-final and not Held
+/// The liveness figure (docs/design.md: liveness): every second, which claims stay non-final and not Held
 /// while they could be served: their lock is free in ZooKeeper (no node holds it), or every node
 /// that holds it ahead of them belongs to a claim that is final, being deleted or gone. The longest
 /// such run of any claim in any lock is the stall. Lock f0 is left out: a foreign node holds
@@ -766,7 +766,7 @@ async fn sample_stalls(zk: String, ns: String, history: History, stop: Arc<std::
                 // Held is served (its node comes back with the next session, if gone). A claim
                 // whose holder pod does not exist (a killed client's pod deleted before any
                 // operator bound it) cannot be served: it waits for the pod to appear, then
-                // ends Invalid (DESIGN.md §2, a window of 30 s).
+                // ends Invalid (docs/user-guide.md, a window of 30 s).
                 let holder_missing = r.why.as_deref().is_some_and(|w| w.starts_with("HolderPodNotFound"));
                 if on != lock || !alive(uid, lock) || r.phase == Some(Phase::Held) || holder_missing {
                     continue;

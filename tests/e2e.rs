@@ -1,7 +1,7 @@
 //! End to end: the zklock binary as operator, a real ZooKeeper, the Kubernetes API under test
 //! (kube-sandbox, or ZKLOCK_TEST_KUBECONFIG / ZKLOCK_TEST_ZK), and the real kubectl. Every test
 //! works in a namespace and ZooKeeper chroot of its own, and ends by checking the whole history
-//! of claim status changes against the invariants of DESIGN.md §4.
+//! of claim status changes against the invariants of docs/design.md: safety.
 
 mod e2e_support;
 
@@ -345,7 +345,7 @@ async fn zookeeper_restart_recovers_claims_without_double_grants() {
     env.history.check();
 }
 
-/// DESIGN.md §3's continuity rule under load: when the session expires, every holder of a
+/// the continuity rule (docs/design.md) under load: when the session expires, every holder of a
 /// zklock-only lock stays Held, however many there are and however fast reconciles run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_expiry_turns_no_holder_of_a_zklock_only_lock_lost() {
@@ -428,7 +428,7 @@ async fn a_standby_replica_takes_over_without_changing_the_holder() {
     env.history.check();
 }
 
-/// DESIGN.md §5a: a leader whose API connection hangs (its Lease renewals never answered) steps
+/// docs/design.md: fencing: a leader whose API connection hangs (its Lease renewals never answered) steps
 /// down before another replica may take over, and the holder does not change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_api_connection_hangs_steps_down_before_the_standby_takes_over() {
@@ -626,10 +626,10 @@ async fn a_lock_that_cannot_be_re_anchored_fails_alone() {
     env.history.check();
 }
 
-/// DESIGN.md §5a: a deposed leader's status writes fail too. The leader's API connection hangs
+/// docs/design.md: fencing: a deposed leader's status writes fail too. The leader's API connection hangs
 /// with a status write in it: another client deleted its holder's node, which the leader learns
 /// from ZooKeeper (not hung) and answers with the holder's final status, Lost. The standby takes
-/// over, re-anchors the lock (a zklock-only lock: the recorded holder keeps it, DESIGN.md §3)
+/// over, re-anchors the lock (a zklock-only lock: the recorded holder keeps it, docs/design.md: re-anchoring)
 /// and stamps its own epoch into both claims. Then the hung bytes reach the API server, as a
 /// delayed network delivers them: without a fence they would turn the holder Lost while the
 /// new leader holds its node.

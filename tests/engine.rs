@@ -559,7 +559,7 @@ async fn a_lock_marked_shared_earlier_is_known_as_such_without_a_foreign_node() 
     engine.release(&holder.id).await.unwrap();
 }
 
-/// DESIGN.md §5a: once a new leader took the epoch, the old leader's engine (its process and
+/// docs/design.md: fencing: once a new leader took the epoch, the old leader's engine (its process and
 /// session still alive) can change no lock: no create, no delete, no revocation, no re-anchor.
 #[tokio::test]
 async fn a_deposed_leaders_engine_is_fenced_by_the_next_epoch() {

@@ -1,4 +1,4 @@
-//! Liveness (DESIGN.md §3, §4.5): one stray object or one leader cut off from ZooKeeper never
+//! Liveness (docs/design.md: liveness): one stray object or one leader cut off from ZooKeeper never
 //! freezes a lock, or the whole operator. Each test makes its fault through the public surface,
 //! as a user or a network would: kubectl, a ZooKeeper client of its own, signals, a TCP proxy,
 //! an HTTP proxy in front of the API server. Each one failed on the build before its fix.
@@ -276,7 +276,7 @@ async fn two_session_changes_close_together_keep_the_queue_in_order() {
     env.history.check();
 }
 
-/// The fence of DESIGN.md §5a is proven where the operator writes, whatever the number of
+/// The fence of docs/design.md: fencing is proven where the operator writes, whatever the number of
 /// claims: here the admission policy's binding covers one served namespace and not the other.
 /// The term used to prove it on one claim per scope at its start: a namespace with claims that
 /// the binding missed failed the whole term, again and again (no namespace served at all), and

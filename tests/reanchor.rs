@@ -124,7 +124,7 @@ async fn a_foreign_node_made_during_re_anchoring_is_caught_after_the_commit() {
 }
 
 /// Lowering a lock's permits takes nothing away, and neither does a new session: the recorded
-/// holders come back first and keep the lock whatever the limit is now (DESIGN.md §5b). Also
+/// holders come back first and keep the lock whatever the limit is now (docs/design.md: re-anchoring). Also
 /// when the `Lock` went (a mutex now) with several exclusive holders recorded.
 #[tokio::test]
 async fn recorded_holders_keep_the_lock_across_a_new_session_whatever_its_limit_is_now() {

@@ -1,4 +1,4 @@
-//! End to end, claims over several locks (DESIGN.md §5c): the zklock binary as operator, a real
+//! End to end, claims over several locks (docs/user-guide.md: several locks): the zklock binary as operator, a real
 //! ZooKeeper, the API server under test. A claim is Held only while it holds every one of its
 //! locks; it keeps its place in each queue meanwhile; two claims over the same locks named in
 //! opposite orders are granted in turn, never both, never deadlocked. The history checker judges

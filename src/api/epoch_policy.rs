@@ -1,4 +1,4 @@
-//! The API server's half of fencing a deposed leader (DESIGN.md §5a): a
+//! The API server's half of fencing a deposed leader (docs/design.md: fencing): a
 //! ValidatingAdmissionPolicy that refuses a LockClaim status whose `leaderEpoch` is below the
 //! epoch in force, kept in a ConfigMap (the policy's parameter) that each new leader raises
 //! before it grants anything.

@@ -1,4 +1,4 @@
-//! Re-anchoring on a new session (DESIGN.md §3): before anything new is admitted, every lock
+//! Re-anchoring on a new session (docs/design.md: re-anchoring): before anything new is admitted, every lock
 //! gets the nodes of its live claims back, in the order their status records (holders first),
 //! and the continuity rule decides whether a recorded holder keeps the lock.
 
@@ -48,7 +48,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
         let live = matches!(phase, Some(Phase::Held | Phase::Waiting));
         // Listed after this term began: an earlier leader may still have a status write for
         // it on the way, and no grant in its locks before this term's first write to it
-        // (DESIGN.md §5a). Claims created after the list never saw an earlier leader.
+        // (docs/design.md: fencing). Claims created after the list never saw an earlier leader.
         let epoch = claim.leader_epoch();
         let written = ctx.registry.written(&uid);
         let uid = ctx.shared_uid(&uid);

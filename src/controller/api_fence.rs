@@ -1,4 +1,4 @@
-//! A new leader's term in the API server (DESIGN.md §5a): before it lists a claim, the leader
+//! A new leader's term in the API server (docs/design.md: fencing): before it lists a claim, the leader
 //! raises the epoch in force — the parameter of the admission policy of [`crate::api::epoch_policy`]
 //! — to its own, and proves the policy enforces it: a dry-run status write carrying the epoch
 //! just below its own must be refused. From then on every status write of an earlier term,
@@ -303,7 +303,7 @@ impl Fence {
     }
 
     /// Before this term writes a claim status in `namespace`: the policy must be proven to
-    /// refuse earlier terms' statuses there (DESIGN.md §5a). An installation without the policy,
+    /// refuse earlier terms' statuses there (docs/design.md: fencing). An installation without the policy,
     /// or whose binding does not cover the namespace, used to serve it unfenced until the next
     /// failover found out, and then serve nothing at all. Proven once per namespace and term, on
     /// claim `claim` (a dry-run write), in the background: each namespace on its own, so that

@@ -28,14 +28,14 @@ pub enum Error {
     Write { call: &'static str, source: kube::Error },
     #[error("not the leader any more: no write")]
     NotLeading,
-    /// The API server's fence for this leader's term could not be set up (DESIGN.md §5a).
+    /// The API server's fence for this leader's term could not be set up (docs/design.md: fencing).
     #[error("fencing earlier terms in the API server: {0}")]
     ApiFence(String),
     /// A controller or one of its tasks ended before the term did (a bug: it is not retried).
     #[error("{0}")]
     TaskPanicked(String),
     /// The admission policy's fence is not proven in the claim's namespace: nothing is written
-    /// there (DESIGN.md §5a).
+    /// there (docs/design.md: fencing).
     #[error("no status is written in this namespace: {0}")]
     Unfenced(String),
     /// The admission policy's fence is being proven in the claim's namespace: tried again soon.

@@ -89,7 +89,7 @@ pub struct Context {
     /// Set once the first re-anchoring is done: no claim is reconciled before (then all are).
     anchored: AtomicBool,
     leadership: Leadership,
-    /// This term's fence in the API server, if the admission policy is used (DESIGN.md §5a).
+    /// This term's fence in the API server, if the admission policy is used (docs/design.md: fencing).
     fence: Option<api_fence::Fence>,
 }
 
@@ -110,7 +110,7 @@ impl Context {
         self.engine.admitting()
     }
 
-    /// Runs one Kubernetes write, if this process still leads (DESIGN.md §5a), and gives up on
+    /// Runs one Kubernetes write, if this process still leads (docs/design.md: fencing), and gives up on
     /// it when the leadership ends first (the outer error) or after [`API_TIMEOUT`]; the inner
     /// result is the API's.
     pub async fn write<T>(
@@ -315,7 +315,7 @@ pub struct Setup {
     pub default_ttl: Option<Duration>,
     /// Whether this process may write; every Kubernetes write asks it first.
     pub leadership: Leadership,
-    /// Where the epoch the API server enforces is kept (DESIGN.md §5a); none without the policy.
+    /// Where the epoch the API server enforces is kept (docs/design.md: fencing); none without the policy.
     pub epoch_param: Option<EpochParam>,
 }
 

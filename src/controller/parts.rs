@@ -1,4 +1,4 @@
-//! A claim's parts: one per lock it asks for (DESIGN.md §5c). A claim over one lock
+//! A claim's parts: one per lock it asks for (docs/user-guide.md: several locks). A claim over one lock
 //! (`spec.lockName`) is one contender of the lock engine, named by the claim's UID, as it
 //! always was. A claim over several locks (`spec.locks`) is a group of contenders, one per
 //! lock, named `<uid>-x<index>` (the lock's index in `spec.locks`, which cannot change), made in

@@ -1,6 +1,6 @@
 //! The pure heart of the reconciler: from what is known about a claim (its object, its validated
 //! spec, its holder pod, its contender in the lock engine, the clock), the status it should have
-//! and what must be done. No I/O, so every rule of DESIGN.md §2–§3 is a unit test.
+//! and what must be done. No I/O, so every rule of docs/design.md is a unit test.
 
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -57,7 +57,7 @@ pub struct PartView {
     pub ticket: Option<i64>,
 }
 
-/// A claim's state from its parts' (DESIGN.md §5c): lost if one is (or is gone), asked to let
+/// A claim's state from its parts' (docs/user-guide.md: several locks): lost if one is (or is gone), asked to let
 /// go if one is, held only when every one is (its fencing token: the highest of them, each
 /// lock's own goes into `status.locks`), else waiting where it is furthest back.
 pub fn aggregate(parts: &[ContenderState]) -> ContenderState {
@@ -94,7 +94,7 @@ pub struct Inputs<'a> {
     /// False until the operator's session is re-anchored: nothing new may be enqueued, and an
     /// untracked claim recorded as Waiting or Held may still come back.
     pub admitting: bool,
-    /// Set by re-anchoring when a recorded holder could not keep the lock (DESIGN.md §3).
+    /// Set by re-anchoring when a recorded holder could not keep the lock (docs/design.md: re-anchoring).
     pub anchor_verdict: Option<String>,
     pub now: Timestamp,
 }

@@ -103,7 +103,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
         return Ok(waiting);
     }
     if terminal {
-        // Final: no grant waits for this claim's stamp (DESIGN.md §5a).
+        // Final: no grant waits for this claim's stamp (docs/design.md: fencing).
         ctx.registry.stamped(uid, false);
     }
     if claim.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held) {
@@ -159,7 +159,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
             })
             .collect();
         // Every lock at once (one multi-op): two claims stand in the same order in every lock
-        // they share, so no cycle of waiting can form (DESIGN.md §5c).
+        // they share, so no cycle of waiting can form (docs/user-guide.md: several locks).
         let enqueued = ctx.engine.enqueue_group(specs).await;
         for next in ctx.registry.leave_gates(uid) {
             ctx.trigger(&next);
@@ -188,7 +188,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
             }
             Err(GrantBlocked::Unstamped(other)) => {
                 // A deposed leader's late write could still make another claim of this lock
-                // Held: not before every one of them carries this term's epoch (DESIGN.md §5a).
+                // Held: not before every one of them carries this term's epoch (docs/design.md: fencing).
                 tracing::debug!(other = %other, "grant waits until every claim of the lock carries this term's epoch");
                 ctx.trigger(&other);
                 if claim.status.as_ref().and_then(|s| s.leader_epoch) != ctx.epoch() {
@@ -243,7 +243,7 @@ async fn cleanup(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, E
     Ok(Action::await_change())
 }
 
-/// Checks the copy against the operator's own writes (DESIGN.md §5a). The copy the last status
+/// Checks the copy against the operator's own writes (docs/design.md: fencing). The copy the last status
 /// write was planned from is older than that write: nothing is planned from it (the watch
 /// brings the newer one; the schedule is the backstop). A copy that carries a later leader's
 /// epoch means this process is deposed: nothing is written.
@@ -416,7 +416,7 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mu
                 tracing::info!(claim = %name, answer = %s.message, "status write refused; planning again from a newer copy");
                 return Err(Error::StatusRefused(s.message));
             }
-            // The API server's admission policy refused a term that is over (DESIGN.md §5a).
+            // The API server's admission policy refused a term that is over (docs/design.md: fencing).
             Ok(Err(kube::Error::Api(s))) if s.code == 403 && s.message.contains(EPOCH_REFUSAL) => {
                 tracing::warn!(claim = %name, answer = %s.message, "status write refused: a newer leader's term is in force");
                 return Err(Error::NotLeading);
@@ -578,7 +578,7 @@ async fn fresh_tokens(ctx: &Context, parts: &[Part], plan: &mut Plan) -> Result<
 /// first operation tests the UID, since the write goes by name: a claim deleted without its
 /// finalizer and re-created under the same name must not receive its predecessor's status. Its
 /// second tests the resourceVersion planned from: a write that lands late (its answer timed
-/// out, it was retried, newer writes followed) or a deposed leader's write (DESIGN.md §5a) is
+/// out, it was retried, newer writes followed) or a deposed leader's write (docs/design.md: fencing) is
 /// refused once anything else was written to the claim.
 fn status_patch(uid: &str, status: &LockClaimStatus, version: &str) -> Result<json_patch::Patch, Error> {
     use json_patch::{jsonptr::Pointer, AddOperation, PatchOperation, TestOperation};

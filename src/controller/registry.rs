@@ -52,7 +52,7 @@ struct Inner {
     held: HashMap<Arc<str>, Vec<Uid>>,
     /// Lock path → claims listed at the start of this leader's term, not final, whose status
     /// does not carry this term's epoch yet: an earlier leader's late status write could still
-    /// land on any of them (DESIGN.md §5a), so no grant is made in their lock until each was
+    /// land on any of them (docs/design.md: fencing), so no grant is made in their lock until each was
     /// written once in this term (its epoch test then fails every such write).
     unstamped: HashMap<Arc<str>, HashSet<Uid>>,
     /// Lock path → claims whose grant was refused by [`Registry::reserve_grant`]: each is

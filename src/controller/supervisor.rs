@@ -16,7 +16,7 @@ use super::{anchor, Context, Error};
 use crate::leader::Leadership;
 use crate::zk::{ContenderState, EngineEvent, Installation, LockEngine, SessionEvent, ZkConfig};
 
-/// The leader epoch's node below the ZooKeeper root (DESIGN.md §5a).
+/// The leader epoch's node below the ZooKeeper root (docs/design.md: fencing).
 pub const EPOCH_NODE: &str = "leader-epoch";
 
 /// The least lease time left in which the leader epoch is taken (the bump's own time included).
@@ -30,7 +30,7 @@ const REANCHOR_DELAYS: ExponentialBuilder = ExponentialBuilder::new()
     .without_max_times();
 
 /// How long ZooKeeper may stay out of a leader's reach (its session disconnected, then lost
-/// and not replaced and re-anchored) before it gives up the term (DESIGN.md §3, liveness):
+/// and not replaced and re-anchored) before it gives up the term (docs/design.md: liveness):
 /// twice the session timeout, at least 5 s. A ZooKeeper that this leader cannot reach may well be reachable from a standby, which
 /// takes over once the lease is given up; waiting it out without limit while renewing the
 /// lease froze every lock, even holders whose pods went, for as long as the cut lasted.

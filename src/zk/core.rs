@@ -25,7 +25,7 @@ pub(super) struct Core {
     pub book: Mutex<Book>,
     pub session: Mutex<Option<zk::Client>>,
     /// The session in which new contenders may join queues (0: none). A new session is
-    /// re-anchored first (DESIGN.md §3): a node made in it before would jump the recorded queue.
+    /// re-anchored first (docs/design.md: re-anchoring): a node made in it before would jump the recorded queue.
     pub admitted: AtomicI64,
     /// Parent directories of lock directories, watched recursively: (path, session) → the
     /// watch. Only while a lock below is tracked (the idle sweeper stops the others).

@@ -127,7 +127,7 @@ impl LockEngine {
         }
     }
 
-    /// Takes the leader epoch at `path` (DESIGN.md §5a): bumps it, so that every write guarded
+    /// Takes the leader epoch at `path` (docs/design.md: fencing): bumps it, so that every write guarded
     /// by an earlier epoch fails from now on, and guards every later write of this engine by the
     /// new one. Call it once, before re-anchoring; `holder` is written into the node for people.
     /// Answers the epoch's token (see [`LockEngine::epoch`]).
@@ -143,7 +143,7 @@ impl LockEngine {
 
     /// The token of the leader epoch this engine took, if it took one: the zxid of the bump,
     /// which no other leader's term shares. The controller stamps it into the statuses it
-    /// writes, so that a deposed leader's status writes fail too (DESIGN.md §5a).
+    /// writes, so that a deposed leader's status writes fail too (docs/design.md: fencing).
     pub fn epoch(&self) -> Option<i64> {
         self.core.fence.epoch().map(|e| e.token)
     }
@@ -211,7 +211,7 @@ impl LockEngine {
 
     /// Puts a group of contenders (one claim over several locks, one contender per lock) in
     /// the queues of their locks at once: their nodes are made in one multi-op, so that any two
-    /// groups stand in the same relative order in every lock they share (DESIGN.md §5c). Each
+    /// groups stand in the same relative order in every lock they share (docs/user-guide.md: several locks). Each
     /// contender then follows its lock's recipe on its own; answers each one's first decision,
     /// in the order given. A group the engine already tracks answers where it stands.
     pub async fn enqueue_group(&self, specs: Vec<ContenderSpec>) -> Result<Vec<ContenderState>, Error> {
@@ -251,7 +251,7 @@ impl LockEngine {
         Ok(settled.into_iter().map(|(_, state)| state).collect())
     }
 
-    /// Re-anchors a lock after a new session (DESIGN.md §3): in one multi-op guarded by the
+    /// Re-anchors a lock after a new session (docs/design.md: re-anchoring): in one multi-op guarded by the
     /// directory's version, deletes every zklock node left in it by earlier sessions and
     /// recreates the nodes of `contenders`, recorded holders first, then in the order of the
     /// nodes they had (contenders without one last, in the order given). A concurrent change
@@ -285,7 +285,7 @@ impl LockEngine {
         // Recorded holders come back first, ahead of every other node (in a directory no
         // foreign client has used, nobody could have been granted meanwhile): they keep the lock
         // whatever its limit is now. Lowering the permits, or deleting or creating a `Lock`,
-        // takes nothing away, across a new session too (DESIGN.md §5b).
+        // takes nothing away, across a new session too (docs/design.md: re-anchoring).
         // A contender recorded without a ticket (by an earlier release) keeps none: the zxid of
         // this re-creation, shared by every node it makes, would not order it.
         let nodes = contenders

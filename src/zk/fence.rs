@@ -1,4 +1,4 @@
-//! The leader epoch (DESIGN.md §5a): fences a deposed leader's ZooKeeper writes.
+//! The leader epoch (docs/design.md: fencing): fences a deposed leader's ZooKeeper writes.
 //!
 //! Each new leader bumps the data version of `<zk-root>/leader-epoch` before it re-anchors and
 //! keeps the version it got. From then on every create, delete and data write the engine makes

@@ -1,6 +1,6 @@
 //! End-to-end harness: the real `zklock` binary as the operator, real ZooKeeper, the Kubernetes
 //! API under test (kube-sandbox, or `ZKLOCK_TEST_KUBECONFIG`), and a history of every claim
-//! status change, checked against the invariants of DESIGN.md §4.
+//! status change, checked against the invariants of docs/design.md: safety.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -308,7 +308,7 @@ pub async fn install_crd(client: &kube::Client) {
 }
 
 /// Whether the API server under test runs the admission policy that refuses a deposed
-/// leader's late status writes (DESIGN.md §5a): every real one does (Kubernetes 1.30 and
+/// leader's late status writes (docs/design.md: fencing): every real one does (Kubernetes 1.30 and
 /// later); kube-sandbox does not implement admission policies, and a cluster named by
 /// `ZKLOCK_TEST_KUBECONFIG` that cannot run it is tested with `ZKLOCK_TEST_EPOCH_POLICY=off`.
 pub fn epoch_policy(kubeconfig: &std::path::Path) -> bool {
@@ -774,7 +774,7 @@ impl History {
         most
     }
 
-    /// Checks DESIGN.md §4 (mutual exclusion, fencing) and the status conventions over the
+    /// Checks docs/design.md: safety (mutual exclusion, fencing) and the status conventions over the
     /// whole history; panics with the offending records.
     pub fn check(&self) {
         let records = self.records();
