@@ -152,9 +152,12 @@ async fn getting_started_runs_as_written() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Markdown pages of the project: README and docs/.
+/// Markdown pages of the project: README, ARCHITECTURE and docs/.
 fn pages() -> Vec<(String, String)> {
-    let mut pages = vec![("README.md".to_string(), read("README.md"))];
+    let mut pages = vec![
+        ("README.md".to_string(), read("README.md")),
+        ("ARCHITECTURE.md".to_string(), read("ARCHITECTURE.md")),
+    ];
     let mut docs: Vec<_> = std::fs::read_dir(root().join("docs")).unwrap().map(|e| e.unwrap().path()).collect();
     docs.sort();
     for path in docs.into_iter().filter(|p| p.extension().is_some_and(|e| e == "md")) {
