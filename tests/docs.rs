@@ -154,10 +154,8 @@ async fn getting_started_runs_as_written() {
 
 /// Markdown pages of the project: README, ARCHITECTURE and docs/.
 fn pages() -> Vec<(String, String)> {
-    let mut pages = vec![
-        ("README.md".to_string(), read("README.md")),
-        ("ARCHITECTURE.md".to_string(), read("ARCHITECTURE.md")),
-    ];
+    let mut pages =
+        vec![("README.md".to_string(), read("README.md")), ("ARCHITECTURE.md".to_string(), read("ARCHITECTURE.md"))];
     let mut docs: Vec<_> = std::fs::read_dir(root().join("docs")).unwrap().map(|e| e.unwrap().path()).collect();
     docs.sort();
     for path in docs.into_iter().filter(|p| p.extension().is_some_and(|e| e == "md")) {

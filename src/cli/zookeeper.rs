@@ -1,0 +1,34 @@
+//! `zklock queue` and `zklock revoke`: straight to ZooKeeper, for operators of the ensemble.
+
+use std::time::Duration;
+
+use zklock::zk::{LockEngine, ZkConfig};
+
+fn config(connect: String) -> ZkConfig {
+    ZkConfig::new(connect).with_session_timeout(Duration::from_secs(10))
+}
+
+/// Prints the queue of lock directory `lock`, holders first.
+pub async fn queue(zk_connect: String, lock: &str, permits: Option<u32>) -> Result<u8, String> {
+    let engine = LockEngine::connect(config(zk_connect)).await.map_err(|e| e.to_string())?;
+    let queue = engine.queue(lock).await.map_err(|e| e.to_string())?;
+    let names: Vec<&str> = queue.iter().map(|e| e.node.as_str()).collect();
+    println!("{:<4} {:<10} {:<38} NODE", "POS", "MODE", "CONTENDER");
+    for (position, entry) in queue.iter().enumerate() {
+        let id = entry.id.as_deref().unwrap_or("(foreign)");
+        let held = matches!(
+            zklock::recipe::decide(&names, &entry.node, zklock::recipe::Limit::from_permits(permits)),
+            zklock::recipe::Decision::Held
+        );
+        let pos = if held { "held".to_string() } else { position.to_string() };
+        println!("{pos:<4} {:<10} {id:<38} {}", entry.mode.to_string(), entry.node);
+    }
+    Ok(0)
+}
+
+/// Writes a revocation request into node `node`.
+pub async fn revoke(zk_connect: String, node: &str, reason: &str) -> Result<u8, String> {
+    let engine = LockEngine::connect(config(zk_connect)).await.map_err(|e| e.to_string())?;
+    engine.request_revocation(node, reason).await.map_err(|e| e.to_string())?;
+    Ok(0)
+}
