@@ -136,7 +136,10 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
             let ended = tokio::select! {
                 result = controller => result.map_err(Ended::Controller),
                 _ = grace_over => {
-                    tracing::warn!(grace = ?STOP_GRACE, "the running reconciles did not end after the stop signal; stopping without them");
+                    // How many claim reconciles were still running tells a reconcile that hangs
+                    // from a controller that does not end without one.
+                    let running = metrics.reconciles_running.get();
+                    tracing::warn!(grace = ?STOP_GRACE, running, "the term did not end after the stop signal; stopping without it");
                     Ok(())
                 }
                 _ = fenced.wait_for(|f| *f) => {
