@@ -229,6 +229,41 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
+/// Tells the caller the lock is held: `ZKLOCK_CLAIM=` and `ZKLOCK_FENCING_TOKEN=` lines (one
+/// token line per lock of several) on stdout and into `env_file`, and on stderr what holds it
+/// until when. Held, but the caller cannot learn it as asked (stdout closed, the file not
+/// writable): the claim is deleted rather than held blind. The answer is the exit code.
+pub async fn announce(client: kube::Client, request: &Request, held: &Held, env_file: Option<&std::path::Path>) -> u8 {
+    use std::io::Write;
+    let mut lines = format!("ZKLOCK_CLAIM={}\nZKLOCK_FENCING_TOKEN={}\n", held.claim, held.fencing_token);
+    for (lock, token) in &held.tokens {
+        lines.push_str(&format!("{}={token}\n", token_variable(lock)));
+    }
+    let mut stdout = std::io::stdout().lock();
+    let printed = stdout.write_all(lines.as_bytes()).and_then(|()| stdout.flush());
+    let written = match env_file {
+        Some(file) => std::fs::write(file, &lines).map_err(|e| format!("cannot write {}: {e}", file.display())),
+        None => Ok(()),
+    };
+    let failed = match (printed, written) {
+        (Err(e), _) => Some(format!("cannot write to stdout: {e}")),
+        (_, Err(e)) => Some(e),
+        _ => None,
+    };
+    if let Some(why) = failed {
+        eprintln!("zklock: {why}; releasing the lock");
+        let api = Api::namespaced(client, &request.namespace);
+        delete(&api, &held.claim, &held.uid).await;
+        return exit::ERROR;
+    }
+    let until = match &request.holder_pod {
+        Some(pod) => format!("until pod {pod} finishes or the claim is deleted"),
+        None => format!("until the claim is deleted: kubectl delete lockclaim -n {} {}", request.namespace, held.claim),
+    };
+    eprintln!("zklock: holding lock {} (fencing token {}) {until}", request.lock, held.fencing_token);
+    0
+}
+
 /// Deletes the claim (this very one: a new claim of the same name is not touched); the
 /// operator releases its node. Retried with backoff for a while: a claim left behind would
 /// hold the lock for nobody.

@@ -81,7 +81,6 @@ fn signals() -> Result<zklock::signals::Signals, u8> {
 }
 
 pub async fn acquire(args: LockArgs, env_file: Option<std::path::PathBuf>) -> u8 {
-    use std::io::Write;
     let mut signals = match signals() {
         Ok(s) => s,
         Err(code) => return code,
@@ -92,40 +91,7 @@ pub async fn acquire(args: LockArgs, env_file: Option<std::path::PathBuf>) -> u8
     };
     let request = args.into_request(&client);
     match zklock::acquire::acquire(client.clone(), &request, signals.ending()).await {
-        Ok(held) => {
-            let mut lines = format!("ZKLOCK_CLAIM={}\nZKLOCK_FENCING_TOKEN={}\n", held.claim, held.fencing_token);
-            for (lock, token) in &held.tokens {
-                lines.push_str(&format!("{}={token}\n", zklock::acquire::token_variable(lock)));
-            }
-            // Held, but the caller cannot learn it as asked (stdout closed, the file not
-            // writable): let go rather than hold blind.
-            let mut stdout = std::io::stdout().lock();
-            let printed = stdout.write_all(lines.as_bytes()).and_then(|()| stdout.flush());
-            let written = match &env_file {
-                Some(file) => std::fs::write(file, &lines).map_err(|e| format!("cannot write {}: {e}", file.display())),
-                None => Ok(()),
-            };
-            let failed = match (printed, written) {
-                (Err(e), _) => Some(format!("cannot write to stdout: {e}")),
-                (_, Err(e)) => Some(e),
-                _ => None,
-            };
-            if let Some(why) = failed {
-                eprintln!("zklock: {why}; releasing the lock");
-                let api = kube::Api::namespaced(client, &request.namespace);
-                zklock::acquire::delete(&api, &held.claim, &held.uid).await;
-                return zklock::acquire::exit::ERROR;
-            }
-            let until = match &request.holder_pod {
-                Some(pod) => format!("until pod {pod} finishes or the claim is deleted"),
-                None => format!(
-                    "until the claim is deleted: kubectl delete lockclaim -n {} {}",
-                    request.namespace, held.claim
-                ),
-            };
-            eprintln!("zklock: holding lock {} (fencing token {}) {until}", request.lock, held.fencing_token);
-            0
-        }
+        Ok(held) => zklock::acquire::announce(client, &request, &held, env_file.as_deref()).await,
         Err(failure) => {
             eprintln!("zklock: {failure}");
             failure.code()
