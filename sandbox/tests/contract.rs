@@ -60,7 +60,10 @@ async fn discovery_lists_builtin_and_custom_resources() {
     let v = env.client.apiserver_version().await.expect("/version");
     assert_eq!(v.major, "1");
     let crd = install_crd(&env.client, "Namespaced").await;
-    let d = kube::Discovery::new(env.client.clone()).run().await.expect("discovery");
+    // Only the groups asked about: other tests of this suite make and delete CRDs of groups of
+    // their own meanwhile, and a group that goes mid-walk fails the whole discovery with 404.
+    let groups = ["", "coordination.k8s.io", "events.k8s.io", "apiextensions.k8s.io", crd.group.as_str()];
+    let d = kube::Discovery::new(env.client.clone()).filter(&groups).run().await.expect("discovery");
     let mut found = std::collections::BTreeSet::new();
     for g in d.groups() {
         for (ar, caps) in g.recommended_resources() {
