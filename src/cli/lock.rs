@@ -80,16 +80,20 @@ fn signals() -> Result<zklock::signals::Signals, u8> {
     })
 }
 
-pub async fn acquire(args: LockArgs, env_file: Option<std::path::PathBuf>) -> u8 {
-    let mut signals = match signals() {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
-    let client = match kube_client().await {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
+/// What both commands start from: the signals handled (installed first), a client, and the
+/// request; or the exit code when one of them cannot be had.
+async fn start(args: LockArgs) -> Result<(zklock::signals::Signals, kube::Client, zklock::acquire::Request), u8> {
+    let signals = signals()?;
+    let client = kube_client().await?;
     let request = args.into_request(&client);
+    Ok((signals, client, request))
+}
+
+pub async fn acquire(args: LockArgs, env_file: Option<std::path::PathBuf>) -> u8 {
+    let (mut signals, client, request) = match start(args).await {
+        Ok(started) => started,
+        Err(code) => return code,
+    };
     match zklock::acquire::acquire(client.clone(), &request, signals.ending()).await {
         Ok(held) => zklock::acquire::announce(client, &request, &held, env_file.as_deref()).await,
         Err(failure) => {
@@ -100,14 +104,8 @@ pub async fn acquire(args: LockArgs, env_file: Option<std::path::PathBuf>) -> u8
 }
 
 pub async fn exec(args: LockArgs, command: Vec<String>) -> u8 {
-    let signals = match signals() {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
-    let client = match kube_client().await {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    let request = args.into_request(&client);
-    zklock::exec::run(client, request, command, signals).await
+    match start(args).await {
+        Ok((signals, client, request)) => zklock::exec::run(client, request, command, signals).await,
+        Err(code) => code,
+    }
 }
