@@ -1,11 +1,10 @@
-//! The operator's numbers (DESIGN.md §5), measured through the Kubernetes API:
+//! The operator's numbers (docs/benchmarks.md), measured through the Kubernetes API:
 //!
 //!     cargo build --release && cargo run --release --example operator_bench [-- --quick]
 //!
 //! Runs the release `zklock` binary as the operator against a real ZooKeeper (started here, or
 //! ZKLOCK_TEST_ZK) and a real control plane (`scripts/k8s.sh`, started for this run, or the
-//! cluster of ZKLOCK_TEST_KUBECONFIG; `--sandbox` runs on kube-sandbox in this process instead,
-//! and the first line says which), and prints:
+//! cluster of ZKLOCK_TEST_KUBECONFIG; the first line says which), and prints:
 //! handoff latency at 10 and 1,000 waiters and on a semaphore of 3 permits at 10 waiters, ZooKeeper
 //! watch events and API writes per handoff,
 //! holder-pod-deleted → next Held, gated pod finished → next gated pod's scheduling gate removed
@@ -64,13 +63,11 @@ async fn main() -> Result<(), Error> {
         let n = args.get(i + 1).and_then(|n| n.parse().ok()).filter(|n| *n > 0);
         sizes.memory_claims = n.ok_or("--memory-claims N: N must be a positive number of claims")?;
     }
-    let sandbox = args.iter().any(|a| a == "--sandbox");
-    let kubeconfig =
-        if sandbox { zklock_testkit::kube::sandbox_kubeconfig() } else { zklock_testkit::kube::kubeconfig() };
+    let kubeconfig = zklock_testkit::kube::kubeconfig();
     // As the chart installs it on a real API server (1.36+); `--no-finalizer-policy` measures
     // the operator adding its finalizer itself (older clusters, or an earlier build).
-    let finalizer_policy = !sandbox && !args.iter().any(|a| a == "--no-finalizer-policy");
-    let server = Server { kubeconfig: kubeconfig.to_path_buf(), sandbox, finalizer_policy };
+    let finalizer_policy = !args.iter().any(|a| a == "--no-finalizer-policy");
+    let server = Server { kubeconfig: kubeconfig.to_path_buf(), finalizer_policy };
     let zk = zklock_testkit::ZkServer::shared();
     // The operator's own client stack (TCP_NODELAY), so that the bench's requests do not wait
     // for delayed ACKs that the operator's do not.
@@ -79,8 +76,7 @@ async fn main() -> Result<(), Error> {
     let client = zklock::client::builder(config)?.build();
     let version = client.apiserver_version().await?;
     println!(
-        "API server: {} {} ({}){}",
-        if sandbox { "kube-sandbox" } else { "kube-apiserver" },
+        "API server: kube-apiserver {} ({}){}",
         version.git_version,
         kubeconfig.display(),
         if finalizer_policy { ", finalizer admission policy installed" } else { "" }
@@ -181,25 +177,23 @@ async fn throughput(
     let after = probe.sample().await;
     println!("uncontended claim created -> Held, 32 at once: {}", loaded.summary());
     println!("{}", after.per(&before, sizes.locks, "claim lifecycle"));
-    if !server.sandbox {
-        // What the API server charges for the requests alone, whoever makes them.
-        let ours_cpu = after.apiserver_cpu_since(&before);
-        let held = held.ok_or("no Held status was seen to copy for the floor")?;
-        let before = probe.sample().await;
-        let floor_rate = floor(client, server, held, sizes.locks, 32).await?;
-        let after = probe.sample().await;
-        println!("{}", after.per(&before, sizes.locks, "lifecycle of the API server's floor"));
-        let cpu_ratio = match (ours_cpu, after.apiserver_cpu_since(&before)) {
-            (Some(ours), Some(floor)) if floor > 0.0 => format!("{:.2}", ours / floor),
-            _ => "not measured".into(),
-        };
-        println!(
-            "API server's floor: {floor_rate:.0} lifecycles/s (the same create, Held status, delete and finalizer \
-             removal made by the bench on claims no operator serves, 32 at once); zklock / floor: throughput {:.2}, \
-             kube-apiserver CPU per lifecycle {cpu_ratio}",
-            ours / floor_rate
-        );
-    }
+    // What the API server charges for the requests alone, whoever makes them.
+    let ours_cpu = after.apiserver_cpu_since(&before);
+    let held = held.ok_or("no Held status was seen to copy for the floor")?;
+    let before = probe.sample().await;
+    let floor_rate = floor(client, server, held, sizes.locks, 32).await?;
+    let after = probe.sample().await;
+    println!("{}", after.per(&before, sizes.locks, "lifecycle of the API server's floor"));
+    let cpu_ratio = match (ours_cpu, after.apiserver_cpu_since(&before)) {
+        (Some(ours), Some(floor)) if floor > 0.0 => format!("{:.2}", ours / floor),
+        _ => "not measured".into(),
+    };
+    println!(
+        "API server's floor: {floor_rate:.0} lifecycles/s (the same create, Held status, delete and finalizer \
+         removal made by the bench on claims no operator serves, 32 at once); zklock / floor: throughput {:.2}, \
+         kube-apiserver CPU per lifecycle {cpu_ratio}",
+        ours / floor_rate
+    );
     let curator_connect = zk.chroot().await;
     let locks = sizes.locks.to_string();
     let curator = tokio::task::spawn_blocking(move || {
@@ -353,7 +347,6 @@ async fn install_crd(client: &kube::Client) -> Result<(), Error> {
 /// The API server the benchmark runs on.
 struct Server {
     kubeconfig: std::path::PathBuf,
-    sandbox: bool,
     /// The finalizer's admission policy is installed for the bench's namespaces.
     finalizer_policy: bool,
 }
@@ -385,13 +378,9 @@ impl Bench {
         let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
         Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await?;
         // As users run it: on a real API server with the leader epoch's admission policy (its
-        // binding for this namespace, the parameter in it); kube-sandbox has no such policies.
-        let epoch_policy = if server.sandbox {
-            "--no-epoch-policy"
-        } else {
-            install_epoch_policy(client, &ns).await?;
-            "--epoch-param=zklock-leader-epoch"
-        };
+        // binding for this namespace, the parameter in it).
+        install_epoch_policy(client, &ns).await?;
+        let epoch_policy = "--epoch-param=zklock-leader-epoch";
         if server.finalizer_policy {
             install_finalizer_policy(client, &ns).await?;
         }
@@ -894,7 +883,7 @@ impl ServerProbe {
             .ok()
             .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
             .unwrap_or(100.0);
-        let (apiserver, etcd) = if server.sandbox { (None, None) } else { (pid("kube-apiserver"), pid("etcd")) };
+        let (apiserver, etcd) = (pid("kube-apiserver"), pid("etcd"));
         ServerProbe { client: client.clone(), apiserver, etcd, tick }
     }
 
@@ -915,7 +904,7 @@ impl ServerProbe {
             watch_events: HashMap::new(),
         };
         let Ok(request) = http::Request::get("/metrics").body(vec![]) else { return sample };
-        // kube-sandbox serves no metrics: its sample has CPU and counters empty.
+        // A server that does not let us read its metrics leaves the counters empty.
         let text = self.client.request_text(request).await.unwrap_or_default();
         for line in text.lines() {
             let Some((name, rest)) = line.split_once('{') else { continue };

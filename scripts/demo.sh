@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
-# zklock on this machine, no cluster needed: a real ZooKeeper, kube-sandbox (the in-memory
-# Kubernetes API server of this repository), the operator, and the real kubectl.
+# zklock on this machine, no cluster needed: a real ZooKeeper, the real Kubernetes control plane
+# of scripts/k8s.sh (kube-apiserver, etcd, controller-manager, scheduler, a kwok node; built from
+# Go modules the first time, about 4 minutes on a two-core machine, cached after), the operator
+# with the leader epoch's admission policy, and the real kubectl.
 #
 #   scripts/demo.sh          install what is missing, start everything, and walk through two
 #                            "jobs" (shell scripts) gated on one lock with kubectl wait
-#   scripts/demo.sh --real   the same on the real control plane of scripts/k8s.sh (kube-apiserver,
-#                            etcd, controller-manager, scheduler, a kwok node; built the first
-#                            time, which takes some minutes), with the leader epoch's admission
-#                            policy installed
 #   scripts/demo.sh down     stop exactly what `scripts/demo.sh` started
 #
 # While it runs:  KUBECONFIG=.demo/kubeconfig .tools/bin/kubectl get lockclaims -A
@@ -26,7 +24,7 @@ down() {
   if [[ -f $state/k8s/pids ]]; then
     scripts/k8s.sh down "$state/k8s" >/dev/null && say "stopped the control plane"
   fi
-  for name in operator sandbox; do
+  for name in operator; do
     if [[ -f $state/$name.pid ]]; then
       pid=$(cat "$state/$name.pid")
       kill "$pid" 2>/dev/null && say "stopped $name (pid $pid)" || true
@@ -58,36 +56,23 @@ up() {
   say "installing what is missing (ZooKeeper, kubectl) and building zklock"
   scripts/zookeeper.sh install
   scripts/tools.sh >/dev/null
-  cargo build --quiet --release -p zklock -p kube-sandbox
+  cargo build --quiet --release -p zklock
 
-  local zk_port api_port metrics_port
+  local zk_port metrics_port
   zk_port=$(free_port); metrics_port=$(free_port)
   ZKLOCK_ZK_DIR=$state/zookeeper scripts/zookeeper.sh start standalone "$zk_port" | sed "s/^/$(stamp)  /"
 
-  local epoch_policy
-  if [[ $real == 1 ]]; then
-    local kubeconfig
-    kubeconfig=$(scripts/k8s.sh up "$state/k8s" | sed -n 's/^KUBECONFIG=//p')
-    cp "$kubeconfig" "$state/kubeconfig"
-    export KUBECONFIG=$state/kubeconfig
-    say "the real control plane is up ($("$kubectl" version -o json | python3 -c 'import json,sys; print("kube-apiserver", json.load(sys.stdin)["serverVersion"]["gitVersion"])'))"
-    "$kubectl" apply -f crds/ >/dev/null
-    # The operator keeps its leader epoch in its lease namespace (here: default).
-    target/release/zklock epoch-policy --param-namespace default | "$kubectl" apply -f - >/dev/null
-    say "applied the LockClaim and Lock CRDs, and the leader epoch's admission policy"
-    epoch_policy=--epoch-param=zklock-leader-epoch
-  else
-    target/release/kube-sandbox --port 0 --kubeconfig-out "$state/kubeconfig" >"$state/sandbox.log" 2>&1 &
-    echo $! >"$state/sandbox.pid"
-    wait_for "kube-sandbox" test -s "$state/kubeconfig"
-    export KUBECONFIG=$state/kubeconfig
-    say "kube-sandbox at $(head -1 "$state/sandbox.log")"
-    "$kubectl" apply -f crds/ >/dev/null
-    say "applied the LockClaim and Lock CRDs"
-    # kube-sandbox has no admission policies.
-    epoch_policy=--no-epoch-policy
-  fi
-  target/release/zklock run --zk-connect "127.0.0.1:$zk_port/zklock-demo" "$epoch_policy" \
+  say "starting the control plane (the first run builds it from Go modules: about 4 minutes)"
+  local kubeconfig
+  kubeconfig=$(scripts/k8s.sh up "$state/k8s" | sed -n 's/^KUBECONFIG=//p')
+  cp "$kubeconfig" "$state/kubeconfig"
+  export KUBECONFIG=$state/kubeconfig
+  say "the control plane is up ($("$kubectl" version -o json | python3 -c 'import json,sys; print("kube-apiserver", json.load(sys.stdin)["serverVersion"]["gitVersion"])'))"
+  "$kubectl" apply -f crds/ >/dev/null
+  # The operator keeps its leader epoch in its lease namespace (here: default).
+  target/release/zklock epoch-policy --param-namespace default | "$kubectl" apply -f - >/dev/null
+  say "applied the LockClaim and Lock CRDs, and the leader epoch's admission policy"
+  target/release/zklock run --zk-connect "127.0.0.1:$zk_port/zklock-demo" --epoch-param=zklock-leader-epoch \
     --metrics-addr "127.0.0.1:$metrics_port" >"$state/operator.log" 2>&1 &
   echo $! >"$state/operator.pid"
   wait_for "the operator" python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$metrics_port/readyz')"
@@ -135,10 +120,8 @@ CLAIM
   echo "    scripts/demo.sh down"
 }
 
-real=0
 case ${1:-up} in
   up) up ;;
-  --real) real=1; up ;;
   down) down ;;
-  *) sed -n '2,13p' "$0"; exit 2 ;;
+  *) sed -n '2,11p' "$0"; exit 2 ;;
 esac

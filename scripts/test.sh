@@ -2,9 +2,8 @@
 # The test command: installs what the tests need (ZooKeeper, Curator, openssl, kubectl, helm,
 # kazoo), builds and starts the real Kubernetes control plane (scripts/k8s.sh: kube-apiserver,
 # etcd, controller-manager, scheduler and a kwok node; built once per version and cached), then
-# format, lint and every test of the workspace against real components. The end-to-end, chart,
-# RBAC, CLI and chaos tests run on that control plane; the contract suite runs on it and on
-# kube-sandbox. ZKLOCK_TEST_KUBECONFIG names another cluster instead of starting one.
+# format, lint and every test of the workspace against real components: every test that needs
+# Kubernetes runs on that control plane. ZKLOCK_TEST_KUBECONFIG names another cluster instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,11 +31,6 @@ deadline=${ZKLOCK_TEST_TIMEOUT:-60m}
 status=0
 cargo build --workspace --all-targets
 timeout --kill-after=30s "$deadline" cargo test --workspace || status=$?
-if [[ $status -eq 0 ]]; then
-  # The contract suite once more, on kube-sandbox: the two servers must agree.
-  timeout --kill-after=30s "$deadline" env -u ZKLOCK_TEST_KUBECONFIG \
-    cargo test -p kube-sandbox --test contract || status=$?
-fi
 if [[ $status -eq 124 || $status -eq 137 ]]; then
   echo "FAILED: the test run did not finish within $deadline: a test hangs (see the last test named above)" >&2
 fi

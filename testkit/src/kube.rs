@@ -1,70 +1,43 @@
 //! The Kubernetes API for tests: the server named by `ZKLOCK_TEST_KUBECONFIG`; else the
 //! project's real control plane (`scripts/k8s.sh up`, started once per test process and stopped
-//! when it ends); or, with `ZKLOCK_TEST_API=sandbox`, a kube-sandbox started once per test process
-//! on a thread of its own (so it outlives each test's runtime). Never the user's default
-//! `KUBECONFIG`: clients are built from the explicit file only.
+//! when it ends). A test that needs a control plane nobody else uses (an operator of every
+//! namespace sees every test's claims) starts one of its own with [`private_control_plane`].
+//! Never the user's default `KUBECONFIG`: clients are built from the explicit file only.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-/// Which API server the tests run on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Server {
-    /// The project's control plane, or another real cluster (`ZKLOCK_TEST_KUBECONFIG`).
-    Real,
-    /// kube-sandbox, the project's in-memory API server.
-    Sandbox,
-}
-
-static SERVER: OnceLock<(PathBuf, Server)> = OnceLock::new();
-
-fn server_under_test() -> &'static (PathBuf, Server) {
-    SERVER.get_or_init(|| match std::env::var("ZKLOCK_TEST_KUBECONFIG") {
-        Ok(path) if !path.is_empty() => {
-            eprintln!("kubernetes API from ZKLOCK_TEST_KUBECONFIG={path}");
-            (PathBuf::from(path), Server::Real)
-        }
-        _ if std::env::var("ZKLOCK_TEST_API").is_ok_and(|api| api == "sandbox") => (start_sandbox(), Server::Sandbox),
-        _ => (start_control_plane(), Server::Real),
-    })
-}
+static SERVER: OnceLock<PathBuf> = OnceLock::new();
 
 /// Path of the kubeconfig of the API server under test.
 pub fn kubeconfig() -> &'static Path {
-    &server_under_test().0
+    SERVER.get_or_init(|| match std::env::var("ZKLOCK_TEST_KUBECONFIG") {
+        Ok(path) if !path.is_empty() => {
+            eprintln!("kubernetes API from ZKLOCK_TEST_KUBECONFIG={path}");
+            PathBuf::from(path)
+        }
+        _ => start_control_plane("shared"),
+    })
 }
 
-/// Which server [`kubeconfig`] names.
-pub fn server() -> Server {
-    server_under_test().1
+static PRIVATE: OnceLock<Mutex<HashMap<String, &'static Path>>> = OnceLock::new();
+
+/// A control plane of this test process named `name`, which no other test uses (the first call
+/// starts it: about 10 s with the binaries cached), whatever `ZKLOCK_TEST_KUBECONFIG` says. It
+/// stops when the process ends.
+pub fn private_control_plane(name: &str) -> &'static Path {
+    let mut started = PRIVATE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    started.entry(name.to_string()).or_insert_with(|| Box::leak(start_control_plane(name).into_boxed_path()))
 }
 
-static SANDBOX: OnceLock<PathBuf> = OnceLock::new();
-
-/// A kube-sandbox of this test process, whatever server the others run on: for the tests that
-/// say why they need the sandbox (its demo, or a figure printed beside the real server's).
-pub fn sandbox_kubeconfig() -> &'static Path {
-    match server_under_test() {
-        (path, Server::Sandbox) => path,
-        _ => SANDBOX.get_or_init(start_sandbox),
-    }
-}
-
-/// The kubeconfig of a kube-sandbox this process runs, or an empty path if it runs none.
-pub fn sandbox_kubeconfig_if_started() -> &'static Path {
-    match server_under_test() {
-        (path, Server::Sandbox) => path,
-        _ => SANDBOX.get().map_or(Path::new(""), |p| p.as_path()),
-    }
-}
-
-/// The project's control plane, for this test process only: `scripts/k8s.sh up` (which builds
-/// it the first time), in a directory of this process; it stops itself once this process ends.
-fn start_control_plane() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("zklock-k8s-{}", std::process::id()));
+/// A control plane for this test process only: `scripts/k8s.sh up` (which builds it the first
+/// time), in a directory of this process; it stops itself once this process ends.
+fn start_control_plane(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("zklock-k8s-{}-{name}", std::process::id()));
     let script = crate::workspace_root().join("scripts/k8s.sh");
     eprintln!("starting the real control plane: {} up {}", script.display(), dir.display());
     let out = Command::new(&script)
@@ -79,35 +52,6 @@ fn start_control_plane() -> PathBuf {
         Some(path) if out.status.success() => PathBuf::from(path),
         _ => panic!("scripts/k8s.sh up failed ({}): {stdout}", out.status),
     }
-}
-
-fn start_sandbox() -> PathBuf {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("kube-sandbox".into())
-        .spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap_or_else(|e| panic!("kube-sandbox runtime: {e}"));
-            runtime.block_on(async move {
-                let sandbox = kube_sandbox::Sandbox::start(kube_sandbox::Options::default())
-                    .await
-                    .unwrap_or_else(|e| panic!("cannot start kube-sandbox: {e}"));
-                let _ = tx.send((sandbox.url().to_string(), sandbox.kubeconfig()));
-                // Serve for as long as the test process lives.
-                std::future::pending::<()>().await;
-            });
-        })
-        .unwrap_or_else(|e| panic!("cannot spawn the kube-sandbox thread: {e}"));
-    let (url, config) = rx.recv().unwrap_or_else(|e| panic!("kube-sandbox did not start: {e}"));
-    let dir = std::env::temp_dir().join(format!("zklock-kube-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let path = dir.join("kubeconfig");
-    std::fs::write(&path, config).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    eprintln!("kube-sandbox at {url}");
-    path
 }
 
 /// A client for the API server under test.

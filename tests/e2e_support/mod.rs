@@ -1,5 +1,5 @@
 //! End-to-end harness: the real `zklock` binary as the operator, real ZooKeeper, the Kubernetes
-//! API under test (kube-sandbox, or `ZKLOCK_TEST_KUBECONFIG`), and a history of every claim
+//! API under test (the project's control plane, or `ZKLOCK_TEST_KUBECONFIG`), and a history of every claim
 //! status change, checked against the invariants of docs/design.md: safety.
 #![allow(dead_code)]
 
@@ -38,16 +38,6 @@ where
     })
     .await
     .unwrap_or_else(|_| panic!("timed out after {PATIENCE:?} waiting for {what}"));
-}
-
-/// Fails a test that needs what kube-sandbox does not run (the job controller, the scheduler,
-/// a node): `needs` says which.
-pub fn require_real_control_plane(needs: &str) {
-    assert_eq!(
-        zklock_testkit::kube::server(),
-        zklock_testkit::kube::Server::Real,
-        "{needs}: it needs a real control plane (job controller, scheduler, node)"
-    );
 }
 
 pub struct Env {
@@ -127,12 +117,12 @@ impl Env {
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
         namespaces.create(&PostParams::default(), &namespace).await.expect("create the test namespace");
-        if binding && epoch_policy(kubeconfig) {
+        if binding && epoch_policy() {
             // As the chart does for an installation: the operators of this test keep their
             // epoch in the test's namespace (their lease namespace) and serve only it.
             install_epoch_policy(&client, &format!("zklock-leader-epoch-{ns}"), &ns, std::slice::from_ref(&ns)).await;
         }
-        if binding && finalizer_policy(kubeconfig) {
+        if binding && finalizer_policy() {
             // As the chart does: claims get the operator's finalizer as they are created.
             install_finalizer_policy(&client, &finalizer_binding(&ns), std::slice::from_ref(&ns)).await;
         }
@@ -257,34 +247,15 @@ pub fn condition(c: &LockClaim, type_: &str) -> Option<(String, String, String)>
 }
 
 /// Creates (or updates) the CRDs from `crds/` and waits until they are served. Tests run at
-/// once install them at once: server-side apply, where the server has it (kube-sandbox does
-/// not: there, an update that meets another's is read and made again).
+/// once install them at once: server-side apply, which lets them meet without conflicts.
 pub async fn install_crd(client: &kube::Client) {
     for (file, _) in zklock::api::crds() {
         let name = file.trim_end_matches(".yaml");
         let text = std::fs::read_to_string(format!("{}/crds/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
-        let mut crd: CustomResourceDefinition = serde_yaml::from_str(&text).unwrap();
+        let crd: CustomResourceDefinition = serde_yaml::from_str(&text).unwrap();
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         let apply = PatchParams::apply("zklock-tests").force();
-        match crds.patch(name, &apply, &Patch::Apply(&crd)).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 415 => loop {
-                let answer = match crds.get_opt(name).await.expect("read the CRDs") {
-                    None => crds.create(&PostParams::default(), &crd).await.map(drop),
-                    Some(current) if current.spec == crd.spec => Ok(()),
-                    Some(current) => {
-                        crd.metadata.resource_version = current.metadata.resource_version;
-                        crds.replace(name, &PostParams::default(), &crd).await.map(drop)
-                    }
-                };
-                match answer {
-                    Ok(()) => break,
-                    Err(kube::Error::Api(e)) if e.code == 409 => continue,
-                    Err(e) => panic!("install the CRD {name}: {e}"),
-                }
-            },
-            Err(e) => panic!("apply the CRD {name}: {e}"),
-        }
+        crds.patch(name, &apply, &Patch::Apply(&crd)).await.unwrap_or_else(|e| panic!("apply the CRD {name}: {e}"));
         let established = await_condition(crds, name, kube::runtime::conditions::is_crd_established());
         tokio::time::timeout(PATIENCE, established).await.expect("the CRD is not established").expect("watch CRD");
     }
@@ -307,21 +278,18 @@ pub async fn install_crd(client: &kube::Client) {
     tokio::time::timeout(PATIENCE, served).await.expect("the CRDs' kinds are not served");
 }
 
-/// Whether the API server under test runs the admission policy that refuses a deposed
-/// leader's late status writes (docs/design.md: fencing): every real one does (Kubernetes 1.30 and
-/// later); kube-sandbox does not implement admission policies, and a cluster named by
-/// `ZKLOCK_TEST_KUBECONFIG` that cannot run it is tested with `ZKLOCK_TEST_EPOCH_POLICY=off`.
-pub fn epoch_policy(kubeconfig: &std::path::Path) -> bool {
-    kubeconfig != zklock_testkit::kube::sandbox_kubeconfig_if_started()
-        && std::env::var("ZKLOCK_TEST_EPOCH_POLICY").map_or(true, |v| v != "off")
+/// Whether the tests install the admission policy that refuses a deposed leader's late status
+/// writes (docs/design.md: fencing): every API server since Kubernetes 1.30 runs it; a cluster
+/// named by `ZKLOCK_TEST_KUBECONFIG` that cannot is tested with `ZKLOCK_TEST_EPOCH_POLICY=off`.
+pub fn epoch_policy() -> bool {
+    std::env::var("ZKLOCK_TEST_EPOCH_POLICY").map_or(true, |v| v != "off")
 }
 
 /// Whether the tests' claims get the operator's finalizer from the admission policy (as the
-/// chart installs it): on a real API server, unless ZKLOCK_TEST_FINALIZER_POLICY=off (to
-/// compare with the operator adding it itself).
-pub fn finalizer_policy(kubeconfig: &std::path::Path) -> bool {
-    kubeconfig != zklock_testkit::kube::sandbox_kubeconfig_if_started()
-        && std::env::var("ZKLOCK_TEST_FINALIZER_POLICY").map_or(true, |v| v != "off")
+/// chart installs it), unless ZKLOCK_TEST_FINALIZER_POLICY=off (to compare with the operator
+/// adding it itself, as on a cluster before Kubernetes 1.36).
+pub fn finalizer_policy() -> bool {
+    std::env::var("ZKLOCK_TEST_FINALIZER_POLICY").map_or(true, |v| v != "off")
 }
 
 /// The name of the finalizer policy's binding for the test namespace `ns`.
@@ -418,7 +386,7 @@ impl Operator {
         .map(|s| s.to_string())
         .collect();
         // (An older build, `ZKLOCK_TEST_BINARY`, is not given flags it may not know.)
-        if !epoch_policy(&env.kubeconfig)
+        if !epoch_policy()
             && !extra.contains(&"--no-leader-election")
             && std::env::var_os("ZKLOCK_TEST_BINARY").is_none()
         {

@@ -1,0 +1,9 @@
+//! What the repository promises about itself: the docs' commands run as written, the layers
+//! keep their dependencies, the checked-in CRDs are the generated ones.
+
+#[path = "../e2e_support/mod.rs"]
+mod e2e_support;
+
+mod crd;
+mod docs;
+mod layers;
