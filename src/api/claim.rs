@@ -12,7 +12,7 @@ use crate::recipe::Mode;
 
 /// A request to hold a lock, or several locks together: one acquisition attempt. Claims with
 /// the same lock name in a namespace contend; the spec cannot change after creation.
-#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "zklock.io",
     version = "v1alpha1",

@@ -13,7 +13,7 @@ const OWN_ANNOTATIONS: &str = "zklock.io/";
 
 #[derive(Resource, Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[resource(inherit = "LockClaim")]
-#[serde(from = "LockClaim", into = "LockClaim")]
+#[serde(from = "Listed", into = "LockClaim")]
 pub struct KeptClaim {
     /// Identity, resourceVersion, generation, creation and deletion times, finalizers, owners
     /// (a pod's claim names its pod), and the `zklock.io/` annotations; no labels, managed
@@ -21,6 +21,11 @@ pub struct KeptClaim {
     pub metadata: ObjectMeta,
     pub spec: LockClaimSpec,
     pub status: Option<KeptStatus>,
+    /// Why the claim could not be read as a `LockClaim` (a field of the wrong type, stored under
+    /// another version of the schema); the part that could not be read is then empty. It stays
+    /// in the store all the same: a claim that left the store would be taken for deleted, and
+    /// its node released under a holder that may still work.
+    pub unreadable: Option<Box<str>>,
 }
 
 /// `LockClaimStatus` with boxed strings and conditions whose words are shared constants.
@@ -144,28 +149,80 @@ impl KeptClaim {
 impl From<LockClaim> for KeptClaim {
     fn from(claim: LockClaim) -> Self {
         let LockClaim { metadata, spec, status } = claim;
-        let annotations = metadata
-            .annotations
-            .map(|a| {
-                a.into_iter()
-                    .filter(|(k, _)| k.starts_with(OWN_ANNOTATIONS))
-                    .collect::<std::collections::BTreeMap<_, _>>()
-            })
-            .filter(|a| !a.is_empty());
-        let metadata = ObjectMeta {
-            name: metadata.name,
-            namespace: metadata.namespace,
-            uid: metadata.uid,
-            resource_version: metadata.resource_version,
-            generation: metadata.generation,
-            creation_timestamp: metadata.creation_timestamp,
-            deletion_timestamp: metadata.deletion_timestamp,
-            finalizers: metadata.finalizers,
-            owner_references: metadata.owner_references,
-            annotations,
-            ..ObjectMeta::default()
-        };
-        KeptClaim { metadata, spec, status: status.map(KeptStatus::from) }
+        KeptClaim { metadata: kept_metadata(metadata), spec, status: status.map(KeptStatus::from), unreadable: None }
+    }
+}
+
+/// A claim as listed or watched, its spec and status decoded each on its own: one claim that
+/// cannot be decoded must not stop its namespace's watch (a list fails whole), nor hide what
+/// can still be read of it (a status written by the operator names the nodes it holds). The
+/// model is kube's `DeserializeGuard`, which keeps only the metadata of an object it cannot
+/// decode.
+#[derive(Deserialize)]
+struct Listed {
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Guarded<LockClaimSpec>,
+    #[serde(default)]
+    status: Guarded<Option<LockClaimStatus>>,
+}
+
+/// A part of an object decoded on its own: its value, or why it could not be.
+struct Guarded<T>(Result<T, String>);
+
+impl<T: Default> Default for Guarded<T> {
+    fn default() -> Self {
+        Guarded(Ok(T::default()))
+    }
+}
+
+impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for Guarded<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(deserializer)?;
+        Ok(Guarded(T::deserialize(value).map_err(|e| e.to_string())))
+    }
+}
+
+impl From<Listed> for KeptClaim {
+    fn from(listed: Listed) -> Self {
+        match (listed.spec.0, listed.status.0) {
+            (Ok(spec), Ok(status)) => LockClaim { metadata: listed.metadata, spec, status }.into(),
+            (spec, status) => {
+                let why: Vec<String> = [("spec", spec.as_ref().err()), ("status", status.as_ref().err())]
+                    .into_iter()
+                    .filter_map(|(part, error)| error.map(|e| format!("{part}: {e}")))
+                    .collect();
+                KeptClaim {
+                    metadata: kept_metadata(listed.metadata),
+                    spec: spec.unwrap_or_default(),
+                    status: status.ok().flatten().map(KeptStatus::from),
+                    unreadable: Some(why.join("; ").into()),
+                }
+            }
+        }
+    }
+}
+
+/// The metadata the operator reads; see [`KeptClaim::metadata`].
+fn kept_metadata(metadata: ObjectMeta) -> ObjectMeta {
+    let annotations = metadata
+        .annotations
+        .map(|a| {
+            a.into_iter().filter(|(k, _)| k.starts_with(OWN_ANNOTATIONS)).collect::<std::collections::BTreeMap<_, _>>()
+        })
+        .filter(|a| !a.is_empty());
+    ObjectMeta {
+        name: metadata.name,
+        namespace: metadata.namespace,
+        uid: metadata.uid,
+        resource_version: metadata.resource_version,
+        generation: metadata.generation,
+        creation_timestamp: metadata.creation_timestamp,
+        deletion_timestamp: metadata.deletion_timestamp,
+        finalizers: metadata.finalizers,
+        owner_references: metadata.owner_references,
+        annotations,
+        ..ObjectMeta::default()
     }
 }
 
@@ -246,6 +303,30 @@ impl From<KeptStatus> for LockClaimStatus {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_claim_that_cannot_be_read_is_kept_with_what_can_be_and_why() {
+        let listed = serde_json::json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim",
+            "metadata": { "name": "bad", "namespace": "shop", "uid": "u-1", "finalizers": ["zklock.io/release"] },
+            "spec": { "lockName": 7 },
+            "status": { "phase": "Held", "znode": "/zklock/locks/shop/db/write-u-1-lock-0000000003" },
+        });
+        let kept: KeptClaim = serde_json::from_value(listed).expect("a claim that cannot be read still decodes");
+        let why = kept.unreadable.as_deref().expect("it says why");
+        assert!(why.starts_with("spec: ") && why.contains("invalid type"), "{why}");
+        assert_eq!(kept.metadata.uid.as_deref(), Some("u-1"));
+        assert_eq!(kept.metadata.finalizers, Some(vec!["zklock.io/release".to_string()]));
+        assert_eq!(
+            (kept.phase(), kept.znode()),
+            (Some(Phase::Held), Some("/zklock/locks/shop/db/write-u-1-lock-0000000003"))
+        );
+        assert_eq!(kept.spec, LockClaimSpec::default());
+
+        let readable = serde_json::to_value(demo_claim()).unwrap();
+        let kept: KeptClaim = serde_json::from_value(readable).unwrap();
+        assert_eq!(kept.unreadable, None);
+    }
 
     fn demo_claim() -> LockClaim {
         serde_json::from_value(serde_json::json!({

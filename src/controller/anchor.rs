@@ -43,9 +43,18 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
             // stamp is awaited: no reconcile of it will ever run again to make or give them.
             continue;
         }
-        let Ok(spec) = validate_spec(&claim.spec, &namespace) else { continue };
         let phase = recorded_phase(ctx, &claim);
         let live = matches!(phase, Some(Phase::Held | Phase::Waiting));
+        if claim.unreadable.is_some() {
+            // Its spec or status cannot be read: it keeps the nodes its status records.
+            if live {
+                for (part, node) in super::unreadable::recorded_parts(&claim, &uid) {
+                    locks.entry(part.lock.clone()).or_default().push((claim.clone(), part, Some(node)));
+                }
+            }
+            continue;
+        }
+        let Ok(spec) = validate_spec(&claim.spec, &namespace) else { continue };
         // Listed after this term began: an earlier leader may still have a status write for
         // it on the way, and no grant in its locks before this term's first write to it
         // (docs/design.md: fencing). Claims created after the list never saw an earlier leader.

@@ -20,6 +20,7 @@ mod positions;
 mod reconcile;
 pub mod registry;
 pub mod supervisor;
+mod unreadable;
 mod watch;
 
 use std::sync::atomic::{AtomicBool, Ordering};

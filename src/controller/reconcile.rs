@@ -39,9 +39,15 @@ pub async fn reconcile(uid: Uid, claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Re
     let result = finalizer(&api, FINALIZER, claim, |event| async {
         match event {
             // Planned from the whole claim again (the store keeps a compact copy).
-            Finalizer::Apply(claim) => apply(&uid, claim.to_claim(), &ctx).await,
+            Finalizer::Apply(claim) => match claim.unreadable.as_deref() {
+                Some(why) => super::unreadable::report(&claim, why, &ctx).await,
+                None => apply(&uid, claim.to_claim(), &ctx).await,
+            },
             Finalizer::Cleanup(claim) => {
-                let action = cleanup(&uid, claim.to_claim(), &ctx).await?;
+                let action = match claim.unreadable {
+                    Some(_) => super::unreadable::release(&uid, &ctx).await?,
+                    None => cleanup(&uid, claim.to_claim(), &ctx).await?,
+                };
                 cleaned.store(true, std::sync::atomic::Ordering::Relaxed);
                 Ok(action)
             }
@@ -594,7 +600,7 @@ fn status_patch(uid: &str, status: &LockClaimStatus, version: &str) -> Result<js
 }
 
 /// A write's failure, for a log line: refused, timed out, or not written (not leading).
-fn write_error<T>(result: Result<Result<T, kube::Error>, Error>) -> Option<String> {
+pub(super) fn write_error<T>(result: Result<Result<T, kube::Error>, Error>) -> Option<String> {
     result.map_or_else(|e| Some(e.to_string()), |r| r.err().map(|e| e.to_string()))
 }
 

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use super::registry::Seen;
 use super::{Context, Uid};
-use crate::api::KeptClaim;
+use crate::api::{KeptClaim, Phase};
 use crate::recipe::Mode;
 
 /// The claims of one scope, kept in `writer`'s store, as the controller's trigger stream. The
@@ -83,12 +83,21 @@ fn first_seen(ctx: &Context, claim: &KeptClaim) {
     }
     let uid = ctx.engine.id(uid).unwrap_or_else(|| uid.into());
     let phase = claim.phase();
-    let locks: Vec<(String, bool)> = claim
-        .spec
-        .lock_refs()
-        .iter()
-        .map(|l| (ctx.lock_path(namespace, &l.lock_name), l.mode == Mode::Exclusive))
-        .collect();
+    let locks: Vec<(String, bool)> = if claim.unreadable.is_some() {
+        // What it asks for cannot be read: it is never enqueued, and waits at no gate. Known
+        // all the same (a claim the registry does not know is taken for gone, and its nodes
+        // released), with the locks its status records it holds or waits for.
+        let live = matches!(phase, Some(Phase::Held | Phase::Waiting));
+        let recorded = if live { super::unreadable::recorded_parts(claim, &uid) } else { vec![] };
+        recorded.iter().map(|(part, _)| (part.lock.clone(), part.mode == Mode::Exclusive)).collect()
+    } else {
+        claim
+            .spec
+            .lock_refs()
+            .iter()
+            .map(|l| (ctx.lock_path(namespace, &l.lock_name), l.mode == Mode::Exclusive))
+            .collect()
+    };
     let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
     ctx.registry.first_seen(&uid, Seen { name, namespace, locks: &locks }, created, phase);
 }

@@ -406,3 +406,87 @@ async fn two_operators_without_leader_election_overlapping_take_no_hold_away() {
     assert_eq!(env.history.grants("rollout"), vec!["holder", "next", "during"]);
     env.history.check();
 }
+
+/// Loosens the LockClaim CRD of the environment's (private) control plane so that a claim the
+/// operator cannot read can be stored, as after a schema change or an operator downgrade.
+async fn loosen_claim_schema(env: &Env) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: kube::Api<CustomResourceDefinition> = kube::Api::all(env.client.clone());
+    let name = "lockclaims.zklock.io";
+    let mut crd = serde_json::to_value(crds.get(name).await.expect("the LockClaim CRD")).unwrap();
+    for version in crd["spec"]["versions"].as_array_mut().expect("versions") {
+        version["schema"]["openAPIV3Schema"]["properties"]["spec"] =
+            json!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true });
+    }
+    let crd: CustomResourceDefinition = serde_json::from_value(crd).unwrap();
+    crds.replace(name, &Default::default(), &crd).await.expect("loosen the LockClaim CRD");
+}
+
+/// A claim the operator cannot read as a LockClaim (a field of the wrong type, stored under a
+/// looser schema, as after a schema change or a downgrade) used to make its namespace's list
+/// fail, again and again: no claim there was served any more, and no term could start. Now it
+/// is reported (a Warning event) and left as it is: what it holds it keeps, across a new term
+/// too (re-anchored from the nodes its status records), until it is deleted; every other claim
+/// goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_the_operator_cannot_read_fails_alone_and_keeps_what_it_holds() {
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::{ApiResource, DynamicObject};
+    // A control plane of its own: the CRD is loosened there for this test alone.
+    let kubeconfig = zklock_testkit::kube::private_control_plane("loose-claim-schema");
+    let env = Env::on(kubeconfig, zklock_testkit::ZkServer::shared().chroot().await, true).await;
+    loosen_claim_schema(&env).await;
+    // Written and read untyped: the typed client cannot read these claims either.
+    let resource = ApiResource::erase::<zklock::api::LockClaim>(&());
+    let raw: kube::Api<DynamicObject> = kube::Api::namespaced_with(env.client.clone(), &env.ns, &resource);
+    let mut op = env.operator();
+    env.claim("holder", "kept", json!({})).await;
+    env.wait_phase("holder", Phase::Held).await;
+    env.claim("next", "kept", json!({})).await;
+    env.wait_phase("next", Phase::Waiting).await;
+
+    // The holder's spec gets a field of the wrong type; a new claim is made unreadable.
+    let wrong = json!({ "spec": { "holder": "not-a-pod-reference" } });
+    until("the looser schema to take the holder's wrong field", || async {
+        raw.patch("holder", &PatchParams::default(), &Patch::Merge(&wrong)).await.is_ok()
+    })
+    .await;
+    let bad: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim",
+        "metadata": { "name": "bad" }, "spec": { "lockName": 7 },
+    }))
+    .unwrap();
+    raw.create(&Default::default(), &bad).await.expect("create the unreadable claim");
+
+    // Every other claim goes on.
+    env.claim("other", "free", json!({})).await;
+    env.wait_phase("other", Phase::Held).await;
+    let events: kube::Api<Event> = kube::Api::namespaced(env.client.clone(), &env.ns);
+    for name in ["holder", "bad"] {
+        until(&format!("an Unreadable Warning event on {name}"), || async {
+            let listed = events.list(&Default::default()).await.map(|l| l.items).unwrap_or_default();
+            listed.iter().any(|e| {
+                e.reason.as_deref() == Some("Unreadable")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                    && e.note.as_deref().is_some_and(|n| n.contains("spec"))
+            })
+        })
+        .await;
+    }
+
+    // A new term (the leader killed, a new process and session) re-anchors the holder from its
+    // recorded node: the next claim in its lock is still not Held once the term serves.
+    op.restart();
+    env.claim("after-restart", "free-too", json!({})).await;
+    env.wait_phase("after-restart", Phase::Held).await;
+    assert_eq!(env.status("next").await, Some(Phase::Waiting), "the unreadable holder keeps its lock in a new term");
+
+    // Its deletion is read: its node goes, and the next claim gets the lock.
+    raw.delete("holder", &DeleteParams::default()).await.expect("delete the unreadable holder");
+    env.wait_phase("next", Phase::Held).await;
+    raw.delete("bad", &DeleteParams::default()).await.expect("delete the unreadable claim");
+    for name in ["holder", "bad"] {
+        until(&format!("{name} to be gone"), || async { matches!(raw.get_opt(name).await, Ok(None)) }).await;
+    }
+    assert_eq!(op.metric("zklock_leader").await, 1.0, "the operator leads throughout");
+}
