@@ -1,13 +1,14 @@
 //! zklock: lease-style locks as Kubernetes custom resources, backed by ZooKeeper.
 //!
-//! - [`recipe`]: the pure lock recipe (which node holds, which node to watch).
-//! - [`zk`]: the lock engine on one ZooKeeper session.
+//! - [`recipe`], [`zk`]: the pure lock recipe and the lock engine on one ZooKeeper session (the
+//!   crate `zklock-engine`, which knows no Kubernetes).
+//! - [`api`]: the custom resources (the crate `zklock-api`).
 //! - [`controller`]: the operator's controllers (claims, gated pods); [`operator`] runs them.
 //! - [`acquire`], [`exec`]: `zklock acquire` and `zklock exec`, clients of the claim API.
 #![forbid(unsafe_code)]
 
 pub mod acquire;
-pub mod api;
+pub use zklock_api as api;
 pub mod client;
 pub mod controller;
 pub mod exec;
@@ -15,6 +16,6 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod operator;
-pub mod recipe;
+pub use zklock_engine::recipe;
 pub mod signals;
-pub mod zk;
+pub use zklock_engine as zk;

@@ -17,7 +17,19 @@ use crate::zk::LockEngine;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabel {
-    pub phase: Phase,
+    pub phase: PhaseValue,
+}
+
+/// A claim's phase as a label value: its name, as the API writes it (the API types know no
+/// metrics).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct PhaseValue(pub Phase);
+
+impl prometheus_client::encoding::EncodeLabelValue for PhaseValue {
+    fn encode(&self, encoder: &mut prometheus_client::encoding::LabelValueEncoder) -> std::fmt::Result {
+        use std::fmt::Write;
+        write!(encoder, "{:?}", self.0)
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -265,7 +277,7 @@ impl Collector for EngineCounters {
 impl Metrics {
     pub fn set_phase_counts(&self, counts: &std::collections::HashMap<Phase, i64>) {
         for phase in Phase::ALL {
-            self.claims.get_or_create(&PhaseLabel { phase }).set(*counts.get(&phase).unwrap_or(&0));
+            self.claims.get_or_create(&PhaseLabel { phase: PhaseValue(phase) }).set(*counts.get(&phase).unwrap_or(&0));
         }
     }
 

@@ -1,5 +1,7 @@
 //! The user-facing API: the `LockClaim` custom resource (`zklock.io/v1alpha1`), its phases and
-//! conditions, and the validation of what the schema cannot check.
+//! conditions, and the validation of what the schema cannot check. It knows the lock recipe's
+//! modes and nothing else of the engine, and no metrics or controller: the compiler keeps it so.
+#![forbid(unsafe_code)]
 
 mod claim;
 pub mod conditions;

@@ -4,11 +4,10 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
-use prometheus_client::encoding::EncodeLabelValue;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::recipe::Mode;
+use zklock_engine::recipe::Mode;
 
 /// A request to hold a lock, or several locks together: one acquisition attempt. Claims with
 /// the same lock name in a namespace contend; the spec cannot change after creation.
@@ -145,7 +144,7 @@ pub struct Holder {
 }
 
 /// Where a claim stands.
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema, EncodeLabelValue)]
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
 pub enum Phase {
     /// Accepted; node not created yet.
     Pending,

@@ -12,6 +12,10 @@
 //!    session), `rounds` (a lock's reads and decisions), `session` (the watches and the
 //!    session's state), `enqueue` (made nodes become contenders and get their first decision);
 //! 4. `engine`, its face.
+//!
+//! Below them all, [`recipe`]: the pure lock recipe (which node holds, which node to watch),
+//! with no I/O. The crate knows no Kubernetes: the compiler keeps it so.
+#![forbid(unsafe_code)]
 
 mod acl;
 mod anchor;
@@ -24,6 +28,7 @@ mod engine;
 mod enqueue;
 mod fence;
 mod ops;
+pub mod recipe;
 mod retry;
 mod root;
 mod rounds;

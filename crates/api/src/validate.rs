@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::{LockClaim, LockClaimSpec, MAX_LOCKS};
-use crate::recipe::Mode;
+use zklock_engine::recipe::Mode;
 
 /// Revocation grace period when the spec gives none.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
@@ -158,7 +158,7 @@ fn seconds(field: &str, value: Option<i64>, min: i64, max: i64) -> Result<Option
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::Holder;
+    use crate::Holder;
 
     fn claim(spec: LockClaimSpec) -> LockClaim {
         let mut c = LockClaim::new("c", spec);
