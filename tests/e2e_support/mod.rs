@@ -276,6 +276,25 @@ pub async fn install_crd(client: &kube::Client) {
         }
     };
     tokio::time::timeout(PATIENCE, served).await.expect("the CRDs' kinds are not served");
+    // Listed is not yet creatable: admission (the admission policies' matching) resolves kinds
+    // through a mapper of its own, refreshed a little later, and answers a create of the new
+    // kind with 503 ("Resource kind … not found") until then; a user's kubectl does not retry.
+    let creatable = async {
+        let probe: LockClaim = serde_json::from_value(json!({
+            "metadata": { "name": "zklock-tests-probe" }, "spec": { "lockName": "probe" },
+        }))
+        .unwrap();
+        let dry_run = PostParams { dry_run: true, ..PostParams::default() };
+        loop {
+            match Api::<LockClaim>::namespaced(client.clone(), "default").create(&dry_run, &probe).await {
+                Err(kube::Error::Api(e)) if e.code == 503 || e.code == 404 => {}
+                // Made (dry run), or refused for a reason of its own (it exists): admission knows the kind.
+                _ => return,
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, creatable).await.expect("the CRDs' kinds cannot be created");
 }
 
 /// Whether the tests install the admission policy that refuses a deposed leader's late status
