@@ -33,7 +33,7 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 
 pub struct Options {
     pub zk: ZkConfig,
-    pub zk_root: String,
+    pub layout: crate::zk::Layout,
     pub metrics_addr: SocketAddr,
     pub namespaces: Vec<String>,
     pub lease_namespace: Option<String>,
@@ -109,14 +109,14 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
             holder: options.identity.clone(),
         };
         let served = async {
-            let (engine, events) = supervisor::connect(&options.zk, &options.zk_root, installation, &leadership)
+            let (engine, events) = supervisor::connect(&options.zk, &options.layout, installation, &leadership)
                 .await
                 .map_err(Ended::Connect)?;
             metrics.engine.follow(Some(engine.clone()));
             let setup = crate::controller::Setup {
                 client: client.clone(),
                 watch_client: clients.watches.clone(),
-                zk_root: options.zk_root.clone(),
+                layout: options.layout.clone(),
                 namespaces: options.namespaces.clone(),
                 metrics: metrics.clone(),
                 events: crate::controller::events::EventWriter::new(client.clone(), &options.identity),

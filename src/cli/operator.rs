@@ -10,8 +10,8 @@ pub struct RunArgs {
     #[arg(long, env = "ZKLOCK_ZK_CONNECT")]
     zk_connect: String,
     /// Root of zklock's tree; locks live at <root>/locks/<namespace>/<lockName>
-    #[arg(long, env = "ZKLOCK_ZK_ROOT", default_value = "/zklock", value_parser = parse_zk_root)]
-    zk_root: String,
+    #[arg(long, env = "ZKLOCK_ZK_ROOT", default_value = "/zklock", value_parser = zklock::zk::Layout::new)]
+    zk_root: zklock::zk::Layout,
     /// Session timeout to ask ZooKeeper for (e.g. 10s, 4000ms)
     #[arg(long, env = "ZKLOCK_ZK_SESSION_TIMEOUT", default_value = "10s", value_parser = super::durations::parse_duration)]
     zk_session_timeout: Duration,
@@ -90,7 +90,7 @@ impl RunArgs {
             .unwrap_or_else(|_| format!("zklock-{}", std::process::id()));
         Ok(zklock::operator::Options {
             zk,
-            zk_root: self.zk_root,
+            layout: self.zk_root,
             metrics_addr: self.metrics_addr,
             namespaces: self.watch_namespace.into_iter().filter(|n| !n.is_empty()).collect(),
             lease_namespace: self.lease_namespace,
@@ -107,15 +107,6 @@ fn parse_digest(s: &str) -> Result<String, String> {
     match s.trim().strip_prefix("digest:") {
         Some(cred) if cred.split_once(':').is_some_and(|(u, p)| !u.is_empty() && !p.is_empty()) => Ok(cred.to_string()),
         _ => Err("expected digest:USER:PASS".into()),
-    }
-}
-
-fn parse_zk_root(s: &str) -> Result<String, String> {
-    let ok = s.starts_with('/') && !s.ends_with('/') && !s.contains("//") && s.len() > 1;
-    if ok {
-        Ok(s.to_string())
-    } else {
-        Err(format!("{s:?} is not an absolute ZooKeeper path like /zklock"))
     }
 }
 

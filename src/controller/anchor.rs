@@ -79,8 +79,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     }
     // Directories that hold nodes of earlier sessions but no live claim any more: their stale
     // nodes must go too, or new claims would queue behind them until the old session expires.
-    let root = format!("{}/locks", ctx.zk_root.trim_end_matches('/'));
-    for (namespace, path) in ctx.engine.directories_with_nodes(&root).await? {
+    for (namespace, path) in ctx.engine.directories_with_nodes(&ctx.layout).await? {
         if ctx.namespaces.is_empty() || ctx.namespaces.contains(&namespace) {
             locks.entry(path).or_default();
         }

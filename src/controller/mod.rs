@@ -42,7 +42,7 @@ use tracing::Instrument;
 use crate::api::{KeptClaim, Lock};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
-use crate::zk::LockEngine;
+use crate::zk::{Layout, LockEngine};
 pub use api_fence::EpochParam;
 pub use registry::Registry;
 
@@ -61,8 +61,8 @@ pub struct Context {
     /// Watches.
     watch_client: kube::Client,
     pub engine: LockEngine,
-    /// ZooKeeper root of zklock's tree; locks live at `<root>/locks/<namespace>/<lockName>`.
-    pub zk_root: String,
+    /// Where zklock's nodes are in ZooKeeper.
+    pub layout: Layout,
     /// Namespaces served; empty = all.
     pub namespaces: Vec<String>,
     pub registry: Registry,
@@ -101,7 +101,7 @@ struct Triggers {
 
 impl Context {
     pub fn lock_path(&self, namespace: &str, lock_name: &str) -> String {
-        format!("{}/locks/{namespace}/{lock_name}", self.zk_root.trim_end_matches('/'))
+        self.layout.lock(namespace, lock_name)
     }
 
     /// Whether the engine's session is re-anchored: nothing new is enqueued, and no claim is
@@ -304,7 +304,7 @@ impl Context {
 pub struct Setup {
     pub client: kube::Client,
     pub watch_client: kube::Client,
-    pub zk_root: String,
+    pub layout: Layout,
     pub namespaces: Vec<String>,
     pub metrics: Arc<Metrics>,
     pub events: events::EventWriter,
@@ -332,7 +332,7 @@ pub async fn run(
     let Setup {
         client,
         watch_client,
-        zk_root,
+        layout,
         namespaces,
         metrics,
         events,
@@ -367,7 +367,7 @@ pub async fn run(
         client,
         watch_client,
         engine,
-        zk_root,
+        layout,
         namespaces,
         registry: Registry::default(),
         metrics,

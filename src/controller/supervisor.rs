@@ -14,10 +14,7 @@ use tokio::time::Instant;
 
 use super::{anchor, Context, Error};
 use crate::leader::Leadership;
-use crate::zk::{ContenderState, EngineEvent, Installation, LockEngine, SessionEvent, ZkConfig};
-
-/// The leader epoch's node below the ZooKeeper root (docs/design.md: fencing).
-pub const EPOCH_NODE: &str = "leader-epoch";
+use crate::zk::{ContenderState, EngineEvent, Installation, Layout, LockEngine, SessionEvent, ZkConfig};
 
 /// The least lease time left in which the leader epoch is taken (the bump's own time included).
 const EPOCH_MARGIN: Duration = Duration::from_secs(1);
@@ -119,27 +116,26 @@ impl Term {
 /// leader's writes fail from now on. The epoch is taken only while the lease is still ours.
 pub async fn connect(
     config: &ZkConfig,
-    zk_root: &str,
+    layout: &Layout,
     installation: Installation,
     leadership: &Leadership,
 ) -> Result<(LockEngine, mpsc::UnboundedReceiver<EngineEvent>), Error> {
     let (engine, events) = LockEngine::connect_with_events(config.clone()).await?;
     // The root first: a leader of another installation is refused before it takes anything.
     let identity = installation.holder.clone();
-    engine.take_root(zk_root, installation).await?;
+    engine.take_root(layout, installation).await?;
     // The bump must be over while the lease is ours, with time to spare: a bump that lands
     // after a successor's would fence the successor. A successor can only take over once our
     // lease has run out by its own clock (longer than our renew deadline), so a bump finished
     // within our time left is before any successor's.
     let left = leadership.time_left().filter(|left| *left > EPOCH_MARGIN).ok_or(Error::NotLeading)?;
-    let epoch_path = format!("{}/{EPOCH_NODE}", zk_root.trim_end_matches('/'));
-    let epoch = tokio::time::timeout(left - EPOCH_MARGIN, engine.take_epoch(&epoch_path, &identity))
+    let epoch = tokio::time::timeout(left - EPOCH_MARGIN, engine.take_epoch(&layout.epoch(), &identity))
         .await
         .map_err(|_| Error::NotLeading)??;
     if !leadership.is_leading() {
         return Err(Error::NotLeading);
     }
-    tracing::info!(epoch, path = %epoch_path, "took the leader epoch");
+    tracing::info!(epoch, path = %layout.epoch(), "took the leader epoch");
     Ok((engine, events))
 }
 

@@ -10,6 +10,7 @@ use std::path::Path;
 /// `crates/engine/src`'s files, lowest first; a file may use only files listed before it.
 const ZK_LAYERS: &[&str] = &[
     "recipe", // pure: no I/O
+    "layout", // where everything is in ZooKeeper
     "data",
     "contender",
     "config",

@@ -60,6 +60,7 @@ pub(super) async fn recreate(
     contenders: &[(ContenderSpec, Option<i64>)],
 ) -> Result<Recreated, Error> {
     let node_options = zk::CreateMode::EphemeralSequential.with_acls(core.config.node_acls());
+    let installation = core.installation();
     // Its marker decides the continuity rule: nobody but us may write it.
     super::acl::protect(client, &core.config, lock, core.config.directory_acls()).await;
     let mut backoff = Backoff::new();
@@ -74,9 +75,13 @@ pub(super) async fn recreate(
         };
         let children = ops::list(client, lock).await?;
         let queue = recipe::queue(&children);
-        let foreign_seen = DirMarker::parse(&body).foreign_seen || queue.iter().any(|c| c.ours.is_none());
-        let stale: Vec<String> =
+        // Nodes named as ours are this installation's only if their data says so: the others
+        // are another installation's contenders (they stay, and may have held in our gap).
+        let named_ours: Vec<String> =
             queue.iter().filter(|c| c.ours.is_some()).map(|c| format!("{lock}/{}", c.name)).collect();
+        let (stale, others) = owned(client, &named_ours, installation.as_deref()).await?;
+        let foreign_seen =
+            DirMarker::parse(&body).foreign_seen || queue.iter().any(|c| c.ours.is_none()) || !others.is_empty();
 
         // Every operation, in order: the marker write (guarded by the version just read), the
         // stale deletes, then the creates in queue order.
@@ -101,7 +106,10 @@ pub(super) async fn recreate(
                     Op::Delete(path) => multi.add_delete(path, None),
                     Op::Create(spec, ticket) => multi.add_create(
                         &format!("{lock}/{}", recipe::node_prefix(&spec.id, spec.mode)),
-                        &NodeData::new(&spec.id, spec.mode, &spec.description).with_ticket(*ticket).to_bytes(),
+                        &NodeData::new(&spec.id, spec.mode, &spec.description)
+                            .with_ticket(*ticket)
+                            .with_installation(installation.clone())
+                            .to_bytes(),
                         &node_options,
                     ),
                 }
@@ -159,6 +167,28 @@ pub(super) async fn recreate(
         backoff.wait().await;
     }
     Err(Error::zk("reanchor", lock, zk::Error::BadVersion))
+}
+
+/// Splits `nodes` (named as zklock's) into those of installation `mine` (or of no named
+/// installation), and the others, by reading each one's data. A node gone meanwhile is in
+/// neither: the multi-op that follows sees the directory changed, and re-anchoring reads again.
+async fn owned(client: &zk::Client, nodes: &[String], mine: Option<&str>) -> Result<(Vec<String>, Vec<String>), Error> {
+    let reads = nodes.iter().map(|path| async move {
+        match retry::idempotent(|| client.get_data(path)).await {
+            Ok((data, _)) => Ok(Some((path, NodeData::owned_by(&data, mine)))),
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(Error::zk("get", path, e)),
+        }
+    });
+    let (mut ours, mut others) = (vec![], vec![]);
+    for read in futures::future::join_all(reads).await {
+        match read? {
+            Some((path, true)) => ours.push(path.clone()),
+            Some((path, false)) => others.push(path.clone()),
+            None => {}
+        }
+    }
+    Ok((ours, others))
 }
 
 /// The nodes of all `contenders` made by this session, if every one of them has one.

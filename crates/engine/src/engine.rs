@@ -29,6 +29,7 @@ use super::root::{self, Installation};
 use super::rounds;
 use super::session;
 use super::stats::{Stats, StatsSnapshot};
+use super::Layout;
 use super::{Error, ZkConfig};
 use crate::recipe::{self, Decision, Limit};
 
@@ -111,10 +112,10 @@ impl LockEngine {
 
     /// Serves ZooKeeper root `root` for installation `mine`, in this session and every later
     /// one (see [`super::root`]): refused while another installation's leader serves it.
-    pub async fn take_root(&self, root: &str, mine: Installation) -> Result<(), Error> {
+    pub async fn take_root(&self, layout: &Layout, mine: Installation) -> Result<(), Error> {
         let client = self.core.client()?;
-        take_root(&client, &self.core.config, root, &mine).await?;
-        *self.core.root.lock() = Some((root.to_string(), mine));
+        take_root(&client, &self.core.config, layout, &mine).await?;
+        *self.core.root.lock() = Some((layout.clone(), mine));
         Ok(())
     }
 
@@ -402,8 +403,8 @@ impl LockEngine {
         }
     }
 
-    /// The lock directories two levels below `root` (`root/<group>/<lock>`, a namespace and a
-    /// lock for the operator) that hold zklock nodes, as `(group, path)`: after a new session,
+    /// The lock directories of `layout` (`<root>/locks/<namespace>/<lock>`) that hold zklock
+    /// nodes, as `(namespace, path)`: after a new session,
     /// the directories whose nodes of earlier sessions must go even if no live contender is
     /// left there to re-anchor.
     ///
@@ -412,7 +413,8 @@ impl LockEngine {
     /// directories) is left out with a warning, so that one stranger's directory does not stop
     /// every lock's re-anchoring. No zklock node can be in it: zklock could not list it either.
     /// Only an error that ends the session ends the scan.
-    pub async fn directories_with_nodes(&self, root: &str) -> Result<Vec<(String, String)>, Error> {
+    pub async fn directories_with_nodes(&self, layout: &Layout) -> Result<Vec<(String, String)>, Error> {
+        let root = layout.locks();
         let client = self.core.client()?;
         let list = |path: String| {
             let client = client.clone();
@@ -554,9 +556,9 @@ impl LockEngine {
     }
 }
 
-async fn take_root(client: &zk::Client, config: &ZkConfig, root: &str, mine: &Installation) -> Result<(), Error> {
-    root::take(client, config, root, mine).await.map_err(|refused| match refused {
-        root::Refused::InUse(other) => Error::RootInUse { root: root.to_string(), other },
-        root::Refused::ZooKeeper(e) => Error::zk("installation", root, e),
+async fn take_root(client: &zk::Client, config: &ZkConfig, layout: &Layout, mine: &Installation) -> Result<(), Error> {
+    root::take(client, config, layout, mine).await.map_err(|refused| match refused {
+        root::Refused::InUse(other) => Error::RootInUse { root: layout.root().to_string(), other },
+        root::Refused::ZooKeeper(e) => Error::zk("installation", layout.root(), e),
     })
 }

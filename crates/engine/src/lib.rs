@@ -2,7 +2,8 @@
 //!
 //! Its files in layers, each readable knowing only the layers under it (none imports one
 //! above it):
-//! 1. what everything shares, without tasks: `data` (what nodes and directories hold),
+//! 1. what everything shares, without tasks: `layout` (where everything is in ZooKeeper),
+//!    `data` (what nodes and directories hold),
 //!    `contender` (what the engine tells), `config`, `retry`, `stats`, `book` (the bookkeeping,
 //!    pure), `acl` (who may change our nodes), `fence` (the leader epoch every write is guarded
 //!    by) and `core` (the session, the book and the fence, as the tasks share them);
@@ -27,6 +28,7 @@ pub mod data;
 mod engine;
 mod enqueue;
 mod fence;
+mod layout;
 mod ops;
 pub mod recipe;
 mod retry;
@@ -40,6 +42,7 @@ pub use contender::{
     ContenderSpec, ContenderState, EngineEvent, LostReason, QueueEntry, Reanchored, Recorded, SessionEvent,
 };
 pub use engine::LockEngine;
+pub use layout::Layout;
 pub use root::Installation;
 pub use stats::StatsSnapshot;
 

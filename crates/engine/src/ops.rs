@@ -81,11 +81,13 @@ pub(super) async fn create_adopting(
     specs: &[ContenderSpec],
 ) -> Result<(Vec<String>, i64), Error> {
     let options = zk::CreateMode::EphemeralSequential.with_acls(core.config.node_acls());
+    let installation = core.installation();
     let made = specs
         .iter()
         .map(|spec| {
             let path = format!("{}/{}", spec.lock, recipe::node_prefix(&spec.id, spec.mode));
-            (path, NodeData::new(&spec.id, spec.mode, &spec.description).to_bytes())
+            let data = NodeData::new(&spec.id, spec.mode, &spec.description).with_installation(installation.clone());
+            (path, data.to_bytes())
         })
         .collect::<Vec<_>>();
     let what = || made.first().map_or_else(String::new, |(path, _)| path.clone());

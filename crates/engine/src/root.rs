@@ -10,9 +10,7 @@ use serde::{Deserialize, Serialize};
 use zookeeper_client as zk;
 
 use super::retry;
-
-/// The node below the root.
-pub const INSTALLATION_NODE: &str = "installation";
+use super::Layout;
 
 /// What the node holds: who serves the root.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,12 +40,12 @@ impl From<zk::Error> for Refused {
 pub(super) async fn take(
     client: &zk::Client,
     config: &super::ZkConfig,
-    root: &str,
+    layout: &Layout,
     mine: &Installation,
 ) -> Result<(), Refused> {
-    let path = path(root);
+    let path = layout.installation();
     let parents = zk::CreateMode::Persistent.with_acls(config.parent_acls());
-    retry::idempotent(|| client.mkdir(root, &parents)).await?;
+    retry::idempotent(|| client.mkdir(layout.root(), &parents)).await?;
     // Serialising two strings cannot fail.
     let data = serde_json::to_vec(mine).unwrap_or_default();
     let options = zk::CreateMode::Ephemeral.with_acls(config.node_acls());
@@ -90,15 +88,11 @@ pub(super) async fn take(
 
 /// Gives the node up, if this session holds it (a graceful stop: the next process of the
 /// installation need not wait for this session to end).
-pub(super) async fn leave(client: &zk::Client, root: &str) {
-    let path = path(root);
+pub(super) async fn leave(client: &zk::Client, layout: &Layout) {
+    let path = layout.installation();
     if let Ok(Some(stat)) = retry::idempotent(|| client.check_stat(&path)).await {
         if stat.ephemeral_owner == client.session_id().0 {
             let _ = retry::timed(client.delete(&path, Some(stat.version))).await;
         }
     }
-}
-
-fn path(root: &str) -> String {
-    format!("{}/{INSTALLATION_NODE}", root.trim_end_matches('/'))
 }
