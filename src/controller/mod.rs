@@ -13,6 +13,7 @@ mod api_fence;
 mod error;
 pub mod events;
 pub mod gated;
+mod ledger;
 pub mod locks;
 pub mod parts;
 pub mod plan;

@@ -114,7 +114,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
     }
     if claim.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held) {
         // Its grant landed (whichever of its writes did): none of them is in flight any more.
-        ctx.registry.settle(uid);
+        ctx.registry.commit_grant(uid);
     }
     if !terminal && ctx.registry.known_phase(uid).is_some_and(Phase::is_terminal) {
         // Final is final: this copy is older than the operator's own final write, and planning
@@ -397,12 +397,12 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mu
         if matches!(&answer, Ok(Ok(_)) | Ok(Err(kube::Error::Api(_)))) {
             // Answered: this write landed or never will, and a grant written earlier (tested
             // against the same copy or an older one) cannot land after it.
-            ctx.registry.settle(uid);
+            ctx.registry.commit_grant(uid);
         }
         if refused && granting && !grant_landed(ctx, &api, &name, uid, &answer).await {
             // A grant reserved for this write did not happen. (One whose answer did not come
             // stays reserved: it may still land, until a newer write of the claim lands.)
-            ctx.registry.set_phase(uid, before.phase);
+            ctx.registry.abandon_grant(uid, before.phase);
         }
         match answer {
             Ok(Ok(_)) => {}

@@ -1,8 +1,10 @@
-//! What the operator remembers about the claims it serves, in memory and small: which object a
-//! contender id (claim UID) belongs to, which claims a pod holds, each claim's last written
-//! phase and position, and the verdicts of re-anchoring. Everything here can be rebuilt from
-//! the API and ZooKeeper; it is never the source of truth for who holds a lock. A claim over
-//! several locks is one entry here, with all its locks.
+//! What the operator remembers about the claims it serves, in memory and small, under one lock:
+//! the index of claims (which object a contender id, a claim UID, belongs to, which claims a pod
+//! holds, each claim's last written phase, the verdicts of re-anchoring), the admission gates
+//! (`super::admission`) and the grant ledger (`super::ledger`: every rule about who may be
+//! written Held). Everything here can be rebuilt from the API and ZooKeeper; it is never the
+//! source of truth for who holds a lock. A claim over several locks is one entry here, with all
+//! its locks.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -11,9 +13,10 @@ use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::admission::Gates;
+pub use super::ledger::GrantBlocked;
+use super::ledger::{Ledger, Locks, Wanted};
 use super::Uid;
 use crate::api::Phase;
-use crate::recipe::Limit;
 
 /// A claim as the watch first delivers it.
 pub struct Seen<'a> {
@@ -47,67 +50,8 @@ struct Inner {
     /// Claims per recorded phase, kept as phases change (the claims metric), so that no
     /// reconcile has to count all claims.
     counts: HashMap<Phase, i64>,
-    /// Lock path → the claims recorded Held there: a grant waits until no conflicting claim
-    /// reads Held any more (the API must never show two).
-    held: HashMap<Arc<str>, Vec<Uid>>,
-    /// Lock path → claims listed at the start of this leader's term, not final, whose status
-    /// does not carry this term's epoch yet: an earlier leader's late status write could still
-    /// land on any of them (docs/design.md: fencing), so no grant is made in their lock until each was
-    /// written once in this term (its epoch test then fails every such write).
-    unstamped: HashMap<Arc<str>, HashSet<Uid>>,
-    /// Lock path → claims whose grant was refused by [`Registry::reserve_grant`]: each is
-    /// reconciled again the moment a hold or a stamp it waited for goes, instead of polling.
-    blocked: HashMap<Arc<str>, HashSet<Uid>>,
-    /// Where woken claims are sent (to be reconciled); none in unit tests.
-    waker: Option<tokio::sync::mpsc::UnboundedSender<Uid>>,
-    /// Lock path → the highest fencing token of a grant written (or tried) or of a hold whose
-    /// final status was written: a grant with permits recorded after it must carry a higher
-    /// one. Kept while a claim names the lock.
-    tokens: HashMap<Arc<str>, i64>,
-    /// Lock path (of a lock with permits) → the claim whose grant's status write is not
-    /// answered yet. Grants of such a lock are written one at a time: a grant written after a
-    /// hold ended then always carries a higher token than that hold, even when grants are
-    /// decided out of queue order (a claim over several locks waits for its other locks
-    /// meanwhile) or a write is held up in flight.
-    granting: HashMap<Arc<str>, Uid>,
-}
-
-/// Why a grant has to wait.
-#[derive(Debug, PartialEq, Eq)]
-pub enum GrantBlocked {
-    /// This claim, recorded Held in one of the locks, conflicts with the grant: its final
-    /// status first.
-    Holder(Uid),
-    /// This claim's status may still receive a deposed leader's write: this term's first.
-    Unstamped(Uid),
-    /// This claim's grant in a lock with permits is being written: one at a time there.
-    Granting(Uid),
-}
-
-/// A claim's locks (paths), each with whether it wants it exclusively: one, without an
-/// allocation of its own, or several.
-#[derive(Clone, Debug)]
-enum Locks {
-    One(Arc<str>, bool),
-    Several(Box<[(Arc<str>, bool)]>),
-}
-
-impl Locks {
-    fn iter(&self) -> impl Iterator<Item = (&Arc<str>, bool)> {
-        let (one, several) = match self {
-            Locks::One(lock, exclusive) => (Some((lock, *exclusive)), &[][..]),
-            Locks::Several(locks) => (None, &locks[..]),
-        };
-        one.into_iter().chain(several.iter().map(|(lock, exclusive)| (lock, *exclusive)))
-    }
-
-    fn exclusive_in(&self, lock: &str) -> Option<bool> {
-        self.iter().find(|(l, _)| ***l == *lock).map(|(_, exclusive)| exclusive)
-    }
-
-    fn same(&self, locks: &[(String, bool)]) -> bool {
-        self.iter().count() == locks.len() && self.iter().zip(locks).all(|((a, x), (b, y))| **a == **b && x == *y)
-    }
+    /// Who may be written Held: see [`super::ledger`].
+    ledger: Ledger,
 }
 
 struct Claim {
@@ -176,13 +120,11 @@ impl Inner {
     }
 
     /// Lets go of an interned string; the last claim naming it takes it along (and, for a
-    /// lock, what is kept about it).
+    /// lock, what the ledger keeps about it).
     fn unintern(&mut self, s: Arc<str>) {
-        // Two references left: this one and the set's (one more for each map keyed by it).
-        let kept = usize::from(self.tokens.contains_key(&*s)) + usize::from(self.granting.contains_key(&*s));
-        if Arc::strong_count(&s) <= 2 + kept {
-            self.tokens.remove(&*s);
-            self.granting.remove(&*s);
+        // Two references left: this one and the set's (one more for each the ledger keeps).
+        if Arc::strong_count(&s) <= 2 + self.ledger.references(&s) {
+            self.ledger.drop_lock(&s);
             self.strings.remove(&*s);
         }
     }
@@ -194,46 +136,20 @@ impl Inner {
         }
     }
 
-    /// Claim `uid` waits for no stamp any more: out of its locks' `unstamped` sets.
+    /// Claim `uid` waits for no stamp any more.
     fn unstamp(&mut self, uid: &str) {
         let Some(claim) = self.claims.get_mut(uid) else { return };
         if !std::mem::replace(&mut claim.unstamped, false) {
             return;
         }
-        let locks: Vec<Arc<str>> = claim.locks.iter().map(|(l, _)| l.clone()).collect();
-        for lock in locks {
-            if let Some(claims) = self.unstamped.get_mut(&lock) {
-                claims.remove(uid);
-                if claims.is_empty() {
-                    self.unstamped.remove(&lock);
-                }
-            }
-            self.wake_blocked(&lock);
-        }
+        let locks = claim.locks.clone();
+        self.ledger.stamped(uid, &locks);
     }
 
-    /// Claim `uid`'s grant is no longer in flight in any of its locks; grants that waited for it
-    /// are woken.
+    /// Claim `uid`'s grant is no longer in flight in any of its locks.
     fn settle(&mut self, uid: &str) {
         let Some(locks) = self.claims.get(uid).map(|c| c.locks.clone()) else { return };
-        for (lock, _) in locks.iter() {
-            if self.granting.get(lock).is_some_and(|g| **g == *uid) {
-                self.granting.remove(lock);
-                self.wake_blocked(lock);
-            }
-        }
-    }
-
-    /// Something a refused grant in `lock` waited for went away: those claims are reconciled
-    /// again (each decides anew, and waits again if it must).
-    fn wake_blocked(&mut self, lock: &str) {
-        let Some(blocked) = self.blocked.remove(lock) else { return };
-        if let Some(waker) = &self.waker {
-            for uid in blocked {
-                // Closed only when the controller has stopped.
-                let _ = waker.send(uid);
-            }
-        }
+        self.ledger.commit(uid, &locks);
     }
 
     /// Takes claim `uid` out of its locks' admission gates; answers who is first there now.
@@ -253,45 +169,16 @@ impl Inner {
         self.count(phase, 1);
         if phase == Some(Phase::Held) {
             if let Some(key) = self.claims.get_key_value(uid).map(|(k, _)| k.clone()) {
-                for (lock, _) in locks.iter() {
-                    self.held.entry(lock.clone()).or_default().push(key.clone());
-                }
+                self.ledger.hold(&key, &locks);
             }
         } else if old == Some(Phase::Held) {
-            self.settle(uid);
-            for (lock, _) in locks.iter() {
-                if let Some(holders) = self.held.get_mut(lock) {
-                    holders.retain(|h| **h != *uid);
-                    if holders.is_empty() {
-                        self.held.remove(lock);
-                    }
-                }
-                self.wake_blocked(lock);
-            }
+            self.ledger.let_go(uid, &locks);
         }
     }
 
     fn count(&mut self, phase: Option<Phase>, by: i64) {
         if let Some(phase) = phase {
             *self.counts.entry(phase).or_insert(0) += by;
-        }
-    }
-
-    /// The claim recorded Held in `lock` that a grant to `uid` (exclusive or not, under
-    /// `limit`) conflicts with, if any.
-    fn conflict(&self, uid: &str, lock: &str, exclusive: bool, limit: Limit) -> Option<Uid> {
-        let holders = self.held.get(lock)?;
-        let mut others = holders.iter().filter(|other| ***other != *uid);
-        match limit {
-            Limit::Permits(n) => {
-                let taken = others.clone().count();
-                (taken >= n.get() as usize).then(|| others.next().cloned()).flatten()
-            }
-            Limit::Mutex => others
-                .find(|other| {
-                    exclusive || self.claims.get(*other).and_then(|c| c.locks.exclusive_in(lock)).unwrap_or(true)
-                })
-                .cloned(),
         }
     }
 }
@@ -352,51 +239,23 @@ impl Registry {
     /// exclusive; with permits, all of them taken), or another claim may still receive a
     /// deposed leader's status write, or (with permits) another grant's write is in flight.
     /// Check and record are one step, so two grants in flight cannot both pass. A grant whose
-    /// write fails is rolled back with [`Registry::set_phase`] to the phase the claim had; one
-    /// whose write is answered, or whose claim reads Held, is settled with
-    /// [`Registry::settle`].
-    pub fn reserve_grant(&self, uid: &str, locks: &[(&str, bool, Limit)]) -> Result<(), GrantBlocked> {
+    /// write fails is abandoned with [`Registry::abandon_grant`] (back to the phase it had); one
+    /// whose write is answered, or whose claim reads Held, is committed with
+    /// [`Registry::commit_grant`].
+    pub fn reserve_grant(&self, uid: &str, wanted: &[Wanted<'_>]) -> Result<(), GrantBlocked> {
         let mut inner = self.lock();
-        let holder = locks.iter().find_map(|(lock, exclusive, limit)| inner.conflict(uid, lock, *exclusive, *limit));
-        let unstamped = || {
-            locks.iter().find_map(|(lock, _, _)| {
-                inner.unstamped.get(*lock).and_then(|claims| claims.iter().find(|c| ***c != *uid).cloned())
-            })
+        let Some((key, locks)) = inner.claims.get_key_value(uid).map(|(k, c)| (k.clone(), c.locks.clone())) else {
+            // A claim the registry does not know is checked, and nothing is recorded for it.
+            return inner.ledger.reserve(&Uid::from(uid), wanted, &Locks::Several(Box::new([])));
         };
-        let granting = || {
-            locks.iter().find_map(|(lock, _, limit)| {
-                let other = inner.granting.get(*lock).filter(|other| ***other != *uid);
-                other.filter(|_| matches!(limit, Limit::Permits(_))).cloned()
-            })
-        };
-        let blocked = match (holder, unstamped(), granting()) {
-            (Some(other), _, _) => GrantBlocked::Holder(other),
-            (None, Some(other), _) => GrantBlocked::Unstamped(other),
-            (None, None, Some(other)) => GrantBlocked::Granting(other),
-            (None, None, None) => {
-                inner.set_phase(uid, Some(Phase::Held));
-                if let Some(key) = inner.claims.get_key_value(uid).map(|(k, _)| k.clone()) {
-                    for (lock, _, limit) in locks {
-                        if matches!(limit, Limit::Permits(_)) {
-                            let lock = inner.intern(lock);
-                            inner.granting.insert(lock, key.clone());
-                        }
-                    }
-                }
-                return Ok(());
-            }
-        };
-        if let Some((key, claim_locks)) = inner.claims.get_key_value(uid).map(|(k, c)| (k.clone(), c.locks.clone())) {
-            for (lock, _) in claim_locks.iter() {
-                inner.blocked.entry(lock.clone()).or_default().insert(key.clone());
-            }
-        }
-        Err(blocked)
+        inner.ledger.reserve(&key, wanted, &locks)?;
+        inner.set_phase(uid, Some(Phase::Held));
+        Ok(())
     }
 
     /// Sends the claims woken from now on to `waker` (see `Inner::blocked`).
     pub fn wake_into(&self, waker: tokio::sync::mpsc::UnboundedSender<Uid>) {
-        self.lock().waker = Some(waker);
+        self.lock().ledger.wake_into(waker);
     }
 
     /// Claim `uid` was listed at the start of this term, not final, without this term's epoch
@@ -406,9 +265,7 @@ impl Registry {
         let Some((key, claim)) = inner.claims.get_key_value(uid).map(|(k, c)| (k.clone(), c.locks.clone())) else {
             return;
         };
-        for (lock, _) in claim.iter() {
-            inner.unstamped.entry(lock.clone()).or_default().insert(key.clone());
-        }
+        inner.ledger.expect_stamp(&key, &claim);
         if let Some(claim) = inner.claims.get_mut(uid) {
             claim.unstamped = true;
         }
@@ -488,14 +345,7 @@ impl Registry {
         inner.set_phase(uid, None);
         inner.unstamp(uid);
         if let Some(claim) = inner.claims.remove(uid) {
-            for (lock, _) in claim.locks.iter() {
-                if let Some(blocked) = inner.blocked.get_mut(lock) {
-                    blocked.remove(uid);
-                    if blocked.is_empty() {
-                        inner.blocked.remove(lock);
-                    }
-                }
-            }
+            inner.ledger.forget(uid, &claim.locks);
             inner.count(claim.phase, -1);
             if let Some(pod) = claim.pod {
                 let key = (claim.namespace.to_string(), pod.into_string());
@@ -573,20 +423,25 @@ impl Registry {
     pub fn token_used(&self, lock: &str, token: i64) {
         let mut inner = self.lock();
         let Some(key) = inner.strings.get(lock).cloned() else { return };
-        let highest = inner.tokens.entry(key).or_insert(token);
-        *highest = (*highest).max(token);
+        inner.ledger.token_used(&key, token);
     }
 
     /// The highest token of `lock` granted or ended so far (0: none known).
     pub fn highest_token(&self, lock: &str) -> i64 {
-        self.lock().tokens.get(lock).copied().unwrap_or(0)
+        self.lock().ledger.highest_token(lock)
     }
 
     /// Claim `uid`'s grant is no longer in flight: its status write was answered, a newer write
     /// of the claim landed (the grant's write, which tests the same copy, cannot land after it),
     /// or the claim reads Held.
-    pub fn settle(&self, uid: &str) {
+    pub fn commit_grant(&self, uid: &str) {
         self.lock().settle(uid);
+    }
+
+    /// The write of the grant reserved for claim `uid` did not happen: its phase goes back to
+    /// `phase`, and it holds nothing.
+    pub fn abandon_grant(&self, uid: &str, phase: Option<Phase>) {
+        self.lock().set_phase(uid, phase);
     }
 
     /// Notes a holder's release for the handoff histogram. Entries no grant took within a
@@ -606,6 +461,7 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::recipe::Limit;
 
     fn seen(locks: &[(String, bool)]) -> Seen<'_> {
         Seen { name: "c", namespace: "ns", locks }
@@ -663,7 +519,7 @@ mod tests {
             Err(GrantBlocked::Holder("s1".into())),
             "no fourth of three"
         );
-        r.settle("e3");
+        r.commit_grant("e3");
         assert_eq!(r.reserve_grant("e4", &[("/l", true, Limit::from_permits(Some(4)))]), Ok(()));
         for uid in ["e3", "e4"] {
             r.set_phase(uid, Some(Phase::Released));
@@ -690,12 +546,12 @@ mod tests {
             "a's write is not answered yet"
         );
         assert_eq!(r.reserve_grant("a", &[("/p", true, three)]), Ok(()), "its own write does not hold it up");
-        r.settle("a");
+        r.commit_grant("a");
         assert_eq!(r.reserve_grant("b", &[("/p", true, three)]), Ok(()), "answered");
-        r.set_phase("b", Some(Phase::Waiting));
-        assert_eq!(r.reserve_grant("c", &[("/p", true, three)]), Ok(()), "a rolled-back grant is not in flight");
+        r.abandon_grant("b", Some(Phase::Waiting));
+        assert_eq!(r.reserve_grant("c", &[("/p", true, three)]), Ok(()), "an abandoned grant is not in flight");
         r.forget("c");
-        assert!(r.lock().granting.is_empty(), "a forgotten claim's grant is not in flight");
+        assert_eq!(r.lock().ledger.references("/p"), 0, "a forgotten claim's grant is not in flight");
         assert_eq!(r.reserve_grant("m1", &[("/mutex", false, Limit::Mutex)]), Ok(()));
         assert_eq!(
             r.reserve_grant("m2", &[("/mutex", false, Limit::Mutex)]),
@@ -720,7 +576,7 @@ mod tests {
         assert!(r.leave_gates("b").is_empty());
         assert_eq!(r.lock().gates.len(), 0, "no empty gate left behind");
         r.forget("b");
-        assert!(r.lock().claims.is_empty() && r.lock().held.is_empty());
+        assert!(r.lock().claims.is_empty() && r.lock().ledger.is_empty());
     }
 
     #[test]
@@ -745,10 +601,10 @@ mod tests {
         assert_eq!(r.reserve_grant("a", &[("/l", true, Limit::Mutex)]), Ok(()), "its own stamp is the grant's write");
         r.stamped("a", true);
         r.forget("c");
-        assert!(r.lock().unstamped.is_empty(), "a deleted claim is awaited no more");
+        assert!(!r.lock().ledger.awaits_stamps(), "a deleted claim is awaited no more");
         r.expect_stamp(&b);
         r.stamped("b", false);
-        assert!(r.lock().unstamped.is_empty(), "read with this term's epoch, or final");
+        assert!(!r.lock().ledger.awaits_stamps(), "read with this term's epoch, or final");
     }
 
     #[test]
@@ -759,7 +615,7 @@ mod tests {
         r.observe(&a, "c", "ns", &[], None);
         assert_eq!(r.reserve_grant("b", &[("/l", true, Limit::Mutex)]), Ok(()), "no hold left behind under /l");
         r.forget("a");
-        assert!(!r.lock().held.contains_key(""));
+        assert!(r.lock().ledger.is_empty());
     }
 
     #[test]
@@ -797,7 +653,9 @@ mod tests {
         assert_eq!(r.reserve_grant("m", &grant), Ok(()));
         assert_eq!(r.reserve_grant("t", &[("/a", true, Limit::Mutex)]), Err(GrantBlocked::Holder("m".into())));
         assert_eq!(r.reserve_grant("x", &[("/b", false, Limit::Mutex)]), Ok(()), "shared beside m's shared part");
-        r.forget("m");
-        assert!(!r.lock().held.contains_key("/a"), "a forgotten claim holds nothing in any lock");
+        for uid in ["m", "s", "t", "x"] {
+            r.forget(uid);
+        }
+        assert!(r.lock().ledger.is_empty(), "a forgotten claim holds nothing in any lock");
     }
 }
