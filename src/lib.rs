@@ -11,6 +11,7 @@ pub mod acquire;
 pub use zklock_api as api;
 pub mod client;
 pub mod controller;
+pub mod durations;
 pub mod exec;
 pub mod http;
 pub mod leader;

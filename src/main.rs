@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 mod cli;
 
 use cli::lock::LockArgs;
-use cli::operator::RunArgs;
+use zklock::operator::RunArgs;
 
 /// Shown under `zklock --help`: the commands people type most.
 const EXAMPLES: &str = "Examples:

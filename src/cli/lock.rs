@@ -13,7 +13,7 @@ pub struct LockArgs {
     mode: String,
     /// Give up when not Held after this long (e.g. 90s, 10m; 0 = try once, never queue).
     /// Default: wait as long as it takes
-    #[arg(long, value_parser = super::durations::parse_timeout)]
+    #[arg(long, value_parser = zklock::durations::parse_timeout)]
     timeout: Option<Duration>,
     /// The pod the claim lives and dies with (in an init container: the pod's own name)
     #[arg(long, env = "POD_NAME")]
@@ -29,7 +29,7 @@ pub struct LockArgs {
     #[arg(long)]
     name: Option<String>,
     /// Time the holder gets to let go when the claim is revoked (default 30s)
-    #[arg(long, value_parser = super::durations::parse_timeout)]
+    #[arg(long, value_parser = zklock::durations::parse_timeout)]
     revocation_grace_period: Option<Duration>,
 }
 

@@ -1,6 +1,5 @@
 //! The commands of the `zklock` binary, one module each; `main.rs` holds the command line.
 
-pub mod durations;
 pub mod lock;
 pub mod manifests;
 pub mod operator;

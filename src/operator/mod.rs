@@ -2,6 +2,10 @@
 //! leader election is off), then holds a ZooKeeper session and runs the controller until
 //! leadership is lost or SIGTERM arrives.
 
+mod args;
+
+pub use args::RunArgs;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 

@@ -1,0 +1,116 @@
+//! `zklock run`'s flags (and their environment variables), beside the options they make.
+
+use std::time::Duration;
+
+use crate::zk::ZkConfig;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// ZooKeeper connect string: HOST:PORT[,HOST:PORT...][/chroot]
+    #[arg(long, env = "ZKLOCK_ZK_CONNECT")]
+    zk_connect: String,
+    /// Root of zklock's tree; locks live at <root>/locks/<namespace>/<lockName>
+    #[arg(long, env = "ZKLOCK_ZK_ROOT", default_value = "/zklock", value_parser = crate::zk::Layout::new)]
+    zk_root: crate::zk::Layout,
+    /// Session timeout to ask ZooKeeper for (e.g. 10s, 4000ms)
+    #[arg(long, env = "ZKLOCK_ZK_SESSION_TIMEOUT", default_value = "10s", value_parser = crate::durations::parse_duration)]
+    zk_session_timeout: Duration,
+    /// Digest credentials: digest:USER:PASS. The operator's nodes then get the ACL "creator all,
+    /// world read"; lock directories stay open to all for create (so Curator clients can contend)
+    #[arg(long, env = "ZKLOCK_ZK_AUTH", conflicts_with = "zk_auth_file", value_parser = parse_digest)]
+    zk_auth: Option<String>,
+    /// File holding digest:USER:PASS (e.g. a mounted Secret)
+    #[arg(long, env = "ZKLOCK_ZK_AUTH_FILE")]
+    zk_auth_file: Option<std::path::PathBuf>,
+    /// CA bundle (PEM) to verify the ensemble's TLS certificates; turns TLS on
+    #[arg(long, env = "ZKLOCK_ZK_TLS_CA")]
+    zk_tls_ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for TLS client authentication
+    #[arg(long, env = "ZKLOCK_ZK_TLS_CERT", requires = "zk_tls_key", requires = "zk_tls_ca")]
+    zk_tls_cert: Option<std::path::PathBuf>,
+    /// Client key (PEM) for TLS client authentication
+    #[arg(long, env = "ZKLOCK_ZK_TLS_KEY", requires = "zk_tls_cert")]
+    zk_tls_key: Option<std::path::PathBuf>,
+    /// Address of /metrics, /healthz and /readyz
+    #[arg(long, env = "ZKLOCK_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: std::net::SocketAddr,
+    /// Serve only these namespaces (repeat the flag; comma-separated in the env var). Default: all
+    #[arg(long, env = "ZKLOCK_WATCH_NAMESPACE", value_delimiter = ',')]
+    watch_namespace: Vec<String>,
+    /// Namespace of the leader-election Lease (default: the client's namespace)
+    #[arg(long, env = "ZKLOCK_LEASE_NAMESPACE")]
+    lease_namespace: Option<String>,
+    /// Run without leader election (one replica only!)
+    #[arg(long, env = "ZKLOCK_NO_LEADER_ELECTION")]
+    no_leader_election: bool,
+    /// Name of the ConfigMap, in the lease namespace, that holds the leader epoch in force: the
+    /// parameter of the admission policy zklock-leader-epoch (the chart installs both), which
+    /// refuses status writes of a deposed leader that arrive late
+    #[arg(long, env = "ZKLOCK_EPOCH_PARAM", default_value = crate::api::epoch_policy::EPOCH_PARAM)]
+    epoch_param: String,
+    /// Run without that admission policy (clusters before Kubernetes 1.30, or where it cannot
+    /// be installed). A status write of a deposed leader that arrives late can then land, until
+    /// the new leader has written that claim (the docs say what that means)
+    #[arg(long, env = "ZKLOCK_NO_EPOCH_POLICY")]
+    no_epoch_policy: bool,
+    /// Claims reconciled at once. Bounds the operator's concurrent API requests (and so its
+    /// connections and memory) during bursts; handoffs are never queued behind more than this
+    #[arg(long, env = "ZKLOCK_MAX_CONCURRENT_RECONCILES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    max_concurrent_reconciles: u16,
+    /// Delete final claims that set no spec.ttlSecondsAfterFinished this many seconds after they
+    /// finished. Claims with an owner (those made for gated pods) are left to the garbage
+    /// collector. Default: kept
+    #[arg(long, env = "ZKLOCK_DEFAULT_TTL_SECONDS_AFTER_FINISHED", value_parser = clap::value_parser!(u32).range(0..=31_536_000))]
+    default_ttl_seconds_after_finished: Option<u32>,
+    /// Log format
+    #[arg(long, env = "ZKLOCK_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+}
+
+impl RunArgs {
+    /// The operator's options, with the files the flags name read.
+    pub fn into_options(self) -> Result<super::Options, String> {
+        let mut zk = ZkConfig::new(self.zk_connect).with_session_timeout(self.zk_session_timeout);
+        zk.detached = true;
+        zk.digest_auth = match (self.zk_auth, self.zk_auth_file) {
+            (Some(auth), _) => Some(auth),
+            (None, Some(file)) => {
+                Some(parse_digest(&read(&file, "--zk-auth-file")?).map_err(|e| format!("{}: {e}", file.display()))?)
+            }
+            (None, None) => None,
+        };
+        if let Some(ca) = &self.zk_tls_ca {
+            let identity = match (&self.zk_tls_cert, &self.zk_tls_key) {
+                (Some(cert), Some(key)) => Some((read(cert, "--zk-tls-cert")?, read(key, "--zk-tls-key")?)),
+                _ => None,
+            };
+            zk.tls = Some(crate::zk::TlsPem { ca: read(ca, "--zk-tls-ca")?, identity });
+        }
+        let identity = std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .unwrap_or_else(|_| format!("zklock-{}", std::process::id()));
+        Ok(super::Options {
+            zk,
+            layout: self.zk_root,
+            metrics_addr: self.metrics_addr,
+            namespaces: self.watch_namespace.into_iter().filter(|n| !n.is_empty()).collect(),
+            lease_namespace: self.lease_namespace,
+            leader_election: !self.no_leader_election,
+            epoch_param: (!self.no_leader_election && !self.no_epoch_policy).then_some(self.epoch_param),
+            concurrency: self.max_concurrent_reconciles,
+            default_ttl: self.default_ttl_seconds_after_finished.map(|s| Duration::from_secs(s.into())),
+            identity,
+        })
+    }
+}
+
+fn parse_digest(s: &str) -> Result<String, String> {
+    match s.trim().strip_prefix("digest:") {
+        Some(cred) if cred.split_once(':').is_some_and(|(u, p)| !u.is_empty() && !p.is_empty()) => Ok(cred.to_string()),
+        _ => Err("expected digest:USER:PASS".into()),
+    }
+}
+
+fn read(path: &std::path::Path, what: &str) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))
+}
