@@ -176,21 +176,20 @@ async fn recorded_holders_keep_the_lock_across_a_new_session_whatever_its_limit_
     }
 }
 
-/// Which nodes are ours is read from their data, not their names: a node another installation
-/// made (named exactly as ours, as an operator of another cluster sharing the lock would make
-/// it) is not deleted by re-anchoring, keeps its place, and counts as foreign use (it may have
-/// held the lock in our session gap). Before, every node named as ours was taken for one of our
-/// earlier sessions' and deleted.
+/// Which nodes are ours is read from their data, not their names: a node the zklock of another
+/// root made (named exactly as ours, as an operator of another cluster sharing the lock would
+/// make it) is not deleted by re-anchoring, keeps its place, and counts as foreign use (it may
+/// have held the lock in our session gap). Before, every node named as ours was taken for one of
+/// our earlier sessions' and deleted.
 #[tokio::test]
-async fn a_node_another_installation_made_is_not_ours_to_re_anchor_away() {
+async fn a_node_another_roots_zklock_made_is_not_ours_to_re_anchor_away() {
     let connect = chroot().await;
     let old = engine(&connect).await;
     let raw = raw_client(&connect).await;
     let mut h = enqueue(&old, LOCK, Mode::Exclusive).await;
     held(&mut h).await;
     let id = "0d1e5f00-0000-4000-8000-00000000beef";
-    let data =
-        serde_json::json!({ "owner": "zklock", "id": id, "mode": "Exclusive", "installation": "another-cluster" });
+    let data = serde_json::json!({ "owner": "zklock", "id": id, "mode": "Exclusive", "root": "another-root" });
     let theirs = zkc::CreateMode::EphemeralSequential.with_acls(zkc::Acls::anyone_all());
     raw.create(&format!("{LOCK}/write-{id}-lock-"), &serde_json::to_vec(&data).unwrap(), &theirs).await.unwrap();
     let their_node = children(&raw, LOCK).await.into_iter().find(|n| n.contains(id)).expect("their node");
@@ -209,9 +208,9 @@ async fn a_node_another_installation_made_is_not_ours_to_re_anchor_away() {
     };
     let anchored = new.reanchor(LOCK, vec![recorded]).await.unwrap();
     let now = children(&raw, LOCK).await;
-    assert!(now.contains(&their_node), "another installation's node stays: {now:?}");
+    assert!(now.contains(&their_node), "another root's node stays: {now:?}");
     assert!(!now.contains(&h.node), "our earlier session's node goes: {now:?}");
-    assert!(anchored.foreign_seen, "another installation's node is foreign use");
+    assert!(anchored.foreign_seen, "another root's node is foreign use");
     let (marker, _) = raw.get_data(LOCK).await.unwrap();
     assert_eq!(marker, b"-1", "the directory says others use it");
     let (_, state) = &anchored.contenders[0];

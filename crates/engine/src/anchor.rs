@@ -60,7 +60,7 @@ pub(super) async fn recreate(
     contenders: &[(ContenderSpec, Option<i64>)],
 ) -> Result<Recreated, Error> {
     let node_options = zk::CreateMode::EphemeralSequential.with_acls(core.config.node_acls());
-    let installation = core.installation();
+    let owner = core.owner();
     // Its marker decides the continuity rule: nobody but us may write it.
     super::acl::protect(client, &core.config, lock, core.config.directory_acls()).await;
     let mut backoff = Backoff::new();
@@ -75,11 +75,11 @@ pub(super) async fn recreate(
         };
         let children = ops::list(client, lock).await?;
         let queue = recipe::queue(&children);
-        // Nodes named as ours are this installation's only if their data says so: the others
-        // are another installation's contenders (they stay, and may have held in our gap).
+        // Nodes named as ours are this root's only if their data says so: the others are
+        // another root's contenders (they stay, and may have held in our gap).
         let named_ours: Vec<String> =
             queue.iter().filter(|c| c.ours.is_some()).map(|c| format!("{lock}/{}", c.name)).collect();
-        let (stale, others) = owned(client, &named_ours, installation.as_deref()).await?;
+        let (stale, others) = owned(client, &named_ours, owner.as_deref()).await?;
         let foreign_seen =
             DirMarker::parse(&body).foreign_seen || queue.iter().any(|c| c.ours.is_none()) || !others.is_empty();
 
@@ -108,7 +108,7 @@ pub(super) async fn recreate(
                         &format!("{lock}/{}", recipe::node_prefix(&spec.id, spec.mode)),
                         &NodeData::new(&spec.id, spec.mode, &spec.description)
                             .with_ticket(*ticket)
-                            .with_installation(installation.clone())
+                            .with_root(owner.clone())
                             .to_bytes(),
                         &node_options,
                     ),
@@ -169,8 +169,8 @@ pub(super) async fn recreate(
     Err(Error::zk("reanchor", lock, zk::Error::BadVersion))
 }
 
-/// Splits `nodes` (named as zklock's) into those of installation `mine` (or of no named
-/// installation), and the others, by reading each one's data. A node gone meanwhile is in
+/// Splits `nodes` (named as zklock's) into those of root `mine` (or naming no root), and the
+/// others, by reading each one's data. A node gone meanwhile is in
 /// neither: the multi-op that follows sees the directory changed, and re-anchoring reads again.
 async fn owned(client: &zk::Client, nodes: &[String], mine: Option<&str>) -> Result<(Vec<String>, Vec<String>), Error> {
     let reads = nodes.iter().map(|path| async move {

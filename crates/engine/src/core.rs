@@ -37,7 +37,7 @@ pub(super) struct Core {
     pub idle_directories: Mutex<HashMap<Arc<str>, Instant>>,
     /// The root this engine serves and for which installation (see [`super::root`]): taken
     /// again in every new session.
-    pub root: Mutex<Option<(super::Layout, super::Installation)>>,
+    pub root: Mutex<Option<(super::Layout, super::Installation, String)>>,
 }
 
 /// A parent directory watched recursively, and the session whose watch it is.
@@ -70,9 +70,9 @@ impl Core {
         }
     }
 
-    /// The installation this engine serves its root for, if it took one: what its nodes carry.
-    pub fn installation(&self) -> Option<String> {
-        self.root.lock().as_ref().map(|(_, mine)| mine.installation.clone())
+    /// The id of the root this engine serves, if it took one: what its nodes carry as owner.
+    pub fn owner(&self) -> Option<String> {
+        self.root.lock().as_ref().map(|(_, _, id)| id.clone())
     }
 
     pub fn client(&self) -> Result<zk::Client, Error> {

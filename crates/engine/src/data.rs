@@ -28,12 +28,14 @@ pub struct NodeData {
     /// session; a first node's ticket is its own czxid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ticket: Option<i64>,
-    /// The installation whose engine made the node (see [`super::root`]); absent in nodes of
-    /// earlier releases, and of engines that serve no root. Nodes of another installation look
-    /// exactly like ours by name: this is what tells them apart, so that re-anchoring deletes
-    /// only its own installation's nodes of earlier sessions (see [`NodeData::owned_by`]).
+    /// The id of the root whose zklock made the node (see [`super::root::id`]): the same for
+    /// every installation that serves that root in turn (replicas, terms, a rollout), another
+    /// for the operators of another root (another cluster sharing the lock). Absent in nodes of
+    /// earlier releases and of engines that serve no root. Nodes of another root look exactly
+    /// like ours by name: this is what tells them apart, so that re-anchoring deletes only its
+    /// own root's nodes of earlier sessions (see [`NodeData::owned_by`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub installation: Option<String>,
+    pub root: Option<String>,
 }
 
 pub const OWNER: &str = "zklock";
@@ -53,22 +55,21 @@ impl NodeData {
             description: description.into(),
             revoke: None,
             ticket: None,
-            installation: None,
+            root: None,
         }
     }
 
-    pub fn with_installation(mut self, installation: Option<String>) -> Self {
-        self.installation = installation;
+    pub fn with_root(mut self, root: Option<String>) -> Self {
+        self.root = root;
         self
     }
 
-    /// Whether a node with this data may be taken for one of installation `mine`'s own (to be
-    /// re-created or deleted): one that names no installation was made by an earlier release
-    /// or an engine without a root, on a root one installation serves at a time; one that names
-    /// another installation is not ours, whatever its name says.
+    /// Whether a node with this data may be taken for one of root `mine`'s own (to be
+    /// re-created or deleted): one that names no root was made by an earlier release or an
+    /// engine without a root; one that names another root is not ours, whatever its name says.
     pub fn owned_by(data: &[u8], mine: Option<&str>) -> bool {
         match serde_json::from_slice::<NodeData>(data.trim_ascii()) {
-            Ok(node) => node.installation.is_none() || node.installation.as_deref() == mine,
+            Ok(node) => node.root.is_none() || node.root.as_deref() == mine,
             // Not our JSON: a stranger's data under one of our names; not ours to delete.
             Err(_) => data.trim_ascii().is_empty(),
         }
@@ -165,14 +166,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_node_is_an_installations_own_only_if_its_data_does_not_name_another() {
-        let ours = NodeData::new("uid-1", Mode::Exclusive, "").with_installation(Some("a".into())).to_bytes();
-        let theirs = NodeData::new("uid-2", Mode::Exclusive, "").with_installation(Some("b".into())).to_bytes();
+    fn a_node_is_a_roots_own_only_if_its_data_does_not_name_another() {
+        let ours = NodeData::new("uid-1", Mode::Exclusive, "").with_root(Some("a".into())).to_bytes();
+        let theirs = NodeData::new("uid-2", Mode::Exclusive, "").with_root(Some("b".into())).to_bytes();
         let earlier_release = NodeData::new("uid-3", Mode::Exclusive, "").to_bytes();
         assert!(NodeData::owned_by(&ours, Some("a")));
         assert!(!NodeData::owned_by(&theirs, Some("a")));
-        assert!(!NodeData::owned_by(&theirs, None), "an engine without a root deletes nobody's named node");
-        assert!(NodeData::owned_by(&earlier_release, Some("a")), "one installation per root: earlier releases' nodes");
+        assert!(!NodeData::owned_by(&theirs, None), "an engine without a root deletes no other root's node");
+        assert!(NodeData::owned_by(&earlier_release, Some("a")), "earlier releases' nodes");
         assert!(NodeData::owned_by(b"", Some("a")), "empty data: an earlier release's");
         assert!(!NodeData::owned_by(b"10.0.0.7", Some("a")), "a stranger's data under one of our names");
     }

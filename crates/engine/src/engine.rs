@@ -82,7 +82,7 @@ impl LockEngine {
     pub async fn reconnect(&self) -> Result<(), Error> {
         let client = self.core.config.connect().await?;
         let root = self.core.root.lock().clone();
-        if let Some((root, mine)) = root {
+        if let Some((root, mine, _)) = root {
             take_root(&client, &self.core.config, &root, &mine).await?;
         }
         let session_id = client.session_id().0;
@@ -115,7 +115,8 @@ impl LockEngine {
     pub async fn take_root(&self, layout: &Layout, mine: Installation) -> Result<(), Error> {
         let client = self.core.client()?;
         take_root(&client, &self.core.config, layout, &mine).await?;
-        *self.core.root.lock() = Some((layout.clone(), mine));
+        let id = root::id(&client, &self.core.config, layout).await.map_err(|e| Error::zk("get", &layout.id(), e))?;
+        *self.core.root.lock() = Some((layout.clone(), mine, id));
         Ok(())
     }
 
@@ -123,7 +124,7 @@ impl LockEngine {
     /// wait for this session to end.
     pub async fn leave_root(&self) {
         let root = self.core.root.lock().take();
-        if let (Some((root, _)), Ok(client)) = (root, self.core.client()) {
+        if let (Some((root, _, _)), Ok(client)) = (root, self.core.client()) {
             root::leave(&client, &root).await;
         }
     }

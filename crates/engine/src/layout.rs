@@ -2,13 +2,15 @@
 //!
 //! - `installation`: the ephemeral node naming the installation that serves the root (see
 //!   [`super::root`]);
+//! - `id`: the root's own id, made once by the first installation that served it and read by
+//!   every one that serves it after (see [`super::root::id`]); zklock's nodes carry it;
 //! - `leader-epoch`: the leader epoch, its version (see [`super::fence`]);
 //! - `locks/<namespace>/<lock>`: one directory per lock, its contenders' nodes in it, its data
 //!   the marker of foreign use (see [`super::data::DirMarker`]).
 //!
 //! Which nodes in a lock directory are zklock's is judged by their names (see
-//! [`crate::recipe::parse_child`]); which installation made one, by its data (see
-//! [`super::data::NodeData::installation`]).
+//! [`crate::recipe::parse_child`]); whether this root's zklock made one, by its data (see
+//! [`super::data::NodeData::root`]).
 
 /// The paths of one root. Made only from a root that is a valid absolute ZooKeeper path.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,6 +19,7 @@ pub struct Layout {
 }
 
 const INSTALLATION: &str = "installation";
+const ID: &str = "id";
 const EPOCH: &str = "leader-epoch";
 const LOCKS: &str = "locks";
 
@@ -38,6 +41,11 @@ impl Layout {
     /// The ephemeral node naming the installation that serves the root.
     pub fn installation(&self) -> String {
         format!("{}/{INSTALLATION}", self.root)
+    }
+
+    /// The persistent node that holds the root's id.
+    pub fn id(&self) -> String {
+        format!("{}/{ID}", self.root)
     }
 
     /// The node whose version is the leader epoch.
@@ -71,6 +79,7 @@ mod tests {
     fn every_path_comes_from_the_root_and_a_lock_directory_names_its_lock() {
         let layout = Layout::new("/zklock").unwrap();
         assert_eq!(layout.installation(), "/zklock/installation");
+        assert_eq!(layout.id(), "/zklock/id");
         assert_eq!(layout.epoch(), "/zklock/leader-epoch");
         assert_eq!(layout.lock("shop", "db"), "/zklock/locks/shop/db");
         assert_eq!(layout.lock_of("/zklock/locks/shop/db"), Some(("shop", "db")));

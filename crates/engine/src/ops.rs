@@ -81,12 +81,12 @@ pub(super) async fn create_adopting(
     specs: &[ContenderSpec],
 ) -> Result<(Vec<String>, i64), Error> {
     let options = zk::CreateMode::EphemeralSequential.with_acls(core.config.node_acls());
-    let installation = core.installation();
+    let owner = core.owner();
     let made = specs
         .iter()
         .map(|spec| {
             let path = format!("{}/{}", spec.lock, recipe::node_prefix(&spec.id, spec.mode));
-            let data = NodeData::new(&spec.id, spec.mode, &spec.description).with_installation(installation.clone());
+            let data = NodeData::new(&spec.id, spec.mode, &spec.description).with_root(owner.clone());
             (path, data.to_bytes())
         })
         .collect::<Vec<_>>();

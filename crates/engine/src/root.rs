@@ -86,6 +86,30 @@ pub(super) async fn take(
     }
 }
 
+/// The root's own id, `<root>/id`: made once, with a random UUID, by the first installation
+/// that serves the root, and read by every one after (its replicas, its next terms, the next
+/// process of a rollout, a reinstallation on the same root). The nodes zklock makes carry it:
+/// an operator of another root (another cluster sharing a lock) has another.
+pub(super) async fn id(client: &zk::Client, config: &super::ZkConfig, layout: &Layout) -> Result<String, zk::Error> {
+    let path = layout.id();
+    let options = zk::CreateMode::Persistent.with_acls(config.node_acls());
+    let fresh = uuid::Uuid::new_v4().to_string();
+    loop {
+        match retry::idempotent(|| client.get_data(&path)).await {
+            Ok((data, _)) => return Ok(String::from_utf8_lossy(&data).trim().to_string()),
+            Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(e),
+        }
+        match retry::timed(client.create(&path, fresh.as_bytes(), &options)).await {
+            Ok(_) => return Ok(fresh),
+            // Made meanwhile (by another, or by this very call whose answer was lost): read it.
+            Err(zk::Error::NodeExists) => {}
+            Err(e) if retry::is_unknown_outcome(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Gives the node up, if this session holds it (a graceful stop: the next process of the
 /// installation need not wait for this session to end).
 pub(super) async fn leave(client: &zk::Client, layout: &Layout) {
