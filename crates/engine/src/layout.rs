@@ -62,13 +62,6 @@ impl Layout {
     pub fn lock(&self, namespace: &str, name: &str) -> String {
         format!("{}/{LOCKS}/{namespace}/{name}", self.root)
     }
-
-    /// The namespace and name of a lock directory of this layout.
-    pub fn lock_of<'a>(&self, path: &'a str) -> Option<(&'a str, &'a str)> {
-        let rest = path.strip_prefix(&self.root)?.strip_prefix('/')?.strip_prefix(LOCKS)?.strip_prefix('/')?;
-        let (namespace, name) = rest.split_once('/')?;
-        (!namespace.is_empty() && !name.is_empty() && !name.contains('/')).then_some((namespace, name))
-    }
 }
 
 #[cfg(test)]
@@ -76,16 +69,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_path_comes_from_the_root_and_a_lock_directory_names_its_lock() {
+    fn every_path_comes_from_the_root() {
         let layout = Layout::new("/zklock").unwrap();
         assert_eq!(layout.installation(), "/zklock/installation");
         assert_eq!(layout.id(), "/zklock/id");
         assert_eq!(layout.epoch(), "/zklock/leader-epoch");
         assert_eq!(layout.lock("shop", "db"), "/zklock/locks/shop/db");
-        assert_eq!(layout.lock_of("/zklock/locks/shop/db"), Some(("shop", "db")));
-        assert_eq!(layout.lock_of("/zklock/locks/shop/db/write-x-lock-0000000001"), None);
-        assert_eq!(layout.lock_of("/other/locks/shop/db"), None);
-        assert_eq!(layout.lock_of("/zklockx/locks/shop/db"), None);
         assert_eq!(Layout::new("/a/b").unwrap().lock("n", "l"), "/a/b/locks/n/l");
         for bad in ["/", "zklock", "/zklock/", "/a//b", "", "/a/../b"] {
             assert!(Layout::new(bad).is_err_and(|e| e.contains("like /zklock")), "{bad:?}");
