@@ -133,7 +133,7 @@ pub fn lock_spec(locks: &str, mode: Mode) -> LockClaimSpec {
         several => LockClaimSpec {
             lock_name: None,
             mode: None,
-            locks: Some(several.iter().map(|name| LockRef { lock_name: name.to_string(), mode }).collect()),
+            locks: Some(several.iter().map(|name| LockRef::namespaced(*name, mode)).collect()),
             ..LockClaimSpec::one("", mode)
         },
     }
@@ -477,7 +477,7 @@ mod tests {
     fn several_locks_make_one_claim_over_all_and_a_token_variable_each() {
         let claim = claim_for(&Request { lock: "db,search.index".into(), ..request(None, None) }, "r-5");
         assert!(claim.metadata.name.unwrap().starts_with("db-search.index-"));
-        let locks: Vec<String> = claim.spec.locks.unwrap().into_iter().map(|l| l.lock_name).collect();
+        let locks: Vec<String> = claim.spec.locks.unwrap().into_iter().map(|l| l.label()).collect();
         assert_eq!(locks, ["db", "search.index"]);
         assert_eq!(claim.spec.lock_name, None);
         assert_eq!(token_variable("search.index-2"), "ZKLOCK_FENCING_TOKEN_SEARCH_INDEX_2");

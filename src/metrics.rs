@@ -120,7 +120,7 @@ impl Waiters {
                 let age = now.duration_since(created.0).as_secs_f64().max(0.0);
                 let namespace = claim.metadata.namespace.clone().unwrap_or_default();
                 for lock in claim.spec.lock_refs() {
-                    let label = LockLabel { namespace: namespace.clone(), lock: lock.lock_name.clone() };
+                    let label = LockLabel { namespace: namespace.clone(), lock: lock.label() };
                     let entry = oldest.entry(label).or_insert(age);
                     *entry = entry.max(age);
                 }

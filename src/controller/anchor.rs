@@ -106,7 +106,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
                         id: part.id.clone(),
                         lock: path.clone(),
                         mode: part.mode,
-                        description: format!("{namespace}/{}", c.name_any()),
+                        description: ctx.describe_claim(&namespace, &c.name_any()),
                     },
                     held: held(c),
                     node: node.clone(),

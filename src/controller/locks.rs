@@ -82,7 +82,12 @@ fn forget_unlisted(ctx: &Context, scope: usize) {
 pub fn claim_changed(ctx: &Context, claim: &KeptClaim) {
     let Some(namespace) = claim.metadata.namespace.as_deref() else { return };
     for lock in claim.spec.lock_refs() {
-        ctx.trigger_lock(ObjectRef::new(&lock.lock_name).within(namespace));
+        if let Some(name) = &lock.lock_name {
+            ctx.trigger_lock(ObjectRef::new(name).within(namespace));
+        }
+        if let Some(name) = &lock.cluster_lock_name {
+            ctx.trigger_cluster_lock(name);
+        }
     }
 }
 

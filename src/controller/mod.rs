@@ -10,6 +10,7 @@
 mod admission;
 pub mod anchor;
 mod api_fence;
+pub mod cluster_locks;
 mod error;
 pub mod events;
 pub mod gated;
@@ -40,7 +41,7 @@ use tokio::sync::{mpsc, watch as channel};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use crate::api::{KeptClaim, Lock};
+use crate::api::{ClusterLock, KeptClaim, Lock};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::zk::{Layout, LockEngine};
@@ -80,11 +81,15 @@ pub struct Context {
     /// Each scope's `Lock` objects, and requests to refresh one's status.
     locks: Vec<Store<Lock>>,
     lock_triggers: Vec<UnboundedSender<ObjectRef<Lock>>>,
+    /// The `ClusterLock` objects, and requests to refresh one's status.
+    cluster_locks: Store<ClusterLock>,
+    cluster_lock_triggers: UnboundedSender<ObjectRef<ClusterLock>>,
     /// Gated pods waiting to have their claims made, in creation order.
     arrivals: parking_lot::Mutex<gated::Arrivals>,
     /// Claims that may have left the API with a node still tracked (see `watch::release_orphans`).
     orphans: mpsc::UnboundedSender<Uid>,
-    /// Listings not yet made once: each scope's claims and its `Lock` objects. Counted here
+    /// Listings not yet made once: each scope's claims and its `Lock` objects, and the
+    /// `ClusterLock` objects. Counted here
     /// rather than asked of the reflector stores: their readiness is a one-shot channel that
     /// wakes one waiter only.
     unsynced: channel::Sender<usize>,
@@ -103,6 +108,35 @@ struct Triggers {
 impl Context {
     pub fn lock_path(&self, namespace: &str, lock_name: &str) -> String {
         self.layout.lock(namespace, lock_name)
+    }
+
+    /// The directory of a claim's lock: one of its namespace, or a `ClusterLock`'s.
+    pub fn path_of(&self, namespace: &str, name: &str, cluster: bool) -> String {
+        if cluster {
+            self.layout.cluster_lock(name)
+        } else {
+            self.layout.lock(namespace, name)
+        }
+    }
+
+    /// The directory of a lock as a spec names it (not validated: a name that is neither is
+    /// `None`).
+    pub fn path_of_ref(&self, namespace: &str, lock: &crate::api::LockRef) -> Option<String> {
+        match (&lock.lock_name, &lock.cluster_lock_name) {
+            (Some(name), _) => Some(self.layout.lock(namespace, name)),
+            (None, Some(name)) => Some(self.layout.cluster_lock(name)),
+            (None, None) => None,
+        }
+    }
+
+    /// What a claim's nodes say they stand for (`zkCli get`, and the waitingFor of a claim
+    /// behind it in another cluster): `<cluster>/<namespace>/<name>`, or `<namespace>/<name>`
+    /// without a cluster name.
+    pub fn describe_claim(&self, namespace: &str, name: &str) -> String {
+        match self.layout.cluster() {
+            Some(cluster) => format!("{cluster}/{namespace}/{name}"),
+            None => format!("{namespace}/{name}"),
+        }
     }
 
     /// Whether the engine's session is re-anchored: nothing new is enqueued, and no claim is
@@ -213,6 +247,14 @@ impl Context {
 
     /// Asks for a status refresh of `Lock` object `lock`, if its scope's watch has it (most
     /// locks have none).
+    fn trigger_cluster_lock(&self, name: &str) {
+        let lock = ObjectRef::new(name);
+        if self.cluster_locks.get(&lock).is_some() {
+            // Closed only when the controller has stopped.
+            let _ = self.cluster_lock_triggers.unbounded_send(lock);
+        }
+    }
+
     fn trigger_lock(&self, lock: ObjectRef<Lock>) {
         let scope = if self.namespaces.is_empty() {
             Some(0)
@@ -363,6 +405,8 @@ pub async fn run(
         lock_triggers.push(lock);
         lock_scoped.push((lock_writer, lock_reader, lock_rx));
     }
+    let (cluster_lock_reader, cluster_lock_writer) = reflector::store();
+    let (cluster_lock_triggers, cluster_lock_rx) = futures::channel::mpsc::unbounded();
     let engine_epoch = engine.epoch();
     let ctx = Arc::new(Context {
         client,
@@ -379,9 +423,11 @@ pub async fn run(
         pod_triggers,
         locks,
         lock_triggers,
+        cluster_locks: cluster_lock_reader.clone(),
+        cluster_lock_triggers,
         arrivals: Default::default(),
         orphans,
-        unsynced: channel::Sender::new(2 * scopes),
+        unsynced: channel::Sender::new(2 * scopes + 1),
         anchored: AtomicBool::new(false),
         leadership,
         fence: epoch_param.clone().zip(engine_epoch).map(|(param, mine)| api_fence::Fence::new(param, mine)),
@@ -433,6 +479,15 @@ pub async fn run(
             .for_each(|result| async move { report(result) });
         controllers.spawn(controller);
     }
+    let api: Api<ClusterLock> = Api::all(ctx.watch_client.clone());
+    let controller =
+        Controller::for_stream(cluster_locks::objects(ctx.clone(), api, cluster_lock_writer), cluster_lock_reader)
+            .reconcile_on(cluster_lock_rx)
+            .with_config(Config::default().debounce(locks::STATUS_DEBOUNCE))
+            .graceful_shutdown_on(shutdown.clone())
+            .run(cluster_locks::reconcile, cluster_locks::error_policy, ctx.clone())
+            .for_each(|result| async move { report(result) });
+    controllers.spawn(controller);
     let mut tasks = JoinSet::new();
     tasks.spawn(watch::release_orphans(ctx.clone(), orphans_rx).map(Ok));
     let (woken, mut woken_rx) = mpsc::unbounded_channel();

@@ -13,7 +13,7 @@ use crate::recipe::Mode;
 pub struct Part {
     /// The lock's directory.
     pub lock: String,
-    /// The lock's name.
+    /// The lock's name as status shows it (`NAME`, or `cluster/NAME` for a `ClusterLock`).
     pub name: String,
     pub mode: Mode,
     /// The engine contender that stands for the claim in this lock.
@@ -30,8 +30,8 @@ pub fn of(ctx: &Context, namespace: &str, uid: &Uid, spec: &ValidSpec) -> Vec<Pa
         .iter()
         .enumerate()
         .map(|(i, lock)| Part {
-            lock: ctx.lock_path(namespace, &lock.name),
-            name: lock.name.clone(),
+            lock: ctx.path_of(namespace, &lock.name, lock.cluster),
+            name: lock.label(),
             mode: lock.mode,
             id: if spec.several { format!("{uid}{PART}{i}").into() } else { uid.clone() },
         })

@@ -103,8 +103,29 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
         }
     };
     let parts = parts::of(ctx, &namespace, uid, &spec);
+    let phase = claim.status.as_ref().and_then(|s| s.phase);
+    if spec.cluster_locks().next().is_some()
+        && matches!(phase, None | Some(Phase::Pending))
+        && claim.metadata.deletion_timestamp.is_none()
+        && parts.iter().all(|p| ctx.engine.state(&p.id).is_none())
+    {
+        // Not queued yet: its ClusterLocks must admit its namespace first.
+        let age = claim
+            .creation_timestamp()
+            .map_or(Duration::ZERO, |t| Duration::try_from(now.duration_since(t.0)).unwrap_or(Duration::ZERO));
+        match super::cluster_locks::admit(ctx, &namespace, &spec, age).await? {
+            super::cluster_locks::Admission::Admitted => {}
+            super::cluster_locks::Admission::NotYet => return Ok(Action::requeue(Duration::from_secs(1))),
+            super::cluster_locks::Admission::Refused(message) => {
+                ctx.registry.observe(uid, &claim.name_any(), &namespace, &[], None);
+                let ttl = time_to_live(&claim, None, ctx);
+                let plan = plan::invalid(&claim, message, now).expire_after(ttl, now);
+                return execute(&claim, ctx, uid, &[], plan).await;
+            }
+        }
+    }
     ctx.registry.observe(uid, &claim.name_any(), &namespace, &parts::locks(&parts), spec.holder_pod.as_deref());
-    let terminal = claim.status.as_ref().and_then(|s| s.phase).is_some_and(Phase::is_terminal);
+    let terminal = phase.is_some_and(Phase::is_terminal);
     if let Some(waiting) = stale_copy(&claim, ctx, uid).await? {
         return Ok(waiting);
     }
@@ -139,7 +160,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
         anchor_verdict: ctx.registry.verdict(uid),
         now,
     };
-    let view = contender_view(ctx, &parts);
+    let view = contender_view(ctx, &parts).await;
     if deleted_by_another(&view) && !ctx.engine.epoch_is_current().await? {
         // Deleted by the next leader's re-anchoring (a rollout of unelected operators, say):
         // this process is deposed and writes nothing, least of all Lost for a hold the next
@@ -154,7 +175,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
             // A claim created earlier enters the queue first; it triggers us when it has.
             return Ok(Action::requeue(Duration::from_millis(200)));
         }
-        let description = format!("{namespace}/{}", claim.name_any());
+        let description = ctx.describe_claim(&namespace, &claim.name_any());
         let specs = parts
             .iter()
             .map(|p| ContenderSpec {
@@ -171,7 +192,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
             ctx.trigger(&next);
         }
         enqueued?;
-        plan = plan::plan(inputs(contender_view(ctx, &parts)));
+        plan = plan::plan(inputs(contender_view(ctx, &parts).await));
     }
     if plan.status.phase == Some(Phase::Held) && ctx.registry.known_phase(uid) != Some(Phase::Held) {
         let grant: Vec<(&str, bool, crate::recipe::Limit)> =
@@ -312,29 +333,37 @@ fn deleted_by_another(view: &ContenderView) -> bool {
 }
 
 /// The claim's contenders in the engine (one per lock), each with the claim it waits for named.
-fn contender_view(ctx: &Context, parts: &[Part]) -> ContenderView {
-    let views: Vec<PartView> = parts
-        .iter()
-        .filter_map(|part| {
-            let state = ctx.engine.state(&part.id)?;
-            let waiting_for = match &state {
-                crate::zk::ContenderState::Waiting { watching, .. } => Some(
-                    state
-                        .waits_for_contender()
-                        .and_then(|id| ctx.registry.name(parts::claim_of(id)))
+async fn contender_view(ctx: &Context, parts: &[Part]) -> ContenderView {
+    let mut views: Vec<PartView> = Vec::with_capacity(parts.len());
+    for part in parts {
+        let Some(state) = ctx.engine.state(&part.id) else { continue };
+        let waiting_for = match &state {
+            crate::zk::ContenderState::Waiting { watching, .. } => {
+                Some(match state.waits_for_contender().map(|id| (id, ctx.registry.name(parts::claim_of(id)))) {
+                    Some((_, Some(name))) => name,
+                    // A claim this operator does not serve: another cluster's (a ClusterLock),
+                    // named by what its node says, `<cluster>/<namespace>/<claim>`. The node
+                    // name if that cannot be read (it went meanwhile: the next decision says).
+                    Some((_, None)) => ctx
+                        .engine
+                        .describe(&format!("{}/{watching}", part.lock))
+                        .await
+                        .ok()
+                        .flatten()
                         .unwrap_or_else(|| watching.clone()),
-                ),
-                _ => None,
-            };
-            Some(PartView {
-                lock_name: part.name.clone(),
-                node: ctx.engine.node(&part.id),
-                state,
-                waiting_for,
-                ticket: ctx.engine.ticket(&part.id),
-            })
-        })
-        .collect();
+                    None => watching.clone(),
+                })
+            }
+            _ => None,
+        };
+        views.push(PartView {
+            lock_name: part.name.clone(),
+            node: ctx.engine.node(&part.id),
+            state,
+            waiting_for,
+            ticket: ctx.engine.ticket(&part.id),
+        });
+    }
     if views.is_empty() {
         return ContenderView::Untracked;
     }

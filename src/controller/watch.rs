@@ -95,7 +95,7 @@ fn first_seen(ctx: &Context, claim: &KeptClaim) {
             .spec
             .lock_refs()
             .iter()
-            .map(|l| (ctx.lock_path(namespace, &l.lock_name), l.mode == Mode::Exclusive))
+            .filter_map(|l| Some((ctx.path_of_ref(namespace, l)?, l.mode == Mode::Exclusive)))
             .collect()
     };
     let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());

@@ -12,6 +12,15 @@ pub struct RunArgs {
     /// Root of zklock's tree; locks live at <root>/locks/<namespace>/<lockName>
     #[arg(long, env = "ZKLOCK_ZK_ROOT", default_value = "/zklock", value_parser = crate::zk::Layout::new)]
     zk_root: crate::zk::Layout,
+    /// Root every cluster that shares ClusterLocks names alike (e.g. /zklock-shared): their
+    /// queues live at <root>/locks/<name>. Without it, ClusterLocks are shared by this cluster's
+    /// namespaces only, under <zk-root>/cluster-locks. Needs --cluster-name
+    #[arg(long, env = "ZKLOCK_ZK_CLUSTER_ROOT", requires = "cluster_name")]
+    zk_cluster_root: Option<String>,
+    /// This cluster's name among the clusters sharing --zk-cluster-root (a DNS label such as
+    /// eu-1): unique among them, and shown in the waitingFor of the other clusters' claims
+    #[arg(long, env = "ZKLOCK_CLUSTER_NAME", requires = "zk_cluster_root")]
+    cluster_name: Option<String>,
     /// Session timeout to ask ZooKeeper for (e.g. 10s, 4000ms)
     #[arg(long, env = "ZKLOCK_ZK_SESSION_TIMEOUT", default_value = "10s", value_parser = crate::durations::parse_duration)]
     zk_session_timeout: Duration,
@@ -89,9 +98,25 @@ impl RunArgs {
         let identity = std::env::var("POD_NAME")
             .or_else(|_| std::env::var("HOSTNAME"))
             .unwrap_or_else(|_| format!("zklock-{}", std::process::id()));
+        let layout = match (&self.zk_cluster_root, &self.cluster_name) {
+            (Some(shared), Some(cluster)) => {
+                let layout = self.zk_root.with_shared_root(shared, cluster)?;
+                if zk.session_timeout <= crate::leader::LEASE_DURATION + Duration::from_secs(5) {
+                    tracing::warn!(
+                        session_timeout = ?zk.session_timeout,
+                        "with a shared root, a leader that crashes keeps its ClusterLocks' places only while its \
+                         ZooKeeper session outlasts the takeover (the lease's {:?} and a re-anchoring): give \
+                         --zk-session-timeout 30s (and a server maxSessionTimeout that allows it)",
+                        crate::leader::LEASE_DURATION
+                    );
+                }
+                layout
+            }
+            _ => self.zk_root,
+        };
         Ok(super::Options {
             zk,
-            layout: self.zk_root,
+            layout,
             metrics_addr: self.metrics_addr,
             namespaces: self.watch_namespace.into_iter().filter(|n| !n.is_empty()).collect(),
             lease_namespace: self.lease_namespace,

@@ -626,7 +626,7 @@ impl History {
                 .into_iter()
                 .map(|lock| {
                     let fencing = if several {
-                        st.locks.iter().find(|l| l.lock_name == lock.lock_name).and_then(|l| l.fencing_token.clone())
+                        st.locks.iter().find(|l| l.lock_name == lock.label()).and_then(|l| l.fencing_token.clone())
                     } else {
                         st.fencing_token.clone()
                     };
@@ -635,7 +635,7 @@ impl History {
                         name: claim.name_any(),
                         uid: claim.uid().unwrap_or_default(),
                         exclusive: lock.mode == zklock::recipe::Mode::Exclusive,
-                        lock: lock.lock_name,
+                        lock: lock.label(),
                         phase: st.phase,
                         held_condition: conditions::is_true(&st.conditions, conditions::HELD),
                         finished_condition: conditions::is_true(&st.conditions, conditions::FINISHED),

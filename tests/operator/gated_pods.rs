@@ -313,7 +313,7 @@ async fn a_pod_gated_on_two_locks_runs_once_it_holds_both() {
     env.wait_phase("holds-b", Phase::Held).await;
     gated_pod(&env, "both", json!({ "zklock.io/lock": "ledger,reports" }), &[GATE]).await;
     let claim = env.wait_phase("both", Phase::Waiting).await;
-    let names: Vec<String> = claim.spec.locks.unwrap().into_iter().map(|l| l.lock_name).collect();
+    let names: Vec<String> = claim.spec.locks.unwrap().into_iter().map(|l| l.label()).collect();
     assert_eq!(names, ["ledger", "reports"]);
     assert_eq!(claim.status.unwrap().waiting_for.as_deref(), Some("holds-b"));
     assert_eq!(gates(&env.pods.get("both").await.unwrap()), [GATE], "not while it holds only the ledger");

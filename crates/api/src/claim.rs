@@ -31,8 +31,8 @@ use zklock_engine::recipe::Mode;
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[x_kube(validation = Rule::new("self == oldSelf").message("spec is immutable: a claim is one acquisition attempt; create a new claim instead"))]
-#[x_kube(validation = Rule::new("has(self.lockName) != has(self.locks)").message("give exactly one of spec.lockName (one lock) and spec.locks (several locks, taken together)"))]
-#[x_kube(validation = Rule::new("!has(self.locks) || !has(self.mode)").message("spec.mode goes with spec.lockName: give each entry of spec.locks its own mode"))]
+#[x_kube(validation = Rule::new("[has(self.lockName), has(self.clusterLockName), has(self.locks)].filter(x, x).size() == 1").message("give exactly one of spec.lockName (one lock), spec.clusterLockName (one ClusterLock) and spec.locks (several locks, taken together)"))]
+#[x_kube(validation = Rule::new("!has(self.locks) || !has(self.mode)").message("spec.mode goes with spec.lockName or spec.clusterLockName: give each entry of spec.locks its own mode"))]
 #[serde(rename_all = "camelCase")]
 pub struct LockClaimSpec {
     /// The one lock this claim asks for: claims with the same lockName in a namespace contend.
@@ -41,16 +41,24 @@ pub struct LockClaimSpec {
     #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$"))]
     pub lock_name: Option<String>,
 
-    /// With lockName: Exclusive (one holder, the default) or Shared (any number of Shared
-    /// holders, no Exclusive one).
+    /// The one `ClusterLock` this claim asks for: shared by the namespaces its namespaceSelector
+    /// admits, and by every cluster whose operators name the same shared ZooKeeper root.
+    /// Exactly one of lockName, clusterLockName and locks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$"))]
+    pub cluster_lock_name: Option<String>,
+
+    /// With lockName or clusterLockName: Exclusive (one holder, the default) or Shared (any
+    /// number of Shared holders, no Exclusive one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<Mode>,
 
     /// Several locks, taken together: the claim is Held only while it holds every one of them,
     /// and holds none before that; it keeps its place in each lock's queue meanwhile (1 to 16
-    /// distinct locks). Exactly one of lockName and locks.
+    /// distinct locks, namespaced ones and ClusterLocks alike). Exactly one of lockName,
+    /// clusterLockName and locks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = MAX_LOCKS), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["lockName"]))]
+    #[schemars(length(min = 1, max = MAX_LOCKS), extend("x-kubernetes-list-type" = "atomic"))]
     pub locks: Option<Vec<LockRef>>,
 
     /// The pod the claim lives and dies with: released when the pod is deleted, finishes, or is
@@ -84,13 +92,23 @@ pub struct LockClaimSpec {
 /// Most locks one claim may take together.
 pub const MAX_LOCKS: usize = 16;
 
-/// One of the locks of a claim over several (`spec.locks`).
+/// How a `ClusterLock`'s name starts in a claim's status and `kubectl get` (`cluster/NAME`).
+pub const CLUSTER_LABEL_PREFIX: &str = "cluster/";
+
+/// One of the locks of a claim over several (`spec.locks`): a lock of the claim's namespace
+/// (`lockName`) or a `ClusterLock` (`clusterLockName`).
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[x_kube(validation = Rule::new("has(self.lockName) != has(self.clusterLockName)").message("give each entry of spec.locks exactly one of lockName and clusterLockName"))]
 #[serde(rename_all = "camelCase")]
 pub struct LockRef {
-    /// The lock: claims naming the same lock in a namespace contend for it.
+    /// A lock of the claim's namespace: claims naming the same lock in a namespace contend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$"))]
-    pub lock_name: String,
+    pub lock_name: Option<String>,
+    /// A `ClusterLock`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$"))]
+    pub cluster_lock_name: Option<String>,
     /// Exclusive (the default) or Shared, in this lock.
     #[serde(default)]
     pub mode: Mode,
@@ -101,6 +119,7 @@ impl LockClaimSpec {
     pub fn one(lock_name: impl Into<String>, mode: Mode) -> Self {
         LockClaimSpec {
             lock_name: Some(lock_name.into()),
+            cluster_lock_name: None,
             mode: Some(mode),
             locks: None,
             holder: None,
@@ -111,24 +130,59 @@ impl LockClaimSpec {
         }
     }
 
-    /// The locks asked for, each with its mode, as written (not validated): `lockName` and
-    /// `mode` as one, or the entries of `locks`.
+    /// The spec of a claim for one `ClusterLock`.
+    pub fn one_cluster_lock(name: impl Into<String>, mode: Mode) -> Self {
+        LockClaimSpec { lock_name: None, cluster_lock_name: Some(name.into()), ..LockClaimSpec::one("", mode) }
+    }
+
+    /// The locks asked for, each with its mode, as written (not validated): `lockName` or
+    /// `clusterLockName` and `mode` as one, or the entries of `locks`.
     pub fn lock_refs(&self) -> Vec<LockRef> {
-        match (&self.lock_name, &self.locks) {
-            (Some(name), _) => vec![LockRef { lock_name: name.clone(), mode: self.mode.unwrap_or_default() }],
-            (None, Some(locks)) => locks.clone(),
-            (None, None) => vec![],
+        let mode = self.mode.unwrap_or_default();
+        match (&self.lock_name, &self.cluster_lock_name, &self.locks) {
+            (Some(name), _, _) => vec![LockRef::namespaced(name, mode)],
+            (None, Some(name), _) => vec![LockRef::cluster(name, mode)],
+            (None, None, Some(locks)) => locks.clone(),
+            (None, None, None) => vec![],
         }
     }
 
-    /// Whether the claim names lock `name`.
+    /// Whether the claim names lock `name` of its namespace.
     pub fn names_lock(&self, name: &str) -> bool {
-        self.lock_name.as_deref() == Some(name) || self.locks.iter().flatten().any(|l| l.lock_name == name)
+        self.lock_refs().iter().any(|l| l.lock_name.as_deref() == Some(name))
     }
 
-    /// The lock names, joined with commas (what `kubectl get lc` shows, `a,b`).
+    /// Whether the claim names `ClusterLock` `name`.
+    pub fn names_cluster_lock(&self, name: &str) -> bool {
+        self.lock_refs().iter().any(|l| l.cluster_lock_name.as_deref() == Some(name))
+    }
+
+    /// The lock names, joined with commas (what `kubectl get lc` shows, `a,b`; a `ClusterLock`
+    /// as `cluster/NAME`).
     pub fn lock_label(&self) -> String {
-        self.lock_refs().iter().map(|l| l.lock_name.as_str()).collect::<Vec<_>>().join(",")
+        self.lock_refs().iter().map(LockRef::label).collect::<Vec<_>>().join(",")
+    }
+}
+
+impl LockRef {
+    /// An entry for lock `name` of the claim's namespace.
+    pub fn namespaced(name: impl Into<String>, mode: Mode) -> Self {
+        LockRef { lock_name: Some(name.into()), cluster_lock_name: None, mode }
+    }
+
+    /// An entry for `ClusterLock` `name`.
+    pub fn cluster(name: impl Into<String>, mode: Mode) -> Self {
+        LockRef { lock_name: None, cluster_lock_name: Some(name.into()), mode }
+    }
+
+    /// The name as status and `kubectl get` show it: `NAME`, or `cluster/NAME` for a
+    /// `ClusterLock` (a lock name has no `/`, so the two cannot be confused).
+    pub fn label(&self) -> String {
+        match (&self.lock_name, &self.cluster_lock_name) {
+            (Some(name), _) => name.clone(),
+            (None, Some(name)) => format!("{CLUSTER_LABEL_PREFIX}{name}"),
+            (None, None) => String::new(),
+        }
     }
 }
 

@@ -1,9 +1,10 @@
-//! The user-facing API: the `LockClaim` custom resource (`zklock.io/v1alpha1`), its phases and
+//! The user-facing API: the `LockClaim`, `Lock` and `ClusterLock` custom resources (`zklock.io/v1alpha1`), the claims' phases and
 //! conditions, and the validation of what the schema cannot check. It knows the lock recipe's
 //! modes and nothing else of the engine, and no metrics or controller: the compiler keeps it so.
 #![forbid(unsafe_code)]
 
 mod claim;
+mod cluster_lock;
 pub mod conditions;
 pub mod epoch_policy;
 pub mod finalizer_policy;
@@ -11,7 +12,10 @@ mod kept;
 mod lock;
 mod validate;
 
-pub use claim::{ClaimLockStatus, Holder, LockClaim, LockClaimSpec, LockClaimStatus, LockRef, Phase, MAX_LOCKS};
+pub use claim::{
+    ClaimLockStatus, Holder, LockClaim, LockClaimSpec, LockClaimStatus, LockRef, Phase, CLUSTER_LABEL_PREFIX, MAX_LOCKS,
+};
+pub use cluster_lock::{ClusterLock, ClusterLockHolder, ClusterLockSpec, ClusterLockStatus};
 pub use epoch_policy::EPOCH_REFUSAL;
 pub use kept::{KeptClaim, KeptStatus};
 pub use lock::{Lock, LockSpec, LockStatus, MAX_LISTED_HOLDERS, MAX_PERMITS};
@@ -61,11 +65,15 @@ fn served_namespaces(namespaces: &[String]) -> serde_json::Value {
 }
 
 /// The generated CRDs as YAML, each with the file name `crds/` holds it under.
-pub fn crds() -> [(&'static str, String); 2] {
+pub fn crds() -> [(&'static str, String); 3] {
     use kube::CustomResourceExt;
     // Serialising a CRD (plain data) to YAML cannot fail.
     let yaml = |crd| serde_yaml::to_string(&crd).unwrap_or_default();
-    [("lockclaims.zklock.io.yaml", yaml(LockClaim::crd())), ("locks.zklock.io.yaml", yaml(Lock::crd()))]
+    [
+        ("lockclaims.zklock.io.yaml", yaml(LockClaim::crd())),
+        ("locks.zklock.io.yaml", yaml(Lock::crd())),
+        ("clusterlocks.zklock.io.yaml", yaml(ClusterLock::crd())),
+    ]
 }
 
 /// Every generated CRD as one YAML stream (what `zklock crd` prints).

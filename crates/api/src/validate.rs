@@ -36,12 +36,30 @@ pub struct ValidSpec {
 pub struct ValidLock {
     pub name: String,
     pub mode: Mode,
+    /// A `ClusterLock` (`clusterLockName`), not a lock of the claim's namespace.
+    pub cluster: bool,
+}
+
+impl ValidLock {
+    /// The name as status shows it: `NAME`, or `cluster/NAME` for a `ClusterLock`.
+    pub fn label(&self) -> String {
+        if self.cluster {
+            format!("{}{}", crate::claim::CLUSTER_LABEL_PREFIX, self.name)
+        } else {
+            self.name.clone()
+        }
+    }
 }
 
 impl ValidSpec {
-    /// The lock names, joined with commas (`a,b`).
+    /// The lock names, joined with commas (`a,b,cluster/c`).
     pub fn lock_label(&self) -> String {
-        self.locks.iter().map(|l| l.name.as_str()).collect::<Vec<_>>().join(",")
+        self.locks.iter().map(ValidLock::label).collect::<Vec<_>>().join(",")
+    }
+
+    /// The `ClusterLock`s the claim names.
+    pub fn cluster_locks(&self) -> impl Iterator<Item = &str> {
+        self.locks.iter().filter(|l| l.cluster).map(|l| l.name.as_str())
     }
 }
 
@@ -52,36 +70,55 @@ pub fn validate(claim: &LockClaim) -> Result<ValidSpec, String> {
 
 /// [`validate`], for the spec of a claim in `namespace`.
 pub fn validate_spec(spec: &LockClaimSpec, namespace: &str) -> Result<ValidSpec, String> {
-    let locks = match (&spec.lock_name, &spec.locks) {
-        (Some(_), Some(_)) | (None, None) => {
-            return Err(
-                "give exactly one of spec.lockName (one lock) and spec.locks (several locks, taken together)".into()
-            )
-        }
-        (Some(name), None) => {
+    const EXACTLY_ONE: &str = "give exactly one of spec.lockName (one lock), spec.clusterLockName (one ClusterLock) \
+                               and spec.locks (several locks, taken together)";
+    let named = [spec.lock_name.is_some(), spec.cluster_lock_name.is_some(), spec.locks.is_some()];
+    if named.iter().filter(|n| **n).count() != 1 {
+        return Err(EXACTLY_ONE.into());
+    }
+    let locks = match (&spec.lock_name, &spec.cluster_lock_name, &spec.locks) {
+        (Some(name), _, _) => {
             check_lock_name("spec.lockName", name)?;
-            vec![ValidLock { name: name.clone(), mode: spec.mode.unwrap_or_default() }]
+            vec![ValidLock { name: name.clone(), mode: spec.mode.unwrap_or_default(), cluster: false }]
         }
-        (None, Some(locks)) => {
+        (None, Some(name), _) => {
+            check_lock_name("spec.clusterLockName", name)?;
+            vec![ValidLock { name: name.clone(), mode: spec.mode.unwrap_or_default(), cluster: true }]
+        }
+        (None, None, Some(locks)) => {
             if spec.mode.is_some() {
-                return Err("spec.mode goes with spec.lockName: give each entry of spec.locks its own mode".into());
+                return Err(
+                    "spec.mode goes with spec.lockName or spec.clusterLockName: give each entry of spec.locks \
+                            its own mode"
+                        .into(),
+                );
             }
             if locks.is_empty() || locks.len() > MAX_LOCKS {
                 return Err(format!("spec.locks has {} entries: give 1 to {MAX_LOCKS} locks", locks.len()));
             }
             let mut valid: Vec<ValidLock> = Vec::with_capacity(locks.len());
             for (i, lock) in locks.iter().enumerate() {
-                check_lock_name(&format!("spec.locks[{i}].lockName"), &lock.lock_name)?;
-                if valid.iter().any(|v| v.name == lock.lock_name) {
+                let (field, name, cluster) = match (&lock.lock_name, &lock.cluster_lock_name) {
+                    (Some(name), None) => ("lockName", name, false),
+                    (None, Some(name)) => ("clusterLockName", name, true),
+                    _ => {
+                        return Err(format!(
+                            "spec.locks[{i}] must give exactly one of lockName (a lock of the namespace) and \
+                             clusterLockName (a ClusterLock)"
+                        ))
+                    }
+                };
+                check_lock_name(&format!("spec.locks[{i}].{field}"), name)?;
+                if valid.iter().any(|v| v.name == *name && v.cluster == cluster) {
                     return Err(format!(
-                        "spec.locks names lock {:?} twice: name each lock once (with the mode it is needed in)",
-                        lock.lock_name
+                        "spec.locks names {field} {name:?} twice: name each lock once (with the mode it is needed in)"
                     ));
                 }
-                valid.push(ValidLock { name: lock.lock_name.clone(), mode: lock.mode });
+                valid.push(ValidLock { name: name.clone(), mode: lock.mode, cluster });
             }
             valid
         }
+        (None, None, None) => return Err(EXACTLY_ONE.into()),
     };
     let holder_pod = match &spec.holder {
         None => None,
@@ -217,6 +254,19 @@ mod tests {
     }
 
     #[test]
+    fn cluster_locks_are_told_from_namespaced_ones_of_the_same_name() {
+        let v = validate(&claim(several(serde_json::json!([
+            { "lockName": "db" }, { "clusterLockName": "db", "mode": "Shared" }
+        ]))))
+        .unwrap();
+        assert_eq!(v.lock_label(), "db,cluster/db");
+        assert_eq!(v.cluster_locks().collect::<Vec<_>>(), ["db"]);
+        let one = validate(&claim(LockClaimSpec::one_cluster_lock("payments", Mode::Exclusive))).unwrap();
+        assert_eq!((one.several, one.lock_label()), (false, "cluster/payments".to_string()));
+        assert_eq!(one.lock_label(), one.locks[0].label());
+    }
+
+    #[test]
     fn several_locks_keep_their_order_and_modes_and_bad_lists_say_what_to_fix() {
         let v =
             validate(&claim(several(serde_json::json!([{ "lockName": "b", "mode": "Shared" }, { "lockName": "a" }]))))
@@ -224,7 +274,10 @@ mod tests {
         assert!(v.several);
         assert_eq!(
             v.locks,
-            [ValidLock { name: "b".into(), mode: Mode::Shared }, ValidLock { name: "a".into(), mode: Mode::Exclusive }]
+            [
+                ValidLock { name: "b".into(), mode: Mode::Shared, cluster: false },
+                ValidLock { name: "a".into(), mode: Mode::Exclusive, cluster: false }
+            ]
         );
         assert_eq!(v.lock_label(), "b,a");
         let one = validate(&claim(spec("db"))).unwrap();
@@ -241,7 +294,7 @@ mod tests {
         for (s, needle) in [
             (
                 several(serde_json::json!([{ "lockName": "a" }, { "lockName": "a", "mode": "Shared" }])),
-                "names lock \"a\" twice",
+                "names lockName \"a\" twice",
             ),
             (several(serde_json::json!([])), "give 1 to 16 locks"),
             (several(serde_json::Value::Array(many)), "17 entries"),
@@ -249,6 +302,17 @@ mod tests {
             (both, "exactly one of"),
             (neither, "exactly one of"),
             (with_mode, "give each entry of spec.locks its own mode"),
+            (several(serde_json::json!([{ "lockName": "a", "clusterLockName": "a" }])), "spec.locks[0] must give"),
+            (several(serde_json::json!([{ "mode": "Shared" }])), "spec.locks[0] must give"),
+            (
+                several(serde_json::json!([{ "clusterLockName": "a" }, { "clusterLockName": "a" }])),
+                "names clusterLockName \"a\" twice",
+            ),
+            (
+                serde_json::from_value(serde_json::json!({ "lockName": "a", "clusterLockName": "b" })).unwrap(),
+                "exactly one of",
+            ),
+            (LockClaimSpec::one_cluster_lock("Bad", Mode::Exclusive), "spec.clusterLockName \"Bad\""),
         ] {
             let err = validate(&claim(s)).unwrap_err();
             assert!(err.contains(needle), "{err}");

@@ -48,11 +48,24 @@ pub(super) fn queue_order(mut recorded: Vec<Recorded>) -> Vec<(ContenderSpec, bo
 pub(super) struct Recreated {
     /// The node name of each contender, in the order given.
     pub nodes: Vec<String>,
+    /// Whether each contender's node was put in place of the one it had (a directory other
+    /// clusters queue in, see [`recreate`]); false where it was made anew.
+    pub kept: Vec<bool>,
     pub foreign_seen: bool,
 }
 
 /// In one multi-op per thousand nodes, guarded by the directory's version: deletes every
 /// zklock node left by earlier sessions and creates `contenders`' nodes in the given order.
+///
+/// In the directory of a `ClusterLock` that other clusters share, their operators queue too,
+/// and a node made anew would land behind their waiters (each cluster's operator takes only the
+/// nodes of its own root for its own). There a contender whose node of an earlier session still
+/// stands (its operator stopped or crashed, its session not yet expired) gets it replaced in
+/// place: the old node deleted and one of the same name, so of the same place, made in this
+/// session, in one multi-op, which fails if the old node is gone meanwhile. Nobody else can
+/// hold the place meanwhile, so a holder keeps the lock and its token. A contender whose old
+/// node is gone gets a new one at the back; a holder among them cannot be proven to have kept
+/// the lock (another cluster may have held it in the gap), which the caller learns from `kept`.
 pub(super) async fn recreate(
     client: &zk::Client,
     core: &Core,
@@ -60,7 +73,9 @@ pub(super) async fn recreate(
     contenders: &[(ContenderSpec, Option<i64>)],
 ) -> Result<Recreated, Error> {
     let node_options = zk::CreateMode::EphemeralSequential.with_acls(core.config.node_acls());
+    let in_place_options = zk::CreateMode::Ephemeral.with_acls(core.config.node_acls());
     let owner = core.owner();
+    let shared = core.is_shared_lock(lock);
     // Its marker decides the continuity rule: nobody but us may write it.
     super::acl::protect(client, &core.config, lock, core.config.directory_acls()).await;
     let mut backoff = Backoff::new();
@@ -80,41 +95,87 @@ pub(super) async fn recreate(
         let named_ours: Vec<String> =
             queue.iter().filter(|c| c.ours.is_some()).map(|c| format!("{lock}/{}", c.name)).collect();
         let (stale, others) = owned(client, &named_ours, owner.as_deref()).await?;
-        let foreign_seen =
-            DirMarker::parse(&body).foreign_seen || queue.iter().any(|c| c.ours.is_none()) || !others.is_empty();
+        // Another root's nodes in a shared ClusterLock's directory are other clusters' claims;
+        // anywhere else they count as a foreign client's.
+        let foreign_seen = DirMarker::parse(&body).foreign_seen
+            || queue.iter().any(|c| c.ours.is_none())
+            || (!shared && !others.is_empty());
 
         // Every operation, in order: the marker write (guarded by the version just read), the
-        // stale deletes, then the creates in queue order.
+        // stale deletes, the replacements in place, then the creates in queue order.
         enum Op<'a> {
             Delete(&'a str),
-            Create(&'a ContenderSpec, Option<i64>),
+            Replace(usize, String),
+            Create(usize),
         }
-        let ops: Vec<Op> =
-            stale.iter().map(|p| Op::Delete(p)).chain(contenders.iter().map(|(c, t)| Op::Create(c, *t))).collect();
+        let mut olds: Vec<(&str, &str)> = vec![];
+        if shared {
+            for path in &stale {
+                if let Some((id, _)) = recipe::parse_child(node_name(path)).and_then(|c| c.ours) {
+                    olds.push((id, path.as_str()));
+                }
+            }
+            // The first node of a contender is its place; a second one (a create retried after
+            // a lost answer) goes.
+            olds.sort_by_key(|(id, path)| {
+                (*id, recipe::parse_child(node_name(path)).map_or(u64::MAX, |c| recipe::queue_key(c.sequence, 0)))
+            });
+            olds.dedup_by_key(|(id, _)| *id);
+        }
+        let replaced: Vec<Option<&str>> = contenders
+            .iter()
+            .map(|(spec, _)| olds.iter().find(|(id, _)| *id == &*spec.id).map(|(_, path)| *path))
+            .collect();
+        let mut ops: Vec<Op> =
+            stale.iter().filter(|p| !replaced.contains(&Some(p.as_str()))).map(|p| Op::Delete(p)).collect();
+        for (i, old) in replaced.iter().enumerate() {
+            if let Some(old) = old {
+                ops.push(Op::Replace(i, old.to_string()));
+            }
+        }
+        ops.extend((0..contenders.len()).filter(|i| replaced[*i].is_none()).map(Op::Create));
+        let kept: Vec<bool> = replaced.iter().map(Option::is_some).collect();
         let marker = DirMarker { foreign_seen }.to_bytes();
         let mut version = stat.version;
-        let mut nodes = Vec::with_capacity(contenders.len());
+        let mut nodes = vec![String::new(); contenders.len()];
         let mut conflict = false;
-        // An empty plan still writes the marker once.
-        let chunks: Vec<&[Op]> = if ops.is_empty() { vec![&[]] } else { ops.chunks(OPS_PER_MULTI).collect() };
+        // An empty plan still writes the marker once. A replacement is two operations.
+        let chunks: Vec<&[Op]> = if ops.is_empty() { vec![&[]] } else { ops.chunks(OPS_PER_MULTI / 2).collect() };
         for chunk in chunks {
             // Guarded by the leader epoch, like every write of the engine.
             let mut multi = core.fence.writer(client).map_err(|e| Error::zk("multi", lock, e))?;
             multi.add_set_data(lock, marker, Some(version)).map_err(|e| Error::zk("multi", lock, e))?;
+            let data = |i: usize| {
+                let (spec, ticket) = &contenders[i];
+                NodeData::new(&spec.id, spec.mode, &spec.description)
+                    .with_ticket(*ticket)
+                    .with_root(owner.clone())
+                    .to_bytes()
+            };
+            // The contender each create's answer is for.
+            let mut created_for = vec![];
             for op in chunk {
                 match op {
                     Op::Delete(path) => multi.add_delete(path, None),
-                    Op::Create(spec, ticket) => multi.add_create(
-                        &format!("{lock}/{}", recipe::node_prefix(&spec.id, spec.mode)),
-                        &NodeData::new(&spec.id, spec.mode, &spec.description)
-                            .with_ticket(*ticket)
-                            .with_root(owner.clone())
-                            .to_bytes(),
-                        &node_options,
-                    ),
+                    Op::Replace(i, old) => {
+                        created_for.push(*i);
+                        // Fails the whole multi-op if the old node is gone: its place may be
+                        // somebody else's now.
+                        multi.add_delete(old, None).and_then(|()| multi.add_create(old, &data(*i), &in_place_options))
+                    }
+                    Op::Create(i) => {
+                        created_for.push(*i);
+                        let (spec, _) = &contenders[*i];
+                        multi.add_create(
+                            &format!("{lock}/{}", recipe::node_prefix(&spec.id, spec.mode)),
+                            &data(*i),
+                            &node_options,
+                        )
+                    }
                 }
                 .map_err(|e| Error::zk("multi", lock, e))?;
             }
+            let mut created_for = created_for.into_iter();
             match core.fence.commit(&mut multi).await {
                 Ok(results) => {
                     for result in results {
@@ -122,7 +183,9 @@ pub(super) async fn recreate(
                             zk::MultiWriteResult::SetData { stat } => version = stat.version,
                             zk::MultiWriteResult::Create { path, .. } => {
                                 Stats::bump(&core.stats.creates);
-                                nodes.push(node_name(&path).to_string());
+                                if let Some(i) = created_for.next() {
+                                    nodes[i] = node_name(&path).to_string();
+                                }
                             }
                             zk::MultiWriteResult::Delete => Stats::bump(&core.stats.deletes),
                             _ => {}
@@ -141,7 +204,13 @@ pub(super) async fn recreate(
                     // them by id instead of creating more.
                     Stats::bump(&core.stats.create_unknown_outcomes);
                     if let Some(found) = find_all(client, lock, contenders).await? {
-                        return Ok(Recreated { nodes: found, foreign_seen });
+                        // A node found under the name its old one had was put in its place.
+                        let kept = found
+                            .iter()
+                            .zip(&replaced)
+                            .map(|(n, old)| old.is_some_and(|o| node_name(o) == n))
+                            .collect();
+                        return Ok(Recreated { nodes: found, kept, foreign_seen });
                     }
                     conflict = true;
                     break;
@@ -162,7 +231,7 @@ pub(super) async fn recreate(
                 tracing::warn!(lock, "a foreign node was made while the lock was re-anchored");
                 mark_foreign(client, core, lock).await.map_err(|e| Error::zk("set", lock, e))?;
             }
-            return Ok(Recreated { nodes, foreign_seen: foreign_seen || slipped_in });
+            return Ok(Recreated { nodes, kept, foreign_seen: foreign_seen || slipped_in });
         }
         backoff.wait().await;
     }

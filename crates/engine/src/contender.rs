@@ -132,6 +132,10 @@ pub struct Reanchored {
     pub contenders: Vec<(Arc<str>, ContenderState)>,
     /// A node not made by zklock was seen in the directory, now or ever before.
     pub foreign_seen: bool,
+    /// Recorded holders in a `ClusterLock`'s directory other clusters share whose node of the
+    /// earlier session was gone, so could not be put back in its place: another cluster may
+    /// have held the lock in the gap.
+    pub displaced: Vec<Arc<str>>,
 }
 
 /// One contender in a lock's queue, as [`super::LockEngine::queue`] reports it.

@@ -75,6 +75,12 @@ impl Core {
         self.root.lock().as_ref().map(|(_, _, id)| id.clone())
     }
 
+    /// Whether `lock_path` is a `ClusterLock`'s directory that other clusters queue in (see
+    /// [`super::Layout::is_shared_lock`]).
+    pub fn is_shared_lock(&self, lock_path: &str) -> bool {
+        self.root.lock().as_ref().is_some_and(|(layout, _, _)| layout.is_shared_lock(lock_path))
+    }
+
     pub fn client(&self) -> Result<zk::Client, Error> {
         self.session.lock().clone().ok_or(Error::SessionLost)
     }
@@ -162,14 +168,16 @@ impl Core {
     /// the server may expire it before this client can tell (it only gives up after 7/5 of the
     /// session timeout). In a lock that clients other than zklock use, one of them could then be
     /// granted the lock while our holder still reads Held. So, choosing safety over an
-    /// uninterrupted hold, holders there are asked to let go at once, as if revoked; in
-    /// zklock-only locks nobody else can be granted, and holders keep the lock.
+    /// uninterrupted hold, holders there are asked to let go at once, as if revoked; so are the
+    /// holders of `ClusterLock`s other clusters share (another cluster's waiter is granted the
+    /// moment our session expires); in locks of this cluster's zklock alone nobody else can be
+    /// granted, and holders keep the lock.
     pub fn suspend_shared_holds(&self, session_id: i64) {
         let mut book = self.book.lock();
         let Book { contenders, locks, .. } = &mut *book;
         for (id, member) in contenders.iter_mut() {
             let held = matches!(member.decision, Some(Decision::Held));
-            let shared = locks.get(&member.lock).is_some_and(|q| q.foreign);
+            let shared = locks.get(&member.lock).is_some_and(|q| q.foreign) || self.is_shared_lock(&member.lock);
             if member.session_id == session_id && held && member.revoke.is_none() && shared {
                 let before = member.state();
                 member.revoke = Some(CONNECTION_LOST.to_string());

@@ -38,7 +38,12 @@ use crate::recipe::{self, Decision, Limit};
 #[derive(Clone)]
 pub struct LockEngine {
     core: Arc<Core>,
+    /// What [`LockEngine::describe`] read, by node path.
+    descriptions: Arc<parking_lot::Mutex<std::collections::HashMap<String, String>>>,
 }
+
+/// Most node descriptions kept.
+const MAX_DESCRIPTIONS: usize = 10_000;
 
 impl LockEngine {
     /// Opens a session and returns an engine without an event stream (for tools that read
@@ -55,7 +60,7 @@ impl LockEngine {
     }
 
     async fn start(config: ZkConfig, events: Option<mpsc::UnboundedSender<EngineEvent>>) -> Result<Self, Error> {
-        let engine = LockEngine { core: Arc::new(Core::new(config, events)) };
+        let engine = LockEngine { core: Arc::new(Core::new(config, events)), descriptions: Default::default() };
         engine.reconnect().await?;
         // A fresh engine has nothing to re-anchor.
         engine.admit();
@@ -82,8 +87,9 @@ impl LockEngine {
     pub async fn reconnect(&self) -> Result<(), Error> {
         let client = self.core.config.connect().await?;
         let root = self.core.root.lock().clone();
-        if let Some((root, mine, _)) = root {
+        if let Some((root, mine, id)) = root {
             take_root(&client, &self.core.config, &root, &mine).await?;
+            take_cluster_name(&client, &self.core.config, &root, &id).await?;
         }
         let session_id = client.session_id().0;
         let states = client.state_watcher();
@@ -116,6 +122,7 @@ impl LockEngine {
         let client = self.core.client()?;
         take_root(&client, &self.core.config, layout, &mine).await?;
         let id = root::id(&client, &self.core.config, layout).await.map_err(|e| Error::zk("get", &layout.id(), e))?;
+        take_cluster_name(&client, &self.core.config, layout, &id).await?;
         *self.core.root.lock() = Some((layout.clone(), mine, id));
         Ok(())
     }
@@ -290,20 +297,30 @@ impl LockEngine {
         // takes nothing away, across a new session too (docs/design.md: re-anchoring).
         // A contender recorded without a ticket (by an earlier release) keeps none: the zxid of
         // this re-creation, shared by every node it makes, would not order it.
+        // In a ClusterLock's directory other clusters share, a holder keeps the lock only in the
+        // place its node had (see [`anchor::recreate`]).
+        let shared = self.core.is_shared_lock(lock_path);
+        let mut displaced = vec![];
         let nodes = contenders
             .into_iter()
             .zip(created.nodes)
             .zip(held)
-            .map(|(((spec, ticket), name), held)| Made {
-                spec,
-                name,
-                keeps_hold: held && !created.foreign_seen,
-                ticket: ticket.unwrap_or(0),
+            .zip(created.kept)
+            .map(|((((spec, ticket), name), held), kept)| {
+                if held && shared && !kept {
+                    displaced.push(spec.id.clone());
+                }
+                Made {
+                    keeps_hold: held && !created.foreign_seen && (kept || !shared),
+                    spec,
+                    name,
+                    ticket: ticket.unwrap_or(0),
+                }
             })
             .collect();
         let registered = enqueue::register(&self.core, &client, &lock, window, nodes)?;
         let contenders = enqueue::settle(&self.core, registered).await;
-        Ok(Reanchored { contenders, foreign_seen: created.foreign_seen })
+        Ok(Reanchored { contenders, foreign_seen: created.foreign_seen, displaced })
     }
 
     /// Leaves the queue (or gives up the lock): deletes the node, retrying through connection
@@ -404,8 +421,9 @@ impl LockEngine {
         }
     }
 
-    /// The lock directories of `layout` (`<root>/locks/<namespace>/<lock>`) that hold zklock
-    /// nodes, as `(namespace, path)`: after a new session,
+    /// The lock directories of `layout` (`<root>/locks/<namespace>/<lock>`, and the
+    /// `ClusterLock`s' with an empty namespace) that hold zklock nodes, as `(namespace, path)`:
+    /// after a new session,
     /// the directories whose nodes of earlier sessions must go even if no live contender is
     /// left there to re-anchor.
     ///
@@ -440,7 +458,41 @@ impl LockEngine {
                 }
             }
         }
+        // The ClusterLocks' directories, with no namespace. Other clusters' nodes there look
+        // like ours: re-anchoring tells them apart by the root their data names.
+        let cluster_locks = layout.cluster_locks();
+        for lock in list(cluster_locks.clone()).await? {
+            let path = format!("{cluster_locks}/{lock}");
+            let children = list(path.clone()).await?;
+            if recipe::queue(&children).iter().any(|c| c.ours.is_some()) {
+                found.push((String::new(), path));
+            }
+        }
         Ok(found)
+    }
+
+    /// Who a zklock node stands for, as its data describes it (a claim as
+    /// `<cluster>/<namespace>/<name>`, or `<namespace>/<name>` without a cluster name); `None` for
+    /// a node that is gone or not zklock's. Read once per node: a node's description never
+    /// changes.
+    pub async fn describe(&self, node: &str) -> Result<Option<String>, Error> {
+        if let Some(known) = self.descriptions.lock().get(node) {
+            return Ok(Some(known.clone()));
+        }
+        let client = self.core.client()?;
+        let data = match retry::idempotent(|| client.get_data(node)).await {
+            Ok((data, _)) => data,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(Error::zk("get", node, e)),
+        };
+        let Ok(parsed) = serde_json::from_slice::<crate::data::NodeData>(data.trim_ascii()) else { return Ok(None) };
+        let mut known = self.descriptions.lock();
+        // Nodes come and go: a bound, not an eviction policy, is all a status text needs.
+        if known.len() >= MAX_DESCRIPTIONS {
+            known.clear();
+        }
+        known.insert(node.to_string(), parsed.description.clone());
+        Ok(Some(parsed.description))
     }
 
     /// Brings the `ahead` count of the first `limit` waiters of a lock up to date, with one read
@@ -554,6 +606,26 @@ impl LockEngine {
                 mode: c.mode(),
             })
             .collect())
+    }
+}
+
+/// With a shared root: takes this cluster's name there, for the root with id `root_id`.
+async fn take_cluster_name(
+    client: &zk::Client,
+    config: &ZkConfig,
+    layout: &Layout,
+    root_id: &str,
+) -> Result<(), Error> {
+    let (Some(path), Some(cluster)) = (layout.cluster_node(), layout.cluster()) else { return Ok(()) };
+    let mine = root::ClusterName { cluster: cluster.into(), root: layout.root().into(), root_id: root_id.into() };
+    match root::take_cluster_name(client, config, &path, &mine).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(other)) => Err(Error::ClusterNameInUse {
+            cluster: cluster.into(),
+            shared: layout.shared_root().unwrap_or_default().into(),
+            other_root: other.root,
+        }),
+        Err(e) => Err(Error::zk("cluster name", &path, e)),
     }
 }
 

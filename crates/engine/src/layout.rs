@@ -6,7 +6,14 @@
 //!   every one that serves it after (see [`super::root::id`]); zklock's nodes carry it;
 //! - `leader-epoch`: the leader epoch, its version (see [`super::fence`]);
 //! - `locks/<namespace>/<lock>`: one directory per lock, its contenders' nodes in it, its data
-//!   the marker of foreign use (see [`super::data::DirMarker`]).
+//!   the marker of foreign use (see [`super::data::DirMarker`]);
+//! - `cluster-locks/<lock>`: the directories of `ClusterLock`s, when no shared root is named.
+//!
+//! A shared root (`--zk-cluster-root`), named alike by the operators of every cluster that
+//! shares `ClusterLock`s, holds:
+//! - `locks/<lock>`: the directories of the `ClusterLock`s, where every cluster queues;
+//! - `clusters/<cluster name>`: an ephemeral node per cluster, held by its leader, naming the
+//!   cluster's own root (see [`super::root`]): one name, one cluster.
 //!
 //! Which nodes in a lock directory are zklock's is judged by their names (see
 //! [`crate::recipe::parse_child`]); whether this root's zklock made one, by its data (see
@@ -16,26 +23,107 @@
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
     root: String,
+    /// The shared root and this cluster's name on it, if `ClusterLock`s are shared with other
+    /// clusters.
+    shared: Option<Shared>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Shared {
+    root: String,
+    cluster: String,
 }
 
 const INSTALLATION: &str = "installation";
 const ID: &str = "id";
 const EPOCH: &str = "leader-epoch";
 const LOCKS: &str = "locks";
+const CLUSTER_LOCKS: &str = "cluster-locks";
+const CLUSTERS: &str = "clusters";
+
+fn check_root(root: &str) -> Result<(), String> {
+    let segments_ok = root.split('/').skip(1).all(|s| !s.is_empty() && s != "." && s != "..");
+    if root.starts_with('/') && root.len() > 1 && segments_ok {
+        Ok(())
+    } else {
+        Err(format!("{root:?} is not an absolute ZooKeeper path like /zklock"))
+    }
+}
 
 impl Layout {
     /// The layout under `root`, an absolute path such as `/zklock` (not `/`, no trailing `/`).
     pub fn new(root: &str) -> Result<Layout, String> {
-        let segments_ok = root.split('/').skip(1).all(|s| !s.is_empty() && s != "." && s != "..");
-        if root.starts_with('/') && root.len() > 1 && segments_ok {
-            Ok(Layout { root: root.to_string() })
-        } else {
-            Err(format!("{root:?} is not an absolute ZooKeeper path like /zklock"))
+        check_root(root)?;
+        Ok(Layout { root: root.to_string(), shared: None })
+    }
+
+    /// The same, with `ClusterLock`s under shared root `shared`, where this cluster is named
+    /// `cluster` (a DNS label). Neither root may hold the other: each cluster's own root holds
+    /// its leader epoch, which must never be another cluster's.
+    pub fn with_shared_root(self, shared: &str, cluster: &str) -> Result<Layout, String> {
+        check_root(shared)?;
+        let within = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}/"));
+        if within(shared, &self.root) || within(&self.root, shared) {
+            return Err(format!(
+                "the shared root {shared:?} and the cluster's own root {:?} must not hold one another: give each \
+                 cluster a root of its own (--zk-root) beside the shared one",
+                self.root
+            ));
         }
+        let label = cluster.len() <= 63
+            && cluster.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && cluster.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && cluster.ends_with(|c: char| c.is_ascii_alphanumeric());
+        if !label {
+            return Err(format!(
+                "cluster name {cluster:?} is not a DNS label: use 1-63 lower-case letters, digits and '-' (e.g. eu-1)"
+            ));
+        }
+        Ok(Layout { shared: Some(Shared { root: shared.to_string(), cluster: cluster.to_string() }), ..self })
     }
 
     pub fn root(&self) -> &str {
         &self.root
+    }
+
+    /// The shared root, if `ClusterLock`s are shared with other clusters.
+    pub fn shared_root(&self) -> Option<&str> {
+        self.shared.as_ref().map(|s| s.root.as_str())
+    }
+
+    /// This cluster's name on the shared root.
+    pub fn cluster(&self) -> Option<&str> {
+        self.shared.as_ref().map(|s| s.cluster.as_str())
+    }
+
+    /// The parent of the `ClusterLock`s' directories: in the shared root if there is one, else
+    /// in the cluster's own root (a lock shared by the cluster's namespaces only).
+    pub fn cluster_locks(&self) -> String {
+        match &self.shared {
+            Some(shared) => format!("{}/{LOCKS}", shared.root),
+            None => format!("{}/{CLUSTER_LOCKS}", self.root),
+        }
+    }
+
+    /// The directory of `ClusterLock` `name`.
+    pub fn cluster_lock(&self, name: &str) -> String {
+        format!("{}/{name}", self.cluster_locks())
+    }
+
+    /// Whether `path` is the directory of a `ClusterLock` that other clusters may queue in: there
+    /// a node is kept in place across a new session, or its holder is lost (see
+    /// [`super::anchor`]).
+    pub fn is_shared_lock(&self, path: &str) -> bool {
+        self.shared.is_some()
+            && path
+                .strip_prefix(&self.cluster_locks())
+                .and_then(|rest| rest.strip_prefix('/'))
+                .is_some_and(|name| !name.is_empty() && !name.contains('/'))
+    }
+
+    /// The node naming this cluster on the shared root, if there is one.
+    pub fn cluster_node(&self) -> Option<String> {
+        self.shared.as_ref().map(|s| format!("{}/{CLUSTERS}/{}", s.root, s.cluster))
     }
 
     /// The ephemeral node naming the installation that serves the root.
@@ -79,5 +167,39 @@ mod tests {
         for bad in ["/", "zklock", "/zklock/", "/a//b", "", "/a/../b"] {
             assert!(Layout::new(bad).is_err_and(|e| e.contains("like /zklock")), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn cluster_locks_live_in_the_shared_root_when_there_is_one() {
+        let alone = Layout::new("/zklock").unwrap();
+        assert_eq!(alone.cluster_lock("pay"), "/zklock/cluster-locks/pay");
+        assert!(!alone.is_shared_lock("/zklock/cluster-locks/pay"), "no other cluster queues there");
+        assert_eq!(alone.cluster_node(), None);
+
+        let eu = Layout::new("/zklock-eu").unwrap().with_shared_root("/zklock-shared", "eu-1").unwrap();
+        assert_eq!(eu.cluster_lock("pay"), "/zklock-shared/locks/pay");
+        assert_eq!(eu.cluster_node().as_deref(), Some("/zklock-shared/clusters/eu-1"));
+        assert_eq!((eu.cluster(), eu.shared_root()), (Some("eu-1"), Some("/zklock-shared")));
+        assert!(eu.is_shared_lock("/zklock-shared/locks/pay"));
+        for not in
+            ["/zklock-shared/locks", "/zklock-shared/locks/", "/zklock-shared/locks/a/b", "/zklock-eu/locks/n/pay"]
+        {
+            assert!(!eu.is_shared_lock(not), "{not}");
+        }
+        assert_eq!(eu.lock("n", "l"), "/zklock-eu/locks/n/l", "namespaced locks stay in the cluster's own root");
+
+        let own = || Layout::new("/zklock").unwrap();
+        for (shared, cluster, needle) in [
+            ("/zklock", "a", "must not hold one another"),
+            ("/zklock/shared", "a", "must not hold one another"),
+            ("/", "a", "like /zklock"),
+            ("/shared", "EU", "not a DNS label"),
+            ("/shared", "", "not a DNS label"),
+            ("/shared", "a/b", "not a DNS label"),
+        ] {
+            let err = own().with_shared_root(shared, cluster).unwrap_err();
+            assert!(err.contains(needle), "{shared} {cluster}: {err}");
+        }
+        assert!(Layout::new("/a/b").unwrap().with_shared_root("/a", "x").is_err(), "the shared root holds ours");
     }
 }

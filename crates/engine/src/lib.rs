@@ -80,6 +80,12 @@ pub enum Error {
         other.installation, other.holder
     )]
     RootInUse { root: String, other: Installation },
+    #[error(
+        "the cluster name {cluster:?} is taken on the shared root {shared} by the cluster whose own root is \
+         {other_root}: give each cluster sharing ClusterLocks a name of its own (--cluster-name, the chart's \
+         clusterName)"
+    )]
+    ClusterNameInUse { cluster: String, shared: String, other_root: String },
 }
 
 impl Error {
@@ -95,7 +101,7 @@ impl Error {
     pub fn ends_session(&self) -> bool {
         match self {
             Error::SessionLost | Error::NotAdmitted | Error::Fenced { .. } | Error::Connect { .. } => true,
-            Error::RootInUse { .. } => true,
+            Error::RootInUse { .. } | Error::ClusterNameInUse { .. } => true,
             Error::ConnectTls { .. } | Error::Tls(_) => true,
             Error::ZooKeeper { source, .. } => retry::is_session_end(source) || retry::is_unknown_outcome(source),
             Error::BadContenderId(_) | Error::BadLockPath(_) | Error::UnknownContender(_) => false,
@@ -113,6 +119,7 @@ impl Error {
             Error::UnknownContender(_) => "unknown_contender",
             Error::Fenced { .. } => "fenced",
             Error::RootInUse { .. } => "root_in_use",
+            Error::ClusterNameInUse { .. } => "cluster_name_in_use",
         }
     }
 }

@@ -43,45 +43,110 @@ pub(super) async fn take(
     layout: &Layout,
     mine: &Installation,
 ) -> Result<(), Refused> {
-    let path = layout.installation();
     let parents = zk::CreateMode::Persistent.with_acls(config.parent_acls());
     retry::idempotent(|| client.mkdir(layout.root(), &parents)).await?;
     // Serialising two strings cannot fail.
     let data = serde_json::to_vec(mine).unwrap_or_default();
+    let theirs = |found: &[u8]| {
+        let theirs = serde_json::from_slice::<Installation>(found).unwrap_or_else(|_| Installation {
+            installation: String::from_utf8_lossy(found).into_owned(),
+            holder: "unknown".into(),
+        });
+        (theirs.installation != mine.installation).then_some(theirs)
+    };
+    take_node(client, config, &layout.installation(), &data, theirs).await.map_err(|e| match e {
+        Taken::Other(theirs) => Refused::InUse(theirs),
+        Taken::ZooKeeper(e) => Refused::ZooKeeper(e),
+    })
+}
+
+/// What the node naming a cluster on the shared root holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterName {
+    pub cluster: String,
+    /// The cluster's own root, for people reading a refusal.
+    pub root: String,
+    /// The id of that root (see [`id`]): what tells this cluster's next leader from another
+    /// cluster that took the same name.
+    pub root_id: String,
+}
+
+/// Takes this cluster's name on the shared root, `<shared>/clusters/<name>`, in this session:
+/// refused while a leader of another root holds it (two clusters of one name would take each
+/// other's nodes for their own). Answers the other cluster's node when refused.
+pub(super) async fn take_cluster_name(
+    client: &zk::Client,
+    config: &super::ZkConfig,
+    path: &str,
+    mine: &ClusterName,
+) -> Result<Result<(), ClusterName>, zk::Error> {
+    let parents = zk::CreateMode::Persistent.with_acls(config.parent_acls());
+    if let Some((parent, _)) = path.rsplit_once('/') {
+        retry::idempotent(|| client.mkdir(parent, &parents)).await?;
+    }
+    // Serialising three strings cannot fail.
+    let data = serde_json::to_vec(mine).unwrap_or_default();
+    let theirs = |found: &[u8]| {
+        let theirs = serde_json::from_slice::<ClusterName>(found).unwrap_or_else(|_| ClusterName {
+            cluster: mine.cluster.clone(),
+            root: String::from_utf8_lossy(found).into_owned(),
+            root_id: String::new(),
+        });
+        (theirs.root_id != mine.root_id).then_some(theirs)
+    };
+    match take_node(client, config, path, &data, theirs).await {
+        Ok(()) => Ok(Ok(())),
+        Err(Taken::Other(theirs)) => Ok(Err(theirs)),
+        Err(Taken::ZooKeeper(e)) => Err(e),
+    }
+}
+
+enum Taken<T> {
+    Other(T),
+    ZooKeeper(zk::Error),
+}
+
+/// Takes ephemeral node `path` with `data` in this session: makes it, or replaces one that
+/// `other` finds to be the caller's own (a previous leader's, whose session may still live), or
+/// answers what `other` makes of somebody else's.
+async fn take_node<T>(
+    client: &zk::Client,
+    config: &super::ZkConfig,
+    path: &str,
+    data: &[u8],
+    other: impl Fn(&[u8]) -> Option<T>,
+) -> Result<(), Taken<T>> {
     let options = zk::CreateMode::Ephemeral.with_acls(config.node_acls());
     loop {
-        match retry::timed(client.create(&path, &data, &options)).await {
+        match retry::timed(client.create(path, data, &options)).await {
             Ok(_) => return Ok(()),
             Err(zk::Error::NodeExists) => {}
             // The answer was lost: whether it was made shows in the node.
             Err(e) if retry::is_unknown_outcome(&e) => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(Taken::ZooKeeper(e)),
         }
-        let (found, stat) = match retry::idempotent(|| client.get_data(&path)).await {
+        let (found, stat) = match retry::idempotent(|| client.get_data(path)).await {
             Ok(found) => found,
             Err(zk::Error::NoNode) => continue,
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(Taken::ZooKeeper(e)),
         };
         if stat.ephemeral_owner == client.session_id().0 {
             return Ok(());
         }
-        let theirs = serde_json::from_slice::<Installation>(&found).unwrap_or_else(|_| Installation {
-            installation: String::from_utf8_lossy(&found).into_owned(),
-            holder: "unknown".into(),
-        });
-        if theirs.installation != mine.installation {
-            return Err(Refused::InUse(theirs));
+        if let Some(theirs) = other(&found) {
+            return Err(Taken::Other(theirs));
         }
         // Ours, from an earlier leader: replaced in one step, guarded by the version read.
         let mut multi = client.new_multi_writer();
-        multi.add_delete(&path, Some(stat.version)).map_err(Refused::ZooKeeper)?;
-        multi.add_create(&path, &data, &options).map_err(Refused::ZooKeeper)?;
+        multi.add_delete(path, Some(stat.version)).map_err(Taken::ZooKeeper)?;
+        multi.add_create(path, data, &options).map_err(Taken::ZooKeeper)?;
         match retry::timed(async { multi.commit().await.map_err(zk::Error::from) }).await {
             Ok(_) => return Ok(()),
             // Changed or gone meanwhile, or the answer lost: look again.
             Err(zk::Error::BadVersion | zk::Error::NoNode | zk::Error::NodeExists) => {}
             Err(e) if retry::is_unknown_outcome(&e) => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(Taken::ZooKeeper(e)),
         }
     }
 }

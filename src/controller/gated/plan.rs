@@ -194,7 +194,7 @@ pub fn claim_for(pod: &KeptPod, ask: &Ask) -> LockClaim {
                 several => LockClaimSpec {
                     lock_name: None,
                     mode: None,
-                    locks: Some(several.iter().map(|l| LockRef { lock_name: l.clone(), mode: ask.mode }).collect()),
+                    locks: Some(several.iter().map(|l| LockRef::namespaced(l.clone(), ask.mode)).collect()),
                     ..LockClaimSpec::one("", ask.mode)
                 },
             }
@@ -382,7 +382,7 @@ mod tests {
         let Step::Create { locks, claim } = plan.step else { panic!("{plan:?}") };
         assert_eq!(locks, ["db", "search-index"]);
         assert_eq!((claim.spec.lock_name.as_deref(), claim.spec.mode), (None, None));
-        let refs: Vec<(String, Mode)> = claim.spec.locks.unwrap().into_iter().map(|l| (l.lock_name, l.mode)).collect();
+        let refs: Vec<(String, Mode)> = claim.spec.locks.unwrap().into_iter().map(|l| (l.label(), l.mode)).collect();
         assert_eq!(refs, [("db".to_string(), Mode::Shared), ("search-index".to_string(), Mode::Shared)]);
         for (bad, needle) in [("a,a", "twice"), ("a,,b", "not a valid lock name"), ("a,B", "not a valid lock name")] {
             let plan = plan_of(&gated(json!({ LOCK: bad })));

@@ -1,0 +1,76 @@
+// kube-derive takes one `printcolumn(...)` per column; clippy reads the repeated `type_ = ...`
+// inside them as duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A lock every selected namespace of this cluster may claim, and every cluster whose operators
+/// name the same shared ZooKeeper root (docs/user-guide.md: locks across clusters). Cluster-scoped,
+/// made by a cluster admin, as a `ClusterRole` is; the claims name it with `clusterLockName`.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "zklock.io",
+    version = "v1alpha1",
+    kind = "ClusterLock",
+    derive = "PartialEq",
+    category = "zklock",
+    shortname = "clk",
+    status = "ClusterLockStatus",
+    doc = "ClusterLock is a zklock lock shared by namespaces, and by every cluster whose operators name the same shared ZooKeeper root; claims name it by clusterLockName.",
+    printcolumn(name = "Permits", type_ = "integer", json_path = ".spec.permits"),
+    printcolumn(name = "Held", type_ = "integer", json_path = ".status.held"),
+    printcolumn(name = "Queue", type_ = "integer", json_path = ".status.queueLength"),
+    printcolumn(name = "Clusters", type_ = "string", json_path = ".status.clusters"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterLockSpec {
+    /// Which namespaces of this cluster may claim the lock: `{}` selects every namespace;
+    /// without it, none may (a claim from a namespace not selected ends Invalid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// How many claims may hold the lock at once, across every cluster that shares it (every
+    /// cluster's ClusterLock should say the same: the smallest is what holds). Without it, a
+    /// mutex (Exclusive and Shared claims).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10_000))]
+    pub permits: Option<u32>,
+}
+
+/// What the operator last saw of the lock's queue, in every cluster.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterLockStatus {
+    /// Contenders holding the lock now.
+    #[serde(default)]
+    pub held: u32,
+    /// The holders, wherever they are (at most 50 are named), oldest grant first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<ClusterLockHolder>,
+    /// Contenders queued and not holding, in every cluster.
+    #[serde(default)]
+    pub queue_length: u32,
+    /// The clusters with a contender in the queue now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// One holder of a cluster lock.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterLockHolder {
+    /// The holder's cluster (its operator's --cluster-name); empty for a client other than zklock.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cluster: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    /// The claim, or for a client other than zklock its znode.
+    pub claim: String,
+}

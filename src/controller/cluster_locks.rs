@@ -1,0 +1,315 @@
+//! `ClusterLock` objects (docs/user-guide.md: locks across clusters): one cluster-wide watch.
+//! Their permits go to the lock engine as each lock's limit the moment the watch delivers them,
+//! as a `Lock`'s do; a claim from a namespace their selector does not admit ends `Invalid`;
+//! their status shows the holders and the queue wherever they are, read from ZooKeeper (the
+//! other clusters' claims are in no store of ours), refreshed while anybody queues.
+//!
+//! No claim is decided before the `ClusterLock`s are listed (they count among the listings
+//! `Context::wait_synced` waits for), for the reason `locks` gives.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Patch, PatchParams};
+use kube::core::{Selector, SelectorExt};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use super::{Context, Error, API_TIMEOUT};
+use crate::api::{ClusterLock, ClusterLockHolder, ClusterLockStatus, ValidSpec, MAX_LISTED_HOLDERS};
+use crate::recipe::{self, Decision, Limit};
+use crate::zk::QueueEntry;
+
+/// How often a `ClusterLock`'s status is read again while anybody queues: the other clusters'
+/// claims change it without any event of ours.
+const STATUS_REFRESH: Duration = Duration::from_secs(5);
+/// How long a claim naming a `ClusterLock` this cluster does not have waits for it to appear
+/// (made in the same `kubectl apply`, its watch event may come after the claim's) before it
+/// ends Invalid.
+const MISSING_GRACE: Duration = Duration::from_secs(30);
+/// Queue entries whose owner a status names at most (one read each, then cached).
+const MAX_DESCRIBED: usize = 200;
+
+/// The `ClusterLock` objects, kept in `writer`'s store, as the controller's trigger stream.
+pub fn objects(
+    ctx: Arc<Context>,
+    api: Api<ClusterLock>,
+    writer: Writer<ClusterLock>,
+) -> impl Stream<Item = Result<ClusterLock, watcher::Error>> + Send + 'static {
+    let mut synced = false;
+    watcher(api, watcher::Config::default().timeout(crate::client::WATCH_TIMEOUT_SECONDS))
+        .default_backoff()
+        .reflect(writer)
+        .inspect(move |event| match event {
+            Ok(watcher::Event::InitApply(lock) | watcher::Event::Apply(lock)) => {
+                ctx.engine
+                    .set_limit(&ctx.layout.cluster_lock(&lock.name_any()), Limit::from_permits(lock.spec.permits));
+            }
+            Ok(watcher::Event::Delete(lock)) => {
+                ctx.engine.set_limit(&ctx.layout.cluster_lock(&lock.name_any()), Limit::Mutex);
+            }
+            Ok(watcher::Event::InitDone) => {
+                forget_unlisted(&ctx);
+                if !std::mem::replace(&mut synced, true) {
+                    ctx.unsynced.send_modify(|n| *n = n.saturating_sub(1));
+                }
+            }
+            Ok(watcher::Event::Init) => {}
+            Err(e) => tracing::warn!(error = %e, "watch of ClusterLock objects failed; retrying"),
+        })
+        .applied_objects()
+}
+
+/// After a (re-)listing: cluster locks whose object went while the watch was down are mutexes.
+fn forget_unlisted(ctx: &Context) {
+    let listed: Vec<String> =
+        ctx.cluster_locks.state().iter().map(|l| ctx.layout.cluster_lock(&l.name_any())).collect();
+    let prefix = format!("{}/", ctx.layout.cluster_locks());
+    for (path, _) in ctx.engine.limits() {
+        if path.starts_with(&prefix) && !listed.contains(&path) {
+            ctx.engine.set_limit(&path, Limit::Mutex);
+        }
+    }
+}
+
+/// Whether a claim in a namespace may take the cluster locks its spec names.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Admission {
+    Admitted,
+    /// A `ClusterLock` is not in the store yet: look again soon.
+    NotYet,
+    /// The message of the claim's Invalid condition.
+    Refused(String),
+}
+
+/// Whether `ClusterLock` `name` (`None`: this cluster has none of that name) admits a claim of
+/// namespace `namespace` with labels `labels` (pure).
+pub fn admits(
+    name: &str,
+    lock: Option<&ClusterLock>,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), String> {
+    let Some(lock) = lock else {
+        return Err(format!(
+            "no ClusterLock {name:?} in this cluster: a cluster admin makes it (kubectl get clusterlocks), in every \
+             cluster that shares it"
+        ));
+    };
+    let Some(selector) = &lock.spec.namespace_selector else {
+        return Err(format!(
+            "ClusterLock {name:?} admits no namespace: it has no spec.namespaceSelector (a cluster admin gives one, \
+             {{}} for every namespace)"
+        ));
+    };
+    let selector = Selector::try_from(selector.clone()).map_err(|e| {
+        format!("ClusterLock {name:?} has a spec.namespaceSelector that cannot be read ({e}): a cluster admin fixes it")
+    })?;
+    if selector.matches(labels) {
+        Ok(())
+    } else {
+        Err(format!(
+            "ClusterLock {name:?} does not admit namespace {namespace:?}: its spec.namespaceSelector does not select \
+             it (kubectl get clusterlock {name} -o yaml)"
+        ))
+    }
+}
+
+/// Whether the claim `spec` of `namespace`, created `age` ago, may take its cluster locks: each
+/// must exist in this cluster and select the namespace.
+pub async fn admit(ctx: &Context, namespace: &str, spec: &ValidSpec, age: Duration) -> Result<Admission, Error> {
+    let names: Vec<&str> = spec.cluster_locks().collect();
+    if names.is_empty() {
+        return Ok(Admission::Admitted);
+    }
+    let locks: Vec<Option<Arc<ClusterLock>>> =
+        names.iter().map(|name| ctx.cluster_locks.get(&kube::runtime::reflector::ObjectRef::new(name))).collect();
+    if locks.iter().any(Option::is_none) && age < MISSING_GRACE {
+        return Ok(Admission::NotYet);
+    }
+    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    let found = tokio::time::timeout(API_TIMEOUT, namespaces.get_opt(namespace))
+        .await
+        .map_err(|_| Error::Timeout { call: "get_namespace" })?
+        .map_err(|source| Error::Write { call: "get namespace", source })?;
+    let labels = found.map(|n| n.labels().clone()).unwrap_or_default();
+    for (name, lock) in names.iter().zip(&locks) {
+        if let Err(message) = admits(name, lock.as_deref(), namespace, &labels) {
+            return Ok(Admission::Refused(message));
+        }
+    }
+    Ok(Admission::Admitted)
+}
+
+pub async fn reconcile(lock: Arc<ClusterLock>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.anchored() {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let name = lock.name_any();
+    let path = ctx.layout.cluster_lock(&name);
+    let limit = Limit::from_permits(lock.spec.permits);
+    ctx.engine.set_limit(&path, limit);
+    let entries = ctx.engine.queue(&path).await?;
+    let mut owners = Vec::with_capacity(entries.len().min(MAX_DESCRIBED));
+    for entry in entries.iter().take(MAX_DESCRIBED) {
+        let description = match entry.id {
+            Some(_) => ctx.engine.describe(&format!("{path}/{}", entry.node)).await?,
+            None => None,
+        };
+        owners.push(description);
+    }
+    let status = status_of(&lock, &entries, &owners, limit);
+    let again = if entries.is_empty() { Action::await_change() } else { Action::requeue(STATUS_REFRESH) };
+    if lock.status.as_ref() == Some(&status) {
+        return Ok(again);
+    }
+    let api: Api<ClusterLock> = Api::all(ctx.client.clone());
+    let patch = Patch::Merge(json!({ "status": status }));
+    match ctx.write("cluster lock status", api.patch_status(&name, &PatchParams::default(), &patch)).await? {
+        Ok(_) => Ok(again),
+        // Deleted meanwhile: its watch says so.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::await_change()),
+        Err(source) => Err(Error::Write { call: "cluster lock status", source }),
+    }
+}
+
+/// Who a queue entry stands for: a zklock node's description (`<cluster>/<namespace>/<claim>`,
+/// or `<namespace>/<claim>` from an operator without a cluster name), or the node's name for a
+/// client other than zklock.
+fn holder_of(entry: &QueueEntry, description: Option<&str>) -> ClusterLockHolder {
+    let parts: Vec<&str> = description.map(|d| d.splitn(3, '/').collect()).unwrap_or_default();
+    match parts[..] {
+        [cluster, namespace, claim] => {
+            ClusterLockHolder { cluster: cluster.into(), namespace: namespace.into(), claim: claim.into() }
+        }
+        [namespace, claim] => {
+            ClusterLockHolder { cluster: String::new(), namespace: namespace.into(), claim: claim.into() }
+        }
+        _ => ClusterLockHolder { claim: entry.node.clone(), ..Default::default() },
+    }
+}
+
+/// The status a `ClusterLock` shows for its queue (pure): `entries` in queue order, `owners`
+/// the descriptions of the first of them.
+pub fn status_of(
+    lock: &ClusterLock,
+    entries: &[QueueEntry],
+    owners: &[Option<String>],
+    limit: Limit,
+) -> ClusterLockStatus {
+    let names: Vec<&str> = entries.iter().map(|e| e.node.as_str()).collect();
+    let queue = recipe::queue(&names);
+    // Holders are a prefix of the queue: the recipe grants from the front.
+    let held = entries.iter().take_while(|e| recipe::decide_in(&queue, &e.node, limit) == Decision::Held).count();
+    let holders: Vec<ClusterLockHolder> = entries
+        .iter()
+        .zip(owners.iter().map(Option::as_deref).chain(std::iter::repeat(None)))
+        .take(held.min(MAX_LISTED_HOLDERS))
+        .map(|(entry, owner)| holder_of(entry, owner))
+        .collect();
+    let mut clusters: Vec<String> = entries
+        .iter()
+        .zip(owners)
+        .filter_map(|(entry, owner)| Some(holder_of(entry, owner.as_deref())).filter(|h| !h.cluster.is_empty()))
+        .map(|h| h.cluster)
+        .collect();
+    clusters.sort();
+    clusters.dedup();
+    ClusterLockStatus {
+        held: u32::try_from(held).unwrap_or(u32::MAX),
+        holders,
+        queue_length: u32::try_from(entries.len() - held).unwrap_or(u32::MAX),
+        clusters,
+        conditions: vec![],
+        observed_generation: lock.metadata.generation,
+    }
+}
+
+pub fn error_policy(lock: Arc<ClusterLock>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabel { error: error.metric_label() }).inc();
+    tracing::warn!(cluster_lock = %lock.name_any(), %error, "ClusterLock status refresh failed");
+    error.retry_after().map_or_else(Action::await_change, Action::requeue)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recipe::Mode;
+
+    fn cluster_lock(selector: Option<serde_json::Value>) -> ClusterLock {
+        let mut spec = json!({});
+        if let Some(selector) = selector {
+            spec["namespaceSelector"] = selector;
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "ClusterLock", "metadata": { "name": "pay" }, "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn a_namespace_is_admitted_only_by_a_selector_that_selects_it() {
+        let payments = labels(&[("team", "payments"), ("kubernetes.io/metadata.name", "pay")]);
+        assert_eq!(admits("pay", Some(&cluster_lock(Some(json!({})))), "pay", &payments), Ok(()), "{{}}: every one");
+        let team = cluster_lock(Some(json!({ "matchLabels": { "team": "payments" } })));
+        assert_eq!(admits("pay", Some(&team), "pay", &payments), Ok(()));
+        let err = admits("pay", Some(&team), "shop", &labels(&[("team", "shop")])).unwrap_err();
+        assert!(err.contains("ClusterLock \"pay\" does not admit namespace \"shop\""), "{err}");
+        let err = admits("pay", Some(&cluster_lock(None)), "pay", &payments).unwrap_err();
+        assert!(err.contains("admits no namespace"), "{err}");
+        let err = admits("pay", None, "pay", &payments).unwrap_err();
+        assert!(err.contains("no ClusterLock \"pay\" in this cluster"), "{err}");
+        let odd =
+            cluster_lock(Some(json!({ "matchExpressions": [{ "key": "team", "operator": "Near", "values": ["x"] }] })));
+        let err = admits("pay", Some(&odd), "pay", &payments).unwrap_err();
+        assert!(err.contains("cannot be read"), "{err}");
+        let not_in = cluster_lock(Some(
+            json!({ "matchExpressions": [{ "key": "team", "operator": "NotIn", "values": ["shop"] }] }),
+        ));
+        assert_eq!(admits("pay", Some(&not_in), "pay", &payments), Ok(()));
+    }
+
+    fn entry(name: &str, sequence: u64, mode: Mode) -> QueueEntry {
+        let node = format!("{}{sequence:010}", recipe::node_prefix(name, mode));
+        QueueEntry { node, sequence, id: Some(name.into()), mode }
+    }
+
+    #[test]
+    fn the_status_names_holders_wherever_they_are_and_counts_the_rest() {
+        let entries = vec![
+            entry("a1", 3, Mode::Shared),
+            entry("b1", 4, Mode::Shared),
+            entry("a2", 5, Mode::Exclusive),
+            entry("b2", 6, Mode::Shared),
+        ];
+        let owners = vec![Some("eu-1/pay/a1".into()), Some("us-2/pay/b1".into()), Some("eu-1/pay/a2".into()), None];
+        let status = status_of(&cluster_lock(None), &entries, &owners, Limit::Mutex);
+        assert_eq!(status.held, 2, "two Shared holders ahead of an Exclusive waiter");
+        assert_eq!(
+            status.holders,
+            [
+                ClusterLockHolder { cluster: "eu-1".into(), namespace: "pay".into(), claim: "a1".into() },
+                ClusterLockHolder { cluster: "us-2".into(), namespace: "pay".into(), claim: "b1".into() },
+            ]
+        );
+        assert_eq!(status.queue_length, 2);
+        assert_eq!(status.clusters, ["eu-1", "us-2"]);
+
+        let permits = status_of(&cluster_lock(None), &entries, &owners, Limit::from_permits(Some(3)));
+        assert_eq!(permits.held, 3, "three permits, whatever the modes");
+        let foreign = QueueEntry { node: "_c_x-lock-0000000001".into(), sequence: 1, id: None, mode: Mode::Exclusive };
+        let alone = status_of(&cluster_lock(None), &[foreign], &[None], Limit::Mutex);
+        assert_eq!(alone.holders[0].claim, "_c_x-lock-0000000001", "a foreign holder by its node");
+        assert!(alone.clusters.is_empty());
+    }
+}
