@@ -133,7 +133,10 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
             if matches!(state, ContenderState::Lost { why: LostReason::SessionExpired }) {
                 return Err(crate::zk::Error::SessionLost.into());
             }
-            let why = if anchored.foreign_seen {
+            let why = if anchored.displaced.contains(id) {
+                "after a new ZooKeeper session the claim's node of the earlier one was gone, and other clusters queue \
+                 on this ClusterLock: one of them may have held it in the gap"
+            } else if anchored.foreign_seen {
                 "the ZooKeeper session changed and this lock is shared with clients other than zklock, which may \
                  have held it in the gap"
             } else if !state.is_held() {

@@ -1,0 +1,117 @@
+//! A `ClusterLock`'s directory on a shared root, where the operators of two clusters queue: a
+//! new session of one cluster puts its nodes back in their places (the other cluster's waiter
+//! stays behind them), a holder whose node went with its session is not taken for one, and a
+//! cluster name is one cluster's.
+
+use crate::support;
+
+use support::*;
+use zklock::recipe::Mode;
+use zklock::zk::{ContenderSpec, ContenderState, Error, Installation, Layout, Recorded};
+
+fn layout(own: &str, cluster: &str) -> Layout {
+    Layout::new(own).unwrap().with_shared_root("/shared", cluster).unwrap()
+}
+
+/// An engine serving `layout` for installation `installation`, as a leader of that cluster does.
+async fn cluster_engine(connect: &str, layout: &Layout, installation: &str) -> Engine {
+    let engine = engine(connect).await;
+    let mine = Installation { installation: installation.into(), holder: format!("{installation}-replica") };
+    engine.take_root(layout, mine).await.unwrap_or_else(|e| panic!("take the root of {installation}: {e}"));
+    engine
+}
+
+fn recorded(c: &Contender, lock: &str, held: bool) -> Recorded {
+    Recorded {
+        spec: ContenderSpec { id: c.id.clone().into(), lock: lock.into(), mode: Mode::Exclusive, description: "a".into() },
+        held,
+        node: Some(c.node.clone()),
+        ticket: None,
+    }
+}
+
+#[tokio::test]
+async fn a_new_session_of_one_cluster_keeps_its_places_and_the_other_clusters_waiter_stays_behind() {
+    let connect = chroot().await;
+    let raw = raw_client(&connect).await;
+    let (a, b) = (layout("/a", "a"), layout("/b", "b"));
+    let lock = a.cluster_lock("pay");
+    assert_eq!(lock, b.cluster_lock("pay"), "both clusters queue in one directory");
+    let old_a = cluster_engine(&connect, &a, "a").await;
+    let eb = cluster_engine(&connect, &b, "b").await;
+    let mut h = enqueue(&old_a, &lock, Mode::Exclusive).await;
+    let first_token = held(&mut h).await;
+    let mut wb = enqueue(&eb, &lock, Mode::Exclusive).await;
+    let wa = enqueue(&old_a, &lock, Mode::Exclusive).await;
+    let before = children(&raw, &lock).await;
+    assert_eq!(before.len(), 3);
+
+    // Cluster a's next leader (its own session, the old one still alive: a graceful stop or a
+    // crash within the session timeout) re-anchors its two claims.
+    let new_a = cluster_engine(&connect, &a, "a").await;
+    let anchored = new_a.reanchor(&lock, vec![recorded(&wa, &lock, false), recorded(&h, &lock, true)]).await.unwrap();
+    assert!(anchored.displaced.is_empty(), "{:?}", anchored.displaced);
+    assert!(!anchored.foreign_seen, "another cluster's zklock nodes are no foreign client");
+    assert_eq!(children(&raw, &lock).await, before, "the same nodes, in the same places");
+    for node in &before {
+        let stat = raw.check_stat(&format!("{lock}/{node}")).await.unwrap().expect("the node stands");
+        let owner = if node.contains(&wb.id) { eb.session_id() } else { new_a.session_id() };
+        assert_eq!(Some(stat.ephemeral_owner), owner, "{node} belongs to its cluster's current session");
+    }
+    // Held at once (the claim's status keeps its first token: nobody held in between).
+    let mut h2 = new_a.contender(&h.id);
+    held(&mut h2).await;
+    assert!(matches!(eb.state(&wb.id), Some(ContenderState::Waiting { ahead: 1, .. })), "{:?}", eb.state(&wb.id));
+
+    // The old session ends: nothing of it is left to take the places with it.
+    drop(old_a);
+    new_a.release(&h.id).await.unwrap();
+    let b_token = held(&mut wb).await;
+    assert!(b_token > first_token, "tokens grow across clusters: {b_token} after {first_token}");
+    let mut wa2 = new_a.contender(&wa.id);
+    assert!(matches!(wa2.state(), ContenderState::Waiting { .. }), "first come, first served: {:?}", wa2.state());
+    eb.release(&wb.id).await.unwrap();
+    let a_token = held(&mut wa2).await;
+    assert!(a_token > b_token, "{a_token} after {b_token}");
+}
+
+#[tokio::test]
+async fn a_holder_whose_node_went_with_its_session_is_displaced_and_the_other_cluster_goes_first() {
+    let connect = chroot().await;
+    let raw = raw_client(&connect).await;
+    let (a, b) = (layout("/a", "a"), layout("/b", "b"));
+    let lock = a.cluster_lock("pay");
+    let old_a = cluster_engine(&connect, &a, "a").await;
+    let eb = cluster_engine(&connect, &b, "b").await;
+    let mut h = enqueue(&old_a, &lock, Mode::Exclusive).await;
+    held(&mut h).await;
+    let mut wb = enqueue(&eb, &lock, Mode::Exclusive).await;
+    // Cluster a is gone long enough for its session to end: b is granted.
+    drop(old_a);
+    held(&mut wb).await;
+
+    let new_a = cluster_engine(&connect, &a, "a").await;
+    let anchored = new_a.reanchor(&lock, vec![recorded(&h, &lock, true)]).await.unwrap();
+    assert_eq!(anchored.displaced, [h.id.clone().into()], "the place could not be kept");
+    let (_, state) = &anchored.contenders[0];
+    assert!(matches!(state, ContenderState::Waiting { ahead: 1, .. }), "behind b's holder: {state:?}");
+    assert_eq!(children(&raw, &lock).await.len(), 2);
+}
+
+#[tokio::test]
+async fn a_cluster_name_is_one_clusters_and_its_next_leader_takes_it_over() {
+    let connect = chroot().await;
+    let a = layout("/a", "a");
+    let first = cluster_engine(&connect, &a, "a").await;
+    // Its next leader (same root, so same root id) takes the name over.
+    let next = cluster_engine(&connect, &a, "a").await;
+    let impostor = engine(&connect).await;
+    let refused = impostor
+        .take_root(&layout("/c", "a"), Installation { installation: "c".into(), holder: "c-0".into() })
+        .await
+        .expect_err("a second cluster named a");
+    assert!(matches!(refused, Error::ClusterNameInUse { .. }), "{refused}");
+    let message = refused.to_string();
+    assert!(message.contains("\"a\"") && message.contains("/a") && message.contains("--cluster-name"), "{message}");
+    drop((first, next));
+}
