@@ -28,7 +28,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
 use serde_json::{json, Value};
-use zklock::api::{Lock, Phase};
+use zklock::api::{ClusterLock, Lock, Phase};
 
 /// One API request as RBAC sees it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -305,6 +305,26 @@ async fn scenario(env: &Env) {
     tokio::time::timeout(Duration::from_secs(60), counted).await.expect("the Lock's status counts its holder").unwrap();
     env.delete_claim("s1").await;
     env.wait_gone("s1").await;
+    // A ClusterLock: read, its selector matched against the namespace's labels, its status
+    // written from its queue.
+    let cluster_lock = e2e_support::TestClusterLock::make(
+        env,
+        &format!("rbac-{}", env.ns),
+        e2e_support::TestClusterLock::admitting(&env.ns),
+    )
+    .await;
+    env.claim_spec("cl", json!({ "clusterLockName": cluster_lock.name })).await;
+    env.wait_phase("cl", Phase::Held).await;
+    let cluster_locks: Api<ClusterLock> = Api::all(env.client.clone());
+    let counted = kube::runtime::wait::await_condition(cluster_locks, &cluster_lock.name, |l: Option<&ClusterLock>| {
+        l.and_then(|l| l.status.as_ref()).is_some_and(|s| s.held == 1)
+    });
+    tokio::time::timeout(Duration::from_secs(60), counted)
+        .await
+        .expect("the ClusterLock's status counts its holder")
+        .unwrap();
+    env.delete_claim("cl").await;
+    env.wait_gone("cl").await;
 }
 
 /// Renders the chart into a release namespace of its own, runs the scenario with the operator as

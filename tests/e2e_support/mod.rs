@@ -237,6 +237,45 @@ impl Env {
     }
 }
 
+/// A `ClusterLock` a test made (cluster-scoped: no namespace takes it along), deleted when this
+/// goes, passed or failed.
+pub struct TestClusterLock {
+    pub name: String,
+    kubeconfig: PathBuf,
+}
+
+impl TestClusterLock {
+    /// Makes `ClusterLock` `name` with `spec` on the API server of `env`.
+    pub async fn make(env: &Env, name: &str, spec: Value) -> TestClusterLock {
+        let api: Api<zklock::api::ClusterLock> = Api::all(env.client.clone());
+        let lock = serde_json::from_value(json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "ClusterLock", "metadata": { "name": name }, "spec": spec,
+        }))
+        .expect("ClusterLock json");
+        api.create(&PostParams::default(), &lock).await.unwrap_or_else(|e| panic!("create ClusterLock {name}: {e}"));
+        TestClusterLock { name: name.to_string(), kubeconfig: env.made_with.clone() }
+    }
+
+    /// A spec whose selector admits exactly namespace `ns`.
+    pub fn admitting(ns: &str) -> Value {
+        json!({ "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": ns } } })
+    }
+}
+
+impl Drop for TestClusterLock {
+    fn drop(&mut self) {
+        let Ok(kubectl) = std::panic::catch_unwind(zklock_testkit::kube::kubectl) else { return };
+        let deleted = Command::new(kubectl)
+            .args(["--kubeconfig", &self.kubeconfig.display().to_string(), "--request-timeout=10s"])
+            .args(["delete", "clusterlock", &self.name, "--ignore-not-found", "--wait=false"])
+            .stdout(Stdio::null())
+            .status();
+        if !matches!(deleted, Ok(status) if status.success()) {
+            eprintln!("deleting ClusterLock {} did not finish: {deleted:?}", self.name);
+        }
+    }
+}
+
 pub fn phase_of(c: &LockClaim) -> Option<Phase> {
     c.status.as_ref().and_then(|s| s.phase)
 }

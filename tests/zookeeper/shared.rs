@@ -23,7 +23,12 @@ async fn cluster_engine(connect: &str, layout: &Layout, installation: &str) -> E
 
 fn recorded(c: &Contender, lock: &str, held: bool) -> Recorded {
     Recorded {
-        spec: ContenderSpec { id: c.id.clone().into(), lock: lock.into(), mode: Mode::Exclusive, description: "a".into() },
+        spec: ContenderSpec {
+            id: c.id.clone().into(),
+            lock: lock.into(),
+            mode: Mode::Exclusive,
+            description: "a".into(),
+        },
         held,
         node: Some(c.node.clone()),
         ticket: None,
