@@ -68,6 +68,13 @@ impl ZkServer {
         (Self::start_with(&pki.server_cfg(secure)), format!("127.0.0.1:{secure}"))
     }
 
+    /// A standalone server of the caller's own that grants sessions up to `max` (the harness's
+    /// `tickTime` caps them at 10 s otherwise): for operators whose session must outlast a
+    /// leader takeover.
+    pub fn start_with_max_session(max: Duration) -> ZkServer {
+        Self::start_with(&format!("maxSessionTimeout={}\n", max.as_millis()))
+    }
+
     fn start_with(extra_cfg: &str) -> ZkServer {
         let tmp = TempDir::new("zklock-zk");
         let port = free_port();
