@@ -11,7 +11,10 @@
 //! (with API writes per gated handoff), uncontended acquire/release throughput over 1,000 locks next
 //! to Apache Curator's on the same ZooKeeper, and the operator's memory per claim at 10,000
 //! claims (`--memory-claims N` for another count, such as 100000). `--quick` runs smaller sizes (for a smoke test);
-//! `--only handoff|pods|gated|throughput|memory` runs one part; `--no-finalizer-policy` leaves the
+//! `--only handoff|pods|gated|throughput|memory|clusters` runs one part (`clusters`: a
+//! `ClusterLock` shared by this control plane and a second one started for the run, the handoff
+//! between the two clusters beside the handoff within one, then with 20 ms added to every
+//! ZooKeeper request of the second cluster's operator); `--no-finalizer-policy` leaves the
 //! finalizer's admission policy out (the operator then adds its finalizer to each claim). `ZKLOCK_BENCH_WRAP="heaptrack -o /tmp/op"` runs the operator under a wrapper
 //! command (a profiler); the RSS figure is then the wrapper's, not the operator's.
 //! `ZKLOCK_BENCH_OPERATOR=PATH` runs another build of the operator, such as the static (musl)
@@ -31,7 +34,7 @@ use kube::runtime::wait::await_condition;
 use kube::runtime::watcher;
 use kube::Api;
 use serde_json::json;
-use zklock::api::{Lock, LockClaim, Phase};
+use zklock::api::{ClusterLock, Lock, LockClaim, Phase};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -49,7 +52,7 @@ async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
-    let parts = ["handoff", "pods", "gated", "throughput", "memory"];
+    let parts = ["handoff", "pods", "gated", "throughput", "memory", "clusters"];
     if let Some(part) = only.as_deref().filter(|p| !parts.contains(p)) {
         return Err(format!("--only {part}: expected one of {}", parts.join(", ")).into());
     }
@@ -105,6 +108,9 @@ async fn main() -> Result<(), Error> {
     if runs("throughput") {
         throughput(&client, &server, zk, &sizes).await?;
     }
+    if runs("clusters") {
+        clusters(&client, &server, zk, &sizes).await?;
+    }
     if runs("memory") {
         let bench = Bench::start(&client, &server, zk, "memory").await?;
         let (per_claim, total) = bench.memory(sizes.memory_claims).await?;
@@ -159,6 +165,89 @@ async fn handoffs(
 }
 
 /// The permits of the semaphore lock the handoff benchmark measures next to a mutex.
+/// Handoffs on a `ClusterLock` two clusters share: within cluster a (holder and next both a's),
+/// from a to b (the holder deleted in a, the next claim seen Held in b), interleaved round by
+/// round so that both meet the same machine; then a→b again with `ZOOKEEPER_LATENCY` added to
+/// every request of b's operator (b in another region).
+async fn clusters(
+    client_a: &kube::Client,
+    server_a: &Server,
+    zk: &zklock_testkit::ZkServer,
+    sizes: &Sizes,
+) -> Result<(), Error> {
+    const ZOOKEEPER_LATENCY: Duration = Duration::from_millis(20);
+    let kubeconfig_b = zklock_testkit::kube::private_control_plane("bench-b");
+    let config = kube::config::Kubeconfig::read_from(kubeconfig_b)?;
+    let config = kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default()).await?;
+    let client_b = zklock::client::builder(config)?.build();
+    install_crd(&client_b).await?;
+    let server_b = Server { kubeconfig: kubeconfig_b.to_path_buf(), finalizer_policy: server_a.finalizer_policy };
+    let connect = zk.chroot().await;
+    let chroot = &connect[connect.find('/').ok_or("a chroot")?..];
+    let proxy = zklock_testkit::proxy::Proxy::start(zk.addr()).await;
+    let shared = |root: &'static str, name: &'static str| {
+        ["--zk-root", root, "--zk-cluster-root", "/shared", "--cluster-name", name, "--zk-session-timeout", "10s"]
+    };
+    let a = Bench::start_with(client_a, server_a, &connect, "clusters-a", &shared("/a", "a")).await?;
+    let b = Bench::start_with(&client_b, &server_b, &proxy.connect_string(chroot), "clusters-b", &shared("/b", "b"))
+        .await?;
+    let name = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+    for client in [client_a, &client_b] {
+        let lock: ClusterLock = serde_json::from_value(json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "ClusterLock",
+            "metadata": {"name": name}, "spec": {"namespaceSelector": {}},
+        }))?;
+        Api::<ClusterLock>::all(client.clone()).create(&PostParams::default(), &lock).await?;
+    }
+    let lock = format!("cluster/{name}");
+    let mut round = 0;
+    // One handoff: a holder made in a and Held, the next claim made in `next` and Waiting, the
+    // holder deleted, the next one awaited Held on `next`'s watch.
+    let mut handoff = async |next: &Bench| -> Result<Duration, Error> {
+        round += 1;
+        let (holder, waiter) = (format!("h{round}"), format!("w{round}"));
+        a.create(&holder, &lock, None).await?;
+        a.wait_phase(&holder, Phase::Held).await?;
+        next.create(&waiter, &lock, None).await?;
+        next.wait_phase(&waiter, Phase::Waiting).await?;
+        let (seen, follower) = next.follow();
+        let start = Instant::now();
+        a.claims.delete(&holder, &DeleteParams::default()).await?;
+        tokio::time::timeout(Duration::from_secs(120), seen.wait(|sets| sets.0.contains(&waiter)))
+            .await
+            .map_err(|_| format!("{waiter} not Held within 120 s"))?;
+        let took = start.elapsed();
+        follower.abort();
+        next.claims.delete(&waiter, &DeleteParams::default()).await?;
+        next.wait_gone(&waiter).await?;
+        Ok(took)
+    };
+    let (mut within, mut across, mut slow) = (Samples::default(), Samples::default(), Samples::default());
+    for _ in 0..sizes.handoffs {
+        within.push(handoff(&a).await?);
+        across.push(handoff(&b).await?);
+    }
+    proxy.set_latency(ZOOKEEPER_LATENCY);
+    for _ in 0..sizes.handoffs {
+        slow.push(handoff(&b).await?);
+    }
+    proxy.set_latency(Duration::ZERO);
+    println!("ClusterLock handoff within cluster a: {}", within.summary());
+    println!("ClusterLock handoff from a to b:      {}", across.summary());
+    println!(
+        "ClusterLock handoff from a to b, {} ms added to each ZooKeeper request of b's operator: {}",
+        ZOOKEEPER_LATENCY.as_millis(),
+        slow.summary()
+    );
+    println!(
+        "handoff p50 ratio across clusters vs within one: {:.2}; with b {} ms from ZooKeeper: {:.2}",
+        across.percentile(0.5).as_secs_f64() / within.percentile(0.5).as_secs_f64(),
+        ZOOKEEPER_LATENCY.as_millis(),
+        slow.percentile(0.5).as_secs_f64() / within.percentile(0.5).as_secs_f64()
+    );
+    Ok(())
+}
+
 const SEMAPHORE_PERMITS: usize = 3;
 
 async fn throughput(
@@ -374,6 +463,18 @@ impl Bench {
         zk: &zklock_testkit::ZkServer,
         name: &str,
     ) -> Result<Bench, Error> {
+        Self::start_with(client, server, &zk.chroot().await, name, &[]).await
+    }
+
+    /// [`Bench::start`] with ZooKeeper at `zk` (a connect string with its chroot) and `extra`
+    /// flags for the operator.
+    async fn start_with(
+        client: &kube::Client,
+        server: &Server,
+        zk: &str,
+        name: &str,
+        extra: &[&str],
+    ) -> Result<Bench, Error> {
         let ns = format!("bench-{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
         let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
         Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await?;
@@ -404,8 +505,9 @@ impl Bench {
             None => Command::new(binary),
         };
         let operator = command
-            .args(["run", "--zk-connect", &zk.chroot().await, "--watch-namespace", &ns, "--lease-namespace", &ns])
+            .args(["run", "--zk-connect", zk, "--watch-namespace", &ns, "--lease-namespace", &ns])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}"), epoch_policy])
+            .args(extra)
             .env("KUBECONFIG", &server.kubeconfig)
             .env("RUST_LOG", std::env::var("ZKLOCK_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
@@ -452,6 +554,8 @@ impl Bench {
         // `a,b`: one claim over both locks.
         let mut spec = if lock.contains(',') {
             json!({"locks": lock.split(',').map(|l| json!({"lockName": l})).collect::<Vec<_>>()})
+        } else if let Some(cluster_lock) = lock.strip_prefix("cluster/") {
+            json!({"clusterLockName": cluster_lock})
         } else {
             json!({"lockName": lock})
         };
@@ -462,6 +566,14 @@ impl Bench {
             "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim", "metadata": {"name": name}, "spec": spec
         }))?;
         self.claims.create(&PostParams::default(), &claim).await?;
+        Ok(())
+    }
+
+    async fn wait_gone(&self, name: &str) -> Result<(), Error> {
+        let gone = await_condition(self.claims.clone(), name, |c: Option<&LockClaim>| c.is_none());
+        tokio::time::timeout(Duration::from_secs(120), gone)
+            .await
+            .map_err(|_| format!("{name} not gone within 120 s"))??;
         Ok(())
     }
 

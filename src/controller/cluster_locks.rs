@@ -164,7 +164,14 @@ pub async fn reconcile(lock: Arc<ClusterLock>, ctx: Arc<Context>) -> Result<Acti
         };
         owners.push(description);
     }
-    let status = status_of(&lock, &entries, &owners, limit);
+    let mut status = status_of(&lock, &entries, &owners, limit);
+    // This cluster's holders: their tokens, from their claims.
+    let label = format!("{}{name}", crate::api::CLUSTER_LABEL_PREFIX);
+    for holder in status.holders.iter_mut().filter(|h| ctx.layout.cluster().unwrap_or_default() == h.cluster) {
+        let Some(claim) = ctx.claim(&holder.namespace, &holder.claim) else { continue };
+        let several = claim.lock_statuses().iter().find(|l| l.lock_name == label).and_then(|l| l.fencing_token.clone());
+        holder.fencing_token = several.or_else(|| claim.fencing_token().map(str::to_string));
+    }
     let again = if entries.is_empty() { Action::await_change() } else { Action::requeue(STATUS_REFRESH) };
     if lock.status.as_ref() == Some(&status) {
         return Ok(again);
@@ -185,11 +192,14 @@ pub async fn reconcile(lock: Arc<ClusterLock>, ctx: Arc<Context>) -> Result<Acti
 fn holder_of(entry: &QueueEntry, description: Option<&str>) -> ClusterLockHolder {
     let parts: Vec<&str> = description.map(|d| d.splitn(3, '/').collect()).unwrap_or_default();
     match parts[..] {
-        [cluster, namespace, claim] => {
-            ClusterLockHolder { cluster: cluster.into(), namespace: namespace.into(), claim: claim.into() }
-        }
+        [cluster, namespace, claim] => ClusterLockHolder {
+            cluster: cluster.into(),
+            namespace: namespace.into(),
+            claim: claim.into(),
+            fencing_token: None,
+        },
         [namespace, claim] => {
-            ClusterLockHolder { cluster: String::new(), namespace: namespace.into(), claim: claim.into() }
+            ClusterLockHolder { namespace: namespace.into(), claim: claim.into(), ..Default::default() }
         }
         _ => ClusterLockHolder { claim: entry.node.clone(), ..Default::default() },
     }
@@ -298,8 +308,18 @@ mod tests {
         assert_eq!(
             status.holders,
             [
-                ClusterLockHolder { cluster: "eu-1".into(), namespace: "pay".into(), claim: "a1".into() },
-                ClusterLockHolder { cluster: "us-2".into(), namespace: "pay".into(), claim: "b1".into() },
+                ClusterLockHolder {
+                    cluster: "eu-1".into(),
+                    namespace: "pay".into(),
+                    claim: "a1".into(),
+                    fencing_token: None
+                },
+                ClusterLockHolder {
+                    cluster: "us-2".into(),
+                    namespace: "pay".into(),
+                    claim: "b1".into(),
+                    fencing_token: None
+                },
             ]
         );
         assert_eq!(status.queue_length, 2);

@@ -200,13 +200,16 @@ impl Plan {
 /// last one, the claim leaves the API the moment it goes, and no grant of its locks is written
 /// before that (the registry counts it Held until the removal is answered): no status write.
 /// When another finalizer keeps the claim after ours, a holder reads `Released` before its node
-/// goes, as for every other release. A claim that does not hold keeps its status (nobody is
-/// granted because it leaves). No event: the object is on its way out.
-pub fn deleted(claim: &LockClaim, known_held: bool, kept_by_others: bool, now: Timestamp) -> Plan {
+/// goes, as for every other release; so does the holder of a `ClusterLock` other clusters
+/// share (`final_first`), whose next holder may be another cluster's operator's, which counts
+/// nothing of ours and writes its grant the moment the node goes. A claim that does not hold
+/// keeps its status (nobody is granted because it leaves). No event: the object is on its way
+/// out.
+pub fn deleted(claim: &LockClaim, known_held: bool, final_first: bool, now: Timestamp) -> Plan {
     let mut plan =
         Plan { status: claim.status.clone().unwrap_or_default(), release: true, cleanup: true, ..Plan::default() };
     let terminal = plan.status.phase.is_some_and(Phase::is_terminal);
-    if kept_by_others && !terminal && (plan.status.phase == Some(Phase::Held) || known_held) {
+    if final_first && !terminal && (plan.status.phase == Some(Phase::Held) || known_held) {
         let message = "the claim was deleted".to_string();
         plan = plan.finish(Phase::Released, "ClaimDeleted", message, claim.metadata.generation, &Time(now));
         plan.events.clear();

@@ -264,7 +264,10 @@ async fn cleanup(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, E
     // Held as far as the operator knows: its own Held write may be newer than this copy.
     let held = ctx.registry.known_phase(uid) == Some(Phase::Held);
     let kept_by_others = claim.finalizers().iter().any(|f| f != FINALIZER);
-    let plan = plan::deleted(&claim, held, kept_by_others, Timestamp::now());
+    // Another cluster's next holder is granted the moment the node goes: the API must read
+    // this one final before.
+    let shared = parts.iter().any(|p| ctx.layout.is_shared_lock(&p.lock));
+    let plan = plan::deleted(&claim, held, kept_by_others || shared, Timestamp::now());
     execute(&claim, ctx, uid, &parts, plan).await?;
     // Forgotten (and its locks' grants let go on) once the finalizer is gone: see `reconcile`.
     Ok(Action::await_change())

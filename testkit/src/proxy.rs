@@ -7,12 +7,15 @@
 //! - [`Proxy::set_blackhole`]: close every connection and refuse new ones until turned off, long
 //!   enough for the session to expire.
 //!
+//! And a condition to measure under: [`Proxy::set_latency`] delays every request (a client in
+//! another region).
+//!
 //! It reads the client's side of the ZooKeeper wire protocol just enough to spot creates:
 //! length-prefixed frames, the first one the session handshake, every later one a request
 //! header `(xid, opcode)` followed by the request body.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +23,7 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 const OP_CREATE: i32 = 1;
 const OP_CREATE2: i32 = 15;
@@ -37,6 +41,8 @@ struct Control {
     cut_armed: AtomicBool,
     blackhole: AtomicBool,
     cuts: AtomicUsize,
+    /// Added to every request on its way to the server, in microseconds.
+    latency_micros: AtomicU64,
     connections: Mutex<Vec<JoinHandle<()>>>,
     before_multi: Mutex<Option<Hook>>,
 }
@@ -116,6 +122,15 @@ impl Proxy {
     }
 }
 
+impl Proxy {
+    /// Delays every request on its way to the server by `latency` (0: none), so that each
+    /// request's round trip takes that much longer; answers and watch events are not delayed.
+    pub fn set_latency(&self, latency: Duration) {
+        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        self.control.latency_micros.store(micros, Ordering::SeqCst);
+    }
+}
+
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.acceptor.abort();
@@ -141,18 +156,27 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
             }
         }
     });
-    // Client to server: frame by frame.
+    // Client to server: frame by frame, each read as it arrives (so that a latency delays each
+    // request by itself, not behind the delays of those before it).
+    let (frames_tx, mut frames) = tokio::sync::mpsc::unbounded_channel();
+    let reader = tokio::spawn(async move {
+        loop {
+            let mut len = [0u8; 4];
+            if client_rx.read_exact(&mut len).await.is_err() {
+                return;
+            }
+            let n = i32::from_be_bytes(len).max(0) as usize;
+            let mut frame = vec![0u8; n];
+            if client_rx.read_exact(&mut frame).await.is_err() || frames_tx.send((Instant::now(), len, frame)).is_err()
+            {
+                return;
+            }
+        }
+    });
     let mut first = true;
-    loop {
-        let mut len = [0u8; 4];
-        if client_rx.read_exact(&mut len).await.is_err() {
-            break;
-        }
-        let n = i32::from_be_bytes(len).max(0) as usize;
-        let mut frame = vec![0u8; n];
-        if client_rx.read_exact(&mut frame).await.is_err() {
-            break;
-        }
+    while let Some((arrived, len, frame)) = frames.recv().await {
+        let latency = Duration::from_micros(control.latency_micros.load(Ordering::SeqCst));
+        tokio::time::sleep_until(arrived + latency).await;
         if !first && is_multi(&frame) {
             let hook = control.before_multi.lock().take();
             if let Some(hook) = hook {
@@ -175,6 +199,7 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
         }
     }
     downstream.abort();
+    reader.abort();
 }
 
 /// Whether a request frame creates an EPHEMERAL_SEQUENTIAL node, alone or in a multi-op (the

@@ -91,6 +91,19 @@ async fn two_clusters_queue_first_come_first_served_with_growing_tokens() {
         ("a", a.ns.as_str(), "a1")
     );
     assert_eq!(shown.clusters, ["a", "b"]);
+    assert_eq!(shown.holders[0].fencing_token, None, "another cluster's token is in its own claims");
+    // Cluster a's own status gives its holder's token.
+    let statuses: Api<ClusterLock> = Api::all(a.client.clone());
+    let with_token = kube::runtime::wait::await_condition(statuses, &lock, |l: Option<&ClusterLock>| {
+        l.and_then(|l| l.status.as_ref()).is_some_and(|s| s.holders.first().is_some_and(|h| h.fencing_token.is_some()))
+    });
+    let own = tokio::time::timeout(e2e_support::PATIENCE, with_token)
+        .await
+        .expect("cluster a's ClusterLock to give its holder's token")
+        .unwrap()
+        .and_then(|l| l.status)
+        .unwrap();
+    assert_eq!(own.holders[0].fencing_token, Some(token(&a1).to_string()));
 
     a.delete_claim("a1").await;
     let b1 = b.wait_phase("b1", Phase::Held).await;
@@ -239,4 +252,37 @@ async fn a_second_cluster_of_the_same_name_is_refused() {
     assert!(!impostor.ready().await, "it serves nothing");
     assert_eq!(b.status("b1").await, None, "b1 is not served");
     assert_eq!(a.status("a1").await, Some(Phase::Held), "cluster a's holder is untouched");
+}
+
+#[tokio::test]
+async fn an_operator_cut_off_from_zookeeper_asks_its_cluster_lock_holders_to_let_go_before_another_cluster_is_granted()
+{
+    let server = zklock_testkit::ZkServer::shared();
+    let zk = server.chroot().await;
+    let chroot = &zk[zk.find('/').expect("a chroot")..];
+    let (a, b, lock, _locks) = two_clusters(zk.clone()).await;
+    let proxy = zklock_testkit::proxy::Proxy::start(server.addr()).await;
+    let _op_a = operator(&a, &proxy.connect_string(chroot), "a", &["--zk-session-timeout", "6s"]);
+    let _op_b = operator(&b, &b.zk, "b", &[]);
+    claim(&a, "a1", &lock).await;
+    a.wait_phase("a1", Phase::Held).await;
+    claim(&b, "b1", &lock).await;
+    b.wait("b1", "b1 waiting behind a1", |c| waiting_for(c).is_some()).await;
+
+    proxy.set_blackhole(true);
+    let warned = a
+        .wait("a1", "a1 asked to let go", |c| {
+            c.status.as_ref().is_some_and(|s| zklock::api::conditions::is_true(&s.conditions, "RevokeRequested"))
+        })
+        .await;
+    assert_eq!(b.status("b1").await, Some(Phase::Waiting), "b1 is not granted before a1 is told");
+    let b1 = b.wait_phase("b1", Phase::Held).await;
+    // As the two API servers stamped them (whole seconds): the warning was not the later.
+    let warned_at = zklock::api::conditions::get(&warned.status.unwrap().conditions, "RevokeRequested")
+        .map(|c| c.last_transition_time.0)
+        .expect("when");
+    let granted_at = b1.status.as_ref().and_then(|s| s.acquired_at.as_ref()).map(|t| t.0).expect("acquiredAt");
+    assert!(warned_at <= granted_at, "a1 warned at {warned_at}, b1 granted at {granted_at}");
+    proxy.set_blackhole(false);
+    a.wait("a1", "a1 final once its operator is back", |c| phase_of(c).is_some_and(Phase::is_terminal)).await;
 }

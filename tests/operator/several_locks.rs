@@ -117,7 +117,12 @@ async fn bad_lists_of_locks_are_refused_with_a_message() {
         (json!({ "lockName": "a", "locks": [{ "lockName": "b" }] }), "exactly one of spec.lockName"),
         (json!({ "locks": [] }), "spec.locks"),
         (json!({ "locks": many }), "spec.locks"),
-        (json!({ "locks": [{ "lockName": "a" }, { "lockName": "a" }] }), "Duplicate value"),
+        (json!({ "locks": [{ "lockName": "a" }, { "lockName": "a" }] }), "names a lock twice"),
+        (json!({ "locks": [{ "clusterLockName": "a" }, { "clusterLockName": "a" }] }), "names a lock twice"),
+        (
+            json!({ "locks": [{ "lockName": "a", "clusterLockName": "b" }] }),
+            "exactly one of lockName and clusterLockName",
+        ),
         (json!({ "locks": [{ "lockName": "Not_A_Label" }] }), "spec.locks[0].lockName"),
         (json!({ "locks": [{ "lockName": "a" }], "mode": "Shared" }), "give each entry of spec.locks its own mode"),
     ] {

@@ -32,6 +32,7 @@ use zklock_engine::recipe::Mode;
 )]
 #[x_kube(validation = Rule::new("self == oldSelf").message("spec is immutable: a claim is one acquisition attempt; create a new claim instead"))]
 #[x_kube(validation = Rule::new("[has(self.lockName), has(self.clusterLockName), has(self.locks)].filter(x, x).size() == 1").message("give exactly one of spec.lockName (one lock), spec.clusterLockName (one ClusterLock) and spec.locks (several locks, taken together)"))]
+#[x_kube(validation = Rule::new("!has(self.locks) || self.locks.all(a, self.locks.filter(b, (has(a.lockName) && has(b.lockName) && a.lockName == b.lockName) || (has(a.clusterLockName) && has(b.clusterLockName) && a.clusterLockName == b.clusterLockName)).size() <= 1)").message("spec.locks names a lock twice: name each lock once (with the mode it is needed in)"))]
 #[x_kube(validation = Rule::new("!has(self.locks) || !has(self.mode)").message("spec.mode goes with spec.lockName or spec.clusterLockName: give each entry of spec.locks its own mode"))]
 #[serde(rename_all = "camelCase")]
 pub struct LockClaimSpec {

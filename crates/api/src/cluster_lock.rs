@@ -73,4 +73,8 @@ pub struct ClusterLockHolder {
     pub namespace: String,
     /// The claim, or for a client other than zklock its znode.
     pub claim: String,
+    /// The holder's fencing token, for the holders of the cluster whose operator wrote this
+    /// status (the others' are in their own cluster's claims).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<String>,
 }
