@@ -25,6 +25,15 @@
 //! gone, and the longest stall (a claim non-final while its lock is free in ZooKeeper or its
 //! blockers gone, sampled every second) stays within lease duration + session timeout + 5 s.
 //!
+//! A second cluster (a control plane of this process, two replicas, the same ensemble) shares a
+//! `ClusterLock` with the first: its own workers queue for it only, the first cluster's now and
+//! then; its leader is killed or cut off from ZooKeeper now and then too. Its history is
+//! checked as the first's, and the fencing tokens of that lock's grants in both clusters must
+//! grow in the order they were granted. Exclusion across the two clusters' statuses is not
+//! judged here: with sessions shorter than a takeover (4 s, for the partitions), a killed
+//! leader's holder reads Held until its next leader ends it Lost, after the other cluster was
+//! granted; `tests/operator/clusters.rs` judges it with sessions that outlast a takeover.
+//!
 //! `ZKLOCK_CHAOS_MINUTES` sets the length (default 3, the test command's run); it prints one
 //! summary line starting with `chaos:`. A 30-minute run:
 //! `ZKLOCK_CHAOS_MINUTES=30 cargo test --release --test chaos -- --nocapture`.
@@ -66,6 +75,13 @@ const STALL_BOUND: Duration =
     Duration::from_secs(zklock::leader::LEASE_DURATION.as_secs() + SESSION_TIMEOUT.as_secs() + 5);
 /// The finalizer of another party some of the workload's claims carry (deleted while they wait).
 const OTHER_FINALIZER: &str = "chaos.zklock.io/keep";
+/// The root the two clusters share their `ClusterLock` on (docs/design.md: ClusterLocks).
+const SHARED_ROOT: &str = "/shared";
+/// The second cluster: its replicas and its workers (each on the shared `ClusterLock` only).
+const B_REPLICAS: usize = 2;
+const B_WORKERS: usize = 2;
+/// Of a hundred claims of the first cluster's workers, how many take the shared `ClusterLock`.
+const CLUSTER_LOCK_PERCENT: u64 = 10;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Fault {
@@ -164,11 +180,50 @@ async fn chaos() {
         }
         let connect = zk.iter().map(|p| p.connect_string("")).collect::<Vec<_>>().join(",") + &chroot;
         let timeout = format!("{}s", SESSION_TIMEOUT.as_secs());
-        let operator = Operator::start_proxied_with_zk(&env, &api, &connect, &["--zk-session-timeout", &timeout]);
+        let args = ["--zk-session-timeout", &timeout, "--zk-cluster-root", SHARED_ROOT, "--cluster-name", "a"];
+        let operator = Operator::start_proxied_with_zk(&env, &api, &connect, &args);
         replicas.push(Replica { operator, api, zk });
     }
+    // The second cluster: a control plane of this process, its own root, the same ensemble; a
+    // ClusterLock both clusters' claims queue for.
+    let env_b = Arc::new(
+        Env::on(
+            zklock_testkit::kube::private_control_plane("chaos-b"),
+            format!("{}{chroot}", ensemble.connect()),
+            true,
+        )
+        .await,
+    );
+    let cluster_lock = format!("c0-{}", &env.ns["zklock-e2e-".len()..]);
+    let cluster_label = format!("cluster/{cluster_lock}");
+    let _cluster_locks = [
+        TestClusterLock::make(&env, &cluster_lock, TestClusterLock::admitting(&env.ns)).await,
+        TestClusterLock::make(&env_b, &cluster_lock, TestClusterLock::admitting(&env_b.ns)).await,
+    ];
+    let mut replicas_b = vec![];
+    for _ in 0..B_REPLICAS {
+        let api = ApiProxy::start(&env_b.kubeconfig).await;
+        let mut zk = vec![];
+        for server in &ensemble.servers {
+            zk.push(Proxy::start(server.addr()).await);
+        }
+        let connect = zk.iter().map(|p| p.connect_string("")).collect::<Vec<_>>().join(",") + &chroot;
+        let timeout = format!("{}s", SESSION_TIMEOUT.as_secs());
+        let args = [
+            "--zk-session-timeout",
+            &timeout,
+            "--zk-root",
+            "/b",
+            "--zk-cluster-root",
+            SHARED_ROOT,
+            "--cluster-name",
+            "b",
+        ];
+        let operator = Operator::start_proxied_with_zk(&env_b, &api, &connect, &args);
+        replicas_b.push(Replica { operator, api, zk });
+    }
     within("a replica to lead", async {
-        while leader(&replicas).await.is_none() {
+        while leader(&replicas).await.is_none() || leader(&replicas_b).await.is_none() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     })
@@ -192,10 +247,44 @@ async fn chaos() {
     let clients = Arc::new(Clients::default());
     let mut workers = tokio::task::JoinSet::new();
     for w in 0..WORKERS {
-        let (env, claims_made) = (env.clone(), claims_made.clone());
+        let (env, claims_made, cluster_lock) = (env.clone(), claims_made.clone(), cluster_lock.clone());
         let seed = seed.wrapping_add(w as u64 * 7919) | 1;
-        workers.spawn(async move { work(&env, w, Rng(seed), deadline, &claims_made).await });
+        workers.spawn(async move { work(&env, w, Rng(seed), deadline, &claims_made, &cluster_lock).await });
     }
+    for w in 0..B_WORKERS {
+        let (env_b, claims_made, cluster_lock) = (env_b.clone(), claims_made.clone(), cluster_lock.clone());
+        let seed = seed.wrapping_add(7 + w as u64 * 6007) | 1;
+        workers.spawn(async move { work_b(&env_b, w, Rng(seed), deadline, &claims_made, &cluster_lock).await });
+    }
+    // The second cluster's faults, beside the first's: its leader killed, or cut off from
+    // ZooKeeper long enough for its session to expire.
+    let b_faults = {
+        let seed = seed.wrapping_add(31) | 1;
+        tokio::spawn(async move {
+            let mut rng = Rng(seed);
+            let mut injected = 0usize;
+            while Instant::now() + OUTAGE < deadline {
+                tokio::time::sleep(Duration::from_secs(8 + rng.below(12))).await;
+                let Some(i) = leader(&replicas_b).await else { continue };
+                let fault = if rng.below(2) == 0 { Fault::Kill9 } else { Fault::ZkPartition };
+                eprintln!("chaos: {:>6.1}s cluster b: {fault:?} on replica {i}", started.elapsed().as_secs_f64());
+                match fault {
+                    Fault::Kill9 => replicas_b[i].operator.restart(),
+                    _ => {
+                        for proxy in &replicas_b[i].zk {
+                            proxy.set_blackhole(true);
+                        }
+                        tokio::time::sleep(SESSION_TIMEOUT * 2).await;
+                        for proxy in &replicas_b[i].zk {
+                            proxy.set_blackhole(false);
+                        }
+                    }
+                }
+                injected += 1;
+            }
+            (replicas_b, injected)
+        })
+    };
     {
         let (env, clients) = (env.clone(), clients.clone());
         let seed = seed.wrapping_add(104_729) | 1;
@@ -243,6 +332,7 @@ async fn chaos() {
             std::panic::resume_unwind(e.into_panic());
         }
     }
+    let (replicas_b, b_injected) = b_faults.await.expect("the second cluster's faults");
     let minutes_run = started.elapsed().as_secs_f64() / 60.0;
 
     // Every claim ends Held or final; then all go, and so must their znodes.
@@ -258,25 +348,47 @@ async fn chaos() {
             stuck.push(name);
         }
     }
+    let all_b = env_b.claims.list(&ListParams::default()).await.expect("list cluster b's claims");
+    for claim in &all_b.items {
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let settled = kube::runtime::wait::await_condition(env_b.claims.clone(), &name, |c: Option<&LockClaim>| {
+            c.is_none_or(held_or_final)
+        });
+        if !matches!(tokio::time::timeout(LIVENESS, settled).await, Ok(Ok(_))) {
+            stuck.push(format!("b/{name}"));
+        }
+    }
     stop_sampling.store(true, Ordering::SeqCst);
     let stalls = sampler.await.expect("the stall sampler");
-    for claim in &all.items {
-        let name = claim.metadata.name.as_deref().unwrap_or_default();
-        let _ = env.claims.delete(name, &DeleteParams::default()).await;
+    for (env, all) in [(&env, &all), (&env_b, &all_b)] {
+        for claim in &all.items {
+            let name = claim.metadata.name.as_deref().unwrap_or_default();
+            let _ = env.claims.delete(name, &DeleteParams::default()).await;
+        }
+        for claim in &all.items {
+            env.wait_gone(claim.metadata.name.as_deref().unwrap_or_default()).await;
+        }
     }
-    for claim in &all.items {
-        env.wait_gone(claim.metadata.name.as_deref().unwrap_or_default()).await;
-    }
-    let leaked = leaked_znodes(&ensemble, &chroot, &env.ns).await;
+    let leaked = leaked_znodes(&ensemble, &chroot, &env.ns, &cluster_lock).await;
 
     let records = env.history.records();
     let names: HashSet<&str> = records.iter().map(|r| r.name.as_str()).collect();
     let grants = records.iter().filter(|r| r.phase == Some(Phase::Held)).map(|r| &r.uid).collect::<HashSet<_>>().len();
+    // Holders of the shared ClusterLock may end Lost: a leader killed or cut off longer than
+    // its session (4 s here, shorter than a takeover) lets the other cluster be granted.
     let lost: Vec<&str> = records
         .iter()
-        .filter(|r| r.phase == Some(Phase::Lost) && r.lock != FOREIGN_LOCK)
+        .filter(|r| r.phase == Some(Phase::Lost) && r.lock != FOREIGN_LOCK && r.lock != cluster_label)
         .map(|r| r.name.as_str())
         .collect();
+    let records_b = env_b.history.records();
+    let cluster_grants = grants_in_order(&records, &records_b, &cluster_label);
+    let token_violations: Vec<String> = cluster_grants
+        .windows(2)
+        .filter(|w| w[1].1 <= w[0].1)
+        .map(|w| format!("{} ({}) after {} ({})", w[1].0, w[1].1, w[0].0, w[0].1))
+        .collect();
+    let checked_b = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| env_b.history.check()));
     let lost_foreign = records.iter().filter(|r| r.phase == Some(Phase::Lost) && r.lock == FOREIGN_LOCK).count();
     let mut locks_of: HashMap<&str, HashSet<&str>> = HashMap::new();
     for r in &records {
@@ -286,7 +398,12 @@ async fn chaos() {
     let clients_left_holding = clients.left_holding.lock().unwrap().clone();
     let history = env.history.clone();
     let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| history.check()));
-    let violations = usize::from(checked.is_err()) + lost.len() + stuck.len() + clients_left_holding.len();
+    let violations = usize::from(checked.is_err())
+        + usize::from(checked_b.is_err())
+        + token_violations.len()
+        + lost.len()
+        + stuck.len()
+        + clients_left_holding.len();
     let faults: Vec<String> = injected.iter().map(|(f, n)| format!("{f:?}={n}")).collect();
     let semaphore_most = env.history.most_held_at_once("p0");
     let (cli_runs, cli_killed) = (clients.runs.load(Ordering::SeqCst), clients.killed.load(Ordering::SeqCst));
@@ -294,7 +411,8 @@ async fn chaos() {
         "chaos: minutes={minutes_run:.1} faults: {} CliKilled={cli_killed} claims={} grants={grants} transitions={} \
          violations={violations} leaked_znodes={} longest_stall={:.1}s ({}; bound {STALL_BOUND:?}) \
          longest_wait_behind_gone_holder={:.1}s p0_most_held_at_once={semaphore_most} cli_clients={cli_runs} \
-         f0_lost={lost_foreign} claims_over_several_locks={over_several}",
+         f0_lost={lost_foreign} claims_over_several_locks={over_several} cluster_b_claims={} cluster_b_faults={b_injected} \
+         cluster_lock_grants={} (a {}, b {})",
         faults.join(" "),
         names.len(),
         records.len(),
@@ -302,11 +420,22 @@ async fn chaos() {
         stalls.longest.as_secs_f64(),
         stalls.which,
         longest_wait_behind_gone_holder(&env.history).as_secs_f64(),
+        records_b.iter().map(|r| r.uid.as_str()).collect::<HashSet<_>>().len(),
+        cluster_grants.len(),
+        cluster_grants.iter().filter(|g| g.2 == 'a').count(),
+        cluster_grants.iter().filter(|g| g.2 == 'b').count(),
     );
     eprintln!("chaos: claims made by the workload: {}", claims_made.load(Ordering::SeqCst));
     if let Err(e) = checked {
         std::panic::resume_unwind(e);
     }
+    if let Err(e) = checked_b {
+        std::panic::resume_unwind(e);
+    }
+    assert!(
+        token_violations.is_empty(),
+        "fencing tokens of {cluster_label} did not grow across the two clusters: {token_violations:?}"
+    );
     if !lost.is_empty() {
         // Each such claim's whole record, with the leader terms that wrote it, for the diagnosis.
         let of_lost: Vec<&e2e_support::Record> = records.iter().filter(|r| lost.contains(&r.name.as_str())).collect();
@@ -328,8 +457,50 @@ async fn chaos() {
     assert!(semaphore_most >= PERMITS, "p0, a semaphore of {PERMITS} permits, never had that many holders at once");
     assert!(cli_runs > 0, "the CLI clients ran");
     assert!(over_several > 0, "claims over several locks were made");
+    for cluster in ['a', 'b'] {
+        assert!(cluster_grants.iter().any(|g| g.2 == cluster), "cluster {cluster} was granted {cluster_label}");
+    }
     assert_eq!(injected.values().sum::<usize>(), n, "every fault was injected");
-    drop(replicas);
+    drop((replicas, replicas_b));
+}
+
+/// Each grant of `lock` in either cluster (the first Held record of each claim), in the order
+/// the test saw them: (claim, fencing token, cluster).
+fn grants_in_order(a: &[Record], b: &[Record], lock: &str) -> Vec<(String, u64, char)> {
+    let mut grants: Vec<(Instant, String, u64, char)> = vec![];
+    for (records, cluster) in [(a, 'a'), (b, 'b')] {
+        let mut seen = HashSet::new();
+        for r in records.iter().filter(|r| r.lock == lock && r.phase == Some(Phase::Held)) {
+            let token = r.fencing.as_deref().and_then(|t| t.parse().ok()).unwrap_or(0);
+            if seen.insert(r.uid.clone()) {
+                grants.push((r.at, format!("{cluster}/{}", r.name), token, cluster));
+            }
+        }
+    }
+    grants.sort_by_key(|g| g.0);
+    grants.into_iter().map(|(_, name, token, cluster)| (name, token, cluster)).collect()
+}
+
+/// The second cluster's workers: claim after claim on the shared `ClusterLock`, held a moment
+/// and deleted; now and then one that gives up after two seconds.
+async fn work_b(env: &Env, worker: usize, mut rng: Rng, deadline: Instant, made: &AtomicUsize, cluster_lock: &str) {
+    let mut i = 0;
+    while Instant::now() < deadline {
+        i += 1;
+        let name = format!("b{worker}-{i}");
+        let mut spec = json!({ "clusterLockName": cluster_lock });
+        if rng.below(4) == 0 {
+            spec["acquireTimeoutSeconds"] = json!(2);
+        }
+        env.claim_spec(&name, spec).await;
+        made.fetch_add(1, Ordering::SeqCst);
+        let claim = env.wait(&name, "Held or final", held_or_final).await;
+        if phase_of(&claim) == Some(Phase::Held) {
+            tokio::time::sleep(Duration::from_millis(50 + rng.below(300))).await;
+        }
+        let _ = env.claims.delete(&name, &DeleteParams::default()).await;
+        tokio::time::sleep(Duration::from_millis(rng.below(1000))).await;
+    }
 }
 
 fn held_or_final(c: &LockClaim) -> bool {
@@ -617,7 +788,7 @@ async fn cli_work(env: &Env, mut rng: Rng, deadline: Instant, clients: &Clients)
 
 /// One worker: claim after claim on a random lock, each ended in one of the ways users end
 /// them, until the deadline.
-async fn work(env: &Env, worker: usize, mut rng: Rng, deadline: Instant, made: &AtomicUsize) {
+async fn work(env: &Env, worker: usize, mut rng: Rng, deadline: Instant, made: &AtomicUsize, cluster_lock: &str) {
     let mut i = 0;
     while Instant::now() < deadline {
         i += 1;
@@ -644,6 +815,10 @@ async fn work(env: &Env, worker: usize, mut rng: Rng, deadline: Instant, made: &
                 })
                 .collect();
             spec = json!({ "locks": locks });
+        }
+        // Now and then the ClusterLock the second cluster's claims queue for too.
+        if rng.below(100) < CLUSTER_LOCK_PERCENT {
+            spec = json!({ "clusterLockName": cluster_lock });
         }
         let kind = rng.below(100);
         if (55..60).contains(&kind) {
@@ -812,15 +987,18 @@ async fn dump_lock_after(zk: String, namespace: String, lock: &str, delay: Durat
 }
 
 /// Nodes of zklock claims still in the test's lock directories.
-async fn leaked_znodes(ensemble: &Ensemble, chroot: &str, namespace: &str) -> Vec<String> {
+async fn leaked_znodes(ensemble: &Ensemble, chroot: &str, namespace: &str, cluster_lock: &str) -> Vec<String> {
     let client = zookeeper_client::Client::connect(&format!("{}{chroot}", ensemble.connect())).await.expect("connect");
     let dir = format!("/zklock/locks/{namespace}");
     // Nodes of replicas killed or cut off live until their (detached) session times out.
     let settle = Instant::now() + SESSION_TIMEOUT * 3;
     loop {
         let mut leaked = vec![];
-        for lock in client.list_children(&dir).await.unwrap_or_default() {
-            for node in client.list_children(&format!("{dir}/{lock}")).await.unwrap_or_default() {
+        let mut dirs: Vec<String> =
+            client.list_children(&dir).await.unwrap_or_default().iter().map(|lock| format!("{dir}/{lock}")).collect();
+        dirs.push(format!("{SHARED_ROOT}/locks/{cluster_lock}"));
+        for lock in dirs {
+            for node in client.list_children(&lock).await.unwrap_or_default() {
                 if zklock::recipe::parse_child(&node).is_some_and(|c| c.ours.is_some()) {
                     leaked.push(format!("{lock}/{node}"));
                 }
