@@ -166,7 +166,7 @@ async fn handoffs(
 
 /// The permits of the semaphore lock the handoff benchmark measures next to a mutex.
 /// Handoffs on a `ClusterLock` two clusters share: within cluster a (holder and next both a's),
-/// from a to b (the holder deleted in a, the next claim seen Held in b), interleaved round by
+/// within cluster b, from a to b (the holder deleted in a, the next claim seen Held in b), interleaved round by
 /// round so that both meet the same machine; then a→b again with `ZOOKEEPER_LATENCY` added to
 /// every request of b's operator (b in another region).
 async fn clusters(
@@ -203,16 +203,16 @@ async fn clusters(
     let mut round = 0;
     // One handoff: a holder made in a and Held, the next claim made in `next` and Waiting, the
     // holder deleted, the next one awaited Held on `next`'s watch.
-    let mut handoff = async |next: &Bench| -> Result<Duration, Error> {
+    let mut handoff = async |first: &Bench, next: &Bench| -> Result<Duration, Error> {
         round += 1;
         let (holder, waiter) = (format!("h{round}"), format!("w{round}"));
-        a.create(&holder, &lock, None).await?;
-        a.wait_phase(&holder, Phase::Held).await?;
+        first.create(&holder, &lock, None).await?;
+        first.wait_phase(&holder, Phase::Held).await?;
         next.create(&waiter, &lock, None).await?;
         next.wait_phase(&waiter, Phase::Waiting).await?;
         let (seen, follower) = next.follow();
         let start = Instant::now();
-        a.claims.delete(&holder, &DeleteParams::default()).await?;
+        first.claims.delete(&holder, &DeleteParams::default()).await?;
         tokio::time::timeout(Duration::from_secs(120), seen.wait(|sets| sets.0.contains(&waiter)))
             .await
             .map_err(|_| format!("{waiter} not Held within 120 s"))?;
@@ -222,17 +222,20 @@ async fn clusters(
         next.wait_gone(&waiter).await?;
         Ok(took)
     };
-    let (mut within, mut across, mut slow) = (Samples::default(), Samples::default(), Samples::default());
+    let (mut within, mut within_b, mut across, mut slow) =
+        (Samples::default(), Samples::default(), Samples::default(), Samples::default());
     for _ in 0..sizes.handoffs {
-        within.push(handoff(&a).await?);
-        across.push(handoff(&b).await?);
+        within.push(handoff(&a, &a).await?);
+        within_b.push(handoff(&b, &b).await?);
+        across.push(handoff(&a, &b).await?);
     }
     proxy.set_latency(ZOOKEEPER_LATENCY);
     for _ in 0..sizes.handoffs {
-        slow.push(handoff(&b).await?);
+        slow.push(handoff(&a, &b).await?);
     }
     proxy.set_latency(Duration::ZERO);
     println!("ClusterLock handoff within cluster a: {}", within.summary());
+    println!("ClusterLock handoff within cluster b: {}", within_b.summary());
     println!("ClusterLock handoff from a to b:      {}", across.summary());
     println!(
         "ClusterLock handoff from a to b, {} ms added to each ZooKeeper request of b's operator: {}",
