@@ -426,42 +426,57 @@ async fn chaos() {
         cluster_grants.iter().filter(|g| g.2 == 'b').count(),
     );
     eprintln!("chaos: claims made by the workload: {}", claims_made.load(Ordering::SeqCst));
-    if let Err(e) = checked {
-        std::panic::resume_unwind(e);
-    }
-    if let Err(e) = checked_b {
-        std::panic::resume_unwind(e);
-    }
-    assert!(
-        token_violations.is_empty(),
-        "fencing tokens of {cluster_label} did not grow across the two clusters: {token_violations:?}"
-    );
-    if !lost.is_empty() {
-        // Each such claim's whole record, with the leader terms that wrote it, for the diagnosis.
-        let of_lost: Vec<&e2e_support::Record> = records.iter().filter(|r| lost.contains(&r.name.as_str())).collect();
-        eprintln!("chaos: the records of the claims that turned Lost: {of_lost:#?}");
-    }
-    assert!(lost.is_empty(), "holders of zklock-only locks turned Lost: {lost:?}");
-    assert!(
-        clients_left_holding.is_empty(),
-        "claims of killed clients held after their pod went: {clients_left_holding:?}"
-    );
-    assert!(stuck.is_empty(), "claims neither Held nor final after {LIVENESS:?}: {stuck:?}");
-    assert!(
-        stalls.longest <= STALL_BOUND,
-        "a claim stayed non-final for {:?} while it could be served ({}): more than {STALL_BOUND:?}",
-        stalls.longest,
-        stalls.which
-    );
-    assert!(leaked.is_empty(), "znodes left behind: {leaked:?}");
-    assert!(semaphore_most >= PERMITS, "p0, a semaphore of {PERMITS} permits, never had that many holders at once");
-    assert!(cli_runs > 0, "the CLI clients ran");
-    assert!(over_several > 0, "claims over several locks were made");
-    for cluster in ['a', 'b'] {
-        assert!(cluster_grants.iter().any(|g| g.2 == cluster), "cluster {cluster} was granted {cluster_label}");
-    }
-    assert_eq!(injected.values().sum::<usize>(), n, "every fault was injected");
+    let logs: Vec<String> = replicas.iter().chain(&replicas_b).map(|r| r.operator.log.display().to_string()).collect();
+    // The verdict, then the replicas stopped (their logs stay in their files), then a last line
+    // that says why: the end of the output is what a CI log shows.
+    let verdict = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        if let Err(e) = checked {
+            std::panic::resume_unwind(e);
+        }
+        if let Err(e) = checked_b {
+            std::panic::resume_unwind(e);
+        }
+        assert!(
+            token_violations.is_empty(),
+            "fencing tokens of {cluster_label} did not grow across the two clusters: {token_violations:?}"
+        );
+        if !lost.is_empty() {
+            // Each such claim's whole record, with the leader terms that wrote it, for the diagnosis.
+            let of_lost: Vec<&e2e_support::Record> =
+                records.iter().filter(|r| lost.contains(&r.name.as_str())).collect();
+            eprintln!("chaos: the records of the claims that turned Lost: {of_lost:#?}");
+        }
+        assert!(lost.is_empty(), "holders of zklock-only locks turned Lost: {lost:?}");
+        assert!(
+            clients_left_holding.is_empty(),
+            "claims of killed clients held after their pod went: {clients_left_holding:?}"
+        );
+        assert!(stuck.is_empty(), "claims neither Held nor final after {LIVENESS:?}: {stuck:?}");
+        assert!(
+            stalls.longest <= STALL_BOUND,
+            "a claim stayed non-final for {:?} while it could be served ({}): more than {STALL_BOUND:?}",
+            stalls.longest,
+            stalls.which
+        );
+        assert!(leaked.is_empty(), "znodes left behind: {leaked:?}");
+        assert!(semaphore_most >= PERMITS, "p0, a semaphore of {PERMITS} permits, never had that many holders at once");
+        assert!(cli_runs > 0, "the CLI clients ran");
+        assert!(over_several > 0, "claims over several locks were made");
+        for cluster in ['a', 'b'] {
+            assert!(cluster_grants.iter().any(|g| g.2 == cluster), "cluster {cluster} was granted {cluster_label}");
+        }
+        assert_eq!(injected.values().sum::<usize>(), n, "every fault was injected");
+    }));
     drop((replicas, replicas_b));
+    if let Err(e) = verdict {
+        let why = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
+        // A history check's message carries the history: its head says what failed.
+        let why: String = why.unwrap_or_default().chars().take(2000).collect();
+        eprintln!(
+            "chaos: FAILED with seed {seed} (ZKLOCK_CHAOS_SEED={seed} repeats it; operator logs {logs:?}): {why}"
+        );
+        std::panic::resume_unwind(e);
+    }
 }
 
 /// Each grant of `lock` in either cluster (the first Held record of each claim), in the order

@@ -71,6 +71,10 @@ pub struct RunArgs {
     /// collector. Default: kept
     #[arg(long, env = "ZKLOCK_DEFAULT_TTL_SECONDS_AFTER_FINISHED", value_parser = clap::value_parser!(u32).range(0..=31_536_000))]
     default_ttl_seconds_after_finished: Option<u32>,
+    /// Bring zklock's CRDs to this version at start (server-side apply; a CRD of a later
+    /// revision is left alone). Helm never upgrades a chart's crds/: this does
+    #[arg(long, env = "ZKLOCK_MANAGE_CRDS", default_value_t = true, action = clap::ArgAction::Set)]
+    manage_crds: bool,
     /// Log format
     #[arg(long, env = "ZKLOCK_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
@@ -124,6 +128,7 @@ impl RunArgs {
             epoch_param: (!self.no_leader_election && !self.no_epoch_policy).then_some(self.epoch_param),
             concurrency: self.max_concurrent_reconciles,
             default_ttl: self.default_ttl_seconds_after_finished.map(|s| Duration::from_secs(s.into())),
+            manage_crds: self.manage_crds,
             identity,
         })
     }

@@ -3,6 +3,7 @@
 //! leadership is lost or SIGTERM arrives.
 
 mod args;
+pub mod crds;
 
 pub use args::RunArgs;
 
@@ -49,6 +50,8 @@ pub struct Options {
     pub concurrency: u16,
     /// Time to live after finishing for claims that set none and have no owner.
     pub default_ttl: Option<std::time::Duration>,
+    /// Bring zklock's CRDs to this version at start (see [`crds`]).
+    pub manage_crds: bool,
     pub identity: String,
 }
 
@@ -68,6 +71,9 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
     let metrics = Arc::new(Metrics::default());
     let clients = crate::client::clients(metrics.clone()).await.map_err(RunError::Kube)?;
     let client = clients.requests.clone();
+    if options.manage_crds {
+        crds::apply_and_report(&client).await;
+    }
     // Fail at once, with a message that says what to fix, if ZooKeeper cannot be reached.
     ensure_chroot(&options.zk).await?;
     let mut probe = options.zk.clone();

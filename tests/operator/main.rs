@@ -7,6 +7,7 @@ mod e2e_support;
 
 mod cli;
 mod clusters;
+mod crds;
 mod e2e;
 mod gated_pods;
 mod job_story;

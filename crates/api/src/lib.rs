@@ -21,6 +21,8 @@ pub use kept::{KeptClaim, KeptStatus};
 pub use lock::{Lock, LockSpec, LockStatus, MAX_LISTED_HOLDERS, MAX_PERMITS};
 pub use validate::{check_lock_name, validate, validate_spec, ValidLock, ValidSpec};
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
 /// Finalizer that keeps a claim until its znode is deleted.
 pub const FINALIZER: &str = "zklock.io/release";
 /// Annotation a user writes on a claim to request revocation; its value is the reason.
@@ -66,14 +68,89 @@ fn served_namespaces(namespaces: &[String]) -> serde_json::Value {
 
 /// The generated CRDs as YAML, each with the file name `crds/` holds it under.
 pub fn crds() -> [(&'static str, String); 3] {
-    use kube::CustomResourceExt;
     // Serialising a CRD (plain data) to YAML cannot fail.
-    let yaml = |crd| serde_yaml::to_string(&crd).unwrap_or_default();
+    crd_objects().map(|(file, crd)| (file, serde_yaml::to_string(&crd).unwrap_or_default()))
+}
+
+/// The annotation that says which revision of zklock's CRDs an object is: an operator never
+/// replaces a CRD of a later revision than its own (an older operator during a rollback must not
+/// take fields away from a newer one's claims).
+pub const CRD_REVISION_ANNOTATION: &str = "zklock.io/crd-revision";
+/// This build's revision of the CRDs: one more whenever a generated schema changes (2: ClusterLock).
+pub const CRD_REVISION: u32 = 2;
+
+/// The generated CRDs (what `crds/` holds), each with its file name: only formats the API
+/// server knows, and this build's revision annotated.
+pub fn crd_objects() -> [(&'static str, CustomResourceDefinition); 3] {
+    use kube::CustomResourceExt;
+    let finish = |crd: CustomResourceDefinition| {
+        // A CRD is plain data: it serialises and reads back.
+        let mut value = serde_json::to_value(&crd).unwrap_or_default();
+        kubernetes_formats_only(&mut value);
+        let mut crd: CustomResourceDefinition = serde_json::from_value(value).unwrap_or(crd);
+        crd.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(CRD_REVISION_ANNOTATION.into(), CRD_REVISION.to_string());
+        crd
+    };
     [
-        ("lockclaims.zklock.io.yaml", yaml(LockClaim::crd())),
-        ("locks.zklock.io.yaml", yaml(Lock::crd())),
-        ("clusterlocks.zklock.io.yaml", yaml(ClusterLock::crd())),
+        ("lockclaims.zklock.io.yaml", finish(LockClaim::crd())),
+        ("locks.zklock.io.yaml", finish(Lock::crd())),
+        ("clusterlocks.zklock.io.yaml", finish(ClusterLock::crd())),
     ]
+}
+
+/// The string formats kube-apiserver knows (k8s.io/apiextensions-apiserver's
+/// `supportedFormats`); integers and numbers: int32, int64, float, double.
+const KUBERNETES_FORMATS: &[&str] = &[
+    "bsonobjectid",
+    "uri",
+    "email",
+    "hostname",
+    "ipv4",
+    "ipv6",
+    "cidr",
+    "mac",
+    "uuid",
+    "uuid3",
+    "uuid4",
+    "uuid5",
+    "isbn",
+    "isbn10",
+    "isbn13",
+    "creditcard",
+    "ssn",
+    "hexcolor",
+    "rgbcolor",
+    "byte",
+    "password",
+    "date",
+    "duration",
+    "datetime",
+    "date-time",
+    "int32",
+    "int64",
+    "float",
+    "double",
+];
+
+/// Drops every `format` the API server does not know from a generated schema (schemars writes
+/// `uint32` for a `u32`, whose range it also writes as `minimum: 0`): each such format makes
+/// every `kubectl apply` of the CRD print `Warning: unrecognized format "uint32"`.
+fn kubernetes_formats_only(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            let unknown = map.get("format").and_then(|f| f.as_str()).is_some_and(|f| !KUBERNETES_FORMATS.contains(&f));
+            // Only a schema's format: a property named "format" is a schema itself, not a string.
+            if unknown {
+                map.remove("format");
+            }
+            map.values_mut().for_each(kubernetes_formats_only);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(kubernetes_formats_only),
+        _ => {}
+    }
 }
 
 /// Every generated CRD as one YAML stream (what `zklock crd` prints).
@@ -84,6 +161,26 @@ pub fn crd_yaml() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_crds_carry_only_formats_the_api_server_knows() {
+        for (file, yaml) in crds() {
+            let formats: Vec<&str> = yaml
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("format: "))
+                .filter(|f| !KUBERNETES_FORMATS.contains(f))
+                .collect();
+            assert!(formats.is_empty(), "{file}: {formats:?}");
+        }
+        let mut schema = serde_json::json!({ "type": "integer", "format": "uint32", "minimum": 0,
+            "properties": { "format": { "type": "string", "format": "date-time" } } });
+        kubernetes_formats_only(&mut schema);
+        assert_eq!(
+            schema,
+            serde_json::json!({ "type": "integer", "minimum": 0,
+                "properties": { "format": { "type": "string", "format": "date-time" } } })
+        );
+    }
 
     #[test]
     fn the_pods_revocation_annotation_key_is_valid_for_every_claim_name() {
