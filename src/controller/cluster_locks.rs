@@ -242,9 +242,7 @@ pub fn status_of(
 }
 
 pub fn error_policy(lock: Arc<ClusterLock>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabel { error: error.metric_label() }).inc();
-    tracing::warn!(cluster_lock = %lock.name_any(), %error, "ClusterLock status refresh failed");
-    error.retry_after().map_or_else(Action::await_change, Action::requeue)
+    super::locks::refresh_failed("ClusterLock", &lock.name_any(), error, &ctx)
 }
 
 #[cfg(test)]

@@ -148,8 +148,14 @@ pub fn status_of(lock: &Lock, claims: &[Arc<KeptClaim>]) -> LockStatus {
 }
 
 pub fn error_policy(lock: Arc<Lock>, error: &Error, ctx: Arc<Context>) -> Action {
+    refresh_failed("Lock", &lock.name_any(), error, &ctx)
+}
+
+/// A status refresh of a `Lock` or `ClusterLock` failed: counted, logged, tried again when the
+/// error says.
+pub fn refresh_failed(kind: &str, name: &str, error: &Error, ctx: &Context) -> Action {
     ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabel { error: error.metric_label() }).inc();
-    tracing::warn!(lock = %lock.name_any(), %error, "Lock status refresh failed");
+    tracing::warn!(kind, name, %error, "status refresh failed");
     error.retry_after().map_or_else(Action::await_change, Action::requeue)
 }
 
