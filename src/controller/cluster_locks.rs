@@ -61,6 +61,19 @@ pub fn objects(
                 }
             }
             Ok(watcher::Event::Init) => {}
+            // Not allowed to list them, or no such kind (the CRD or RBAC of an earlier release):
+            // no ClusterLock can be read, which must not hold up every other claim. Counted as
+            // listed (none); claims that name one end Invalid; the watch goes on trying.
+            Err(watcher::Error::InitialListFailed(kube::Error::Api(s))) if s.code == 403 || s.code == 404 => {
+                tracing::error!(
+                    status = %s.message,
+                    "cannot list ClusterLock objects: grant the operator list and watch on clusterlocks.zklock.io \
+                     and apply zklock's CRDs (the chart does both); serving every other claim meanwhile"
+                );
+                if !std::mem::replace(&mut synced, true) {
+                    ctx.unsynced.send_modify(|n| *n = n.saturating_sub(1));
+                }
+            }
             Err(e) => tracing::warn!(error = %e, "watch of ClusterLock objects failed; retrying"),
         })
         .applied_objects()

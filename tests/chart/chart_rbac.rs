@@ -529,6 +529,33 @@ async fn the_operator_works_with_the_charts_own_serviceaccount() {
         std::fs::read_to_string(&log).unwrap_or_default().lines().filter(|l| l.contains("forbidden")).count();
     assert_eq!(forbidden, 0, "the API server refused requests of the chart's ServiceAccount: see {}", log.display());
 
+    // RBAC of an earlier release (no ClusterLocks): the operator cannot list them, and serves
+    // every other claim all the same.
+    let binding = find(&docs, "ClusterRoleBinding")
+        .into_iter()
+        .map(name)
+        .find(|n| n.ends_with("-cluster-locks"))
+        .expect("the chart binds the ClusterLock grants")
+        .to_string();
+    let deleted = Command::new(zklock_testkit::kube::kubectl())
+        .args(["delete", "clusterrolebinding", &binding])
+        .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())
+        .output()
+        .unwrap();
+    assert!(deleted.status.success(), "delete {binding}: {}", String::from_utf8_lossy(&deleted.stderr));
+    let log_without = dir.join("operator-without-cluster-locks.log");
+    let (mut child, metrics) = start_operator(&docs, &as_the_chart, &dir.join("api-requests-2.log"), &log_without);
+    await_leading("installed chart without the ClusterLock grants", &metrics, &log_without).await;
+    as_the_chart.claim("without-cluster-locks", "other", json!({})).await;
+    as_the_chart.wait_phase("without-cluster-locks", Phase::Held).await;
+    stop("installed chart without the ClusterLock grants", &mut child, &log_without);
+    let said = std::fs::read_to_string(&log_without).unwrap_or_default();
+    assert!(
+        said.contains("cannot list ClusterLock objects"),
+        "the operator says what to grant: see {}",
+        log_without.display()
+    );
+
     let out = helm_on(zklock_testkit::kube::kubeconfig())
         .args(["uninstall", &release, "--namespace", &release_ns, "--wait=false"])
         .output()
