@@ -181,6 +181,11 @@ pub(super) async fn follow(
             // not show it yet (a finalizer removal, say).
             EngineEvent::Contender { state: ContenderState::Released, .. } => {}
             EngineEvent::Contender { id, .. } => ctx.trigger(&id),
+            EngineEvent::Permits { lock_path } => {
+                if let Some(name) = lock_path.strip_prefix(&format!("{}/", ctx.layout.cluster_locks())) {
+                    ctx.trigger_cluster_lock(name);
+                }
+            }
             EngineEvent::Session(SessionEvent::Disconnected) => {
                 ctx.metrics.zk_session_connected.set(0);
                 out_of_reach.get_or_insert_with(Instant::now);

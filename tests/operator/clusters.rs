@@ -286,3 +286,89 @@ async fn an_operator_cut_off_from_zookeeper_asks_its_cluster_lock_holders_to_let
     proxy.set_blackhole(false);
     a.wait("a1", "a1 final once its operator is back", |c| phase_of(c).is_some_and(Phase::is_terminal)).await;
 }
+
+/// Waits until `env`'s `ClusterLock` `name` satisfies `f` (`what` it is, for the failure).
+async fn until_cluster_lock(env: &Env, name: &str, what: &str, f: impl Fn(&ClusterLock) -> bool) -> ClusterLock {
+    let api: Api<ClusterLock> = Api::all(env.client.clone());
+    let seen = kube::runtime::wait::await_condition(api, name, move |l: Option<&ClusterLock>| l.is_some_and(&f));
+    tokio::time::timeout(e2e_support::PATIENCE, seen)
+        .await
+        .unwrap_or_else(|_| panic!("ClusterLock {name}: {what} within {:?}", e2e_support::PATIENCE))
+        .unwrap_or_else(|e| panic!("ClusterLock {name}: watching for {what}: {e}"))
+        .unwrap_or_else(|| panic!("ClusterLock {name} is gone while waiting for {what}"))
+}
+
+fn permits_agree(lock: &ClusterLock) -> Option<(String, String)> {
+    let conditions = &lock.status.as_ref()?.conditions;
+    zklock::api::conditions::get(conditions, "PermitsAgree").map(|c| (c.status.clone(), c.message.clone()))
+}
+
+#[tokio::test]
+async fn clusters_that_declare_different_permits_grant_as_the_smallest_allows_and_say_so() {
+    let zk = zklock_testkit::ZkServer::shared().chroot().await;
+    let a = Env::with_zk(zk.clone()).await;
+    let b = Env::on(other_cluster(), zk, true).await;
+    let name = format!("sem-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let label = format!("cluster/{name}");
+    let with_permits = |ns: &str, permits: u32| {
+        let mut spec = TestClusterLock::admitting(ns);
+        spec["permits"] = json!(permits);
+        spec
+    };
+    let _locks = [
+        TestClusterLock::make(&a, &name, with_permits(&a.ns, 3)).await,
+        TestClusterLock::make(&b, &name, with_permits(&b.ns, 1)).await,
+    ];
+    a.history.set_permits(&label, 1);
+    b.history.set_permits(&label, 1);
+    let _op_a = operator(&a, &a.zk, "a", &[]);
+    let _op_b = operator(&b, &b.zk, "b", &[]);
+    // Both operators know both declarations before any claim.
+    for env in [&a, &b] {
+        let lock = until_cluster_lock(env, &name, "PermitsAgree False", |l| {
+            permits_agree(l).is_some_and(|(state, _)| state == "False")
+        })
+        .await;
+        let (_, message) = permits_agree(&lock).unwrap();
+        assert!(message.contains("(a: 3 permits, b: 1 permit); each grants as 1 permit allows"), "{message}");
+        assert_eq!(lock.status.unwrap().clusters, ["a", "b"], "both clusters serve it before any claim");
+    }
+
+    for c in ["a1", "a2", "a3"] {
+        claim(&a, c, &name).await;
+    }
+    a.wait_phase("a1", Phase::Held).await;
+    for c in ["a2", "a3"] {
+        let waiting = a.wait(c, "waiting behind a1 (one permit, cluster b's)", |c| waiting_for(c).is_some()).await;
+        assert_eq!(phase_of(&waiting), Some(Phase::Waiting), "{c}: cluster a's 3 permits are not what holds");
+    }
+    claim(&b, "b1", &name).await;
+    b.wait("b1", "b1 waiting", |c| waiting_for(c).is_some()).await;
+
+    // Cluster b's admin raises its permits to cluster a's: both grant as 3 allow.
+    let raised_at = std::time::Instant::now();
+    a.history.set_permits(&label, 3);
+    b.history.set_permits(&label, 3);
+    let api: Api<ClusterLock> = Api::all(b.client.clone());
+    let patch = kube::api::Patch::Merge(json!({ "spec": { "permits": 3 } }));
+    api.patch(&name, &kube::api::PatchParams::default(), &patch).await.expect("raise cluster b's permits");
+    a.wait_phase("a2", Phase::Held).await;
+    a.wait_phase("a3", Phase::Held).await;
+    let lock = until_cluster_lock(&a, &name, "PermitsAgree True", |l| {
+        permits_agree(l).is_some_and(|(state, _)| state == "True")
+    })
+    .await;
+    assert_eq!(permits_agree(&lock).unwrap().1, "all 2 clusters sharing it declare 3 permits");
+    assert_eq!(phase_of(&b.wait_phase("b1", Phase::Waiting).await), Some(Phase::Waiting), "the fourth waits");
+    a.delete_claim("a1").await;
+    b.wait_phase("b1", Phase::Held).await;
+
+    let mut merged = a.history.records();
+    merged.extend(b.history.records());
+    merged.sort_by_key(|r| r.at);
+    let before: Vec<_> = merged.iter().filter(|r| r.at < raised_at).cloned().collect();
+    assert_eq!(e2e_support::History::of(before).most_held_at_once(&label), 1, "one permit before the raise");
+    assert_eq!(e2e_support::History::of(merged).most_held_at_once(&label), 3, "three after it, across clusters");
+    a.history.check();
+    b.history.check();
+}

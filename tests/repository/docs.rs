@@ -227,7 +227,7 @@ fn normalize(path: &Path) -> String {
 #[test]
 fn every_test_the_docs_name_exists() {
     // Test functions are named as sentences: `a_standby_replica_takes_over_…`.
-    let sources: String = ["tests", "src", "testkit/src"]
+    let sources: String = ["tests", "src", "crates", "testkit/src"]
         .iter()
         .flat_map(|dir| walk(&root().join(dir)))
         .map(|p| std::fs::read_to_string(p).unwrap_or_default())

@@ -16,6 +16,7 @@ const ZK_LAYERS: &[&str] = &[
     "config",
     "retry",
     "stats",
+    "declaration",
     "book",
     "acl",
     "fence",
@@ -26,6 +27,7 @@ const ZK_LAYERS: &[&str] = &[
     "rounds",
     "session",
     "enqueue", // the tasks
+    "permits",
     "engine",  // the face
 ];
 

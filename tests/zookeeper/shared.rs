@@ -123,3 +123,61 @@ async fn a_cluster_name_is_one_clusters_and_its_next_leader_takes_it_over() {
     assert!(message.contains("\"a\"") && message.contains("/a") && message.contains("--cluster-name"), "{message}");
     drop((first, next));
 }
+
+/// Waits until engine `e`'s limit of `lock` is `want` (`what` it is, for the failure).
+async fn until_limit(e: &Engine, lock: &str, want: zklock::recipe::Limit, what: &str) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while e.limit(lock) != want {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: the limit is {} after 20 s, not {want}",
+            e.limit(lock)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn each_cluster_grants_as_the_smallest_declared_permits_allow_while_that_cluster_serves() {
+    use zklock::recipe::Limit;
+    let connect = chroot().await;
+    let raw = raw_client(&connect).await;
+    let (a, b) = (layout("/a", "a"), layout("/b", "b"));
+    let lock = a.cluster_lock("sem");
+    let ea = cluster_engine(&connect, &a, "a").await;
+    let eb = cluster_engine(&connect, &b, "b").await;
+    let (three, one) = (Limit::from_permits(Some(3)), Limit::from_permits(Some(1)));
+    assert_eq!(ea.limit(&lock), Limit::FRONT_ONLY, "before the others are known, the front only");
+    ea.declare(&lock, Some(three));
+    until_limit(&ea, &lock, three, "cluster a alone declares 3").await;
+    eb.declare(&lock, Some(one));
+    until_limit(&ea, &lock, one, "cluster b declared 1").await;
+    until_limit(&eb, &lock, one, "cluster b's own 1").await;
+    let declared = ea.declarations(&lock).expect("known");
+    assert_eq!(declared.iter().map(|d| (d.cluster.as_str(), d.limit)).collect::<Vec<_>>(), [("a", three), ("b", one)]);
+
+    // A waiter of a's, third in the queue, waits with one permit and is granted at the raise.
+    let _h = enqueue(&ea, &lock, Mode::Exclusive).await;
+    let _w1 = enqueue(&ea, &lock, Mode::Exclusive).await;
+    let mut w2 = enqueue(&ea, &lock, Mode::Exclusive).await;
+    assert!(matches!(w2.state(), ContenderState::Waiting { ahead: 2, .. }), "{:?}", w2.state());
+
+    // Cluster b's next leader declares 3 in its session, replacing the earlier session's node.
+    let eb2 = cluster_engine(&connect, &b, "b").await;
+    eb2.declare(&lock, Some(three));
+    until_limit(&ea, &lock, three, "cluster b's new leader declared 3").await;
+    held(&mut w2).await;
+    let mut nodes = children(&raw, &a.permits_of(&lock).unwrap()).await;
+    nodes.sort();
+    assert_eq!(nodes.len(), 2, "one declaration per cluster: {nodes:?}");
+    assert!(nodes[1].starts_with("b.3."), "{nodes:?}");
+
+    // A cluster that no longer has the ClusterLock declares nothing; a cluster whose session
+    // ended neither.
+    eb2.declare(&lock, Some(one));
+    until_limit(&ea, &lock, one, "cluster b lowered to 1").await;
+    drop(eb);
+    drop(eb2);
+    until_limit(&ea, &lock, three, "cluster b's operators gone").await;
+    assert!(matches!(w2.state(), ContenderState::Held { .. }), "a lower limit took nothing away: {:?}", w2.state());
+}

@@ -33,8 +33,8 @@ pub struct ClusterLockSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_selector: Option<LabelSelector>,
     /// How many claims may hold the lock at once, across every cluster that shares it (every
-    /// cluster's ClusterLock should say the same: the smallest is what holds). Without it, a
-    /// mutex (Exclusive and Shared claims).
+    /// cluster's ClusterLock should say the same: each grants as the smallest allows, and the
+    /// PermitsAgree condition tells). Without it, a mutex (Exclusive and Shared claims).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 10_000))]
     pub permits: Option<u32>,
@@ -53,9 +53,12 @@ pub struct ClusterLockStatus {
     /// Contenders queued and not holding, in every cluster.
     #[serde(default)]
     pub queue_length: u32,
-    /// The clusters with a contender in the queue now.
+    /// The clusters whose operators serve the lock now (they declare its permits), and any
+    /// with a contender in the queue.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clusters: Vec<String>,
+    /// `Ready`: this cluster serves the lock; `PermitsAgree`: every cluster sharing it declares
+    /// the same permits (when not, each grants as the smallest allows).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,4 +1,4 @@
-//! Standard `metav1.Condition`s on a claim.
+//! Standard `metav1.Condition`s on a claim and on a `ClusterLock`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -10,6 +10,13 @@ pub const FINISHED: &str = "Finished";
 pub const REVOKE_REQUESTED: &str = "RevokeRequested";
 /// True when the spec cannot be served; the message says what to fix.
 pub const INVALID: &str = "Invalid";
+
+/// On a `ClusterLock`: whether this cluster's operator serves it (a selector that admits
+/// namespaces, the other clusters' permits known).
+pub const READY: &str = "Ready";
+/// On a `ClusterLock`: whether every cluster that shares it declares the same permits (when not,
+/// each grants as the smallest allows).
+pub const PERMITS_AGREE: &str = "PermitsAgree";
 
 /// Sets condition `type_` in `conditions`, keeping its lastTransitionTime when the status did
 /// not change (as the API conventions ask).

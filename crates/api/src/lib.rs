@@ -76,8 +76,9 @@ pub fn crds() -> [(&'static str, String); 3] {
 /// replaces a CRD of a later revision than its own (an older operator during a rollback must not
 /// take fields away from a newer one's claims).
 pub const CRD_REVISION_ANNOTATION: &str = "zklock.io/crd-revision";
-/// This build's revision of the CRDs: one more whenever a generated schema changes (2: ClusterLock).
-pub const CRD_REVISION: u32 = 2;
+/// This build's revision of the CRDs: one more whenever a generated schema changes (2: ClusterLock;
+/// 3: its Ready and PermitsAgree conditions, status.clusters as the clusters serving it).
+pub const CRD_REVISION: u32 = 3;
 
 /// The generated CRDs (what `crds/` holds), each with its file name: only formats the API
 /// server knows, and this build's revision annotated.

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::contender::{ContenderState, LostReason};
+use super::declaration::Declared;
 use crate::recipe::{Decision, Limit};
 
 #[derive(Default)]
@@ -33,6 +34,11 @@ pub(super) struct Book {
     /// Locks with permits (a `Lock` object), by directory; the others are mutexes. Kept apart
     /// from `locks`, whose entries come and go with contenders.
     pub limits: HashMap<Arc<str>, Limit>,
+    /// The parent of the `ClusterLock` directories other clusters share (`<shared>/locks/`), if
+    /// there is a shared root: there the limit is what every cluster's declaration allows.
+    pub shared_locks: Option<Arc<str>>,
+    /// The shared `ClusterLock`s followed, by directory (see [`super::permits`]).
+    pub declared: HashMap<Arc<str>, Declared>,
 }
 
 impl Book {
@@ -73,9 +79,19 @@ impl Book {
         false
     }
 
-    /// The limit of the lock in `lock_path`.
+    /// The limit of the lock in `lock_path`. In a directory other clusters share, the one every
+    /// cluster's declaration allows, and the front only until they are known.
     pub fn limit(&self, lock_path: &str) -> Limit {
+        if self.is_shared(lock_path) {
+            return self.declared.get(lock_path).map_or(Limit::FRONT_ONLY, Declared::limit);
+        }
         self.limits.get(lock_path).copied().unwrap_or_default()
+    }
+
+    /// Whether `lock_path` is a `ClusterLock` directory other clusters share.
+    pub fn is_shared(&self, lock_path: &str) -> bool {
+        let name = self.shared_locks.as_deref().and_then(|parent| lock_path.strip_prefix(parent));
+        name.is_some_and(|name| !name.is_empty() && !name.contains('/'))
     }
 
     /// Where contender `id` stands, a lost one included (until it is released).

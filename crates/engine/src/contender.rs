@@ -121,8 +121,16 @@ pub enum SessionEvent {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EngineEvent {
-    Contender { id: String, state: ContenderState },
+    Contender {
+        id: String,
+        state: ContenderState,
+    },
     Session(SessionEvent),
+    /// What the clusters sharing the `ClusterLock` in `lock_path` declare changed (see
+    /// [`super::LockEngine::declarations`]).
+    Permits {
+        lock_path: String,
+    },
 }
 
 /// What [`super::LockEngine::reanchor`] did.

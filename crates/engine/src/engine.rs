@@ -21,9 +21,11 @@ use super::book::{Book, Member};
 use super::contender::{ContenderSpec, ContenderState, EngineEvent, QueueEntry, Reanchored, Recorded, SessionEvent};
 use super::core::{Core, WindowGuard};
 use super::data;
+use super::declaration::{Declaration, Declared};
 use super::enqueue::{self, Made};
 use super::fence::{self, Epoch};
 use super::ops::{self, is_lock_path};
+use super::permits;
 use super::retry;
 use super::root::{self, Installation};
 use super::rounds;
@@ -124,6 +126,8 @@ impl LockEngine {
         let id = root::id(&client, &self.core.config, layout).await.map_err(|e| Error::zk("get", &layout.id(), e))?;
         take_cluster_name(&client, &self.core.config, layout, &id).await?;
         *self.core.root.lock() = Some((layout.clone(), mine, id));
+        self.core.book.lock().shared_locks =
+            layout.shared_root().map(|_| Arc::from(format!("{}/", layout.cluster_locks())));
         Ok(())
     }
 
@@ -232,6 +236,9 @@ impl LockEngine {
                 return Err(Error::BadLockPath(spec.lock.clone()));
             }
         }
+        for spec in &specs {
+            self.follow_declarations(&spec.lock);
+        }
         {
             let book = self.core.book.lock();
             let known: Vec<ContenderState> =
@@ -280,6 +287,7 @@ impl LockEngine {
                 return Err(Error::BadLockPath(c.spec.lock.clone()));
             }
         }
+        self.follow_declarations(lock_path);
         let (contenders, held): (Vec<(ContenderSpec, Option<i64>)>, Vec<bool>) =
             anchor::queue_order(contenders).into_iter().map(|(spec, held, ticket)| ((spec, ticket), held)).unzip();
         let client = self.core.client()?;
@@ -529,33 +537,87 @@ impl LockEngine {
     /// permits; a mutex without one). Every contender of that lock is decided again at once:
     /// a raise grants the waiters it lets in, a lower limit stops grants until fewer hold.
     pub fn set_limit(&self, lock_path: &str, limit: Limit) {
-        let mut book = self.core.book.lock();
-        if book.limit(lock_path) == limit {
-            return;
+        {
+            let mut book = self.core.book.lock();
+            if book.limits.get(lock_path).copied().unwrap_or_default() == limit {
+                return;
+            }
+            match limit {
+                Limit::Mutex => book.limits.remove(lock_path),
+                Limit::Permits(_) => book.limits.insert(lock_path.into(), limit),
+            };
         }
-        match limit {
-            Limit::Mutex => book.limits.remove(lock_path),
-            Limit::Permits(_) => book.limits.insert(lock_path.into(), limit),
+        rounds::decide_again(&self.core, lock_path);
+    }
+
+    /// Declares what this cluster's `ClusterLock` in `lock_path` says (`None`: this cluster has
+    /// none of that name now). In a directory other clusters share, the lock's limit is where
+    /// every cluster's declaration meets (see [`super::permits`]), and the front only until
+    /// they are known; elsewhere it is [`LockEngine::set_limit`].
+    pub fn declare(&self, lock_path: &str, limit: Option<Limit>) {
+        if !self.core.book.lock().is_shared(lock_path) {
+            return self.set_limit(lock_path, limit.unwrap_or_default());
+        }
+        let changed = {
+            let mut book = self.core.book.lock();
+            let before = book.limit(lock_path);
+            match book.declared.get_mut(lock_path) {
+                Some(declared) if declared.own == limit => return,
+                Some(declared) => {
+                    declared.own = limit;
+                    declared.wake.notify_one();
+                }
+                None => {
+                    book.declared.insert(lock_path.into(), Declared::new(limit));
+                    self.spawn_follower(lock_path);
+                }
+            }
+            before != book.limit(lock_path)
         };
-        let Book { contenders, locks, .. } = &mut *book;
-        let Some(q) = locks.get_mut(lock_path) else { return };
-        for id in q.nodes.values() {
-            if let Some(member) = contenders.get_mut(id) {
-                member.stale = true;
-            }
-        }
-        if q.request_evaluation() {
-            let key = locks.get_key_value(lock_path).map(|(k, _)| k.clone());
-            drop(book);
-            if let Some(key) = key {
-                tokio::spawn(rounds::evaluate(Arc::downgrade(&self.core), key));
-            }
+        if changed {
+            rounds::decide_again(&self.core, lock_path);
         }
     }
 
+    /// Follows the declarations of the shared `ClusterLock` in `lock_path`, if it is one, before
+    /// a contender joins it (the entry removes itself once neither is left).
+    fn follow_declarations(&self, lock_path: &str) {
+        let mut book = self.core.book.lock();
+        if book.is_shared(lock_path) && !book.declared.contains_key(lock_path) {
+            book.declared.insert(lock_path.into(), Declared::new(None));
+            self.spawn_follower(lock_path);
+        }
+    }
+
+    fn spawn_follower(&self, lock_path: &str) {
+        let root = self.core.root.lock();
+        let Some((layout, _, _)) = root.as_ref() else { return };
+        let (Some(dir), Some(cluster)) = (layout.permits_of(lock_path), layout.cluster()) else { return };
+        let core = Arc::downgrade(&self.core);
+        tokio::spawn(permits::follow(core, lock_path.into(), dir, cluster.to_string()));
+    }
+
+    /// What the clusters sharing the `ClusterLock` in `lock_path` declare, this one's included,
+    /// by cluster; `None` while they are not known (or it is not shared, or not followed).
+    pub fn declarations(&self, lock_path: &str) -> Option<Vec<Declaration>> {
+        let book = self.core.book.lock();
+        let declared = book.declared.get(lock_path)?;
+        let mut all = declared.others.clone()?;
+        let root = self.core.root.lock();
+        let cluster = root.as_ref().and_then(|(layout, _, _)| layout.cluster()).unwrap_or_default();
+        if let Some(limit) = declared.own {
+            all.push(Declaration { cluster: cluster.to_string(), limit });
+        }
+        all.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+        Some(all)
+    }
+
     /// Every lock with a limit other than a mutex's, by directory.
+    /// Shared `ClusterLock`s count with what this cluster declares.
     pub fn limits(&self) -> Vec<(String, Limit)> {
-        self.core.book.lock().limits.iter().map(|(path, limit)| (path.to_string(), *limit)).collect()
+        let book = self.core.book.lock();
+        let declared = book.declared.iter().filter_map(|(path, d)| Some((path.to_string(), d.own?)));
+        book.limits.iter().map(|(path, limit)| (path.to_string(), *limit)).chain(declared).collect()
     }
 
     /// Gives a holder a fencing token of its own, above every token issued so far: writes its

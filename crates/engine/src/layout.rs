@@ -13,7 +13,9 @@
 //! shares `ClusterLock`s, holds:
 //! - `locks/<lock>`: the directories of the `ClusterLock`s, where every cluster queues;
 //! - `clusters/<cluster name>`: an ephemeral node per cluster, held by its leader, naming the
-//!   cluster's own root (see [`super::root`]): one name, one cluster.
+//!   cluster's own root (see [`super::root`]): one name, one cluster;
+//! - `permits/<lock>/<cluster>.<permits>.<session>`: the permits each cluster's `ClusterLock`
+//!   declares, an ephemeral node of its leader's session (see [`super::permits`]).
 //!
 //! Which nodes in a lock directory are zklock's is judged by their names (see
 //! [`crate::recipe::parse_child`]); whether this root's zklock made one, by its data (see
@@ -40,6 +42,7 @@ const EPOCH: &str = "leader-epoch";
 const LOCKS: &str = "locks";
 const CLUSTER_LOCKS: &str = "cluster-locks";
 const CLUSTERS: &str = "clusters";
+const PERMITS: &str = "permits";
 
 fn check_root(root: &str) -> Result<(), String> {
     let segments_ok = root.split('/').skip(1).all(|s| !s.is_empty() && s != "." && s != "..");
@@ -121,6 +124,14 @@ impl Layout {
                 .is_some_and(|name| !name.is_empty() && !name.contains('/'))
     }
 
+    /// Where the clusters sharing the `ClusterLock` in directory `lock_path` declare its permits,
+    /// if it is one that other clusters may queue in.
+    pub fn permits_of(&self, lock_path: &str) -> Option<String> {
+        let shared = self.shared.as_ref().filter(|_| self.is_shared_lock(lock_path))?;
+        let name = lock_path.rsplit('/').next()?;
+        Some(format!("{}/{PERMITS}/{name}", shared.root))
+    }
+
     /// The node naming this cluster on the shared root, if there is one.
     pub fn cluster_node(&self) -> Option<String> {
         self.shared.as_ref().map(|s| format!("{}/{CLUSTERS}/{}", s.root, s.cluster))
@@ -181,6 +192,9 @@ mod tests {
         assert_eq!(eu.cluster_node().as_deref(), Some("/zklock-shared/clusters/eu-1"));
         assert_eq!((eu.cluster(), eu.shared_root()), (Some("eu-1"), Some("/zklock-shared")));
         assert!(eu.is_shared_lock("/zklock-shared/locks/pay"));
+        assert_eq!(eu.permits_of("/zklock-shared/locks/pay").as_deref(), Some("/zklock-shared/permits/pay"));
+        assert_eq!(eu.permits_of("/zklock-eu/locks/n/pay"), None, "a namespaced lock has its own Lock object");
+        assert_eq!(alone.permits_of("/zklock/cluster-locks/pay"), None, "one cluster: nothing to agree on");
         for not in
             ["/zklock-shared/locks", "/zklock-shared/locks/", "/zklock-shared/locks/a/b", "/zklock-eu/locks/n/pay"]
         {

@@ -3,15 +3,17 @@
 //! Its files in layers, each readable knowing only the layers under it (none imports one
 //! above it):
 //! 1. what everything shares, without tasks: `layout` (where everything is in ZooKeeper),
-//!    `data` (what nodes and directories hold),
-//!    `contender` (what the engine tells), `config`, `retry`, `stats`, `book` (the bookkeeping,
-//!    pure), `acl` (who may change our nodes), `fence` (the leader epoch every write is guarded
-//!    by) and `core` (the session, the book and the fence, as the tasks share them);
+//!    `data` (what nodes and directories hold), `contender` (what the engine tells), `config`,
+//!    `retry`, `stats`, `declaration` (the permits each cluster declares for a shared
+//!    `ClusterLock`), `book` (the bookkeeping, pure), `acl` (who may change our nodes), `fence`
+//!    (the leader epoch every write is guarded by) and `core` (the session, the book and the
+//!    fence, as the tasks share them);
 //! 2. `ops`: the ZooKeeper operations, each retried through connection loss and guarded, and
 //!    `root` (the one installation that serves the root);
 //! 3. the tasks, each using only those before it: `anchor` (re-anchoring after a new
 //!    session), `rounds` (a lock's reads and decisions), `session` (the watches and the
-//!    session's state), `enqueue` (made nodes become contenders and get their first decision);
+//!    session's state), `enqueue` (made nodes become contenders and get their first decision),
+//!    `permits` (this cluster's declarations kept, the other clusters' followed);
 //! 4. `engine`, its face.
 //!
 //! Below them all, [`recipe`]: the pure lock recipe (which node holds, which node to watch),
@@ -25,11 +27,13 @@ mod config;
 mod contender;
 mod core;
 pub mod data;
+mod declaration;
 mod engine;
 mod enqueue;
 mod fence;
 mod layout;
 mod ops;
+mod permits;
 pub mod recipe;
 mod retry;
 mod root;
@@ -41,6 +45,7 @@ pub use config::{TlsPem, ZkConfig};
 pub use contender::{
     ContenderSpec, ContenderState, EngineEvent, LostReason, QueueEntry, Reanchored, Recorded, SessionEvent,
 };
+pub use declaration::Declaration;
 pub use engine::LockEngine;
 pub use layout::Layout;
 pub use root::Installation;

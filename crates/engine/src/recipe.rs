@@ -194,6 +194,43 @@ impl Limit {
     pub fn from_permits(permits: Option<u32>) -> Limit {
         permits.map_or(Limit::Mutex, |n| Limit::Permits(NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN)))
     }
+
+    /// One permit: only the front of the queue holds. Every limit grants the front, so this
+    /// grants nothing another limit would not: what a lock whose limit is not known yet gets.
+    pub const FRONT_ONLY: Limit = Limit::Permits(NonZeroU32::MIN);
+
+    /// The largest limit that grants nothing either of `self` and `other` would not: the
+    /// smaller permits; a mutex and permits meet at one permit (a mutex may grant several
+    /// Shared contenders, permits an Exclusive one behind a holder, so only the front is
+    /// granted by both).
+    pub fn meet(self, other: Limit) -> Limit {
+        match (self, other) {
+            (Limit::Mutex, Limit::Mutex) => Limit::Mutex,
+            (Limit::Permits(a), Limit::Permits(b)) => Limit::Permits(a.min(b)),
+            (Limit::Mutex, Limit::Permits(_)) | (Limit::Permits(_), Limit::Mutex) => Limit::FRONT_ONLY,
+        }
+    }
+}
+
+impl std::fmt::Display for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Limit::Mutex => f.write_str("mutex"),
+            Limit::Permits(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Limit {
+    type Err = String;
+
+    /// What [`Limit`]'s `Display` writes: `mutex`, or a number of permits from 1 on.
+    fn from_str(s: &str) -> Result<Limit, String> {
+        match s {
+            "mutex" => Ok(Limit::Mutex),
+            _ => s.parse::<NonZeroU32>().map(Limit::Permits).map_err(|_| format!("{s:?} is neither mutex nor permits")),
+        }
+    }
 }
 
 /// What the recipe tells a contender to do.
@@ -770,6 +807,33 @@ mod tests {
                     prop_assert!(ours + foreign <= n.get() as usize, "{} holders with {} permits", ours + foreign, n);
                 }
             }
+        }
+
+        /// Permits across clusters (docs/design.md: permits every cluster agrees on): the limit
+        /// two clusters' declarations meet at grants, in any queue, only contenders that each of
+        /// the two limits grants, and is one of them when they are alike; and a limit unknown
+        /// yet (the front only) grants nothing either would not.
+        #[test]
+        fn where_two_limits_meet_only_what_both_grant_is_granted(
+            modes in proptest::collection::vec(prop_oneof![Just(Mode::Exclusive), Just(Mode::Shared)], 1..12),
+            a in prop_oneof![Just(Limit::Mutex), (1u32..=5).prop_map(|n| Limit::from_permits(Some(n)))],
+            b in prop_oneof![Just(Limit::Mutex), (1u32..=5).prop_map(|n| Limit::from_permits(Some(n)))],
+        ) {
+            let names: Vec<String> = modes
+                .iter()
+                .enumerate()
+                .map(|(i, mode)| zk_name(&node_prefix(&format!("c{i}"), *mode), i as i32))
+                .collect();
+            let meet = a.meet(b);
+            prop_assert_eq!(meet, b.meet(a));
+            prop_assert_eq!(a.meet(a), a);
+            prop_assert_eq!(meet.to_string().parse::<Limit>(), Ok(meet));
+            for name in &names {
+                let held = |limit| decide(&names, name, limit) == Decision::Held;
+                prop_assert!(!held(meet) || (held(a) && held(b)), "{} held under {} but not under both {} and {}", name, meet, a, b);
+                prop_assert!(!held(Limit::FRONT_ONLY) || held(a), "{} held under the front-only limit but not under {}", name, a);
+            }
+            prop_assert!(decide(&names, &names[0], meet) == Decision::Held, "the front always holds");
         }
     }
 }

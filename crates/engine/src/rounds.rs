@@ -18,6 +18,24 @@ use crate::recipe::{self, Decision, Limit};
 /// How long an evaluation waits before going round again after its session ended.
 const SESSION_END_PAUSE: Duration = Duration::from_millis(50);
 
+/// Decides every contender of the lock in `lock_path` again, with a fresh read: its limit
+/// changed (a raise grants the waiters it lets in, a lower limit stops grants until fewer hold).
+pub(super) fn decide_again(core: &Arc<Core>, lock_path: &str) {
+    let mut book = core.book.lock();
+    let Book { contenders, locks, .. } = &mut *book;
+    let Some(key) = locks.get_key_value(lock_path).map(|(key, _)| key.clone()) else { return };
+    let Some(q) = locks.get_mut(lock_path) else { return };
+    for id in q.nodes.values() {
+        if let Some(member) = contenders.get_mut(id) {
+            member.stale = true;
+        }
+    }
+    if q.request_evaluation() {
+        drop(book);
+        tokio::spawn(evaluate(Arc::downgrade(core), key));
+    }
+}
+
 /// Reads a lock directory and decides for the contenders that need it, until no new reason to
 /// read again came up meanwhile.
 pub(super) async fn evaluate(core: Weak<Core>, lock_path: Arc<str>) {
