@@ -14,7 +14,8 @@
 //! `--only handoff|pods|gated|throughput|memory|clusters` runs one part (`clusters`: a
 //! `ClusterLock` shared by this control plane and a second one started for the run, the handoff
 //! between the two clusters beside the handoff within one, then with 20 ms added to every
-//! ZooKeeper request of the second cluster's operator); `--no-finalizer-policy` leaves the
+//! ZooKeeper request of the second cluster's operator, and a leader change in the first cluster:
+//! places changed, time to lead, the first handoff after it); `--no-finalizer-policy` leaves the
 //! finalizer's admission policy out (the operator then adds its finalizer to each claim). `ZKLOCK_BENCH_WRAP="heaptrack -o /tmp/op"` runs the operator under a wrapper
 //! command (a profiler); the RSS figure is then the wrapper's, not the operator's.
 //! `ZKLOCK_BENCH_OPERATOR=PATH` runs another build of the operator, such as the static (musl)
@@ -188,7 +189,7 @@ async fn clusters(
     let shared = |root: &'static str, name: &'static str| {
         ["--zk-root", root, "--zk-cluster-root", "/shared", "--cluster-name", name, "--zk-session-timeout", "10s"]
     };
-    let a = Bench::start_with(client_a, server_a, &connect, "clusters-a", &shared("/a", "a")).await?;
+    let mut a = Bench::start_with(client_a, server_a, &connect, "clusters-a", &shared("/a", "a")).await?;
     let b = Bench::start_with(&client_b, &server_b, &proxy.connect_string(chroot), "clusters-b", &shared("/b", "b"))
         .await?;
     let name = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
@@ -234,6 +235,54 @@ async fn clusters(
         slow.push(handoff(&a, &b).await?);
     }
     proxy.set_latency(Duration::ZERO);
+
+    // A leader change in cluster a (SIGTERM with a standby running, as a `helm upgrade` does)
+    // while a's claim holds, b's waits behind it and a's second waits behind that: how long to
+    // the Lease and to ready, whether any place (node) or holder's token changed, and the first
+    // handoff after it (a's holder deleted → b's waiter Held).
+    let zk_client = zookeeper_client::Client::connect(&connect).await?;
+    let dir = format!("/shared/locks/{name}");
+    let (mut to_lead, mut to_ready, mut first_grant) = (Samples::default(), Samples::default(), Samples::default());
+    let (mut places_changed, mut holds_changed) = (0usize, 0usize);
+    let changes = sizes.handoffs.clamp(3, 10);
+    let held_token = |c: LockClaim| {
+        let status = c.status.unwrap_or_default();
+        (status.phase == Some(Phase::Held)).then_some(status.fencing_token).flatten()
+    };
+    for i in 0..changes {
+        let (holder, wb, wa) = (format!("lc{i}-h"), format!("lc{i}-wb"), format!("lc{i}-wa"));
+        a.create(&holder, &lock, None).await?;
+        a.wait_phase(&holder, Phase::Held).await?;
+        b.create(&wb, &lock, None).await?;
+        b.wait_phase(&wb, Phase::Waiting).await?;
+        a.create(&wa, &lock, None).await?;
+        a.wait_phase(&wa, Phase::Waiting).await?;
+        let token = held_token(a.claims.get(&holder).await?);
+        let mut before = zk_client.get_children(&dir).await?.0;
+        before.sort();
+        let standby = a.standby().await?;
+        let (led, ready) = a.hand_over(standby).await?;
+        to_lead.push(led);
+        to_ready.push(ready);
+        let mut after = zk_client.get_children(&dir).await?.0;
+        after.sort();
+        places_changed += before.iter().filter(|node| !after.contains(node)).count();
+        if token.is_none() || held_token(a.claims.get(&holder).await?) != token {
+            holds_changed += 1;
+        }
+        let (seen, follower) = b.follow();
+        let start = Instant::now();
+        a.claims.delete(&holder, &DeleteParams::default()).await?;
+        tokio::time::timeout(Duration::from_secs(120), seen.wait(|sets| sets.0.contains(&wb)))
+            .await
+            .map_err(|_| format!("{wb} not Held within 120 s of {holder}'s deletion after a leader change"))?;
+        first_grant.push(start.elapsed());
+        follower.abort();
+        for (bench, claim) in [(&b, &wb), (&a, &wa)] {
+            bench.claims.delete(claim, &DeleteParams::default()).await?;
+            bench.wait_gone(claim).await?;
+        }
+    }
     println!("ClusterLock handoff within cluster a: {}", within.summary());
     println!("ClusterLock handoff within cluster b: {}", within_b.summary());
     println!("ClusterLock handoff from a to b:      {}", across.summary());
@@ -247,6 +296,18 @@ async fn clusters(
         across.percentile(0.5).as_secs_f64() / within.percentile(0.5).as_secs_f64(),
         ZOOKEEPER_LATENCY.as_millis(),
         slow.percentile(0.5).as_secs_f64() / within.percentile(0.5).as_secs_f64()
+    );
+    println!(
+        "ClusterLock leader change in cluster a (SIGTERM, a standby running), {changes} times: the standby leads \
+         after {}, is re-anchored and ready after {}; places (nodes) changed: {places_changed}, holders or tokens \
+         changed: {holds_changed}",
+        to_lead.summary(),
+        to_ready.summary()
+    );
+    println!(
+        "ClusterLock handoff from a to b, the first after a's leader change: {} (ratio to the handoff from a to b: {:.2})",
+        first_grant.summary(),
+        first_grant.percentile(0.5).as_secs_f64() / across.percentile(0.5).as_secs_f64()
     );
     Ok(())
 }
@@ -437,6 +498,7 @@ async fn install_crd(client: &kube::Client) -> Result<(), Error> {
 }
 
 /// The API server the benchmark runs on.
+#[derive(Clone)]
 struct Server {
     kubeconfig: std::path::PathBuf,
     /// The finalizer's admission policy is installed for the bench's namespaces.
@@ -450,6 +512,7 @@ struct Bench {
     claims: Api<LockClaim>,
     operator: Child,
     metrics: String,
+    launch: Launch,
 }
 
 impl Drop for Bench {
@@ -484,73 +547,85 @@ impl Bench {
         // As users run it: on a real API server with the leader epoch's admission policy (its
         // binding for this namespace, the parameter in it).
         install_epoch_policy(client, &ns).await?;
-        let epoch_policy = "--epoch-param=zklock-leader-epoch";
         if server.finalizer_policy {
             install_finalizer_policy(client, &ns).await?;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let binary = match std::env::var_os("ZKLOCK_BENCH_OPERATOR") {
-            Some(path) => std::path::PathBuf::from(path),
-            None => std::env::current_exe()?
-                .parent()
-                .and_then(|examples| examples.parent())
-                .map(|dir| dir.join("zklock"))
-                .filter(|p| p.exists())
-                .ok_or("the zklock binary is missing next to this example: run `cargo build --release` first")?,
-        };
-        let wrapper = std::env::var("ZKLOCK_BENCH_WRAP").unwrap_or_default();
-        let mut command = match wrapper.split_whitespace().collect::<Vec<_>>().split_first() {
-            Some((program, args)) => {
-                let mut c = Command::new(program);
-                c.args(args).arg(binary);
-                c
-            }
-            None => Command::new(binary),
-        };
-        let operator = command
-            .args(["run", "--zk-connect", zk, "--watch-namespace", &ns, "--lease-namespace", &ns])
-            .args(["--metrics-addr", &format!("127.0.0.1:{port}"), epoch_policy])
-            .args(extra)
-            .env("KUBECONFIG", &server.kubeconfig)
-            .env("RUST_LOG", std::env::var("ZKLOCK_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()?;
+        let launch =
+            Launch { server: server.clone(), zk: zk.to_string(), extra: extra.iter().map(|s| s.to_string()).collect() };
+        let (operator, metrics) = launch.spawn(&ns)?;
         let bench = Bench {
             client: client.clone(),
             claims: Api::namespaced(client.clone(), &ns),
             ns,
             operator,
-            metrics: format!("127.0.0.1:{port}"),
+            metrics,
+            launch,
         };
         // Leading and ready (a standby is ready too): its claim watch has listed, so claims made
         // from now on reach it in creation order. (Claims it lists at start are queued by their
         // creation second, then by name: a bench that created them before would find its
         // queue out of its own order.)
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while bench.metric("zklock_leader").await < 1.0
-            || bench.get("/readyz").await.is_none_or(|b| b.trim() != "ready")
-        {
-            if Instant::now() > deadline {
-                return Err("the operator did not lead and become ready within 30 s".into());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        bench.until_ready(&bench.metrics, true).await?;
         Ok(bench)
     }
 
-    async fn get(&self, path: &str) -> Option<String> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(&self.metrics).await.ok()?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).await.ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.ok()?;
-        out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+    /// Starts a second operator process for this bench's namespace (a standby replica) and
+    /// waits until it is ready; answers it and its metrics address.
+    async fn standby(&self) -> Result<(Child, String), Error> {
+        let (child, metrics) = self.launch.spawn(&self.ns)?;
+        self.until_ready(&metrics, false).await?;
+        Ok((child, metrics))
+    }
+
+    /// Stops the leading operator gracefully (SIGTERM) with `standby` running; answers how long
+    /// the standby took to lead and to be ready (re-anchored), from the signal.
+    async fn hand_over(&mut self, standby: (Child, String)) -> Result<(Duration, Duration), Error> {
+        let start = Instant::now();
+        let killed = Command::new("kill").args(["-TERM", &self.operator.id().to_string()]).status()?;
+        if !killed.success() {
+            return Err("kill -TERM of the leader failed".into());
+        }
+        let (old, old_metrics) =
+            (std::mem::replace(&mut self.operator, standby.0), std::mem::replace(&mut self.metrics, standby.1));
+        let mut old = old;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let led = loop {
+            if self.metric("zklock_leader").await >= 1.0 {
+                break start.elapsed();
+            }
+            if Instant::now() > deadline {
+                return Err(
+                    format!("the standby did not lead within 60 s of the leader's SIGTERM ({old_metrics})").into()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        self.until_ready(&self.metrics, true).await?;
+        let ready = start.elapsed();
+        let _ = old.wait();
+        Ok((led, ready))
+    }
+
+    /// Waits at most 30 s until the operator at `metrics` is ready, and leads if `leading`.
+    async fn until_ready(&self, metrics: &str, leading: bool) -> Result<(), Error> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while (leading && metric_at(metrics, "zklock_leader").await < 1.0)
+            || get_at(metrics, "/readyz").await.is_none_or(|b| b.trim() != "ready")
+        {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the operator did not {}become ready within 30 s",
+                    if leading { "lead and " } else { "" }
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(())
     }
 
     async fn metric(&self, name: &str) -> f64 {
-        let text = self.get("/metrics").await.unwrap_or_default();
-        text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+        metric_at(&self.metrics, name).await
     }
 
     async fn create(&self, name: &str, lock: &str, holder: Option<&str>) -> Result<(), Error> {
@@ -880,6 +955,63 @@ impl Bench {
         }
         let total = rss(self.operator.id())?;
         Ok((total.saturating_sub(baseline) as f64 / claims as f64, total))
+    }
+}
+
+async fn get_at(address: &str, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(address).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).await.ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
+
+/// The sum of the samples of metric `name` on the metrics endpoint at `address`.
+async fn metric_at(address: &str, name: &str) -> f64 {
+    let text = get_at(address, "/metrics").await.unwrap_or_default();
+    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+/// How to start one more operator process like a bench's.
+struct Launch {
+    server: Server,
+    zk: String,
+    extra: Vec<String>,
+}
+
+impl Launch {
+    /// Starts an operator serving namespace `ns`; answers it and its metrics address.
+    fn spawn(&self, ns: &str) -> Result<(Child, String), Error> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let binary = match std::env::var_os("ZKLOCK_BENCH_OPERATOR") {
+            Some(path) => std::path::PathBuf::from(path),
+            None => std::env::current_exe()?
+                .parent()
+                .and_then(|examples| examples.parent())
+                .map(|dir| dir.join("zklock"))
+                .filter(|p| p.exists())
+                .ok_or("the zklock binary is missing next to this example: run `cargo build --release` first")?,
+        };
+        let wrapper = std::env::var("ZKLOCK_BENCH_WRAP").unwrap_or_default();
+        let mut command = match wrapper.split_whitespace().collect::<Vec<_>>().split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(binary);
+                c
+            }
+            None => Command::new(binary),
+        };
+        let operator = command
+            .args(["run", "--zk-connect", &self.zk, "--watch-namespace", ns, "--lease-namespace", ns])
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}"), "--epoch-param=zklock-leader-epoch"])
+            .args(&self.extra)
+            .env("KUBECONFIG", &self.server.kubeconfig)
+            .env("RUST_LOG", std::env::var("ZKLOCK_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()?;
+        Ok((operator, format!("127.0.0.1:{port}")))
     }
 }
 

@@ -28,7 +28,7 @@ const ZK_LAYERS: &[&str] = &[
     "session",
     "enqueue", // the tasks
     "permits",
-    "engine",  // the face
+    "engine", // the face
 ];
 
 /// The sibling modules `file` uses (through `super::NAME` outside comments and tests).
