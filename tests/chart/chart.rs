@@ -714,3 +714,27 @@ fn the_schema_check_catches_unknown_and_mistyped_fields() {
     mistyped["spec"]["replicas"] = serde_json::json!("two");
     assert!(typed_round_trip(&mistyped).is_err());
 }
+
+/// `helm upgrade --reuse-values` gives the templates the earlier release's values only: every
+/// template first fills what they lack from this chart's defaults, a copy of values.yaml (Helm
+/// gives templates no access to values.yaml itself). `upgrade.rs` upgrades for real.
+#[test]
+fn every_template_fills_values_an_earlier_release_lacks_from_the_defaults() {
+    let values = std::fs::read_to_string(chart().join("values.yaml")).unwrap();
+    let defaults = std::fs::read_to_string(chart().join("files/defaults.yaml")).unwrap();
+    assert!(values == defaults, "charts/zklock/files/defaults.yaml differs from values.yaml: copy values.yaml over it");
+    let fill = r#"{{- include "zklock.fillDefaults" (list .Values (.Files.Get "files/defaults.yaml" | fromYaml)) -}}"#;
+    for entry in std::fs::read_dir(chart().join("templates")).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        if path.extension().is_some_and(|e| e == "tpl") {
+            continue;
+        }
+        let (fill_at, first_use) = (text.find(fill), text.find(".Values"));
+        assert!(
+            first_use.is_none() || fill_at.is_some_and(|at| first_use >= Some(at)),
+            "{} must say {fill} before it reads .Values",
+            path.display()
+        );
+    }
+}

@@ -194,14 +194,30 @@ fn check(requests: &[Request], grants: &Grants) -> Result<String, String> {
 }
 
 /// The operator as the chart runs it: the rendered Deployment's args and env.
-fn start_operator(docs: &[Value], env: &Env, audit: &std::path::Path, log: &std::path::Path) -> (Child, String) {
+pub(crate) fn start_operator(
+    docs: &[Value],
+    env: &Env,
+    audit: &std::path::Path,
+    log: &std::path::Path,
+) -> (Child, String) {
+    start_operator_on(docs, &env.zk, &env.kubeconfig, audit, log)
+}
+
+/// [`start_operator`] with ZooKeeper at `zk` and the API server of `kubeconfig`.
+pub(crate) fn start_operator_on(
+    docs: &[Value],
+    zk: &str,
+    kubeconfig: &std::path::Path,
+    audit: &std::path::Path,
+    log: &std::path::Path,
+) -> (Child, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let container = &find(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0];
     let args: Vec<String> = strings(&container["args"])
         .into_iter()
         .map(|a| {
             if a.starts_with("--zk-connect=") {
-                format!("--zk-connect={}", env.zk)
+                format!("--zk-connect={zk}")
             } else if a.starts_with("--metrics-addr=") {
                 format!("--metrics-addr=127.0.0.1:{port}")
             } else {
@@ -221,7 +237,7 @@ fn start_operator(docs: &[Value], env: &Env, audit: &std::path::Path, log: &std:
     }
     let log_file = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
     let child = cmd
-        .env("KUBECONFIG", &env.kubeconfig)
+        .env("KUBECONFIG", kubeconfig)
         .env(zklock::client::AUDIT_ENV, audit)
         .stdin(Stdio::null())
         .stdout(log_file.try_clone().unwrap())
@@ -393,7 +409,7 @@ async fn derive_and_check(label: &str, watch_other: bool, kubeconfig: &std::path
 }
 
 /// Waits until the operator says it leads and is ready (re-anchored).
-async fn await_leading(label: &str, metrics: &str, log: &std::path::Path) {
+pub(crate) async fn await_leading(label: &str, metrics: &str, log: &std::path::Path) {
     let ready = async {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         loop {
@@ -410,7 +426,7 @@ async fn await_leading(label: &str, metrics: &str, log: &std::path::Path) {
 }
 
 /// SIGTERM, and a clean exit.
-fn stop(label: &str, child: &mut Child, log: &std::path::Path) {
+pub(crate) fn stop(label: &str, child: &mut Child, log: &std::path::Path) {
     let _ = Command::new("kill").arg(child.id().to_string()).status();
     let status = child.wait().unwrap();
     assert!(status.success(), "{label}: operator exit {status:?}:\n{}", std::fs::read_to_string(log).unwrap());

@@ -7,3 +7,4 @@ mod e2e_support;
 
 mod chart;
 mod chart_rbac;
+mod upgrade;

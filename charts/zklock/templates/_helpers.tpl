@@ -1,3 +1,20 @@
+{{- /*
+Fills in what the values lack from this chart's defaults, keys missing at any depth only:
+`helm upgrade --reuse-values` gives the templates the earlier release's values alone, which lack
+every value added since. (Sprig's `merge` would also turn a `false` or `0` the user set into the
+default: it takes them for empty.) Called as (list .Values defaults).
+*/ -}}
+{{- define "zklock.fillDefaults" -}}
+{{- $values := index . 0 -}}
+{{- range $key, $default := index . 1 -}}
+{{- if not (hasKey $values $key) -}}
+{{- $_ := set $values $key (deepCopy $default) -}}
+{{- else if and (kindIs "map" $default) (kindIs "map" (index $values $key)) -}}
+{{- include "zklock.fillDefaults" (list (index $values $key) $default) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Name of the chart, overridable. */}}
 {{- define "zklock.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
