@@ -91,7 +91,7 @@ async fn an_upgrade_from_a_release_before_spec_locks_with_reuse_values_serves_a_
     // This chart, the earlier values reused: it renders, and the release is upgraded.
     let mut upgrade = helm_on(kubeconfig);
     upgrade.args(["upgrade", &release]).arg(chart()).args(["--namespace", &release_ns, "--reuse-values"]);
-    run("helm upgrade --reuse-values to this chart", &mut upgrade.arg("--wait=false"));
+    run("helm upgrade --reuse-values to this chart", upgrade.arg("--wait=false"));
     let values = run(
         "helm get values --all",
         helm_on(kubeconfig).args(["get", "values", &release, "--namespace", &release_ns, "--all", "-o", "json"]),
@@ -106,7 +106,7 @@ async fn an_upgrade_from_a_release_before_spec_locks_with_reuse_values_serves_a_
     // Upgrading again, from this chart to itself, also with --reuse-values.
     let mut again = helm_on(kubeconfig);
     again.args(["upgrade", &release]).arg(chart()).args(["--namespace", &release_ns, "--reuse-values"]);
-    run("helm upgrade --reuse-values from this chart to itself", &mut again.arg("--wait=false"));
+    run("helm upgrade --reuse-values from this chart to itself", again.arg("--wait=false"));
 
     // The operator of this build, as the upgraded Deployment runs it: it brings the CRDs to
     // its revision, and a claim over two locks is accepted and Held.
