@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the operator as the container image ships it: a static (musl) release binary, with the
-# workspace's release profile and the locked dependencies. The Dockerfile runs this script, so
-# a local run checks exactly what the image would copy.
+# workspace's release profile and the locked dependencies. The release workflow runs this script
+# and gives its binary to scripts/image.sh, so a local run checks exactly what the image ships.
 #   scripts/build-static.sh [OUT]      # OUT: where to copy the binary (default: print its path)
 # The copy in OUT has its debug info stripped (the release profile keeps line tables: 130+ MB);
 # symbols stay, so backtraces still name functions. Measured: ~25 MB, static-pie.

