@@ -13,7 +13,8 @@ use zklock::operator::RunArgs;
 const EXAMPLES: &str = "Examples:
   zklock exec deploy-production --timeout 30m -- ./deploy.sh   run a command while holding a lock
   zklock acquire db-migrations --env-file /shared/lock.env      wait for a lock (an init container)
-  zklock queue --zk-connect zk:2181 /zklock/locks/shop/db-migrations
+  zklock queue db-migrations -n shop                            who holds a lock, who waits
+  zklock revoke migrate-7f2 -n shop --reason maintenance        ask a claim's holder to let go
   zklock run --zk-connect zk:2181                               the operator (the chart runs it)
 
 Docs: docs/getting-started.md, docs/user-guide.md (claims, the CLI, exit codes),
@@ -32,8 +33,78 @@ enum Command {
     /// Run the operator (leader-elected; the Kubernetes client comes from KUBECONFIG or the
     /// in-cluster config).
     Run(Box<RunArgs>),
-    /// Print the CustomResourceDefinitions (LockClaim, Lock) as YAML, or write them into a
-    /// directory one file each (what crds/ and the chart hold).
+    /// Print a lock's queue through the Kubernetes API: its claims, holders first (phase,
+    /// position, mode, fencing token, the claim waited for, the holder pod). LOCK is a lockName
+    /// in the namespace, or cluster/NAME for a ClusterLock (its claims in every namespace you
+    /// may list).
+    Queue {
+        /// The lock: a lockName, or cluster/NAME
+        lock: String,
+        /// Namespace of the lock (default: the kubeconfig context's)
+        #[arg(long, short = 'n')]
+        namespace: Option<String>,
+        /// Output format
+        #[arg(long, short = 'o', value_enum, default_value_t = cli::api::Output::Table)]
+        output: cli::api::Output,
+        #[command(flatten)]
+        api: cli::api::ApiArgs,
+    },
+    /// Ask the holder of a claim to let go, through the Kubernetes API (the zklock.io/revoke
+    /// annotation): the claim gets RevokeRequested, a `zklock exec` holding it stops its command.
+    Revoke {
+        /// The LockClaim
+        claim: String,
+        /// Namespace of the claim (default: the kubeconfig context's)
+        #[arg(long, short = 'n')]
+        namespace: Option<String>,
+        /// Why: the holder's claim shows it in its RevokeRequested condition
+        #[arg(long, default_value = "revoked with zklock revoke")]
+        reason: String,
+        #[command(flatten)]
+        api: cli::api::ApiArgs,
+    },
+    /// Commands for those who run zklock: manifests for installs without the chart, and a
+    /// lock's queue and revocations straight in ZooKeeper.
+    #[command(subcommand)]
+    Admin(Admin),
+    /// Print the CustomResourceDefinitions (LockClaim, Lock, ClusterLock) as YAML, or write them
+    /// into a directory one file each (what crds/ and the chart hold); also `zklock admin crd`.
+    Crd {
+        /// Write `<plural>.zklock.io.yaml` files here instead of printing
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
+    /// Wait for a lock, or several (a LockClaim, through the Kubernetes API only); when it is
+    /// Held, print ZKLOCK_CLAIM=<claim> and ZKLOCK_FENCING_TOKEN=<token> (with several locks also
+    /// ZKLOCK_FENCING_TOKEN_<LOCK>=<token> for each) and exit 0. The claim then holds the lock
+    /// until it is deleted or its holder pod (--holder-pod, or POD_NAME) finishes. Exit codes:
+    /// 1 error or invalid claim, 75 timed out, 76 revoked, 77 lost, 128+N interrupted by signal N
+    Acquire {
+        #[command(flatten)]
+        lock: LockArgs,
+        /// Also write the two lines to this file (e.g. on a volume the pod's main container reads)
+        #[arg(long, value_name = "FILE")]
+        env_file: Option<std::path::PathBuf>,
+    },
+    /// Run a command while holding a lock; delete the claim when it exits. The command gets
+    /// ZKLOCK_CLAIM, ZKLOCK_FENCING_TOKEN, ZKLOCK_LOCK and ZKLOCK_NAMESPACE, and the signals
+    /// zklock receives; on a revocation request SIGTERM, then SIGKILL shortly before the grace
+    /// period ends. Exits with the command's status, or 75 timed out waiting, 76 revoked, 77 lost
+    /// (the lock went while the command ran), 1 error, 126/127 command not runnable/found
+    Exec {
+        #[command(flatten)]
+        lock: LockArgs,
+        /// The command and its arguments, after --
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
+}
+
+/// The manifests the chart installs, for installs without it.
+#[derive(Subcommand)]
+enum Manifests {
+    /// Print the CustomResourceDefinitions (LockClaim, Lock, ClusterLock) as YAML, or write them
+    /// into a directory one file each (what crds/ and the chart hold).
     Crd {
         /// Write `<plural>.zklock.io.yaml` files here instead of printing
         #[arg(long)]
@@ -64,8 +135,15 @@ enum Command {
         #[arg(long, default_value = zklock::api::finalizer_policy::FINALIZER_POLICY)]
         name: String,
     },
-    /// Print the queue of one lock, holders first, as ZooKeeper has it.
-    Queue {
+}
+
+#[derive(Subcommand)]
+enum Admin {
+    #[command(flatten)]
+    Manifests(Manifests),
+    /// Print the queue of one lock, holders first, as ZooKeeper has it (foreign clients' nodes
+    /// included).
+    ZkQueue {
         /// ZooKeeper connect string: HOST:PORT[,HOST:PORT...][/chroot]
         #[arg(long, env = "ZKLOCK_ZK_CONNECT")]
         zk_connect: String,
@@ -75,39 +153,16 @@ enum Command {
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         permits: Option<u32>,
     },
-    /// Wait for a lock, or several (a LockClaim, through the Kubernetes API only); when it is
-    /// Held, print ZKLOCK_CLAIM=<claim> and ZKLOCK_FENCING_TOKEN=<token> (with several locks also
-    /// ZKLOCK_FENCING_TOKEN_<LOCK>=<token> for each) and exit 0. The claim then holds the lock
-    /// until it is deleted or its holder pod (--holder-pod, or POD_NAME) finishes. Exit codes:
-    /// 1 error or invalid claim, 75 timed out, 76 revoked, 77 lost, 128+N interrupted by signal N
-    Acquire {
-        #[command(flatten)]
-        lock: LockArgs,
-        /// Also write the two lines to this file (e.g. on a volume the pod's main container reads)
-        #[arg(long, value_name = "FILE")]
-        env_file: Option<std::path::PathBuf>,
-    },
-    /// Run a command while holding a lock; delete the claim when it exits. The command gets
-    /// ZKLOCK_CLAIM, ZKLOCK_FENCING_TOKEN, ZKLOCK_LOCK and ZKLOCK_NAMESPACE, and the signals
-    /// zklock receives; on a revocation request SIGTERM, then SIGKILL shortly before the grace
-    /// period ends. Exits with the command's status, or 75 timed out waiting, 76 revoked, 77 lost
-    /// (the lock went while the command ran), 1 error, 126/127 command not runnable/found
-    Exec {
-        #[command(flatten)]
-        lock: LockArgs,
-        /// The command and its arguments, after --
-        #[arg(last = true, required = true, value_name = "COMMAND")]
-        command: Vec<String>,
-    },
-    /// Ask the holder of a lock node to let go, by writing a revocation request into its data.
-    Revoke {
+    /// Ask the holder of a lock node to let go, by writing a revocation request into its data
+    /// (also a foreign client's node).
+    ZkRevoke {
         /// ZooKeeper connect string: HOST:PORT[,HOST:PORT...][/chroot]
         #[arg(long, env = "ZKLOCK_ZK_CONNECT")]
         zk_connect: String,
-        /// Full path of the node to revoke (`zklock queue` lists a lock's nodes)
+        /// Full path of the node to revoke (`zklock admin zk-queue` lists a lock's nodes)
         node: String,
         /// Why: the holder's claim shows it in its RevokeRequested condition
-        #[arg(long, default_value = "revoked with zklock revoke")]
+        #[arg(long, default_value = "revoked with zklock admin zk-revoke")]
         reason: String,
     },
 }
@@ -136,13 +191,26 @@ async fn run(cli: Cli) -> Result<u8, String> {
     match cli.command {
         Command::Run(args) => cli::operator::run(*args).await,
         Command::Crd { dir } => cli::manifests::crd(dir),
-        Command::EpochPolicy { param_namespace, namespaces, name } => {
-            cli::manifests::epoch_policy(&param_namespace, &namespaces, &name)
-        }
-        Command::FinalizerPolicy { namespaces, name } => cli::manifests::finalizer_policy(&namespaces, &name),
+        Command::Admin(Admin::Manifests(manifests)) => print_manifests(manifests),
         Command::Acquire { lock, env_file } => Ok(cli::lock::acquire(lock, env_file).await),
         Command::Exec { lock, command } => Ok(cli::lock::exec(lock, command).await),
-        Command::Queue { zk_connect, lock, permits } => cli::zookeeper::queue(zk_connect, &lock, permits).await,
-        Command::Revoke { zk_connect, node, reason } => cli::zookeeper::revoke(zk_connect, &node, &reason).await,
+        Command::Queue { lock, namespace, output, api } => cli::claims::queue(api, namespace, lock, output).await,
+        Command::Revoke { claim, namespace, reason, api } => cli::claims::revoke(api, namespace, claim, reason).await,
+        Command::Admin(Admin::ZkQueue { zk_connect, lock, permits }) => {
+            cli::zookeeper::queue(zk_connect, &lock, permits).await
+        }
+        Command::Admin(Admin::ZkRevoke { zk_connect, node, reason }) => {
+            cli::zookeeper::revoke(zk_connect, &node, &reason).await
+        }
+    }
+}
+
+fn print_manifests(manifests: Manifests) -> Result<u8, String> {
+    match manifests {
+        Manifests::Crd { dir } => cli::manifests::crd(dir),
+        Manifests::EpochPolicy { param_namespace, namespaces, name } => {
+            cli::manifests::epoch_policy(&param_namespace, &namespaces, &name)
+        }
+        Manifests::FinalizerPolicy { namespaces, name } => cli::manifests::finalizer_policy(&namespaces, &name),
     }
 }

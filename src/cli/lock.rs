@@ -8,9 +8,9 @@ pub struct LockArgs {
     /// taken together, all or none, without deadlock
     #[arg(value_parser = parse_locks)]
     lock: String,
-    /// Exclusive, or Shared (with other Shared holders)
-    #[arg(long, default_value = "Exclusive", value_parser = ["Exclusive", "Shared"])]
-    mode: String,
+    /// Exclusive, or Shared (with other Shared holders); any case
+    #[arg(long, default_value = "Exclusive", value_parser = parse_mode)]
+    mode: zklock::recipe::Mode,
     /// Give up when not Held after this long (e.g. 90s, 10m; 0 = try once, never queue).
     /// Default: wait as long as it takes
     #[arg(long, value_parser = zklock::durations::parse_timeout)]
@@ -31,12 +31,14 @@ pub struct LockArgs {
     /// Time the holder gets to let go when the claim is revoked (default 30s)
     #[arg(long, value_parser = zklock::durations::parse_timeout)]
     revocation_grace_period: Option<Duration>,
+    #[command(flatten)]
+    api: super::api::ApiArgs,
 }
 
 impl LockArgs {
     fn into_request(self, client: &kube::Client) -> zklock::acquire::Request {
         zklock::acquire::Request {
-            mode: if self.mode == "Shared" { zklock::recipe::Mode::Shared } else { zklock::recipe::Mode::Exclusive },
+            mode: self.mode,
             namespace: self.namespace.unwrap_or_else(|| client.default_namespace().to_string()),
             lock: self.lock,
             timeout: self.timeout,
@@ -45,6 +47,15 @@ impl LockArgs {
             name: self.name,
             grace: self.revocation_grace_period,
         }
+    }
+}
+
+/// A mode in any case: `shared`, `Shared`, `SHARED`.
+pub fn parse_mode(s: &str) -> Result<zklock::recipe::Mode, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "exclusive" => Ok(zklock::recipe::Mode::Exclusive),
+        "shared" => Ok(zklock::recipe::Mode::Shared),
+        _ => Err(format!("{s:?} is no mode: Exclusive or Shared")),
     }
 }
 
@@ -62,13 +73,11 @@ fn parse_locks(s: &str) -> Result<String, String> {
     Ok(names.join(","))
 }
 
-async fn kube_client() -> Result<kube::Client, u8> {
-    let no_api = |e: &dyn std::fmt::Display| {
-        eprintln!("zklock: no Kubernetes API: {e} (set KUBECONFIG, or run in a cluster)");
+async fn kube_client(api: &super::api::ApiArgs) -> Result<kube::Client, u8> {
+    api.client().await.map_err(|e| {
+        eprintln!("zklock: {e}");
         zklock::acquire::exit::ERROR
-    };
-    let config = kube::Config::infer().await.map_err(|e| no_api(&e))?;
-    Ok(zklock::client::builder(config).map_err(|e| no_api(&e))?.build())
+    })
 }
 
 /// The signals `acquire` and `exec` handle, installed before anything else (see
@@ -84,7 +93,7 @@ fn signals() -> Result<zklock::signals::Signals, u8> {
 /// request; or the exit code when one of them cannot be had.
 async fn start(args: LockArgs) -> Result<(zklock::signals::Signals, kube::Client, zklock::acquire::Request), u8> {
     let signals = signals()?;
-    let client = kube_client().await?;
+    let client = kube_client(&args.api).await?;
     let request = args.into_request(&client);
     Ok((signals, client, request))
 }
@@ -107,5 +116,19 @@ pub async fn exec(args: LockArgs, command: Vec<String>) -> u8 {
     match start(args).await {
         Ok((signals, client, request)) => zklock::exec::run(client, request, command, signals).await,
         Err(code) => code,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zklock::recipe::Mode;
+
+    #[test]
+    fn modes_are_read_in_any_case_and_a_wrong_one_is_named() {
+        for (text, mode) in [("Shared", Mode::Shared), ("shared", Mode::Shared), ("EXCLUSIVE", Mode::Exclusive)] {
+            assert_eq!(parse_mode(text), Ok(mode), "{text}");
+        }
+        assert_eq!(parse_mode("shard"), Err("\"shard\" is no mode: Exclusive or Shared".to_string()));
     }
 }

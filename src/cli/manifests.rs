@@ -1,4 +1,4 @@
-//! `zklock crd`, `zklock epoch-policy`, `zklock finalizer-policy`: the manifests the chart
+//! `zklock crd`, `zklock admin epoch-policy`, `zklock admin finalizer-policy`: the manifests the chart
 //! installs, for installs without it.
 
 /// The CRDs as YAML on stdout, or one file each in `dir`.

@@ -1,5 +1,7 @@
 //! The commands of the `zklock` binary, one module each; `main.rs` holds the command line.
 
+pub mod api;
+pub mod claims;
 pub mod lock;
 pub mod manifests;
 pub mod operator;

@@ -1,4 +1,5 @@
-//! `zklock queue` and `zklock revoke`: straight to ZooKeeper, for operators of the ensemble.
+//! `zklock admin zk-queue` and `zklock admin zk-revoke`: straight to ZooKeeper, for operators of
+//! the ensemble (users have `zklock queue` and `zklock revoke`, through the Kubernetes API).
 
 use std::time::Duration;
 

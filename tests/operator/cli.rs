@@ -53,3 +53,89 @@ async fn sigterm_stops_the_operator_cleanly() {
     assert!(status.success(), "exit status {status}; log:\n{logs}");
     assert!(logs.contains("stopped"));
 }
+
+/// Runs the `zklock` binary with `args`, KUBECONFIG pointing nowhere unless `kubeconfig_env`:
+/// the commands must find the cluster from their own flags. Answers (exit code, stdout, stderr).
+fn zklock_api(args: &[&str], kubeconfig_env: Option<&std::path::Path>) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_zklock"))
+        .args(args)
+        .env("KUBECONFIG", kubeconfig_env.unwrap_or(std::path::Path::new("/nonexistent/kubeconfig")))
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("run zklock");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_string();
+    (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_and_revoke_go_through_the_kubernetes_api_also_as_a_kubectl_plugin() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    let kubeconfig = env.kubeconfig.display().to_string();
+    env.claim("holder", "db", serde_json::json!({})).await;
+    let held = env.wait_phase("holder", zklock::api::Phase::Held).await;
+    env.claim("reader", "db", serde_json::json!({ "mode": "Shared" })).await;
+    env.wait("reader", "reader waiting behind holder", |c| c.status.as_ref().is_some_and(|s| s.waiting_for.is_some()))
+        .await;
+
+    // -o json, the cluster from --kubeconfig alone.
+    let (code, out, err) = zklock_api(&["queue", "db", "-n", &env.ns, "-o", "json", "--kubeconfig", &kubeconfig], None);
+    assert_eq!(code, 0, "{err}");
+    let queue: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let claims = queue["claims"].as_array().expect("claims");
+    assert_eq!(claims.len(), 2, "{out}");
+    assert_eq!((claims[0]["claim"].as_str(), claims[0]["phase"].as_str()), (Some("holder"), Some("Held")));
+    let token = held.status.as_ref().and_then(|s| s.fencing_token.clone());
+    assert_eq!(claims[0]["fencingToken"].as_str(), token.as_deref());
+    assert_eq!(
+        (claims[1]["claim"].as_str(), claims[1]["mode"].as_str(), claims[1]["waitingFor"].as_str()),
+        (Some("reader"), Some("Shared"), Some("holder"))
+    );
+
+    // The table, through kubectl as a plugin (kubectl finds kubectl-zklock on the PATH).
+    let plugins = std::env::temp_dir().join(format!("zklock-plugin-{}", env.ns));
+    std::fs::create_dir_all(&plugins).unwrap();
+    let plugin = plugins.join("kubectl-zklock");
+    let _ = std::fs::remove_file(&plugin);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_zklock"), &plugin).unwrap();
+    let path = format!("{}:{}", plugins.display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new(zklock_testkit::kube::kubectl())
+        .args(["zklock", "queue", "db", "-n", &env.ns])
+        .env("PATH", path)
+        .env("KUBECONFIG", &env.kubeconfig)
+        .output()
+        .expect("run kubectl zklock");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "kubectl zklock queue: {}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines.len() == 3 && lines[0].starts_with("CLAIM"), "{table}");
+    assert!(lines[1].starts_with("holder") && lines[2].starts_with("reader"), "holders first: {table}");
+
+    // --context picks a context of the kubeconfig; one it does not have is named in the error.
+    let config = kube::config::Kubeconfig::read_from(&env.kubeconfig).unwrap();
+    let context = config.current_context.clone().expect("a current context");
+    let (code, _, err) = zklock_api(&["queue", "db", "-n", &env.ns, "--context", &context], Some(&env.kubeconfig));
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = zklock_api(&["queue", "db", "-n", &env.ns, "--context", "nowhere"], Some(&env.kubeconfig));
+    assert_ne!(code, 0);
+    assert!(err.contains("nowhere"), "{err}");
+
+    // revoke: the annotation, and the operator's RevokeRequested condition.
+    let (code, _, err) =
+        zklock_api(&["revoke", "holder", "-n", &env.ns, "--reason", "maintenance", "--kubeconfig", &kubeconfig], None);
+    assert_eq!(code, 0, "{err}");
+    let revoked = env
+        .wait("holder", "RevokeRequested", |c| {
+            condition(c, "RevokeRequested")
+                .is_some_and(|(status, _, message)| status == "True" && message.contains("maintenance"))
+        })
+        .await;
+    assert_eq!(
+        revoked.metadata.annotations.unwrap_or_default().get("zklock.io/revoke").map(String::as_str),
+        Some("maintenance")
+    );
+    let (code, _, err) = zklock_api(&["revoke", "nobody", "-n", &env.ns, "--kubeconfig", &kubeconfig], None);
+    assert_ne!(code, 0);
+    assert!(err.contains("no LockClaim \"nobody\""), "{err}");
+    let _ = std::fs::remove_dir_all(&plugins);
+}
