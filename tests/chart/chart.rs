@@ -177,6 +177,10 @@ fn check_pod_spec(label: &str, what: &str, spec: &Value) {
             continue;
         }
         for probe in ["readinessProbe", "livenessProbe"] {
+            if let Some(command) = c[probe]["exec"]["command"].as_array() {
+                assert!(!command.is_empty(), "{label} {what}: {probe} runs a command");
+                continue;
+            }
             let port = &c[probe]["httpGet"]["port"];
             let ports: Vec<&Value> = c["ports"].as_array().unwrap().iter().map(|p| &p["name"]).collect();
             assert!(ports.contains(&port), "{label} {what}: {probe} port {port} is not a container port");
@@ -737,4 +741,43 @@ fn every_template_fills_values_an_earlier_release_lacks_from_the_defaults() {
             path.display()
         );
     }
+}
+
+/// Platforms differ: `ci/platform-values.yaml` (no fixed user, a mirror for both images, an
+/// extra flag, volume and mount, a probe of its own) reaches the rendered pods, and
+/// `rendered_manifests_are_valid` has the API server accept them.
+#[test]
+fn platform_overrides_reach_the_rendered_pods() {
+    let values = chart().join("ci/platform-values.yaml");
+    let docs = documents(&render(NS, Some(&values), &[]).expect("helm template with the platform values"));
+    let pod = &find(&docs, "Deployment")[0]["spec"]["template"]["spec"];
+    let zookeeper = &find(&docs, "StatefulSet")[0]["spec"]["template"]["spec"];
+    for (what, spec) in [("operator", pod), ("zookeeper", zookeeper)] {
+        let context = &spec["securityContext"];
+        assert!(
+            context.get("runAsUser").is_none() && context.get("fsGroup").is_none(),
+            "{what}: no fixed user: {context}"
+        );
+        assert_eq!(context["runAsNonRoot"], true, "{what}");
+        for c in
+            spec["containers"].as_array().unwrap().iter().chain(spec["initContainers"].as_array().into_iter().flatten())
+        {
+            let image = c["image"].as_str().unwrap();
+            assert!(image.starts_with("mirror.example:5000/"), "{what}: {image} from the mirror");
+        }
+    }
+    let operator = operator_container(&docs);
+    assert!(strings(&operator["args"]).contains(&"--default-ttl-seconds-after-finished=3600".to_string()));
+    assert_eq!(operator["readinessProbe"]["periodSeconds"], 2, "the probe given replaces the chart's");
+    assert_eq!(operator["livenessProbe"]["httpGet"]["path"], "/healthz", "the probe not given stays the chart's");
+    let mounts = operator["volumeMounts"].as_array().expect("mounts");
+    assert!(mounts.iter().any(|m| m["mountPath"] == "/etc/platform-ca"), "{mounts:?}");
+    let volumes = pod["volumes"].as_array().expect("volumes");
+    assert!(volumes.iter().any(|v| v["configMap"]["name"] == "platform-ca-bundle"), "{volumes:?}");
+
+    // The defaults: a fixed non-root user, the images as named.
+    let docs = documents(&render(NS, None, &[]).expect("helm template"));
+    let pod = &find(&docs, "Deployment")[0]["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    assert!(operator_container(&docs)["image"].as_str().unwrap().starts_with("ghcr.io/zklock/zklock:"));
 }

@@ -65,12 +65,46 @@ app.kubernetes.io/component: zookeeper
 {{- end -}}
 {{- end -}}
 
-{{- define "zklock.image" -}}
-{{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
-{{- else -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- /*
+A repository on the registry `imageRegistry` names, if it names one: the repository's own
+registry (its first part, when that has a '.' or ':' or is localhost) is replaced, and a Docker
+Hub repository (no registry) moves under it. Called as (list $ repository).
+*/ -}}
+{{- define "zklock.repository" -}}
+{{- $root := index . 0 -}}
+{{- $repository := index . 1 -}}
+{{- with $root.Values.imageRegistry -}}
+{{- $parts := splitList "/" $repository -}}
+{{- $first := first $parts -}}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $repository = join "/" (rest $parts) -}}
 {{- end -}}
+{{- printf "%s/%s" (trimSuffix "/" .) $repository -}}
+{{- else -}}
+{{- $repository -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "zklock.image" -}}
+{{- $repository := include "zklock.repository" (list . .Values.image.repository) -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" $repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "zklock.zookeeperImage" -}}
+{{- printf "%s:%s" (include "zklock.repository" (list . .Values.zookeeper.bundled.image.repository)) .Values.zookeeper.bundled.image.tag -}}
+{{- end -}}
+
+{{- /* The containers' securityContext unless the values give one. */ -}}
+{{- define "zklock.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
 {{- end -}}
 
 {{/* The connect string the operator uses: the existing ensemble, or the bundled one's Service. */}}
