@@ -107,26 +107,43 @@ impl Waiters {
         *self.0.lock() = stores;
     }
 
-    /// The oldest waiter's age per lock, oldest first.
-    fn oldest(&self, now: k8s_openapi::jiff::Timestamp) -> Vec<(LockLabel, f64)> {
+    /// Per lock with waiters, oldest first: the oldest waiter's age, and how many claims hold
+    /// the lock in this store (a foreign client's hold is not counted).
+    fn oldest(&self, now: k8s_openapi::jiff::Timestamp) -> Vec<(LockLabel, f64, i64)> {
         let mut oldest: std::collections::HashMap<LockLabel, f64> = std::collections::HashMap::new();
+        let mut holders: std::collections::HashMap<LockLabel, i64> = std::collections::HashMap::new();
         for store in self.0.lock().iter() {
             for claim in store.state() {
-                let waiting = matches!(claim.phase(), None | Some(Phase::Pending | Phase::Waiting));
-                if !waiting || claim.metadata.deletion_timestamp.is_some() {
+                if claim.metadata.deletion_timestamp.is_some() {
                     continue;
                 }
-                let Some(created) = &claim.metadata.creation_timestamp else { continue };
-                let age = now.duration_since(created.0).as_secs_f64().max(0.0);
                 let namespace = claim.metadata.namespace.clone().unwrap_or_default();
-                for lock in claim.spec.lock_refs() {
-                    let label = LockLabel { namespace: namespace.clone(), lock: lock.label() };
-                    let entry = oldest.entry(label).or_insert(age);
-                    *entry = entry.max(age);
+                let labels = claim
+                    .spec
+                    .lock_refs()
+                    .into_iter()
+                    .map(|lock| LockLabel { namespace: namespace.clone(), lock: lock.label() });
+                match claim.phase() {
+                    Some(Phase::Held) => labels.for_each(|label| *holders.entry(label).or_default() += 1),
+                    None | Some(Phase::Pending | Phase::Waiting) => {
+                        let Some(created) = &claim.metadata.creation_timestamp else { continue };
+                        let age = now.duration_since(created.0).as_secs_f64().max(0.0);
+                        for label in labels {
+                            let entry = oldest.entry(label).or_insert(age);
+                            *entry = entry.max(age);
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
-        let mut oldest: Vec<(LockLabel, f64)> = oldest.into_iter().collect();
+        let mut oldest: Vec<(LockLabel, f64, i64)> = oldest
+            .into_iter()
+            .map(|(label, age)| {
+                let held = holders.get(&label).copied().unwrap_or_default();
+                (label, age, held)
+            })
+            .collect();
         oldest.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         oldest
     }
@@ -143,8 +160,15 @@ impl Collector for Waiters {
         let oldest = self.oldest(k8s_openapi::jiff::Timestamp::now());
         let help = "Age of the oldest claim waiting for the lock (locks with the oldest waiters, 200 at most)";
         let mut family = encoder.encode_descriptor("oldest_waiter_seconds", help, None, MetricType::Gauge)?;
-        for (label, age) in oldest.iter().take(MAX_LOCK_SERIES) {
+        for (label, age, _) in oldest.iter().take(MAX_LOCK_SERIES) {
             prometheus_client::metrics::gauge::ConstGauge::new(*age).encode(family.encode_family(label)?)?;
+        }
+        drop(family);
+        let help = "Claims holding each lock that has waiters (the same locks as zklock_oldest_waiter_seconds): \
+                    0 while claims wait is a lock held by a client other than zklock, or a stall";
+        let mut family = encoder.encode_descriptor("waited_lock_holders", help, None, MetricType::Gauge)?;
+        for (label, _, held) in oldest.iter().take(MAX_LOCK_SERIES) {
+            prometheus_client::metrics::gauge::ConstGauge::new(*held).encode(family.encode_family(label)?)?;
         }
         let count = i64::try_from(oldest.len()).unwrap_or(i64::MAX);
         let help = "Locks with at least one claim waiting";
@@ -315,5 +339,36 @@ mod tests {
         let text = metrics.encode();
         assert!(text.contains("zklock_claims{phase=\"Held\"} 3\n"), "{text}");
         assert!(text.contains("zklock_claims{phase=\"Waiting\"} 0\n"), "{text}");
+    }
+
+    #[test]
+    fn locks_with_waiters_show_their_oldest_waiter_and_their_holders() {
+        use kube::runtime::watcher::Event;
+        let (reader, mut writer) = kube::runtime::reflector::store::<crate::api::KeptClaim>();
+        let claim = |name: &str, lock: &str, phase: Option<&str>| {
+            let status = phase.map_or(serde_json::json!({}), |p| serde_json::json!({ "phase": p }));
+            let claim: crate::api::LockClaim = serde_json::from_value(serde_json::json!({
+                "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim",
+                "metadata": { "name": name, "namespace": "shop", "creationTimestamp": "2026-01-01T00:00:00Z" },
+                "spec": { "lockName": lock }, "status": status,
+            }))
+            .unwrap();
+            crate::api::KeptClaim::from(claim)
+        };
+        for c in [
+            claim("h", "db", Some("Held")),
+            claim("w", "db", Some("Waiting")),
+            claim("stuck", "free", Some("Waiting")),
+            claim("alone", "idle", Some("Held")),
+        ] {
+            writer.apply_watcher_event(&Event::Apply(c));
+        }
+        let metrics = super::Metrics::default();
+        metrics.waiters.follow(vec![reader]);
+        let text = metrics.encode();
+        assert!(text.contains("zklock_waited_lock_holders{namespace=\"shop\",lock=\"db\"} 1\n"), "{text}");
+        assert!(text.contains("zklock_waited_lock_holders{namespace=\"shop\",lock=\"free\"} 0\n"), "{text}");
+        assert!(!text.contains("lock=\"idle\""), "a lock nobody waits for has no series: {text}");
+        assert!(text.contains("zklock_locks_with_waiters 2\n"), "{text}");
     }
 }

@@ -274,7 +274,10 @@ fn check_documents(label: &str, docs: &[Value], values: &Value, ns: &str) {
         assert!(ns_ok, "{label}: {} {name}: namespace set exactly on namespaced kinds", kind(doc));
         let key = format!("{}/{}/{}", kind(doc), doc["metadata"]["namespace"].as_str().unwrap_or(""), name);
         let typed = typed_round_trip(doc).unwrap_or_else(|e| panic!("{label}: {key}: {e}"));
-        assert!(typed || kind(doc) == "ServiceMonitor", "{label}: {key}: no schema check for this kind");
+        assert!(
+            typed || matches!(kind(doc), "ServiceMonitor" | "PrometheusRule"),
+            "{label}: {key}: no schema check for this kind"
+        );
         assert!(seen.insert(key.clone()), "{label}: {key} rendered twice");
         let wildcard = doc["rules"]
             .as_array()
@@ -780,4 +783,46 @@ fn platform_overrides_reach_the_rendered_pods() {
     let pod = &find(&docs, "Deployment")[0]["spec"]["template"]["spec"];
     assert_eq!(pod["securityContext"]["runAsUser"], 65532);
     assert!(operator_container(&docs)["image"].as_str().unwrap().starts_with("ghcr.io/zklock/zklock:"));
+}
+
+/// The alerts name only series the operator exports (a renamed metric would silence an alert
+/// for good), and each says what to do.
+#[test]
+fn alert_rules_name_only_metrics_the_operator_exports() {
+    let docs = documents(&render(NS, None, &["metrics.prometheusRule.enabled=true"]).expect("helm template"));
+    let rule = find(&docs, "PrometheusRule");
+    assert_eq!(rule.len(), 1, "one PrometheusRule when enabled");
+    // Families with labels are written once they have a series.
+    let metrics = zklock::metrics::Metrics::default();
+    metrics.acquire_wait.observe("shop", "db", 0.5);
+    metrics.set_phase_counts(&Default::default());
+    let exported: BTreeSet<String> = metrics
+        .encode()
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next().map(str::to_string))
+        .collect();
+    let rules = rule[0]["spec"]["groups"][0]["rules"].as_array().expect("rules");
+    let alerts: BTreeSet<&str> = rules.iter().filter_map(|r| r["alert"].as_str()).collect();
+    for wanted in ["ZklockNoLeader", "ZklockClaimWaitingBehindAFreeLock", "ZklockLockWithoutGrants"] {
+        assert!(alerts.contains(wanted), "{wanted} in {alerts:?}");
+    }
+    for rule in rules {
+        let expr = rule["expr"].as_str().expect("an expression");
+        if let Err(e) = promql_parser::parser::parse(expr) {
+            panic!("{}: the expression is no PromQL ({e}):\n{expr}", rule["alert"]);
+        }
+        let names = expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("zklock_"));
+        for name in names {
+            let base =
+                ["_count", "_sum", "_bucket", "_total"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name);
+            assert!(
+                exported.contains(base),
+                "{}: {name} is not a metric the operator exports ({exported:?})",
+                rule["alert"]
+            );
+        }
+        assert!(rule["annotations"]["description"].as_str().is_some_and(|d| d.len() > 40), "{}", rule["alert"]);
+    }
+    let none = documents(&render(NS, None, &[]).expect("helm template"));
+    assert!(find(&none, "PrometheusRule").is_empty(), "off by default, like the ServiceMonitor");
 }
