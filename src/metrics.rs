@@ -163,7 +163,6 @@ impl Collector for Waiters {
         for (label, age, _) in oldest.iter().take(MAX_LOCK_SERIES) {
             prometheus_client::metrics::gauge::ConstGauge::new(*age).encode(family.encode_family(label)?)?;
         }
-        drop(family);
         let help = "Claims holding each lock that has waiters (the same locks as zklock_oldest_waiter_seconds): \
                     0 while claims wait is a lock held by a client other than zklock, or a stall";
         let mut family = encoder.encode_descriptor("waited_lock_holders", help, None, MetricType::Gauge)?;
