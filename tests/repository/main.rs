@@ -7,6 +7,7 @@ mod e2e_support;
 
 mod crd;
 mod docs;
+mod generated;
 mod image;
 mod layers;
 mod workflows;
