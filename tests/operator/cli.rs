@@ -111,6 +111,13 @@ async fn queue_and_revoke_go_through_the_kubernetes_api_also_as_a_kubectl_plugin
     assert!(lines.len() == 3 && lines[0].starts_with("CLAIM"), "{table}");
     assert!(lines[1].starts_with("holder") && lines[2].starts_with("reader"), "holders first: {table}");
 
+    // kubectl's own wide listing shows what a claim waits for (and, once final, why it ended).
+    let wide = env.kubectl(&["get", "lockclaims", "-o", "wide"]);
+    let header = wide.lines().next().unwrap_or_default();
+    assert!(header.contains("WAITING FOR") && header.contains("REASON"), "{wide}");
+    let reader = wide.lines().find(|l| l.starts_with("reader")).unwrap_or_default();
+    assert!(reader.split_whitespace().any(|w| w == "holder"), "reader waits for holder: {wide}");
+
     // --context picks a context of the kubeconfig; one it does not have is named in the error.
     let config = kube::config::Kubeconfig::read_from(&env.kubeconfig).unwrap();
     let context = config.current_context.clone().expect("a current context");

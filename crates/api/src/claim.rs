@@ -28,6 +28,13 @@ use zklock_engine::recipe::Mode;
     printcolumn(name = "Position", type_ = "integer", json_path = ".status.position"),
     printcolumn(name = "Holder", type_ = "string", json_path = ".spec.holder.podName"),
     printcolumn(name = "Fence", type_ = "string", json_path = ".status.fencingToken"),
+    printcolumn(name = "Waiting For", type_ = "string", json_path = ".status.waitingFor", priority = 1),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Finished\")].reason",
+        priority = 1
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[x_kube(validation = Rule::new("self == oldSelf").message("spec is immutable: a claim is one acquisition attempt; create a new claim instead"))]

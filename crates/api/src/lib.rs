@@ -77,8 +77,9 @@ pub fn crds() -> [(&'static str, String); 3] {
 /// take fields away from a newer one's claims).
 pub const CRD_REVISION_ANNOTATION: &str = "zklock.io/crd-revision";
 /// This build's revision of the CRDs: one more whenever a generated schema changes (2: ClusterLock;
-/// 3: its Ready and PermitsAgree conditions, status.clusters as the clusters serving it).
-pub const CRD_REVISION: u32 = 3;
+/// 3: its Ready and PermitsAgree conditions, status.clusters as the clusters serving it; 4: the
+/// LockClaim's Waiting For and Reason columns in `kubectl get -o wide`).
+pub const CRD_REVISION: u32 = 4;
 
 /// The generated CRDs (what `crds/` holds), each with its file name: only formats the API
 /// server knows, and this build's revision annotated.
