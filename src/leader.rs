@@ -10,6 +10,9 @@
 //! request timeout of its own). The deadline is counted from when the last successful renewal
 //! was *sent*, so that no answer, however late, extends it beyond what other replicas see.
 //!
+//! A candidate also watches the Lease, and tries at once when the holder gives it up (a
+//! graceful stop), instead of at its next retry.
+//!
 //! [`Leadership`] is the one answer to "may this process write": a deadline that each renewal
 //! pushes on and a step-down clears. It is judged by the monotonic clock, which runs on while
 //! the process is stopped (SIGSTOP), so a leader that resumes after its lease ran out reads
@@ -212,16 +215,44 @@ impl LeaseLock {
         }
     }
 
-    /// Waits until we hold the lease.
+    /// Waits until we hold the lease: an attempt every [`RETRY_PERIOD`], and one at once when
+    /// the lease's watch shows it given up (a leader's graceful stop), so that a standby takes
+    /// over in the time of a watch event rather than up to a retry period later.
     pub async fn acquire(&mut self) {
+        use futures::StreamExt;
+        let mut released = std::pin::pin!(self.releases());
         loop {
             match self.attempt().await {
                 Ok(true) => return,
                 Ok(false) => {}
                 Err(e) => tracing::warn!(error = %e, "leader election: cannot reach the lease"),
             }
-            tokio::time::sleep(RETRY_PERIOD).await;
+            tokio::select! {
+                _ = tokio::time::sleep(RETRY_PERIOD) => {}
+                // A watch that cannot run (RBAC of an earlier release: no list/watch on the
+                // Lease) leaves the retry period, as before.
+                Some(()) = released.next() => {}
+            }
         }
+    }
+
+    /// The lease's watch: an item each time it shows the lease without a holder.
+    fn releases(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
+        use futures::StreamExt;
+        use kube::runtime::{watcher, WatchStreamExt};
+        let config = watcher::Config::default()
+            .fields(&format!("metadata.name={}", self.name))
+            .timeout(crate::client::WATCH_TIMEOUT_SECONDS);
+        watcher(self.api.clone(), config).default_backoff().applied_objects().filter_map(|lease| {
+            let released = match lease {
+                Ok(lease) => lease.spec.and_then(|s| s.holder_identity).is_none_or(|h| h.is_empty()),
+                Err(e) => {
+                    tracing::debug!(error = %e, "leader election: the lease's watch failed; polling meanwhile");
+                    false
+                }
+            };
+            std::future::ready(released.then_some(()))
+        })
     }
 
     /// Renews while we lead; returns, no longer leading, when leadership is lost (not renewed

@@ -72,6 +72,15 @@ fn parse_request(line: &str) -> Request {
         ("DELETE", false) => "deletecollection",
         _ => panic!("{line:?}: unexpected method"),
     };
+    // As the API server does: a list or watch selecting one name by field is authorized
+    // against that name (RBAC's resourceNames).
+    let name = name.or_else(|| {
+        query.split('&').find_map(|kv| {
+            let value = kv.strip_prefix("fieldSelector=")?;
+            let value = value.replace("%3D", "=").replace("%3d", "=");
+            value.strip_prefix("metadata.name=").filter(|n| !n.contains(',')).map(str::to_string)
+        })
+    });
     Request { verb: verb.into(), group: group.into(), resource, namespace, name }
 }
 
@@ -231,7 +240,12 @@ pub(crate) fn start_operator_on(
         let name = var["name"].as_str().unwrap();
         match (&var["value"], &var["valueFrom"]["fieldRef"]["fieldPath"]) {
             (Value::String(v), _) => cmd.env(name, v),
-            (_, Value::String(p)) if p == "metadata.name" => cmd.env(name, "zklock-7d9f8-abcde"),
+            // Each process a pod of its own (a replica's identity in leader election).
+            (_, Value::String(p)) if p == "metadata.name" => {
+                static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+                let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                cmd.env(name, format!("zklock-7d9f8-{n:05}"))
+            }
             other => panic!("env {name}: {other:?} has no local equivalent"),
         };
     }
@@ -380,10 +394,17 @@ async fn derive_and_check(label: &str, watch_other: bool, kubeconfig: &std::path
     let (mut child, metrics) = start_operator(&docs, &env, &audit, &log);
     await_leading(label, &metrics, &log).await;
     scenario(&env).await;
-    // SIGTERM: the operator gives the lease up. A second term raises the epoch the first wrote.
+    // A standby (it watches the lease), then SIGTERM: the leader gives the lease up and the
+    // standby takes over; its term raises the epoch the first wrote.
+    let standby_audit = dir.join("api-requests-standby.log");
+    let (mut child2, metrics) = start_operator(&docs, &env, &standby_audit, &log);
+    await_standing_by(label, &metrics, &log).await;
     stop(label, &mut child, &log);
-    let (mut child, metrics) = start_operator(&docs, &env, &audit, &log);
-    await_leading(label, &metrics, &log).await;
+    let mut child = {
+        await_leading(label, &metrics, &log).await;
+        std::mem::replace(&mut child2, Command::new("true").spawn().expect("a placeholder"))
+    };
+    let _ = child2.wait();
     env.claim("after", "maint", json!({})).await;
     env.wait_phase("after", Phase::Held).await;
     env.delete_claim("after").await;
@@ -396,7 +417,8 @@ async fn derive_and_check(label: &str, watch_other: bool, kubeconfig: &std::path
         bindings.delete(name(binding), &DeleteParams::default()).await.expect("remove the chart's binding");
     }
 
-    let lines = std::fs::read_to_string(&audit).expect("the request log");
+    let lines = std::fs::read_to_string(&audit).expect("the request log")
+        + &std::fs::read_to_string(&standby_audit).expect("the standby's request log");
     let requests: Vec<Request> = lines.lines().map(parse_request).collect();
     assert!(requests.len() > 10, "{label}: too few requests logged: {lines}");
     let lease_writes =
@@ -422,6 +444,23 @@ pub(crate) async fn await_leading(label: &str, metrics: &str, log: &std::path::P
     };
     if tokio::time::timeout(Duration::from_secs(60), ready).await.is_err() {
         panic!("{label}: the operator did not lead:\n{}", std::fs::read_to_string(log).unwrap_or_default());
+    }
+}
+
+/// Waits until the operator at `metrics` stands by: ready, and not leading.
+async fn await_standing_by(label: &str, metrics: &str, log: &std::path::Path) {
+    let ready = async {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tick.tick().await;
+            let standby = http_get(metrics, "/metrics").await.is_some_and(|m| m.contains("zklock_leader 0"));
+            if standby && http_get(metrics, "/readyz").await.is_some_and(|b| b.trim() == "ready") {
+                return;
+            }
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(60), ready).await.is_err() {
+        panic!("{label}: the second operator did not stand by:\n{}", std::fs::read_to_string(log).unwrap_or_default());
     }
 }
 

@@ -146,6 +146,9 @@ async fn each_cluster_grants_as_the_smallest_declared_permits_allow_while_that_c
     let lock = a.cluster_lock("sem");
     let ea = cluster_engine(&connect, &a, "a").await;
     let eb = cluster_engine(&connect, &b, "b").await;
+    // Each a leader, as in the operator: a later leader of cluster b fences this one.
+    ea.take_epoch(&a.epoch(), "a-1").await.expect("cluster a's epoch");
+    eb.take_epoch(&b.epoch(), "b-1").await.expect("cluster b's epoch");
     let (three, one) = (Limit::from_permits(Some(3)), Limit::from_permits(Some(1)));
     assert_eq!(ea.limit(&lock), Limit::FRONT_ONLY, "before the others are known, the front only");
     ea.declare(&lock, Some(three));
@@ -164,6 +167,7 @@ async fn each_cluster_grants_as_the_smallest_declared_permits_allow_while_that_c
 
     // Cluster b's next leader declares 3 in its session, replacing the earlier session's node.
     let eb2 = cluster_engine(&connect, &b, "b").await;
+    eb2.take_epoch(&b.epoch(), "b-2").await.expect("cluster b's next epoch");
     eb2.declare(&lock, Some(three));
     until_limit(&ea, &lock, three, "cluster b's new leader declared 3").await;
     held(&mut w2).await;

@@ -63,6 +63,11 @@ pub(super) async fn follow(core: Weak<Core>, lock: Arc<str>, dir: String, cluste
             }
             // Changed our declaration: list again.
             Ok(None) => {}
+            // A later leader of this cluster took the epoch: its engine declares from now on.
+            Err(Error::Fenced { .. }) => {
+                strong.book.lock().declared.remove(&lock);
+                return;
+            }
             Err(e) => {
                 tracing::warn!(lock = %lock, error = %e, "could not follow the permits other clusters declare; retrying");
                 drop(strong);
