@@ -135,6 +135,17 @@ enum Manifests {
         #[arg(long, default_value = zklock::api::finalizer_policy::FINALIZER_POLICY)]
         name: String,
     },
+    /// Print the admission policy that gives every pod created with the annotation
+    /// zklock.io/lock the scheduling gate zklock.io/lock (the annotation alone then gates a pod),
+    /// and its binding, as YAML (the chart installs both; Kubernetes 1.36 or later)
+    GatePolicy {
+        /// Namespaces the operator serves (repeat the flag); default: all
+        #[arg(long = "namespace")]
+        namespaces: Vec<String>,
+        /// Name of the policy and its binding
+        #[arg(long, default_value = zklock::api::gate_policy::GATE_POLICY)]
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -212,5 +223,6 @@ fn print_manifests(manifests: Manifests) -> Result<u8, String> {
             cli::manifests::epoch_policy(&param_namespace, &namespaces, &name)
         }
         Manifests::FinalizerPolicy { namespaces, name } => cli::manifests::finalizer_policy(&namespaces, &name),
+        Manifests::GatePolicy { namespaces, name } => cli::manifests::gate_policy(&namespaces, &name),
     }
 }

@@ -1,4 +1,4 @@
-//! `zklock crd`, `zklock admin epoch-policy`, `zklock admin finalizer-policy`: the manifests the chart
+//! `zklock crd`, `zklock admin epoch-policy`, `finalizer-policy` and `gate-policy`: the manifests the chart
 //! installs, for installs without it.
 
 /// The CRDs as YAML on stdout, or one file each in `dir`.
@@ -31,6 +31,15 @@ pub fn finalizer_policy(namespaces: &[String], name: &str) -> Result<u8, String>
     let policy = serde_yaml::to_string(&finalizer_policy(name)).map_err(|e| e.to_string())?;
     let binding =
         serde_yaml::to_string(&finalizer_policy_binding(name, name, namespaces)).map_err(|e| e.to_string())?;
+    print!("{policy}---\n{binding}");
+    Ok(0)
+}
+
+/// The gate's admission policy and its binding.
+pub fn gate_policy(namespaces: &[String], name: &str) -> Result<u8, String> {
+    use zklock::api::gate_policy::{gate_policy, gate_policy_binding};
+    let policy = serde_yaml::to_string(&gate_policy(name)).map_err(|e| e.to_string())?;
+    let binding = serde_yaml::to_string(&gate_policy_binding(name, name, namespaces)).map_err(|e| e.to_string())?;
     print!("{policy}---\n{binding}");
     Ok(0)
 }

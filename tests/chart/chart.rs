@@ -441,23 +441,36 @@ fn check_epoch_policy(label: &str, docs: &[Value], values: &Value, args: &BTreeM
 /// it: the renders say it does), and the very objects `zklock::api::finalizer_policy` makes.
 fn check_finalizer_policy(label: &str, docs: &[Value], values: &Value) {
     use zklock::api::finalizer_policy::{finalizer_policy, finalizer_policy_binding};
-    let policies = find(docs, "MutatingAdmissionPolicy");
-    let bindings = find(docs, "MutatingAdmissionPolicyBinding");
-    if values["claims"]["finalizerPolicy"] != true {
-        assert!(policies.is_empty() && bindings.is_empty(), "{label}: no policy when finalizerPolicy is off");
-        return;
-    }
-    assert_eq!((policies.len(), bindings.len()), (1, 1), "{label}: one policy, one binding");
-    let name = name(policies[0]).to_string();
+    use zklock::api::gate_policy::{gate_policy, gate_policy_binding};
     let watched = strings(&values["watchNamespaces"]);
     let spec = |v: serde_json::Value| v["spec"].clone();
-    assert_eq!(
-        policies[0]["spec"],
-        spec(serde_json::to_value(finalizer_policy(&name)).unwrap()),
-        "{label}: the policy"
-    );
-    let binding = finalizer_policy_binding(&name, &name, &watched);
-    assert_eq!(bindings[0]["spec"], spec(serde_json::to_value(binding).unwrap()), "{label}: the binding");
+    // (what, on, suffix of the name, the policy and binding the crate makes)
+    type Make = fn(&str, &[String]) -> (Value, Value);
+    let made: [(&str, bool, &str, Make); 2] = [
+        ("finalizer", values["claims"]["finalizerPolicy"] == true, "-finalizer", |name, watched| {
+            let policy = serde_json::to_value(finalizer_policy(name)).unwrap();
+            (policy, serde_json::to_value(finalizer_policy_binding(name, name, watched)).unwrap())
+        }),
+        ("gate", values["gatedPods"]["admissionPolicy"] == true, "-gate", |name, watched| {
+            let policy = serde_json::to_value(gate_policy(name)).unwrap();
+            (policy, serde_json::to_value(gate_policy_binding(name, name, watched)).unwrap())
+        }),
+    ];
+    for (what, on, suffix, make) in made {
+        let policies: Vec<&Value> =
+            find(docs, "MutatingAdmissionPolicy").into_iter().filter(|d| name(d).ends_with(suffix)).collect();
+        let bindings: Vec<&Value> =
+            find(docs, "MutatingAdmissionPolicyBinding").into_iter().filter(|d| name(d).ends_with(suffix)).collect();
+        if !on {
+            assert!(policies.is_empty() && bindings.is_empty(), "{label}: no {what} policy when it is off");
+            continue;
+        }
+        assert_eq!((policies.len(), bindings.len()), (1, 1), "{label}: one {what} policy, one binding");
+        let name = name(policies[0]).to_string();
+        let (policy, binding) = make(&name, &watched);
+        assert_eq!(policies[0]["spec"], spec(policy), "{label}: the {what} policy");
+        assert_eq!(bindings[0]["spec"], spec(binding), "{label}: the {what} binding");
+    }
 }
 
 /// The Grafana dashboard: shipped exactly when asked for, valid JSON, and every metric its
@@ -520,7 +533,7 @@ fn no_finalizer_policy_where_the_api_server_does_not_serve_it() {
         find(&docs, "MutatingAdmissionPolicy").is_empty() && find(&docs, "MutatingAdmissionPolicyBinding").is_empty()
     );
     let with = documents(&render("zklock-system", None, &[]).unwrap());
-    assert_eq!(find(&with, "MutatingAdmissionPolicy").len(), 1, "rendered where it is served");
+    assert_eq!(find(&with, "MutatingAdmissionPolicy").len(), 2, "the finalizer's and the gate's, where served");
 }
 
 fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String) {

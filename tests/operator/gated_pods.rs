@@ -323,3 +323,68 @@ async fn a_pod_gated_on_two_locks_runs_once_it_holds_both() {
     assert!(message.contains("ledger") && message.contains("reports"), "{message}");
     env.history.check();
 }
+
+/// Removes a policy binding when dropped, so that a failing test leaves no admission rule
+/// behind for the next one.
+struct Unbind {
+    name: String,
+    client: kube::Client,
+}
+
+impl Drop for Unbind {
+    fn drop(&mut self) {
+        use k8s_openapi::api::admissionregistration::v1::MutatingAdmissionPolicyBinding;
+        let (client, name) = (self.client.clone(), self.name.clone());
+        let done = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+            runtime.block_on(async {
+                let bindings: Api<MutatingAdmissionPolicyBinding> = Api::all(client);
+                let params = DeleteParams::default();
+                let _ = tokio::time::timeout(Duration::from_secs(10), bindings.delete(&name, &params)).await;
+            });
+        });
+        let _ = done.join();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_annotation_alone_gates_a_pod_where_the_gate_policy_is_installed() {
+    use k8s_openapi::api::admissionregistration::v1::{MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding};
+    use zklock::api::gate_policy::{gate_policy, gate_policy_binding, GATE_POLICY};
+    let env = Env::new().await;
+    let apply = PatchParams::apply("zklock-tests").force();
+    let policies: Api<MutatingAdmissionPolicy> = Api::all(env.client.clone());
+    policies.patch(GATE_POLICY, &apply, &Patch::Apply(&gate_policy(GATE_POLICY))).await.expect("the gate policy");
+    let binding = format!("zklock-gate-{}", env.ns);
+    let _unbind = Unbind { name: binding.clone(), client: env.client.clone() };
+    let bindings: Api<MutatingAdmissionPolicyBinding> = Api::all(env.client.clone());
+    let bound = gate_policy_binding(&binding, GATE_POLICY, std::slice::from_ref(&env.ns));
+    bindings.patch(&binding, &apply, &Patch::Apply(&bound)).await.expect("its binding");
+    // The API server's policy cache follows within a second or so: probe until a pod comes back gated.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    for attempt in 0.. {
+        let probe = format!("probe-{attempt}");
+        let made = gated_pod(&env, &probe, json!({ "zklock.io/lock": "probe" }), &[]).await;
+        env.pods.delete(&probe, &DeleteParams::default().grace_period(0)).await.expect("delete the probe");
+        if gates(&made) == [GATE] {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the API server never applied the gate policy");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let _op = env.operator();
+    // One edit: the annotation, no gate in the spec.
+    let first = gated_pod(&env, "first", json!({ "zklock.io/lock": "db" }), &[]).await;
+    assert_eq!(gates(&first), [GATE], "the policy gave the pod its gate at creation");
+    let second = gated_pod(&env, "second", json!({ "zklock.io/lock": "db" }), &["example.com/quota"]).await;
+    assert_eq!(gates(&second), ["example.com/quota", GATE], "a gate of the pod's own stays, ours after it");
+    let plain = gated_pod(&env, "plain", json!({ "team": "payments" }), &[]).await;
+    assert!(gates(&plain).is_empty(), "a pod that asks for no lock is left alone");
+
+    wait_pod(&env, "first", "ungated once Held", |p| gates(p).is_empty()).await;
+    let waiting = wait_pod(&env, "second", "waiting behind first", |p| reason(p).as_deref() == Some("Waiting")).await;
+    assert!(gates(&waiting).contains(&GATE.to_string()), "second stays gated while first holds");
+    finish(&env, "first").await;
+    wait_pod(&env, "second", "ungated from the lock once first finished", |p| gates(p) == ["example.com/quota"]).await;
+}

@@ -8,6 +8,7 @@ mod cluster_lock;
 pub mod conditions;
 pub mod epoch_policy;
 pub mod finalizer_policy;
+pub mod gate_policy;
 mod kept;
 mod lock;
 mod validate;

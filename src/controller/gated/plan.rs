@@ -17,9 +17,9 @@ use crate::api::{check_lock_name, Holder, KeptClaim, LockClaim, LockClaimSpec, L
 use crate::recipe::Mode;
 
 /// The scheduling gate that holds a pod back until it holds its lock.
-pub const GATE: &str = "zklock.io/lock";
+pub const GATE: &str = crate::api::gate_policy::POD_LOCK;
 /// The annotation naming the lock (its `lockName`).
-pub const LOCK: &str = "zklock.io/lock";
+pub const LOCK: &str = crate::api::gate_policy::POD_LOCK;
 /// The annotation giving the mode: Exclusive (default) or Shared.
 pub const MODE: &str = "zklock.io/mode";
 /// The annotation giving `acquireTimeoutSeconds`.
