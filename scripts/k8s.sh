@@ -13,7 +13,8 @@
 #   scripts/k8s.sh env [DIR]    print `export KUBECONFIG=<path>` of a running control plane
 #   scripts/k8s.sh status [DIR] print what runs
 #
-# Options (environment): ZKLOCK_K8S_CACHE (where binaries are kept), ZKLOCK_K8S_WATCH_PID (up:
+# Options (environment): ZKLOCK_K8S_VERSION (another Kubernetes version of tools/k8s-v*, e.g.
+# v1.34.4), ZKLOCK_K8S_CACHE (where binaries are kept), ZKLOCK_K8S_WATCH_PID (up:
 # everything is stopped and DIR removed once that process has gone; the test kit sets it),
 # ZKLOCK_K8S_COMPACTION (etcd compaction interval kube-apiserver asks for, default 30s, so
 # that a watch from an old revision really gets 410 Gone in a test; 5m in a default cluster),
@@ -25,7 +26,15 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tools="$root/tools"
-K8S_VERSION=v1.36.3
+# The version the test command runs on; ZKLOCK_K8S_VERSION picks another one of the version
+# matrix, whose module is tools/k8s-<version> (scripts/matrix.sh runs the end-to-end suite on it).
+DEFAULT_K8S_VERSION=v1.36.3
+K8S_VERSION=${ZKLOCK_K8S_VERSION:-$DEFAULT_K8S_VERSION}
+if [[ $K8S_VERSION == "$DEFAULT_K8S_VERSION" ]]; then
+  k8s_module="$tools/k8s"
+else
+  k8s_module="$tools/k8s-$K8S_VERSION"
+fi
 DEFAULT_DIR=/tmp/zklock-k8s
 # Change it when the way the binaries are built changes (flags, stages): the cache key includes it.
 BUILD_RECIPE=1
@@ -36,7 +45,7 @@ say() { echo "k8s.sh: $*" >&2; }
 # The cache key: the Kubernetes version and a hash of everything that pins the build.
 cache_dir() {
   local pins
-  pins=$(cat "$tools"/k8s/go.mod "$tools"/k8s/go.sum "$tools"/etcd/go.mod "$tools"/etcd/go.sum \
+  pins=$(cat "$k8s_module"/go.mod "$k8s_module"/go.sum "$tools"/etcd/go.mod "$tools"/etcd/go.sum \
     "$tools"/etcd/main.go "$tools"/kwok/go.mod "$tools"/kwok/go.sum <(echo "$BUILD_RECIPE") | sha256sum | cut -c1-12)
   echo "${ZKLOCK_K8S_CACHE:-$HOME/.cache/zklock/k8s}/$K8S_VERSION-$pins"
 }
@@ -54,8 +63,10 @@ build() {
   : >"$log"
   # Checked against the committed go.sum (the checksum database is not reachable from here).
   export GOSUMDB=off GOFLAGS="-mod=readonly -trimpath"
+  [[ -f $k8s_module/go.mod ]] || die "no module for Kubernetes $K8S_VERSION: the versions are $DEFAULT_K8S_VERSION and $(cd "$tools" && ls -d k8s-v* | sed 's/^k8s-//' | tr '\n' ' ')"
+  local minor; minor=$(echo "$K8S_VERSION" | cut -d. -f2)
   local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION
-    -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36
+    -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor
     -X k8s.io/component-base/version.gitTreeState=clean"
   local started=$SECONDS
   step() { # what dir output packages... (output: a directory ending in /, or a file)
@@ -66,7 +77,7 @@ build() {
       die "building $what failed (is the Go module proxy reachable? see $log)"
     fi
   }
-  step "kube-apiserver, kube-controller-manager, kube-scheduler ($K8S_VERSION)" "$tools/k8s" "$out/" \
+  step "kube-apiserver, kube-controller-manager, kube-scheduler ($K8S_VERSION)" "$k8s_module" "$out/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler
   step "etcd" "$tools/etcd" "$out/etcd" .

@@ -344,10 +344,28 @@ pub fn epoch_policy() -> bool {
 }
 
 /// Whether the tests' claims get the operator's finalizer from the admission policy (as the
-/// chart installs it), unless ZKLOCK_TEST_FINALIZER_POLICY=off (to compare with the operator
-/// adding it itself, as on a cluster before Kubernetes 1.36).
+/// chart installs it): where the API server serves MutatingAdmissionPolicy (Kubernetes 1.36 and
+/// later), unless ZKLOCK_TEST_FINALIZER_POLICY=off (to compare with the operator adding it
+/// itself, as on a cluster before 1.36).
 pub fn finalizer_policy() -> bool {
-    std::env::var("ZKLOCK_TEST_FINALIZER_POLICY").map_or(true, |v| v != "off")
+    std::env::var("ZKLOCK_TEST_FINALIZER_POLICY").map_or_else(|_| serves_mutating_admission_policy(), |v| v != "off")
+}
+
+/// Whether the API server under test serves `admissionregistration.k8s.io/v1`
+/// MutatingAdmissionPolicy, asked once (detected, as the chart's capabilities are).
+pub fn serves_mutating_admission_policy() -> bool {
+    static SERVED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SERVED.get_or_init(|| {
+        let out = Command::new(zklock_testkit::kube::kubectl())
+            .arg("--kubeconfig")
+            .arg(zklock_testkit::kube::kubeconfig())
+            .args(["get", "--raw", "/apis/admissionregistration.k8s.io/v1", "--request-timeout=20s"])
+            .output()
+            .expect("run kubectl");
+        assert!(out.status.success(), "API discovery: {}", String::from_utf8_lossy(&out.stderr));
+        let group: Value = serde_json::from_slice(&out.stdout).expect("a discovery document");
+        group["resources"].as_array().into_iter().flatten().any(|r| r["name"] == "mutatingadmissionpolicies")
+    })
 }
 
 /// The name of the finalizer policy's binding for the test namespace `ns`.
