@@ -432,35 +432,30 @@ async fn derive_and_check(label: &str, watch_other: bool, kubeconfig: &std::path
 
 /// Waits until the operator says it leads and is ready (re-anchored).
 pub(crate) async fn await_leading(label: &str, metrics: &str, log: &std::path::Path) {
-    let ready = async {
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        loop {
-            tick.tick().await;
-            let leads = http_get(metrics, "/metrics").await.is_some_and(|m| m.contains("zklock_leader 1"));
-            if leads && http_get(metrics, "/readyz").await.is_some_and(|b| b.trim() == "ready") {
-                return;
-            }
-        }
-    };
-    if tokio::time::timeout(Duration::from_secs(60), ready).await.is_err() {
-        panic!("{label}: the operator did not lead:\n{}", std::fs::read_to_string(log).unwrap_or_default());
-    }
+    await_role(label, metrics, log, true).await
 }
 
 /// Waits until the operator at `metrics` stands by: ready, and not leading.
 async fn await_standing_by(label: &str, metrics: &str, log: &std::path::Path) {
+    await_role(label, metrics, log, false).await
+}
+
+/// Waits until the operator at `metrics` is ready and leads (`leading`) or stands by.
+async fn await_role(label: &str, metrics: &str, log: &std::path::Path, leading: bool) {
+    let gauge = if leading { "zklock_leader 1" } else { "zklock_leader 0" };
     let ready = async {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         loop {
             tick.tick().await;
-            let standby = http_get(metrics, "/metrics").await.is_some_and(|m| m.contains("zklock_leader 0"));
-            if standby && http_get(metrics, "/readyz").await.is_some_and(|b| b.trim() == "ready") {
+            let role = http_get(metrics, "/metrics").await.is_some_and(|m| m.contains(gauge));
+            if role && http_get(metrics, "/readyz").await.is_some_and(|b| b.trim() == "ready") {
                 return;
             }
         }
     };
     if tokio::time::timeout(Duration::from_secs(60), ready).await.is_err() {
-        panic!("{label}: the second operator did not stand by:\n{}", std::fs::read_to_string(log).unwrap_or_default());
+        let role = if leading { "lead" } else { "stand by" };
+        panic!("{label}: the operator did not {role}:\n{}", std::fs::read_to_string(log).unwrap_or_default());
     }
 }
 

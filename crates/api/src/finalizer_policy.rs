@@ -51,15 +51,7 @@ pub fn finalizer_policy(name: &str) -> MutatingAdmissionPolicy {
 /// The binding of one installation to `policy`, for the claims of `namespaces` (every
 /// namespace when empty), as the operator serves them.
 pub fn finalizer_policy_binding(name: &str, policy: &str, namespaces: &[String]) -> MutatingAdmissionPolicyBinding {
-    let selector = super::served_namespaces(namespaces);
-    // Plain data in the shape the type describes: it deserialises.
-    serde_json::from_value(json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingAdmissionPolicyBinding",
-        "metadata": { "name": name },
-        "spec": { "policyName": policy, "matchResources": { "namespaceSelector": selector } },
-    }))
-    .unwrap_or_default()
+    super::mutating_policy_binding(name, policy, namespaces)
 }
 
 #[cfg(test)]

@@ -67,6 +67,23 @@ fn served_namespaces(namespaces: &[String]) -> serde_json::Value {
     }
 }
 
+/// The binding of one installation to MutatingAdmissionPolicy `policy`, for the objects of
+/// `namespaces` (every namespace when empty), as the operator serves them.
+fn mutating_policy_binding(
+    name: &str,
+    policy: &str,
+    namespaces: &[String],
+) -> k8s_openapi::api::admissionregistration::v1::MutatingAdmissionPolicyBinding {
+    // Plain data in the shape the type describes: it deserialises.
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": { "name": name },
+        "spec": { "policyName": policy, "matchResources": { "namespaceSelector": served_namespaces(namespaces) } },
+    }))
+    .unwrap_or_default()
+}
+
 /// The generated CRDs as YAML, each with the file name `crds/` holds it under.
 pub fn crds() -> [(&'static str, String); 3] {
     // Serialising a CRD (plain data) to YAML cannot fail.
