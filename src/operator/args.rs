@@ -24,13 +24,24 @@ pub struct RunArgs {
     /// Session timeout to ask ZooKeeper for (e.g. 10s, 4000ms)
     #[arg(long, env = "ZKLOCK_ZK_SESSION_TIMEOUT", default_value = "10s", value_parser = crate::durations::parse_duration)]
     zk_session_timeout: Duration,
-    /// Digest credentials: digest:USER:PASS. The operator's nodes then get the ACL "creator all,
-    /// world read"; lock directories stay open to all for create (so Curator clients can contend)
+    /// Digest credentials: digest:USER:PASS. The operator's nodes then get the ACL "zklock all,
+    /// world read"; who else may contend in lock directories is --zk-contenders
     #[arg(long, env = "ZKLOCK_ZK_AUTH", conflicts_with = "zk_auth_file", value_parser = parse_digest)]
     zk_auth: Option<String>,
     /// File holding digest:USER:PASS (e.g. a mounted Secret)
     #[arg(long, env = "ZKLOCK_ZK_AUTH_FILE")]
     zk_auth_file: Option<std::path::PathBuf>,
+    /// Which other ZooKeeper clients may make and delete nodes in lock directories (Curator's
+    /// and kazoo's recipes do): `anyone` (open, as ZooKeeper's recipes expect), or `listed`: only
+    /// those that authenticate with a --zk-contender-auth-file credential; every other client may
+    /// only read. `listed` needs --zk-auth (ZooKeeper checks a delete against the directory, so
+    /// whoever may contend may also delete zklock's nodes)
+    #[arg(long, env = "ZKLOCK_ZK_CONTENDERS", default_value = "anyone", value_parser = ["anyone", "listed"])]
+    zk_contenders: String,
+    /// File holding digest:USER:PASS of clients that may contend beside zklock (repeat the flag;
+    /// comma-separated in the env var); their identity is computed from it
+    #[arg(long, env = "ZKLOCK_ZK_CONTENDER_AUTH_FILE", value_delimiter = ',')]
+    zk_contender_auth_file: Vec<std::path::PathBuf>,
     /// CA bundle (PEM) to verify the ensemble's TLS certificates; turns TLS on
     #[arg(long, env = "ZKLOCK_ZK_TLS_CA")]
     zk_tls_ca: Option<std::path::PathBuf>,
@@ -91,6 +102,29 @@ impl RunArgs {
                 Some(parse_digest(&read(&file, "--zk-auth-file")?).map_err(|e| format!("{}: {e}", file.display()))?)
             }
             (None, None) => None,
+        };
+        zk.contenders = match self.zk_contenders.as_str() {
+            "listed" if zk.digest_auth.is_none() => {
+                return Err("--zk-contenders listed needs --zk-auth or --zk-auth-file: without credentials \
+                            ZooKeeper has no identity to keep lock directories for"
+                    .into());
+            }
+            "listed" => crate::zk::Contenders::Listed(
+                self.zk_contender_auth_file
+                    .iter()
+                    .filter(|f| !f.as_os_str().is_empty())
+                    .map(|file| {
+                        parse_digest(&read(file, "--zk-contender-auth-file")?)
+                            .map_err(|e| format!("{}: {e}", file.display()))
+                    })
+                    .collect::<Result<_, _>>()?,
+            ),
+            _ if self.zk_contender_auth_file.iter().any(|f| !f.as_os_str().is_empty()) => {
+                return Err("--zk-contender-auth-file names who may contend when lock directories are closed: \
+                            give --zk-contenders listed with it"
+                    .into());
+            }
+            _ => crate::zk::Contenders::Anyone,
         };
         if let Some(ca) = &self.zk_tls_ca {
             let identity = match (&self.zk_tls_cert, &self.zk_tls_key) {

@@ -58,3 +58,62 @@ async fn with_credentials_only_zklock_writes_the_epoch_and_the_markers_and_other
     assert_eq!(other.set_data(&path, b"x", None).await.err(), Some(zkc::Error::NoAuth));
     assert!(is_waiting(&waiter.state()));
 }
+
+const PEER: &str = "curator:peer-pw";
+
+async fn client_as(connect: &str, credentials: &str) -> zkc::Client {
+    zkc::Client::connector()
+        .with_auth("digest", credentials.as_bytes())
+        .connect(connect)
+        .await
+        .unwrap_or_else(|e| panic!("client as {credentials}: {e}"))
+}
+
+#[tokio::test]
+async fn with_listed_contenders_only_they_contend_and_nobody_else_may_delete_a_node() {
+    let connect = chroot().await;
+    let stranger = raw_client(&connect).await;
+    let peer = client_as(&connect, PEER).await;
+    let mallory = client_as(&connect, "mallory:guessed").await;
+    // The peer made a lock directory first, open to all (Curator's default ACL).
+    let opened = "/locks/ns/made-by-the-peer";
+    let open = zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all());
+    peer.mkdir(opened, &open).await.unwrap();
+
+    let mut config = ZkConfig::new(connect.clone()).with_session_timeout(Duration::from_secs(4));
+    config.digest_auth = Some("zklock:s3cret".into());
+    config.contenders = zklock::zk::Contenders::Listed(vec![PEER.into()]);
+    let engine = Engine::connect(config).await.unwrap();
+    let mut ours = Vec::new();
+    for dir in [FRESH, opened] {
+        let mut c = enqueue(&engine, dir, Mode::Exclusive).await;
+        support::held(&mut c).await;
+        ours.push((dir, c));
+    }
+
+    let contender = zkc::CreateMode::EphemeralSequential.with_acls(zkc::Acls::anyone_all());
+    for (dir, held) in &ours {
+        let node = if held.node.starts_with('/') { held.node.clone() } else { format!("{dir}/{}", held.node) };
+        for (who, other) in [("an unauthenticated client", &stranger), ("an unlisted identity", &mallory)] {
+            let made = other.create(&format!("{dir}/_c_x-lock-"), b"", &contender).await;
+            assert_eq!(made.err(), Some(zkc::Error::NoAuth), "{who} made a node in {dir}");
+            assert_eq!(other.delete(&node, None).await.err(), Some(zkc::Error::NoAuth), "{who} deleted {node}");
+            let reopen = other.set_acl(dir, &zkc::Acls::anyone_all(), None).await;
+            assert_eq!(reopen.err(), Some(zkc::Error::NoAuth), "{who} reopened {dir}");
+        }
+        let (_, sequence) = peer.create(&format!("{dir}/_c_peer-lock-"), b"", &contender).await.unwrap();
+        peer.delete(&format!("{dir}/_c_peer-lock-{sequence}"), None)
+            .await
+            .unwrap_or_else(|e| panic!("the listed peer deletes its own node in {dir}: {e}"));
+        assert!(stranger.get_data(&node).await.is_ok(), "everybody may still read {node}");
+    }
+    // Taking up a directory the peer left open closed it: the peer cannot reopen it either.
+    let (acl, _) = stranger.get_acl(opened).await.unwrap();
+    assert!(
+        acl.iter().all(|a| a.scheme() != "world" || a.permission() == zkc::Permission::READ),
+        "{opened} still open: {acl:?}"
+    );
+    for (_, held) in &ours {
+        assert!(held.state().is_held(), "{} lost the lock", held.id);
+    }
+}

@@ -72,12 +72,14 @@ pub(super) async fn recreate(
     lock: &str,
     contenders: &[(ContenderSpec, Option<i64>)],
 ) -> Result<Recreated, Error> {
-    let node_options = zk::CreateMode::EphemeralSequential.with_acls(core.config.node_acls());
-    let in_place_options = zk::CreateMode::Ephemeral.with_acls(core.config.node_acls());
+    let node_options_acls = core.config.node_acls();
+    let node_options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::new(&node_options_acls));
+    let in_place_options_acls = core.config.node_acls();
+    let in_place_options = zk::CreateMode::Ephemeral.with_acls(zk::Acls::new(&in_place_options_acls));
     let owner = core.owner();
     let shared = core.is_shared_lock(lock);
     // Its marker decides the continuity rule: nobody but us may write it.
-    super::acl::protect(client, &core.config, lock, core.config.directory_acls()).await;
+    super::acl::protect(client, &core.config, lock, &core.config.directory_acls()).await;
     let mut backoff = Backoff::new();
     for _ in 0..MAX_ATTEMPTS {
         let (body, stat) = match retry::idempotent(|| client.get_data(lock)).await {
@@ -305,7 +307,7 @@ pub(super) async fn remove_if_empty(client: &zk::Client, core: &Core, lock: &str
 /// to semaphores of that count.
 pub(super) async fn mark_foreign(client: &zk::Client, core: &Core, lock: &str) -> Result<(), zk::Error> {
     // A foreign client may have made the directory, open to all: nobody else may reset the mark.
-    super::acl::protect(client, &core.config, lock, core.config.directory_acls()).await;
+    super::acl::protect(client, &core.config, lock, &core.config.directory_acls()).await;
     let marker = DirMarker { foreign_seen: true }.to_bytes();
     loop {
         let (body, stat) = retry::idempotent(|| client.get_data(lock)).await?;

@@ -16,6 +16,9 @@ pub struct ZkConfig {
     /// Digest credentials `user:password`. With them, contender nodes get the ACL
     /// "creator all, world read" so that other clients can see the queue but not tamper with it.
     pub digest_auth: Option<String>,
+    /// Which other ZooKeeper clients may contend in lock directories (needs `digest_auth` to
+    /// close them: ZooKeeper has no identity to grant to otherwise).
+    pub contenders: Contenders,
     /// TLS to the ensemble: CA bundle, and optionally a client certificate and key (PEM).
     pub tls: Option<TlsPem>,
     /// Keep the session when the client goes away (process exit, lost leadership) instead of
@@ -56,6 +59,7 @@ impl ZkConfig {
             connect: connect.into(),
             session_timeout: Duration::from_secs(10),
             digest_auth: None,
+            contenders: Contenders::Anyone,
             tls: None,
             detached: false,
             idle_directory_grace: Duration::from_secs(30),
@@ -97,48 +101,105 @@ impl ZkConfig {
     }
 
     /// The ACL of lock directories: with credentials, only our identity may write their data
-    /// (the marker of foreign clients) or change their ACL; everybody may read them and create
-    /// and delete children (a Curator contender makes and deletes its own node there, and
-    /// ZooKeeper checks a delete against the directory). Without credentials, open to all.
-    pub fn directory_acls(&self) -> zk::Acls<'static> {
-        static ACLS: std::sync::LazyLock<[zk::Acl; 2]> = std::sync::LazyLock::new(|| {
-            let open = zk::Permission::READ | zk::Permission::CREATE | zk::Permission::DELETE;
-            [zk::Acl::new_const(zk::Permission::ALL, "auth", ""), zk::Acl::new(open, zk::AuthId::anyone())]
-        });
-        if self.digest_auth.is_some() {
-            zk::Acls::new(&*ACLS)
-        } else {
-            zk::Acls::anyone_all()
-        }
+    /// (the marker of foreign clients) or change their ACL; the contenders may create and delete
+    /// children (a Curator contender makes and deletes its own node there, and ZooKeeper checks a
+    /// delete against the directory, so whoever may do that may also delete ours); everybody may
+    /// read them. Without credentials, open to all.
+    pub fn directory_acls(&self) -> Vec<zk::Acl> {
+        self.acls(zk::Permission::READ | zk::Permission::CREATE | zk::Permission::DELETE)
     }
 
     /// The ACL of the directories above lock directories (the root, `locks`, each namespace's):
-    /// everybody may read them and create in them (a Curator client may make a lock
-    /// directory first), only our identity delete or write.
-    pub fn parent_acls(&self) -> zk::Acls<'static> {
-        static ACLS: std::sync::LazyLock<[zk::Acl; 2]> = std::sync::LazyLock::new(|| {
-            let open = zk::Permission::READ | zk::Permission::CREATE;
-            [zk::Acl::new_const(zk::Permission::ALL, "auth", ""), zk::Acl::new(open, zk::AuthId::anyone())]
-        });
-        if self.digest_auth.is_some() {
-            zk::Acls::new(&*ACLS)
-        } else {
-            zk::Acls::anyone_all()
-        }
+    /// the contenders may create in them (a Curator client may make a lock directory first),
+    /// only our identity delete or write; everybody may read.
+    pub fn parent_acls(&self) -> Vec<zk::Acl> {
+        self.acls(zk::Permission::READ | zk::Permission::CREATE)
     }
 
     /// The ACL of contender nodes and of the leader epoch: with credentials, only our identity
     /// may change or delete them (nobody else can fence the leader); without, ZooKeeper has no
     /// identity to restrict to.
-    pub fn node_acls(&self) -> zk::Acls<'static> {
-        if self.digest_auth.is_some() {
-            static CREATOR_ALL_WORLD_READ: [zk::Acl; 2] = [
-                zk::Acl::new_const(zk::Permission::ALL, "auth", ""),
-                zk::Acl::new_const(zk::Permission::READ, "world", "anyone"),
-            ];
-            zk::Acls::new(&CREATOR_ALL_WORLD_READ)
-        } else {
-            zk::Acls::anyone_all()
+    pub fn node_acls(&self) -> Vec<zk::Acl> {
+        self.acls(zk::Permission::READ)
+    }
+
+    /// Our identity all, the contenders `contend`, the world read (or, with `Contenders::Anyone`,
+    /// `contend`). Our identity is named by its digest rather than ZooKeeper's `auth` scheme so
+    /// that an ACL read back compares with the one wanted (`acl::protect`).
+    fn acls(&self, contend: zk::Permission) -> Vec<zk::Acl> {
+        let Some(own) = &self.digest_auth else { return zk::Acls::anyone_all().to_vec() };
+        let own = digest_id(own);
+        let mut acls = vec![zk::Acl::new(zk::Permission::ALL, zk::AuthId::new("digest", &own))];
+        match &self.contenders {
+            Contenders::Anyone => acls.push(zk::Acl::new(contend, zk::AuthId::anyone())),
+            Contenders::Listed(peers) => {
+                acls.extend(
+                    peers
+                        .iter()
+                        .map(|peer| digest_id(peer))
+                        .filter(|peer| *peer != own)
+                        .map(|peer| zk::Acl::new(contend, zk::AuthId::new("digest", &peer))),
+                );
+                acls.push(zk::Acl::new(zk::Permission::READ, zk::AuthId::anyone()));
+            }
         }
+        acls
+    }
+}
+
+/// Which ZooKeeper clients besides zklock may contend in lock directories (make their own nodes
+/// there and delete them, as Curator's and kazoo's recipes do).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Contenders {
+    /// Any client, authenticated or not: lock directories are open for create and delete.
+    #[default]
+    Anyone,
+    /// Only the clients that authenticate with these digest credentials (`user:password`):
+    /// nobody else can make, or delete, a node in a lock directory.
+    Listed(Vec<String>),
+}
+
+/// The identity ZooKeeper's digest scheme gives a session that authenticates with
+/// `user:password`: `user:base64(sha1(user:password))`, as `DigestAuthenticationProvider` makes it.
+pub fn digest_id(user_password: &str) -> String {
+    use base64::Engine as _;
+    use sha1::Digest as _;
+    let user = user_password.split_once(':').map_or(user_password, |(user, _)| user);
+    let hash = sha1::Sha1::digest(user_password.as_bytes());
+    format!("{user}:{}", base64::engine::general_purpose::STANDARD.encode(hash))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_digest_identity_is_the_one_zookeeper_computes() {
+        // `java -cp zookeeper.jar org.apache.zookeeper.server.auth.DigestAuthenticationProvider
+        // zklock:s3cret` (ZooKeeper 3.8) prints `zklock:s3cret->zklock:IeO22ylkrotgYAlDvEA09F4WNIs=`.
+        assert_eq!(digest_id("zklock:s3cret"), "zklock:IeO22ylkrotgYAlDvEA09F4WNIs=");
+    }
+
+    #[test]
+    fn listed_contenders_may_contend_and_the_world_only_read() {
+        let mut config = ZkConfig::new("127.0.0.1:2181");
+        config.digest_auth = Some("zklock:s3cret".into());
+        config.contenders = Contenders::Listed(vec!["curator:pw".into(), "zklock:s3cret".into()]);
+        let acls = config.directory_acls();
+        let ids: Vec<_> = acls.iter().map(|a| (a.scheme(), a.id(), a.permission())).collect();
+        let contend = zk::Permission::READ | zk::Permission::CREATE | zk::Permission::DELETE;
+        assert_eq!(
+            ids,
+            [
+                ("digest", "zklock:IeO22ylkrotgYAlDvEA09F4WNIs=", zk::Permission::ALL),
+                ("digest", digest_id("curator:pw").as_str(), contend),
+                ("world", "anyone", zk::Permission::READ),
+            ],
+            "our own identity listed again is not given less than all"
+        );
+        config.contenders = Contenders::Anyone;
+        assert_eq!(config.directory_acls()[1].permission(), contend);
+        config.digest_auth = None;
+        assert_eq!(config.directory_acls(), zk::Acls::anyone_all().to_vec());
     }
 }

@@ -251,12 +251,24 @@ impl LockEngine {
         if !self.core.is_admitted(client.session_id().0) {
             return Err(Error::NotAdmitted);
         }
+        // With listed contenders, a directory another client made (Curator makes it open to
+        // all) is closed when this engine first uses it: one ACL read per directory taken up.
+        let unprotected: Vec<String> = match self.core.config.contenders {
+            crate::Contenders::Listed(_) if self.core.config.digest_auth.is_some() => {
+                let book = self.core.book.lock();
+                specs.iter().filter(|s| !book.locks.contains_key(s.lock.as_str())).map(|s| s.lock.clone()).collect()
+            }
+            _ => vec![],
+        };
         // The windows first: they enter the locks in the book, which keeps the parents' watches.
         let guards: Vec<WindowGuard> = specs.iter().map(|s| WindowGuard::open(&self.core, &s.lock)).collect();
         for spec in &specs {
             self.core.watch_parent(&client, &spec.lock).await?;
         }
         let (names, ticket) = ops::create_adopting(&client, &self.core, &specs).await?;
+        for lock in &unprotected {
+            crate::acl::protect(&client, &self.core.config, lock, &self.core.config.directory_acls()).await;
+        }
         let mut registered = Vec::with_capacity(specs.len());
         for ((spec, name), guard) in specs.into_iter().zip(names).zip(guards) {
             let (lock, window) = guard.disarm();

@@ -138,15 +138,17 @@ pub(super) async fn bump(
     holder: &str,
 ) -> Result<(i32, i64), zk::Error> {
     if let Some((parent, _)) = path.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
-        let parents = zk::CreateMode::Persistent.with_acls(config.parent_acls());
+        let parents_acls = config.parent_acls();
+        let parents = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&parents_acls));
         super::retry::idempotent(|| client.mkdir(parent, &parents)).await?;
     }
-    let options = zk::CreateMode::Persistent.with_acls(config.node_acls());
+    let options_acls = config.node_acls();
+    let options = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&options_acls));
     match super::retry::idempotent(|| client.create(path, b"", &options)).await {
         Ok(_) | Err(zk::Error::NodeExists) => {}
         Err(e) => return Err(e),
     }
-    super::acl::protect(client, config, path, config.node_acls()).await;
+    super::acl::protect(client, config, path, &config.node_acls()).await;
     let (_, read) = super::retry::idempotent(|| client.get_data(path)).await?;
     match super::retry::idempotent(|| client.set_data(path, holder.as_bytes(), Some(read.version))).await {
         Ok(stat) => Ok((stat.version, stat.mzxid)),

@@ -41,7 +41,7 @@ mod rounds;
 mod session;
 mod stats;
 
-pub use config::{TlsPem, ZkConfig};
+pub use config::{digest_id, Contenders, TlsPem, ZkConfig};
 pub use contender::{
     ContenderSpec, ContenderState, EngineEvent, LostReason, QueueEntry, Reanchored, Recorded, SessionEvent,
 };

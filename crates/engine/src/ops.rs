@@ -58,12 +58,14 @@ pub(super) async fn list(client: &zk::Client, path: &str) -> Result<Vec<String>,
 /// refuses kazoo's semaphore, see [`super::data::DirMarker`]). Lock directories stay open to everybody
 /// for create, so that Curator clients can contend.
 pub(super) async fn ensure_dir(client: &zk::Client, config: &super::ZkConfig, lock: &str) -> Result<(), Error> {
-    let parents = zk::CreateMode::Persistent.with_acls(config.parent_acls());
+    let parents_acls = config.parent_acls();
+    let parents = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&parents_acls));
     let parent = parent_of(lock);
     if parent != "/" {
         retry::idempotent(|| client.mkdir(parent, &parents)).await.map_err(|e| Error::zk("mkdir", parent, e))?;
     }
-    let options = zk::CreateMode::Persistent.with_acls(config.directory_acls());
+    let options_acls = config.directory_acls();
+    let options = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&options_acls));
     match retry::idempotent(|| client.create(lock, CLEAN_DIRECTORY, &options)).await {
         Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
         Err(e) => Err(Error::zk("create", lock, e)),
@@ -80,7 +82,8 @@ pub(super) async fn create_adopting(
     core: &Core,
     specs: &[ContenderSpec],
 ) -> Result<(Vec<String>, i64), Error> {
-    let options = zk::CreateMode::EphemeralSequential.with_acls(core.config.node_acls());
+    let options_acls = core.config.node_acls();
+    let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::new(&options_acls));
     let owner = core.owner();
     let made = specs
         .iter()

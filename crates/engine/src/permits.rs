@@ -87,7 +87,8 @@ async fn round(
     cluster: &str,
     own: Option<crate::recipe::Limit>,
 ) -> Result<Option<zk::OneshotWatcher>, Error> {
-    let parents = zk::CreateMode::Persistent.with_acls(core.config.parent_acls());
+    let parents_acls = core.config.parent_acls();
+    let parents = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&parents_acls));
     retry::idempotent(|| client.mkdir(dir, &parents)).await.map_err(|e| Error::zk("mkdir", dir, e))?;
     let (children, _, watcher) =
         retry::idempotent(|| client.get_and_watch_children(dir)).await.map_err(|e| Error::zk("list", dir, e))?;
@@ -121,7 +122,8 @@ async fn round(
     }
     if let Some(name) = &missing {
         let path = format!("{dir}/{name}");
-        let options = zk::CreateMode::Ephemeral.with_acls(core.config.node_acls());
+        let options_acls = core.config.node_acls();
+        let options = zk::CreateMode::Ephemeral.with_acls(zk::Acls::new(&options_acls));
         multi.add_create(&path, &[], &options).map_err(|e| Error::zk("create", &path, e))?;
     }
     match core.fence.commit(&mut multi).await {

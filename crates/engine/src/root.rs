@@ -43,7 +43,8 @@ pub(super) async fn take(
     layout: &Layout,
     mine: &Installation,
 ) -> Result<(), Refused> {
-    let parents = zk::CreateMode::Persistent.with_acls(config.parent_acls());
+    let parents_acls = config.parent_acls();
+    let parents = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&parents_acls));
     retry::idempotent(|| client.mkdir(layout.root(), &parents)).await?;
     // Serialising two strings cannot fail.
     let data = serde_json::to_vec(mine).unwrap_or_default();
@@ -81,7 +82,8 @@ pub(super) async fn take_cluster_name(
     path: &str,
     mine: &ClusterName,
 ) -> Result<Result<(), ClusterName>, zk::Error> {
-    let parents = zk::CreateMode::Persistent.with_acls(config.parent_acls());
+    let parents_acls = config.parent_acls();
+    let parents = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&parents_acls));
     if let Some((parent, _)) = path.rsplit_once('/') {
         retry::idempotent(|| client.mkdir(parent, &parents)).await?;
     }
@@ -117,7 +119,8 @@ async fn take_node<T>(
     data: &[u8],
     other: impl Fn(&[u8]) -> Option<T>,
 ) -> Result<(), Taken<T>> {
-    let options = zk::CreateMode::Ephemeral.with_acls(config.node_acls());
+    let options_acls = config.node_acls();
+    let options = zk::CreateMode::Ephemeral.with_acls(zk::Acls::new(&options_acls));
     loop {
         match retry::timed(client.create(path, data, &options)).await {
             Ok(_) => return Ok(()),
@@ -157,7 +160,8 @@ async fn take_node<T>(
 /// an operator of another root (another cluster sharing a lock) has another.
 pub(super) async fn id(client: &zk::Client, config: &super::ZkConfig, layout: &Layout) -> Result<String, zk::Error> {
     let path = layout.id();
-    let options = zk::CreateMode::Persistent.with_acls(config.node_acls());
+    let options_acls = config.node_acls();
+    let options = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&options_acls));
     let fresh = uuid::Uuid::new_v4().to_string();
     loop {
         match retry::idempotent(|| client.get_data(&path)).await {
