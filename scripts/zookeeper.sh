@@ -19,7 +19,34 @@ CONF=/etc/zookeeper/conf
 
 die() { echo "zookeeper.sh: $*" >&2; exit 1; }
 
+# ZooKeeper's Prometheus metrics provider and what it needs, which Debian does not package: from
+# Maven Central, checked against these digests, into $METRICS_JARS (the test harness adds them to
+# a server's classpath when its configuration names the provider, as the chart's does).
+METRICS_JARS=${ZKLOCK_CACHE:-$HOME/.cache/zklock}/zookeeper-metrics-3.8.0
+METRICS=(
+  "org/apache/zookeeper/zookeeper-prometheus-metrics/3.8.0/zookeeper-prometheus-metrics-3.8.0.jar f86020b4e6d76c91d447535504611c2755cdf4352e4a422342183b9e877544f2"
+  "io/prometheus/simpleclient/0.9.0/simpleclient-0.9.0.jar 72d6dc49c023a4b3345d8a8a82d947ea24d07b1ad60cf57fee85a6f77b149a19"
+  "io/prometheus/simpleclient_common/0.9.0/simpleclient_common-0.9.0.jar 97d404dca184d2a07817ccae2ef1df9fb34b84526c44cf2367ef0ba8031759c0"
+  "io/prometheus/simpleclient_hotspot/0.9.0/simpleclient_hotspot-0.9.0.jar 927fc7069f9a8ebd1a8420c3bb1675a957bd359b95e50664aa96e387d4b0a256"
+  "io/prometheus/simpleclient_servlet/0.9.0/simpleclient_servlet-0.9.0.jar 12cf7668b6f4941dbc8dac6dc270db0e579b216be0aee74a6ad98d7d6e8aa228"
+  "javax/servlet/javax.servlet-api/3.1.0/javax.servlet-api-3.1.0.jar af456b2dd41c4e82cf54f3e743bc678973d9fe35bd4d3071fa05c7e5333b8482"
+)
+
+install_metrics() {
+  mkdir -p "$METRICS_JARS"
+  local entry path sum jar
+  for entry in "${METRICS[@]}"; do
+    read -r path sum <<<"$entry"
+    jar=$METRICS_JARS/${path##*/}
+    if [[ -f $jar ]] && echo "$sum  $jar" | sha256sum -c --quiet - 2>/dev/null; then continue; fi
+    curl -fsSL --retry 3 -o "$jar.part" "https://repo1.maven.org/maven2/$path" || die "cannot download $path from Maven Central"
+    echo "$sum  $jar.part" | sha256sum -c --quiet - || die "$path: unexpected sha256"
+    mv "$jar.part" "$jar"
+  done
+}
+
 install() {
+  install_metrics
   if [[ -f $JAR && -f /usr/share/java/curator-recipes.jar ]]; then
     return 0
   fi

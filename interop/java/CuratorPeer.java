@@ -14,6 +14,9 @@
 //       two locks taken one after the other, as InterProcessMultiLock takes them: acquires A,
 //       prints "holding A", waits until node <goPath> exists, then asks for B (at most
 //       <timeoutSeconds>); prints "got B" or "no B", releases what it holds.
+//
+// With CURATOR_AUTH=digest:USER:PASS in the environment, the session authenticates with those
+// digest credentials before its first request (an ensemble that requires authentication).
 
 import java.util.ArrayList;
 import java.util.Collections;
@@ -32,11 +35,15 @@ import org.apache.zookeeper.KeeperException;
 
 public class CuratorPeer {
     public static void main(String[] args) throws Exception {
-        CuratorFramework client = CuratorFrameworkFactory.builder()
+        CuratorFrameworkFactory.Builder builder = CuratorFrameworkFactory.builder()
                 .connectString(args[1])
                 .sessionTimeoutMs(10000)
-                .retryPolicy(new ExponentialBackoffRetry(10, 10))
-                .build();
+                .retryPolicy(new ExponentialBackoffRetry(10, 10));
+        String auth = System.getenv("CURATOR_AUTH");
+        if (auth != null && auth.startsWith("digest:")) {
+            builder.authorization("digest", auth.substring("digest:".length()).getBytes());
+        }
+        CuratorFramework client = builder.build();
         client.start();
         if (!client.blockUntilConnected(30, TimeUnit.SECONDS)) {
             System.err.println("curator: cannot connect to " + args[1]);

@@ -254,7 +254,9 @@ async fn ensure_chroot(config: &ZkConfig) -> Result<(), crate::zk::Error> {
     plain.connect = config.connect[..slash].to_string();
     plain.detached = false;
     let client = plain.connect().await?;
-    let options = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    // As the directories above lock directories: with credentials, only zklock may delete in it.
+    let acls = config.parent_acls();
+    let options = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::new(&acls));
     client.mkdir(chroot, &options).await.map_err(|source| crate::zk::Error::ZooKeeper {
         op: "mkdir",
         path: chroot.to_string(),

@@ -189,6 +189,69 @@ impl Ensemble {
         ensemble
     }
 
+    /// An ensemble run from a server configuration made elsewhere (the chart's `zoo.cfg`), moved
+    /// to loopback: every setting is kept but the places (data directories, ports, the members'
+    /// addresses, which become 127.0.0.1 ports of this process's choosing). Answers it and each
+    /// member's metrics port (Prometheus provider), if the configuration serves one.
+    pub fn from_config(cfg: &str) -> (Ensemble, Vec<Option<u16>>) {
+        let members: Vec<u32> =
+            cfg.lines().filter_map(|l| l.strip_prefix("server.")?.split_once('=')?.0.parse().ok()).collect();
+        assert!(!members.is_empty(), "the configuration names no server.N members:\n{cfg}");
+        let ports: Vec<[u16; 5]> = members.iter().map(|_| std::array::from_fn(|_| free_port())).collect();
+        let address = |id: u32| {
+            let i = members.iter().position(|m| *m == id).unwrap_or_else(|| panic!("no member {id}"));
+            let [client, peer, election, ..] = ports[i];
+            format!("127.0.0.1:{peer}:{election};127.0.0.1:{client}")
+        };
+        let metrics = cfg.contains("metricsProvider.className=");
+        let mut servers = Vec::new();
+        let mut metrics_ports = Vec::new();
+        for (i, id) in members.iter().enumerate() {
+            let [client, _, _, admin, metrics_port] = ports[i];
+            let tmp = TempDir::new("zklock-cfg");
+            let dir = tmp.path().to_path_buf();
+            std::fs::write(dir.join("myid"), format!("{id}\n")).unwrap_or_else(|e| panic!("myid: {e}"));
+            let mut out = String::new();
+            for line in cfg.lines() {
+                let (key, _) = line.split_once('=').unwrap_or((line, ""));
+                let moved = match key.trim() {
+                    "dataDir" => format!("dataDir={}", dir.display()),
+                    "dataLogDir" => format!("dataLogDir={}/datalog", dir.display()),
+                    "clientPort" => format!("clientPort={client}\nclientPortAddress=127.0.0.1"),
+                    "admin.serverPort" => format!("admin.serverPort={admin}\nadmin.serverAddress=127.0.0.1"),
+                    "metricsProvider.httpPort" => format!("metricsProvider.httpPort={metrics_port}"),
+                    "metricsProvider.httpHost" => "metricsProvider.httpHost=127.0.0.1".to_string(),
+                    "quorumListenOnAllIPs" => "quorumListenOnAllIPs=false".to_string(),
+                    k if k.starts_with("server.") => {
+                        let id: u32 = k["server.".len()..].parse().unwrap_or_else(|e| panic!("{line}: {e}"));
+                        format!("server.{id}={}", address(id))
+                    }
+                    _ => line.to_string(),
+                };
+                out.push_str(&moved);
+                out.push('\n');
+            }
+            std::fs::write(dir.join("zoo.cfg"), out).unwrap_or_else(|e| panic!("zoo.cfg: {e}"));
+            metrics_ports.push(metrics.then_some(metrics_port));
+            servers.push(ZkServer {
+                connect: format!("127.0.0.1:{client}"),
+                client_port: client,
+                dir,
+                process: None,
+                _tmp: Some(tmp),
+            });
+        }
+        for s in &mut servers {
+            s.process = Some(spawn(&s.dir.join("zoo.cfg"), &s.dir.join("zookeeper.log")));
+        }
+        for s in &mut servers {
+            wait_serving(&s.connect.clone(), s.process.as_mut());
+        }
+        let ensemble = Ensemble { servers };
+        eprintln!("zookeeper ensemble of {} from a given zoo.cfg at {}", members.len(), ensemble.connect());
+        (ensemble, metrics_ports)
+    }
+
     pub fn connect(&self) -> String {
         self.servers.iter().map(|s| s.connect.as_str()).collect::<Vec<_>>().join(",")
     }
@@ -210,10 +273,38 @@ fn java_classpath() -> String {
     format!("{ZOOKEEPER_CONF}:{ZOOKEEPER_JAR}:{NETTY_FOR_TLS}")
 }
 
+/// ZooKeeper's Prometheus metrics provider and its libraries (Debian packages none of them):
+/// `scripts/zookeeper.sh install` puts them here.
+fn metrics_classpath() -> String {
+    let cache = std::env::var("ZKLOCK_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/zklock"));
+    let dir = cache.join("zookeeper-metrics-3.8.0");
+    let jars: Vec<String> = std::fs::read_dir(&dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "jar"))
+                .map(|p| p.display().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    if !jars.iter().any(|j| j.contains("zookeeper-prometheus-metrics")) {
+        panic!(
+            "the configuration serves Prometheus metrics but {} lacks ZooKeeper's provider: run `scripts/zookeeper.sh install`",
+            dir.display()
+        );
+    }
+    jars.join(":")
+}
+
 /// Starts a server under a small shell watchdog that kills it when this process exits, so
 /// that no test run leaves a ZooKeeper behind, whatever way it ends.
 fn spawn(cfg: &Path, log: &Path) -> Child {
-    let classpath = java_classpath();
+    let mut classpath = java_classpath();
+    if std::fs::read_to_string(cfg).is_ok_and(|c| c.contains("metricsProvider.className=")) {
+        classpath = format!("{classpath}:{}", metrics_classpath());
+    }
     let script = format!(
         "java -Xmx256m -Dzookeeper.log.dir={dir} -cp '{classpath}' \
          org.apache.zookeeper.server.quorum.QuorumPeerMain '{cfg}' >>'{log}' 2>&1 & zk=$!; \

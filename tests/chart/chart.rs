@@ -235,6 +235,7 @@ fn typed_round_trip(doc: &Value) -> Result<bool, String> {
         "Service" => trip::<core::v1::Service>(doc),
         "ServiceAccount" => trip::<core::v1::ServiceAccount>(doc),
         "ConfigMap" => trip::<core::v1::ConfigMap>(doc),
+        "Secret" => trip::<core::v1::Secret>(doc),
         "PodDisruptionBudget" => trip::<policy::v1::PodDisruptionBudget>(doc),
         "NetworkPolicy" => trip::<networking::v1::NetworkPolicy>(doc),
         "Role" => trip::<rbac::v1::Role>(doc),
@@ -335,9 +336,27 @@ fn check_documents(label: &str, docs: &[Value], values: &Value, ns: &str) {
     } else {
         assert_eq!(connect, &format!("{}{chroot}", zk["connectString"].as_str().unwrap()), "{label}");
     }
-    for (flag, secret) in
-        [("--zk-auth-file", &zk["auth"]["existingSecret"]), ("--zk-tls-ca", &zk["tls"]["existingSecret"])]
-    {
+    // With the bundled ensemble and no Secret given, the chart's generated one (rendered here).
+    let generated =
+        zk["bundled"]["enabled"] == true && zk["auth"]["generate"] == true && zk["auth"]["existingSecret"] == "";
+    let auth_secret = if generated {
+        let secrets: Vec<&str> = find(docs, "Secret").into_iter().map(name).collect();
+        let zookeeper = find(docs, "StatefulSet").into_iter().map(name).next().expect("the bundled StatefulSet");
+        let name = format!("{zookeeper}-auth");
+        assert!(secrets.contains(&name.as_str()), "{label}: no Secret {name} among {secrets:?}");
+        Value::String(name)
+    } else {
+        zk["auth"]["existingSecret"].clone()
+    };
+    if generated || zk["auth"]["existingSecret"] != "" {
+        assert!(args.contains_key("--zk-auth-file"), "{label}: the operator gets no credentials");
+        assert_eq!(
+            args.get("--zk-contenders").map(|v| v[0].as_str()),
+            Some(zk["auth"]["contenders"].as_str().filter(|c| !c.is_empty()).unwrap_or("listed")),
+            "{label}"
+        );
+    }
+    for (flag, secret) in [("--zk-auth-file", &auth_secret), ("--zk-tls-ca", &zk["tls"]["existingSecret"])] {
         if let Some(file) = args.get(flag) {
             let volumes = template["spec"]["volumes"].as_array().expect("volumes");
             let mounts = container["volumeMounts"].as_array().expect("mounts");

@@ -221,9 +221,33 @@ pub(crate) fn start_operator_on(
     log: &std::path::Path,
 ) -> (Child, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let container = &find(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0];
+    let pod = &find(docs, "Deployment")[0]["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    // The ZooKeeper credentials the Deployment mounts, from the rendered Secret, beside the log.
+    let mounted = log.with_extension("zk-auth");
+    let secret_name = pod["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == "zk-auth")
+        .and_then(|v| v["secret"]["secretName"].as_str());
+    if let Some(secret_name) = secret_name {
+        let secret = find(docs, "Secret").into_iter().find(|s| name(s) == secret_name);
+        let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(
+            (*secret.unwrap_or_else(|| {
+                panic!("the Deployment mounts Secret {secret_name}, which the chart does not render")
+            }))
+            .clone(),
+        )
+        .unwrap();
+        std::fs::create_dir_all(&mounted).unwrap();
+        for (key, value) in secret.data.unwrap_or_default() {
+            std::fs::write(mounted.join(key), value.0).unwrap();
+        }
+    }
     let args: Vec<String> = strings(&container["args"])
         .into_iter()
+        .map(|a| a.replace("/etc/zklock/zk-auth", &mounted.display().to_string()))
         .map(|a| {
             if a.starts_with("--zk-connect=") {
                 format!("--zk-connect={zk}")

@@ -1,10 +1,14 @@
-//! The Helm chart, with the real helm and kubectl: what it renders, and the RBAC it grants.
+//! The Helm chart, with the real helm and kubectl: what it renders, the RBAC it grants, its
+//! upgrades, and its bundled ZooKeeper's configuration on the real server.
 
 #[path = "../chart_support/mod.rs"]
 mod chart_support;
 #[path = "../e2e_support/mod.rs"]
 mod e2e_support;
+#[path = "../support/mod.rs"]
+mod support;
 
 mod chart;
 mod chart_rbac;
 mod upgrade;
+mod zookeeper;

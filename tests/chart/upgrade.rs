@@ -130,3 +130,50 @@ async fn an_upgrade_from_a_release_before_spec_locks_with_reuse_values_serves_a_
         helm_on(kubeconfig).args(["uninstall", &release, "--namespace", &release_ns, "--wait=false"]),
     );
 }
+
+/// The bundled ensemble's generated credentials are made once: an upgrade (with or without
+/// `--reuse-values`) keeps them, since new ones would lock the operator out of every node the
+/// earlier ones made, and so does an uninstall (the ensemble's data volumes stay too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_generated_zookeeper_credentials_outlive_upgrades_and_an_uninstall() {
+    use k8s_openapi::api::core::v1::Secret;
+    let kubeconfig = zklock_testkit::kube::private_control_plane("chart-credentials");
+    let client = zklock_testkit::kube::client_for(kubeconfig).await;
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let release_ns = format!("zklock-credentials-{suffix}");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace = serde_json::from_value(json!({ "metadata": { "name": release_ns } })).unwrap();
+    namespaces.create(&PostParams::default(), &namespace).await.expect("create the release namespace");
+    let release = format!("zc{suffix}");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &release_ns);
+    let secret_name = format!("{release}-zklock-zookeeper-auth");
+    let credentials = || async {
+        let secret = secrets.get(&secret_name).await.unwrap_or_else(|e| panic!("Secret {secret_name}: {e}"));
+        secret.data.unwrap_or_default()
+    };
+
+    let helm_run = |what: &str, args: &[&str]| {
+        let mut cmd = helm_on(kubeconfig);
+        cmd.args(args).args(["--namespace", &release_ns]);
+        run(what, &mut cmd)
+    };
+    let chart = chart().display().to_string();
+    let one_server = "zookeeper.bundled.replicas=1";
+    helm_run("helm install", &["install", &release, &chart, "--skip-crds", "--wait=false", "--set", one_server]);
+    let made = credentials().await;
+    let operator = String::from_utf8(made["operator"].0.clone()).unwrap();
+    assert!(operator.starts_with("digest:zklock:") && operator.len() > 40, "generated credentials: {operator}");
+    helm_run(
+        "helm upgrade",
+        &["upgrade", &release, &chart, "--wait=false", "--set", one_server, "--set", "logLevel=debug"],
+    );
+    assert_eq!(credentials().await, made, "helm upgrade made new credentials");
+    helm_run("helm upgrade --reuse-values", &["upgrade", &release, &chart, "--wait=false", "--reuse-values"]);
+    assert_eq!(credentials().await, made, "helm upgrade --reuse-values made new credentials");
+    helm_run("helm uninstall", &["uninstall", &release, "--wait=false"]);
+    assert_eq!(credentials().await, made, "helm uninstall took the credentials");
+    helm_run("helm install again", &["install", &release, &chart, "--skip-crds", "--wait=false", "--set", one_server]);
+    assert_eq!(credentials().await, made, "a new install over the kept Secret made new credentials");
+    helm_run("helm uninstall", &["uninstall", &release, "--wait=false"]);
+    let _ = namespaces.delete(&release_ns, &Default::default()).await;
+}

@@ -140,3 +140,36 @@ ownerReferences:
     uid: {{ .metadata.uid }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The operator's ZooKeeper credentials, as YAML: `secret` and `key` (none without credentials),
+`contenderKey`, `contenders` (listed or anyone) and `generated` (the chart makes the Secret).
+*/}}
+{{- define "zklock.zkAuth" -}}
+{{- $a := .Values.zookeeper.auth }}
+{{- $generated := and .Values.zookeeper.bundled.enabled $a.generate (not $a.existingSecret) }}
+{{- $secret := "" }}
+{{- $key := $a.key }}
+{{- $contenderKey := $a.contenderKey }}
+{{- if $a.existingSecret }}
+{{- $secret = $a.existingSecret }}
+{{- else if $generated }}
+{{- $secret = printf "%s-auth" (include "zklock.zookeeperName" .) }}
+{{- $key = "operator" }}
+{{- end }}
+{{- $contenders := $a.contenders | default (ternary "listed" "anyone" (ne $secret "")) }}
+{{- if and $generated (eq $contenders "listed") }}
+{{- $contenderKey = "contender" }}
+{{- end }}
+{{- if and (eq $contenders "listed") (not $secret) }}
+{{- fail "zookeeper.auth.contenders=listed needs credentials: set zookeeper.auth.existingSecret (or, with the bundled ensemble, zookeeper.auth.generate)" }}
+{{- end }}
+{{- if and $contenderKey (ne $contenders "listed") }}
+{{- fail "zookeeper.auth.contenderKey names the credentials of listed contenders: set zookeeper.auth.contenders=listed with it" }}
+{{- end }}
+secret: {{ $secret | quote }}
+key: {{ $key | quote }}
+contenderKey: {{ $contenderKey | quote }}
+contenders: {{ $contenders }}
+generated: {{ $generated }}
+{{- end -}}
