@@ -152,6 +152,23 @@ enum Manifests {
 enum Admin {
     #[command(flatten)]
     Manifests(Manifests),
+    /// Before the operator is uninstalled (the chart's pre-delete step): fail, naming them, while
+    /// LockClaims carry the operator's finalizer (without the operator they, and their
+    /// namespaces, could not be deleted); with --delete-claims, delete them and wait until the
+    /// operator has released each
+    BeforeUninstall {
+        /// Namespaces the operator serves (repeat the flag); default: all
+        #[arg(long = "namespace")]
+        namespaces: Vec<String>,
+        /// Delete the claims and wait for their release instead of failing
+        #[arg(long)]
+        delete_claims: bool,
+        /// How long --delete-claims waits for the operator to release them
+        #[arg(long, default_value = "5m", value_parser = zklock::durations::parse_duration)]
+        timeout: std::time::Duration,
+        #[command(flatten)]
+        api: cli::api::ApiArgs,
+    },
     /// Print the queue of one lock, holders first, as ZooKeeper has it (foreign clients' nodes
     /// included).
     ZkQueue {
@@ -207,6 +224,9 @@ async fn run(cli: Cli) -> Result<u8, String> {
         Command::Exec { lock, command } => Ok(cli::lock::exec(lock, command).await),
         Command::Queue { lock, namespace, output, api } => cli::claims::queue(api, namespace, lock, output).await,
         Command::Revoke { claim, namespace, reason, api } => cli::claims::revoke(api, namespace, claim, reason).await,
+        Command::Admin(Admin::BeforeUninstall { namespaces, delete_claims, timeout, api }) => {
+            cli::uninstall::before_uninstall(api, namespaces, delete_claims, timeout).await
+        }
         Command::Admin(Admin::ZkQueue { zk_connect, lock, permits }) => {
             cli::zookeeper::queue(zk_connect, &lock, permits).await
         }

@@ -5,4 +5,5 @@ pub mod claims;
 pub mod lock;
 pub mod manifests;
 pub mod operator;
+pub mod uninstall;
 pub mod zookeeper;

@@ -236,6 +236,8 @@ fn typed_round_trip(doc: &Value) -> Result<bool, String> {
         "ServiceAccount" => trip::<core::v1::ServiceAccount>(doc),
         "ConfigMap" => trip::<core::v1::ConfigMap>(doc),
         "Secret" => trip::<core::v1::Secret>(doc),
+        "Pod" => trip::<core::v1::Pod>(doc),
+        "Job" => trip::<k8s_openapi::api::batch::v1::Job>(doc),
         "PodDisruptionBudget" => trip::<policy::v1::PodDisruptionBudget>(doc),
         "NetworkPolicy" => trip::<networking::v1::NetworkPolicy>(doc),
         "Role" => trip::<rbac::v1::Role>(doc),
@@ -596,7 +598,7 @@ fn effective_values(values: Option<&std::path::Path>) -> Value {
 /// (the API under test serves pods, not the workload kinds). A StatefulSet's claim templates
 /// become persistentVolumeClaim volumes, as the controller would mount them.
 fn pod_of_template(doc: &Value) -> Option<Value> {
-    if !matches!(kind(doc), "Deployment" | "StatefulSet") {
+    if !matches!(kind(doc), "Deployment" | "StatefulSet" | "Job") {
         return None;
     }
     let template = &doc["spec"]["template"];
@@ -646,7 +648,22 @@ fn rendered_manifests_are_valid() {
             }
         }
         listing.push_str(&format!("{label}:\n"));
+        // A real API server refuses a pod whose ServiceAccount does not exist (the dry runs make
+        // none): the one the chart makes, or the existing one it is told of.
+        let ensure_account = |pod: &Value| {
+            let pod_ns = pod["metadata"]["namespace"].as_str().unwrap_or(&ns).to_string();
+            if let Some(account) = pod["spec"]["serviceAccountName"].as_str() {
+                let (ok, out) = kubectl(&["get", "serviceaccount", account, "-n", &pod_ns], None);
+                if !ok && out.contains("NotFound") {
+                    let (ok, out) = kubectl(&["create", "serviceaccount", account, "-n", &pod_ns], None);
+                    assert!(ok, "create the ServiceAccount {account}: {out}");
+                }
+            }
+        };
         for doc in &docs {
+            if kind(doc) == "Pod" {
+                ensure_account(doc);
+            }
             let yaml = serde_yaml::to_string(doc).unwrap();
             let (ok, out) = kubectl(&["apply", "--dry-run=server", "--validate=strict", "-f", "-"], Some(&yaml));
             let what = format!("{} {}", kind(doc), name(doc));
@@ -661,15 +678,7 @@ fn rendered_manifests_are_valid() {
             };
             listing.push_str(&format!("  {what:<55} {how}\n"));
             if let Some(pod) = pod_of_template(doc) {
-                // A real API server refuses a pod whose ServiceAccount does not exist (the dry run
-                // above made none): the one the chart makes, or the existing one it is told of.
-                if let Some(account) = pod["spec"]["serviceAccountName"].as_str() {
-                    let (ok, out) = kubectl(&["get", "serviceaccount", account, "-n", &ns], None);
-                    if !ok && out.contains("NotFound") {
-                        let (ok, out) = kubectl(&["create", "serviceaccount", account, "-n", &ns], None);
-                        assert!(ok, "create the ServiceAccount {account}: {out}");
-                    }
-                }
+                ensure_account(&pod);
                 let yaml = serde_yaml::to_string(&pod).unwrap();
                 let (ok, out) = kubectl(&["apply", "--dry-run=server", "--validate=strict", "-f", "-"], Some(&yaml));
                 assert!(ok, "{label}: the pod template of {what} rejected by the API server (dry-run):\n{out}\n{yaml}");

@@ -490,12 +490,15 @@ pub(crate) fn stop(label: &str, child: &mut Child, log: &std::path::Path) {
     assert!(status.success(), "{label}: operator exit {status:?}:\n{}", std::fs::read_to_string(log).unwrap());
 }
 
-/// Creates (or updates) a rendered cluster-scoped object with server-side apply.
-async fn apply(env: &Env, doc: &Value) {
-    let (group, version) = doc["apiVersion"].as_str().unwrap().split_once('/').unwrap();
+/// Creates (or updates) a rendered object with server-side apply.
+pub(crate) async fn apply(env: &Env, doc: &Value) {
+    let (group, version) = doc["apiVersion"].as_str().unwrap().rsplit_once('/').unwrap_or(("", "v1"));
     let gvk = kube::api::GroupVersionKind::gvk(group, version, kind(doc));
     let (resource, _) = kube::discovery::pinned_kind(&env.client, &gvk).await.expect("a served kind");
-    let api: Api<kube::api::DynamicObject> = Api::all_with(env.client.clone(), &resource);
+    let api: Api<kube::api::DynamicObject> = match doc["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(env.client.clone(), ns, &resource),
+        None => Api::all_with(env.client.clone(), &resource),
+    };
     let object: kube::api::DynamicObject = serde_json::from_value(doc.clone()).unwrap();
     let params = kube::api::PatchParams::apply("zklock-tests").force();
     api.patch(name(doc), &params, &kube::api::Patch::Apply(&object))
@@ -581,16 +584,7 @@ async fn the_operator_works_with_the_charts_own_serviceaccount() {
     let docs = documents(&render_release(&release, &release_ns, None, &set_refs).expect("helm template"));
     let deployment = find(&docs, "Deployment")[0];
     let account = deployment["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap().to_string();
-    let (ok, token) = {
-        let out = Command::new(zklock_testkit::kube::kubectl())
-            .args(["create", "token", &account, "-n", &release_ns, "--duration=1h"])
-            .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())
-            .output()
-            .unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).trim().to_string())
-    };
-    assert!(ok && !token.is_empty(), "a token for the chart's ServiceAccount {account}");
-    let kubeconfig = token_kubeconfig(&env, &token);
+    let kubeconfig = token_kubeconfig(&env, &token_for(&account, &release_ns));
     let as_the_chart = env.with_kubeconfig(kubeconfig);
     let dir = std::env::temp_dir().join(format!("zklock-chart-install-{}", as_the_chart.ns));
     std::fs::create_dir_all(&dir).unwrap();
@@ -598,6 +592,7 @@ async fn the_operator_works_with_the_charts_own_serviceaccount() {
     let (mut child, metrics) = start_operator(&docs, &as_the_chart, &audit, &log);
     await_leading("installed chart", &metrics, &log).await;
     scenario(&as_the_chart).await;
+    crate::hooks::run_as_rendered(&as_the_chart, &release, &release_ns, &set_refs).await;
     stop("installed chart", &mut child, &log);
     let forbidden =
         std::fs::read_to_string(&log).unwrap_or_default().lines().filter(|l| l.contains("forbidden")).count();
@@ -631,14 +626,26 @@ async fn the_operator_works_with_the_charts_own_serviceaccount() {
     );
 
     let out = helm_on(zklock_testkit::kube::kubeconfig())
-        .args(["uninstall", &release, "--namespace", &release_ns, "--wait=false"])
+        .args(["uninstall", &release, "--namespace", &release_ns, "--wait=false", "--no-hooks"])
         .output()
         .expect("run helm uninstall");
     assert!(out.status.success(), "helm uninstall: {}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// A token of ServiceAccount `account` in `ns` (TokenRequest), good for an hour.
+pub(crate) fn token_for(account: &str, ns: &str) -> String {
+    let out = Command::new(zklock_testkit::kube::kubectl())
+        .args(["create", "token", account, "-n", ns, "--duration=1h"])
+        .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())
+        .output()
+        .unwrap();
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(out.status.success() && !token.is_empty(), "a token for ServiceAccount {ns}/{account}: {out:?}");
+    token
+}
+
 /// A kubeconfig for the API server under test that authenticates with `token` only.
-fn token_kubeconfig(env: &Env, token: &str) -> std::path::PathBuf {
+pub(crate) fn token_kubeconfig(env: &Env, token: &str) -> std::path::PathBuf {
     let original =
         kube::config::Kubeconfig::read_from(zklock_testkit::kube::kubeconfig()).expect("the test kubeconfig");
     let cluster = original.clusters.first().and_then(|c| c.cluster.clone()).expect("a cluster");
@@ -653,7 +660,7 @@ fn token_kubeconfig(env: &Env, token: &str) -> std::path::PathBuf {
          user:\n    token: {token}\ncontexts:\n- name: c\n  context: {{cluster: c, user: sa, namespace: {}}}\ncurrent-context: c\n",
         env.ns
     );
-    let path = std::env::temp_dir().join(format!("zklock-sa-{}.kubeconfig", env.ns));
+    let path = std::env::temp_dir().join(format!("zklock-sa-{}-{}.kubeconfig", env.ns, uuid::Uuid::new_v4().simple()));
     std::fs::write(&path, text).unwrap();
     path
 }

@@ -10,5 +10,6 @@ mod support;
 
 mod chart;
 mod chart_rbac;
+mod hooks;
 mod upgrade;
 mod zookeeper;

@@ -127,7 +127,7 @@ async fn an_upgrade_from_a_release_before_spec_locks_with_reuse_values_serves_a_
     crate::chart_rbac::stop("upgraded release", &mut child, &log);
     run(
         "helm uninstall",
-        helm_on(kubeconfig).args(["uninstall", &release, "--namespace", &release_ns, "--wait=false"]),
+        helm_on(kubeconfig).args(["uninstall", &release, "--namespace", &release_ns, "--wait=false", "--no-hooks"]),
     );
 }
 
@@ -170,10 +170,10 @@ async fn the_generated_zookeeper_credentials_outlive_upgrades_and_an_uninstall()
     assert_eq!(credentials().await, made, "helm upgrade made new credentials");
     helm_run("helm upgrade --reuse-values", &["upgrade", &release, &chart, "--wait=false", "--reuse-values"]);
     assert_eq!(credentials().await, made, "helm upgrade --reuse-values made new credentials");
-    helm_run("helm uninstall", &["uninstall", &release, "--wait=false"]);
+    helm_run("helm uninstall", &["uninstall", &release, "--wait=false", "--no-hooks"]);
     assert_eq!(credentials().await, made, "helm uninstall took the credentials");
     helm_run("helm install again", &["install", &release, &chart, "--skip-crds", "--wait=false", "--set", one_server]);
     assert_eq!(credentials().await, made, "a new install over the kept Secret made new credentials");
-    helm_run("helm uninstall", &["uninstall", &release, "--wait=false"]);
+    helm_run("helm uninstall", &["uninstall", &release, "--wait=false", "--no-hooks"]);
     let _ = namespaces.delete(&release_ns, &Default::default()).await;
 }

@@ -173,3 +173,65 @@ contenderKey: {{ $contenderKey | quote }}
 contenders: {{ $contenders }}
 generated: {{ $generated }}
 {{- end -}}
+
+{{/* The operator's pod securityContext: the value's, else the image's user 65532. */}}
+{{- define "zklock.podSecurityContext" -}}
+{{- with .Values.podSecurityContext }}
+{{- toYaml . }}
+{{- else -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+{{- end -}}
+
+{{/*
+A pod of the operator's image that runs one `zklock` command as ServiceAccount $sa (hooks: the
+pre-delete check, helm test). Called with (list $ $sa $args).
+*/}}
+{{- define "zklock.commandPod" -}}
+{{- $ := index . 0 }}
+serviceAccountName: {{ index . 1 }}
+automountServiceAccountToken: true
+enableServiceLinks: false
+restartPolicy: Never
+{{- with $.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- include "zklock.podSecurityContext" $ | nindent 2 }}
+{{- with $.Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $.Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+containers:
+  - name: zklock
+    image: {{ include "zklock.image" $ | quote }}
+    imagePullPolicy: {{ $.Values.image.pullPolicy }}
+    args:
+      {{- range index . 2 }}
+      - {{ . | quote }}
+      {{- end }}
+    env:
+      - name: POD_NAME
+        valueFrom: { fieldRef: { fieldPath: metadata.name } }
+      - name: POD_UID
+        valueFrom: { fieldRef: { fieldPath: metadata.uid } }
+    resources:
+      requests: { cpu: 10m, memory: 32Mi }
+      limits: { memory: 128Mi }
+    securityContext:
+      {{- with $.Values.securityContext }}
+      {{- toYaml . | nindent 6 }}
+      {{- else }}
+      {{- include "zklock.containerSecurityContext" $ | nindent 6 }}
+      {{- end }}
+{{- end -}}

@@ -1,0 +1,114 @@
+//! `zklock admin before-uninstall`: the chart's pre-delete step. Every claim carries the
+//! operator's finalizer until the operator has released it; once the operator is gone nobody
+//! removes it, and deleting such a claim, or its namespace, hangs. So before the operator goes:
+//! refuse, naming the claims, or (when asked) delete them and wait until the operator has
+//! released each. Nothing else is ever done to a claim: dropping the finalizer ourselves would
+//! race the running operator, and ungating a gated pod would run it without its lock.
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{Api, DeleteParams, ListParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::ResourceExt;
+use zklock::api::{LockClaim, FINALIZER};
+
+use super::api::ApiArgs;
+
+/// The claims that still carry the finalizer, as `namespace/name (phase)`, in `namespaces` (all
+/// when empty).
+async fn finalized(client: &kube::Client, namespaces: &[String]) -> Result<Vec<LockClaim>, String> {
+    let apis: Vec<Api<LockClaim>> = if namespaces.is_empty() {
+        vec![Api::all(client.clone())]
+    } else {
+        namespaces.iter().map(|ns| Api::namespaced(client.clone(), ns)).collect()
+    };
+    let mut found = Vec::new();
+    for api in apis {
+        let list = api.list(&ListParams::default()).await.map_err(|e| api_error(&e))?;
+        found.extend(list.items.into_iter().filter(|c| c.finalizers().iter().any(|f| f == FINALIZER)));
+    }
+    Ok(found)
+}
+
+fn describe(claim: &LockClaim) -> String {
+    let phase = claim.status.as_ref().and_then(|s| s.phase).map_or("new".to_string(), |p| format!("{p:?}"));
+    let deleting = if claim.metadata.deletion_timestamp.is_some() { ", being deleted" } else { "" };
+    format!("{}/{} ({phase}{deleting})", claim.namespace().unwrap_or_default(), claim.name_any())
+}
+
+pub async fn before_uninstall(
+    api: ApiArgs,
+    namespaces: Vec<String>,
+    delete_claims: bool,
+    timeout: Duration,
+) -> Result<u8, String> {
+    let client = api.client().await?;
+    let namespaces: Vec<String> = namespaces.into_iter().filter(|n| !n.is_empty()).collect();
+    let claims = finalized(&client, &namespaces).await?;
+    if claims.is_empty() {
+        println!("no LockClaim carries {FINALIZER}: nothing keeps the operator");
+        return Ok(0);
+    }
+    let listed: Vec<String> = claims.iter().map(describe).collect();
+    if !delete_claims {
+        eprintln!(
+            "zklock: {} LockClaim(s) still carry the operator's finalizer {FINALIZER}; without the operator they, \
+             and their namespaces, could not be deleted:\n  {}\nDelete them first (their Jobs or pods, or \
+             `kubectl delete lockclaims -n NAMESPACE --all`) and uninstall again, or uninstall with \
+             `--set uninstall.deleteClaims=true` to have them deleted and released before the operator goes.",
+            listed.len(),
+            listed.join("\n  ")
+        );
+        return Ok(1);
+    }
+    println!("deleting {} LockClaim(s) and waiting until the operator has released each:", listed.len());
+    for line in &listed {
+        println!("  {line}");
+    }
+    let waits = futures::stream::iter(claims)
+        .map(|claim| {
+            let client = client.clone();
+            async move {
+                let ns = claim.namespace().unwrap_or_default();
+                let name = claim.name_any();
+                let api: Api<LockClaim> = Api::namespaced(client, &ns);
+                match api.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+                    Err(e) => return Err(format!("delete {ns}/{name}: {}", api_error(&e))),
+                }
+                let uid = claim.uid().unwrap_or_default();
+                await_condition(api, &name, conditions::is_deleted(&uid))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| format!("wait for {ns}/{name}: {e}"))
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>();
+    match tokio::time::timeout(timeout, waits).await {
+        Ok(Ok(_)) => {
+            println!("every claim released");
+            Ok(0)
+        }
+        Ok(Err(e)) => Err(e),
+        Err(_) => {
+            let left: Vec<String> = finalized(&client, &namespaces).await?.iter().map(describe).collect();
+            Err(format!(
+                "{} LockClaim(s) not released within {timeout:?} (is the operator running and leading?):\n  {}",
+                left.len(),
+                left.join("\n  ")
+            ))
+        }
+    }
+}
+
+fn api_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => {
+            format!("the Kubernetes API refused: {} (the step needs list, delete and watch on lockclaims)", s.message)
+        }
+        other => format!("the Kubernetes API: {other}"),
+    }
+}
