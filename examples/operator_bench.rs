@@ -11,7 +11,8 @@
 //! (with API writes per gated handoff), uncontended acquire/release throughput over 1,000 locks next
 //! to Apache Curator's on the same ZooKeeper, and the operator's memory per claim at 10,000
 //! claims (`--memory-claims N` for another count, such as 100000). `--quick` runs smaller sizes (for a smoke test);
-//! `--only handoff|pods|gated|throughput|memory|clusters` runs one part (`clusters`: a
+//! `--only handoff|pods|gated|throughput|memory|clusters|failover` runs one part (`failover`:
+//! the leader stopped gracefully and then killed under 2,000 and 10,000 queued claims; `clusters`: a
 //! `ClusterLock` shared by this control plane and a second one started for the run, the handoff
 //! between the two clusters beside the handoff within one, then with 20 ms added to every
 //! ZooKeeper request of the second cluster's operator, and a leader change in the first cluster:
@@ -40,6 +41,8 @@ use zklock::api::{ClusterLock, Lock, LockClaim, Phase};
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 struct Sizes {
+    /// Claims queued (ten per lock) under the leader changes of the failover part.
+    failover_claims: Vec<usize>,
     waiters: [usize; 2],
     handoffs: usize,
     pod_rounds: usize,
@@ -53,15 +56,31 @@ async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
-    let parts = ["handoff", "pods", "gated", "throughput", "memory", "clusters"];
+    let parts = ["handoff", "pods", "gated", "throughput", "memory", "clusters", "failover"];
     if let Some(part) = only.as_deref().filter(|p| !parts.contains(p)) {
         return Err(format!("--only {part}: expected one of {}", parts.join(", ")).into());
     }
     let runs = |part: &str| only.as_deref().is_none_or(|o| o == part);
     let mut sizes = if quick {
-        Sizes { waiters: [5, 50], handoffs: 10, pod_rounds: 5, locks: 100, lifecycles: 20, memory_claims: 500 }
+        Sizes {
+            failover_claims: vec![200],
+            waiters: [5, 50],
+            handoffs: 10,
+            pod_rounds: 5,
+            locks: 100,
+            lifecycles: 20,
+            memory_claims: 500,
+        }
     } else {
-        Sizes { waiters: [10, 1000], handoffs: 50, pod_rounds: 20, locks: 1000, lifecycles: 100, memory_claims: 10_000 }
+        Sizes {
+            failover_claims: vec![2_000, 10_000],
+            waiters: [10, 1000],
+            handoffs: 50,
+            pod_rounds: 20,
+            locks: 1000,
+            lifecycles: 100,
+            memory_claims: 10_000,
+        }
     };
     if let Some(i) = args.iter().position(|a| a == "--memory-claims") {
         let n = args.get(i + 1).and_then(|n| n.parse().ok()).filter(|n| *n > 0);
@@ -111,6 +130,11 @@ async fn main() -> Result<(), Error> {
     }
     if runs("clusters") {
         clusters(&client, &server, zk, &sizes).await?;
+    }
+    if runs("failover") {
+        for &claims in &sizes.failover_claims {
+            failover(&client, &server, zk, claims).await?;
+        }
     }
     if runs("memory") {
         let bench = Bench::start(&client, &server, zk, "memory").await?;
@@ -313,6 +337,172 @@ async fn clusters(
 }
 
 const SEMAPHORE_PERMITS: usize = 3;
+
+/// A claim's phase, fencing token, and the leader epoch of its last status write.
+type Seen3 = (Option<Phase>, Option<String>, Option<i64>);
+
+/// What a watch of the bench's namespace says of each claim.
+#[derive(Default)]
+struct Claims {
+    state: std::sync::Mutex<HashMap<String, Seen3>>,
+    changed: tokio::sync::Notify,
+}
+
+impl Claims {
+    fn follow(api: Api<LockClaim>) -> (Arc<Claims>, tokio::task::JoinHandle<()>) {
+        let claims = Arc::new(Claims::default());
+        let seen = claims.clone();
+        let task = tokio::spawn(async move {
+            let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()));
+            while let Some(event) = stream.next().await {
+                let mut state = seen.state.lock().unwrap_or_else(|p| p.into_inner());
+                match event {
+                    Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c)) => {
+                        let status = c.status.unwrap_or_default();
+                        state.insert(
+                            c.metadata.name.unwrap_or_default(),
+                            (status.phase, status.fencing_token, status.leader_epoch),
+                        );
+                    }
+                    Ok(watcher::Event::Delete(c)) => {
+                        state.remove(&c.metadata.name.unwrap_or_default());
+                    }
+                    _ => continue,
+                }
+                drop(state);
+                seen.changed.notify_waiters();
+            }
+        });
+        (claims, task)
+    }
+
+    /// Waits until `done` holds of the claims seen, at most `limit`; answers when it did.
+    async fn until(
+        &self,
+        limit: Duration,
+        done: impl Fn(&HashMap<String, Seen3>) -> bool,
+    ) -> Option<Instant> {
+        let wait = async {
+            loop {
+                let notified = self.changed.notified();
+                if done(&self.state.lock().unwrap_or_else(|p| p.into_inner())) {
+                    return Instant::now();
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(limit, wait).await.ok()
+    }
+
+    fn snapshot(&self) -> HashMap<String, Seen3> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// A leader change under load: `claims` claims queued ten per lock, a standby ready, then the
+/// leader stopped gracefully (SIGTERM, as `helm upgrade` does) and, with a new standby, killed
+/// (SIGKILL, a node lost). At the signal a holder is deleted and a claim is made on a free lock,
+/// as users would meanwhile. Times from the signal: the standby leads; the released lock's next
+/// claim is Held; the new claim is Held; every claim carries the new leader's epoch (re-stamped).
+/// Also what the takeover cost (the new leader's API calls and ZooKeeper writes until every
+/// claim was re-stamped) and whether any other holder or token changed.
+async fn failover(
+    client: &kube::Client,
+    server: &Server,
+    zk: &zklock_testkit::ZkServer,
+    claims: usize,
+) -> Result<(), Error> {
+    let locks = (claims / 10).max(1);
+    let mut bench = Bench::start(client, server, zk, &format!("failover-{claims}")).await?;
+    let (watched, follower) = Claims::follow(bench.claims.clone());
+    let names: Vec<(String, String)> =
+        (0..claims).map(|i| (format!("f{}-{}", i % locks, i / locks), format!("fo-{}", i % locks))).collect();
+    let created: Vec<Result<(), Error>> = futures::stream::iter(names.iter())
+        .map(|(name, lock)| bench.create(name, lock, None))
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    for r in created {
+        r?;
+    }
+    let queued = |s: &HashMap<String, Seen3>| {
+        s.values().filter(|(p, _, _)| matches!(p, Some(Phase::Held | Phase::Waiting))).count() >= claims
+    };
+    watched
+        .until(Duration::from_secs(60 + claims as u64 / 20), queued)
+        .await
+        .ok_or(format!("{claims} claims not all queued"))?;
+    for (round, signal) in ["TERM", "KILL"].into_iter().enumerate() {
+        let standby = bench.standby().await?;
+        let before = watched.snapshot();
+        let epoch_before = before.values().filter_map(|(_, _, e)| *e).max().unwrap_or(0);
+        let lock = format!("f{round}-");
+        let holder = before
+            .iter()
+            .find(|(name, (phase, _, _))| name.starts_with(&lock) && *phase == Some(Phase::Held))
+            .map(|(name, _)| name.clone())
+            .ok_or(format!("no holder of fo-{round}"))?;
+        let fresh = format!("new-{signal}");
+        let counters = |m: String| async move {
+            let calls = metric_at(&m, "zklock_kubernetes_calls_total").await;
+            let writes = metric_at(&m, "zklock_kubernetes_writes_total").await;
+            let zk = metric_at(&m, "zklock_zookeeper_operations_total{op=\"create\"}").await
+                + metric_at(&m, "zklock_zookeeper_operations_total{op=\"delete\"}").await;
+            (calls, writes, zk)
+        };
+        let cost_before = counters(standby.1.clone()).await;
+        let start = Instant::now();
+        let killed = Command::new("kill").args([&format!("-{signal}"), &bench.operator.id().to_string()]).status()?;
+        if !killed.success() {
+            return Err(format!("kill -{signal} of the leader failed").into());
+        }
+        let mut old = std::mem::replace(&mut bench.operator, standby.0);
+        bench.metrics = standby.1;
+        bench.claims.delete(&holder, &DeleteParams::default()).await?;
+        bench.create(&fresh, &format!("free-{signal}"), None).await?;
+        let limit = Duration::from_secs(120);
+        let leads = async {
+            let deadline = Instant::now() + limit;
+            while bench.metric("zklock_leader").await < 1.0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (Instant::now() < deadline).then(Instant::now)
+        };
+        let next_held = watched.until(limit, |s| {
+            s.iter().any(|(n, (p, _, _))| n.starts_with(&lock) && *n != holder && *p == Some(Phase::Held))
+        });
+        let fresh_held = watched.until(limit, |s| s.get(&fresh).is_some_and(|(p, _, _)| *p == Some(Phase::Held)));
+        let restamped = watched.until(Duration::from_secs(300), |s| {
+            s.values().all(|(_, _, e)| e.is_some_and(|e| e > epoch_before)) && s.len() >= claims
+        });
+        let (led, next, new, all) = tokio::join!(leads, next_held, fresh_held, restamped);
+        let cost_after = counters(bench.metrics.clone()).await;
+        let _ = old.wait();
+        let after = watched.snapshot();
+        // Holders other than the released lock's keep their grant and token.
+        let changed = before
+            .iter()
+            .filter(|(name, (phase, _, _))| *phase == Some(Phase::Held) && !name.starts_with(&lock))
+            .filter(|(name, (_, token, _))| after.get(*name).is_none_or(|(p, t, _)| *p != Some(Phase::Held) || t != token))
+            .count();
+        let secs = |t: Option<Instant>| t.map_or("not within the limit".to_string(), |t| format!("{:.2} s", (t - start).as_secs_f64()));
+        let kind = if signal == "TERM" { "graceful (SIGTERM, a standby running)" } else { "crash (SIGKILL, a standby running)" };
+        println!(
+            "failover at {claims} claims ({locks} locks), {kind}: leads {}, the released lock's next claim Held {}, \
+             a new claim on a free lock Held {}, every claim re-stamped {}; the takeover's API calls {:.0} (writes \
+             {:.0}), ZooKeeper creates+deletes {:.0}; other holders or tokens changed: {changed}",
+            secs(led),
+            secs(next),
+            secs(new),
+            secs(all),
+            cost_after.0 - cost_before.0,
+            cost_after.1 - cost_before.1,
+            cost_after.2 - cost_before.2,
+        );
+    }
+    follower.abort();
+    Ok(())
+}
 
 async fn throughput(
     client: &kube::Client,
