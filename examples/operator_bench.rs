@@ -12,7 +12,8 @@
 //! to Apache Curator's on the same ZooKeeper, and the operator's memory per claim at 10,000
 //! claims (`--memory-claims N` for another count, such as 100000). `--quick` runs smaller sizes (for a smoke test);
 //! `--only handoff|pods|gated|throughput|memory|clusters|failover` runs one part (`failover`:
-//! the leader stopped gracefully and then killed under 2,000 and 10,000 queued claims; `clusters`: a
+//! the leader stopped gracefully and then killed under 2,000 and 10,000 queued claims, or
+//! `--failover-claims N`; `clusters`: a
 //! `ClusterLock` shared by this control plane and a second one started for the run, the handoff
 //! between the two clusters beside the handoff within one, then with 20 ms added to every
 //! ZooKeeper request of the second cluster's operator, and a leader change in the first cluster:
@@ -82,6 +83,10 @@ async fn main() -> Result<(), Error> {
             memory_claims: 10_000,
         }
     };
+    if let Some(i) = args.iter().position(|a| a == "--failover-claims") {
+        let n = args.get(i + 1).and_then(|n| n.parse().ok()).filter(|n| *n >= 10);
+        sizes.failover_claims = vec![n.ok_or("--failover-claims N: N must be a number of claims, 10 or more")?];
+    }
     if let Some(i) = args.iter().position(|a| a == "--memory-claims") {
         let n = args.get(i + 1).and_then(|n| n.parse().ok()).filter(|n| *n > 0);
         sizes.memory_claims = n.ok_or("--memory-claims N: N must be a positive number of claims")?;
@@ -156,12 +161,24 @@ async fn handoffs(
     sizes: &Sizes,
 ) -> Result<(), Error> {
     let mut handoff_p50 = vec![];
+    let mut held = None;
     for waiters in sizes.waiters {
         let bench = Bench::start(client, server, zk, &format!("handoff-{waiters}")).await?;
         let result = bench.handoffs(1, waiters, sizes.handoffs).await?;
         println!("handoff at {waiters:>4} waiters: {}", result.summary());
         handoff_p50.push(result.latency.percentile(0.5));
+        held = held.or(result.held);
     }
+    // The API server's own part of a handoff, made by the bench alone, beside zklock's.
+    let held = held.ok_or("no Held status was seen to copy for the handoff's floor")?;
+    let floor = handoff_floor(client, server, held, sizes.handoffs).await?;
+    println!(
+        "handoff's floor (the holder's delete seen on a watch, then the next claim's Held status written and \
+         seen, by the bench alone): {}; zklock / floor at {} waiters: p50 {:.2}",
+        floor.summary(),
+        sizes.waiters[0],
+        handoff_p50[0].as_secs_f64() / floor.percentile(0.5).as_secs_f64()
+    );
     println!(
         "handoff p50 ratio {} vs {} waiters: {:.2}",
         sizes.waiters[1],
@@ -377,11 +394,7 @@ impl Claims {
     }
 
     /// Waits until `done` holds of the claims seen, at most `limit`; answers when it did.
-    async fn until(
-        &self,
-        limit: Duration,
-        done: impl Fn(&HashMap<String, Seen3>) -> bool,
-    ) -> Option<Instant> {
+    async fn until(&self, limit: Duration, done: impl Fn(&HashMap<String, Seen3>) -> bool) -> Option<Instant> {
         let wait = async {
             loop {
                 let notified = self.changed.notified();
@@ -442,7 +455,7 @@ async fn failover(
             .find(|(name, (phase, _, _))| name.starts_with(&lock) && *phase == Some(Phase::Held))
             .map(|(name, _)| name.clone())
             .ok_or(format!("no holder of fo-{round}"))?;
-        let fresh = format!("new-{signal}");
+        let fresh = format!("new-{}", signal.to_lowercase());
         let counters = |m: String| async move {
             let calls = metric_at(&m, "zklock_kubernetes_calls_total").await;
             let writes = metric_at(&m, "zklock_kubernetes_writes_total").await;
@@ -459,7 +472,7 @@ async fn failover(
         let mut old = std::mem::replace(&mut bench.operator, standby.0);
         bench.metrics = standby.1;
         bench.claims.delete(&holder, &DeleteParams::default()).await?;
-        bench.create(&fresh, &format!("free-{signal}"), None).await?;
+        bench.create(&fresh, &format!("free-{}", signal.to_lowercase()), None).await?;
         let limit = Duration::from_secs(120);
         let leads = async {
             let deadline = Instant::now() + limit;
@@ -483,10 +496,18 @@ async fn failover(
         let changed = before
             .iter()
             .filter(|(name, (phase, _, _))| *phase == Some(Phase::Held) && !name.starts_with(&lock))
-            .filter(|(name, (_, token, _))| after.get(*name).is_none_or(|(p, t, _)| *p != Some(Phase::Held) || t != token))
+            .filter(|(name, (_, token, _))| {
+                after.get(*name).is_none_or(|(p, t, _)| *p != Some(Phase::Held) || t != token)
+            })
             .count();
-        let secs = |t: Option<Instant>| t.map_or("not within the limit".to_string(), |t| format!("{:.2} s", (t - start).as_secs_f64()));
-        let kind = if signal == "TERM" { "graceful (SIGTERM, a standby running)" } else { "crash (SIGKILL, a standby running)" };
+        let secs = |t: Option<Instant>| {
+            t.map_or("not within the limit".to_string(), |t| format!("{:.2} s", (t - start).as_secs_f64()))
+        };
+        let kind = if signal == "TERM" {
+            "graceful (SIGTERM, a standby running)"
+        } else {
+            "crash (SIGKILL, a standby running)"
+        };
         println!(
             "failover at {claims} claims ({locks} locks), {kind}: leads {}, the released lock's next claim Held {}, \
              a new claim on a free lock Held {}, every claim re-stamped {}; the takeover's API calls {:.0} (writes \
@@ -622,6 +643,107 @@ async fn floor(
     results.into_iter().collect::<Result<Vec<()>, Error>>()?;
     Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await?;
     Ok(rate)
+}
+
+/// The API server's own part of a handoff: in a namespace no operator serves (with the same
+/// admission policies), a holder and a waiter made; then, timed: the holder deleted, its
+/// deletion seen on a watch of the namespace (as the operator learns of it), the waiter's Held
+/// status written (a JSON patch tested against its UID and resourceVersion, as the operator
+/// writes it) and seen on the same watch (as `kubectl wait` learns of it). Everything zklock adds
+/// (ZooKeeper's delete and notification, the reconcile) is what a handoff costs above this.
+async fn handoff_floor(
+    client: &kube::Client,
+    server: &Server,
+    held: serde_json::Value,
+    rounds: usize,
+) -> Result<Samples, Error> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Patch, PatchParams};
+    use kube::runtime::reflector;
+    let ns = format!("bench-handoff-floor-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await?;
+    install_epoch_policy(client, &ns).await?;
+    let epoch = held.get("leaderEpoch").and_then(|e| e.as_u64()).unwrap_or(0);
+    let param: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": zklock::api::epoch_policy::EPOCH_PARAM},
+        "data": {(zklock::api::epoch_policy::EPOCH_KEY): epoch.to_string()}
+    }))?;
+    Api::<ConfigMap>::namespaced(client.clone(), &ns).create(&PostParams::default(), &param).await?;
+    if server.finalizer_policy {
+        install_finalizer_policy(client, &ns).await?;
+    }
+    let claims: Api<LockClaim> = Api::namespaced(client.clone(), &ns);
+    let (store, writer) = reflector::store();
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let watch = {
+        let changed = changed.clone();
+        let stream = reflector(writer, watcher(claims.clone(), watcher::Config::default()));
+        tokio::spawn(stream.for_each(move |_| {
+            changed.notify_waiters();
+            async {}
+        }))
+    };
+    let seen = |name: String, done: fn(&LockClaim) -> bool| {
+        let (store, changed, ns) = (store.clone(), changed.clone(), ns.clone());
+        async move {
+            loop {
+                let notified = changed.notified();
+                if let Some(c) = store.get(&reflector::ObjectRef::new(&name).within(&ns)) {
+                    if done(&c) {
+                        return (*c).clone();
+                    }
+                }
+                notified.await;
+            }
+        }
+    };
+    let manager = PatchParams { field_manager: Some("zklock".into()), ..PatchParams::default() };
+    let release: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/finalizers/0", "value": zklock::api::FINALIZER},
+        {"op": "remove", "path": "/metadata/finalizers/0"},
+    ]))?;
+    let mut samples = Samples::default();
+    for i in 0..rounds {
+        let (holder, waiter) = (format!("h{i}"), format!("w{i}"));
+        for name in [&holder, &waiter] {
+            let mut metadata = json!({"name": name});
+            if !server.finalizer_policy {
+                metadata["finalizers"] = json!([zklock::api::FINALIZER]);
+            }
+            let claim: LockClaim = serde_json::from_value(json!({
+                "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim", "metadata": metadata,
+                "spec": {"lockName": "l"}
+            }))?;
+            claims.create(&PostParams::default(), &claim).await?;
+        }
+        within(&waiter, "seen", async {
+            seen(waiter.clone(), |_| true).await;
+        })
+        .await?;
+        let start = Instant::now();
+        claims.delete(&holder, &DeleteParams::default()).await?;
+        let deleting = seen(holder.clone(), |c| c.metadata.deletion_timestamp.is_some());
+        tokio::time::timeout(Duration::from_secs(60), deleting).await.map_err(|_| "the holder's deletion not seen")?;
+        let current =
+            store.get(&reflector::ObjectRef::new(&waiter).within(&ns)).ok_or("the waiter is not in the store")?;
+        let status: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "test", "path": "/metadata/uid", "value": current.metadata.uid},
+            {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
+            {"op": "add", "path": "/status", "value": held},
+        ]))?;
+        claims.patch_status(&waiter, &manager, &Patch::Json::<()>(status)).await?;
+        let granted = seen(waiter.clone(), |c| c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held));
+        tokio::time::timeout(Duration::from_secs(60), granted).await.map_err(|_| "the waiter's Held not seen")?;
+        samples.push(start.elapsed());
+        // Not timed: both claims gone, as the operator would finish them.
+        claims.patch(&holder, &manager, &Patch::Json::<()>(release.clone())).await?;
+        claims.delete(&waiter, &DeleteParams::default()).await?;
+        claims.patch(&waiter, &manager, &Patch::Json::<()>(release.clone())).await?;
+    }
+    watch.abort();
+    Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await?;
+    Ok(samples)
 }
 
 /// The finalizer's admission policy (as the chart installs it), and a binding for namespace `ns`.
@@ -876,6 +998,7 @@ impl Bench {
             Api::<Lock>::namespaced(self.client.clone(), &self.ns).create(&PostParams::default(), &lock).await?;
         }
         let mut latency = Samples::default();
+        let mut last_held = None;
         let (mut writes, mut zk_events) = (0u64, 0f64);
         let mut next = 0usize;
         let mut counted = 0usize;
@@ -907,6 +1030,7 @@ impl Bench {
                 latency.push(start.elapsed());
             }
             follower.abort();
+            last_held = last_held.or_else(|| seen.held.lock().unwrap_or_else(|p| p.into_inner()).take());
             // Let the last writes of the round (finalizer removals, events) land.
             tokio::time::sleep(Duration::from_millis(500)).await;
             writes += (self.metric("zklock_kubernetes_writes_total").await - writes_before) as u64;
@@ -920,6 +1044,7 @@ impl Bench {
         }
         Ok(HandoffResult {
             latency,
+            held: last_held,
             zk_events_per_handoff: zk_events / counted as f64,
             writes_per_handoff: writes as f64 / counted as f64,
         })
@@ -1248,6 +1373,8 @@ impl Seen {
 
 struct HandoffResult {
     latency: Samples,
+    /// The status of a claim seen Held, as the operator wrote it.
+    held: Option<serde_json::Value>,
     zk_events_per_handoff: f64,
     writes_per_handoff: f64,
 }

@@ -30,8 +30,9 @@ pub enum GrantBlocked {
     /// This claim, recorded Held in one of the locks, conflicts with the grant: its final
     /// status first.
     Holder(Uid),
-    /// This claim's status may still receive a deposed leader's write: this term's first.
-    Unstamped(Uid),
+    /// These claims' statuses may still receive a deposed leader's write: this term's first
+    /// (every such claim in the locks wanted, so that all are asked for at once).
+    Unstamped(Vec<Uid>),
     /// This claim's grant in a lock with permits is being written: one at a time there.
     Granting(Uid),
 }
@@ -101,9 +102,14 @@ impl Ledger {
     pub fn reserve(&mut self, uid: &Uid, wanted: &[Wanted<'_>], locks: &Locks) -> Result<(), GrantBlocked> {
         let holder = wanted.iter().find_map(|(lock, exclusive, limit)| self.conflict(uid, lock, *exclusive, *limit));
         let unstamped = || {
-            wanted.iter().find_map(|(lock, _, _)| {
-                self.unstamped.get(*lock).and_then(|claims| claims.iter().find(|c| ***c != **uid).cloned())
-            })
+            let others: Vec<Uid> = wanted
+                .iter()
+                .filter_map(|(lock, _, _)| self.unstamped.get(*lock))
+                .flatten()
+                .filter(|c| ***c != **uid)
+                .cloned()
+                .collect();
+            (!others.is_empty()).then_some(others)
         };
         let granting = || {
             wanted.iter().find_map(|(lock, _, limit)| {
@@ -324,7 +330,10 @@ mod tests {
         l.wake_into(tx);
         let x = lock("/l", true);
         l.expect_stamp(&uid("old"), &x);
-        assert_eq!(l.reserve(&uid("new"), &[("/l", true, Limit::Mutex)], &x), Err(GrantBlocked::Unstamped(uid("old"))));
+        assert_eq!(
+            l.reserve(&uid("new"), &[("/l", true, Limit::Mutex)], &x),
+            Err(GrantBlocked::Unstamped(vec![uid("old")]))
+        );
         assert_eq!(
             l.reserve(&uid("old"), &[("/l", true, Limit::Mutex)], &x),
             Ok(()),

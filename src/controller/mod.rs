@@ -16,6 +16,7 @@ pub mod events;
 pub mod gated;
 mod ledger;
 pub mod locks;
+mod pace;
 pub mod parts;
 pub mod plan;
 mod positions;
@@ -74,8 +75,11 @@ pub struct Context {
     pub default_ttl: Option<Duration>,
     /// Each scope's claims, as its watch last delivered them (index = scope).
     claims: Vec<Store<KeptClaim>>,
-    /// Each scope's requests to reconcile one claim, or all of them.
+    /// Each scope's requests to reconcile one claim.
     triggers: Vec<Triggers>,
+    /// Requests to reconcile every claim (see `pace`), and the walk's batch in flight.
+    walks: mpsc::UnboundedSender<()>,
+    paced: pace::Paced,
     /// Each scope's requests to reconcile one gated pod.
     pod_triggers: Vec<UnboundedSender<ObjectRef<gated::KeptPod>>>,
     /// Each scope's `Lock` objects, and requests to refresh one's status.
@@ -102,7 +106,6 @@ pub struct Context {
 
 struct Triggers {
     one: UnboundedSender<ObjectRef<KeptClaim>>,
-    all: UnboundedSender<()>,
 }
 
 impl Context {
@@ -219,16 +222,20 @@ impl Context {
             self.orphan(uid);
             return;
         };
+        self.trigger_object(object);
+    }
+
+    /// Asks for a reconcile of every claim served, paced (see `pace`).
+    pub fn trigger_all(&self) {
+        // Closed only when the term's tasks have stopped, and this context with them.
+        let _ = self.walks.send(());
+    }
+
+    /// Asks for a reconcile of claim `object` soon.
+    fn trigger_object(&self, object: ObjectRef<KeptClaim>) {
         if let Some(triggers) = self.scope_of(&object).and_then(|scope| self.triggers.get(scope)) {
             // Closed only when the controller has stopped, and this context with it.
             let _ = triggers.one.unbounded_send(object);
-        }
-    }
-
-    /// Asks for a reconcile of every claim served.
-    pub fn trigger_all(&self) {
-        for triggers in &self.triggers {
-            let _ = triggers.all.unbounded_send(());
         }
     }
 
@@ -387,18 +394,18 @@ pub async fn run(
     } = setup;
     let scopes = namespaces.len().max(1);
     let (orphans, orphans_rx) = mpsc::unbounded_channel();
+    let (walks, walks_rx) = mpsc::unbounded_channel();
     // Per scope: its store, and its triggers (the senders go into the context).
     let (mut claims, mut triggers, mut pod_triggers, mut scoped) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut locks, mut lock_triggers, mut lock_scoped) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..scopes {
         let (reader, writer) = reflector::store();
         let (one, one_rx) = futures::channel::mpsc::unbounded();
-        let (all, all_rx) = futures::channel::mpsc::unbounded();
         let (pod, pod_rx) = futures::channel::mpsc::unbounded();
         claims.push(reader.clone());
-        triggers.push(Triggers { one, all });
+        triggers.push(Triggers { one });
         pod_triggers.push(pod);
-        scoped.push((writer, reader, one_rx, all_rx, pod_rx));
+        scoped.push((writer, reader, one_rx, pod_rx));
         let (lock_reader, lock_writer) = reflector::store();
         let (lock, lock_rx) = futures::channel::mpsc::unbounded();
         locks.push(lock_reader.clone());
@@ -429,6 +436,8 @@ pub async fn run(
         orphans,
         unsynced: channel::Sender::new(2 * scopes + 1),
         anchored: AtomicBool::new(false),
+        walks,
+        paced: Default::default(),
         leadership,
         fence: epoch_param.clone().zip(engine_epoch).map(|(param, mine)| api_fence::Fence::new(param, mine)),
     });
@@ -450,12 +459,11 @@ pub async fn run(
     // aborts the reconciles in flight with their controller).
     let mut controllers = JoinSet::new();
     let apis = ctx.watched::<KeptClaim>().into_iter().zip(ctx.watched::<PartialObjectMeta<Pod>>()).zip(ctx.watched());
-    for ((writer, reader, one_rx, all_rx, pod_rx), ((claim_api, pod_api), gated_api)) in scoped.into_iter().zip(apis) {
+    for ((writer, reader, one_rx, pod_rx), ((claim_api, pod_api), gated_api)) in scoped.into_iter().zip(apis) {
         let pods_ctx = ctx.clone();
         let controller = Controller::for_stream(watch::claims(ctx.clone(), claim_api, writer), reader)
             .watches_stream(watch::holder_pods(ctx.clone(), pod_api), move |pod| watch::claims_of_pod(&pods_ctx, &pod))
             .reconcile_on(one_rx)
-            .reconcile_all_on(all_rx)
             .with_config(Config::default().concurrency(concurrency.max(1)))
             .graceful_shutdown_on(shutdown.clone())
             .run(reconcile_claim, error_policy, ctx.clone())
@@ -490,6 +498,7 @@ pub async fn run(
     controllers.spawn(controller);
     let mut tasks = JoinSet::new();
     tasks.spawn(watch::release_orphans(ctx.clone(), orphans_rx).map(Ok));
+    tasks.spawn(pace::walks(ctx.clone(), walks_rx, usize::from(concurrency)).map(Ok));
     let (woken, mut woken_rx) = mpsc::unbounded_channel();
     ctx.registry.wake_into(woken);
     let waking = ctx.clone();
@@ -556,8 +565,11 @@ async fn reconcile_claim(claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Result<Act
     );
     ctx.metrics.reconciles_running.inc();
     let running = Running(&ctx.metrics.reconciles_running);
-    let result = reconcile::reconcile(uid.clone(), claim, ctx.clone()).instrument(span).await;
+    let result = reconcile::reconcile(uid.clone(), claim.clone(), ctx.clone()).instrument(span).await;
     drop(running);
+    if let Some(uid) = claim.metadata.uid.as_deref() {
+        ctx.paced.reconciled(uid);
+    }
     if !ctx.is_served(&uid) {
         // Gone while it was reconciled (a node it was just given would outlive it): look again.
         ctx.orphan(&uid);

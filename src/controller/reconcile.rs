@@ -213,11 +213,16 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
                 tracing::debug!(other = %other, "grant waits for another grant of the lock to be written");
                 return Ok(Action::requeue(GRANT_BACKSTOP));
             }
-            Err(GrantBlocked::Unstamped(other)) => {
+            Err(GrantBlocked::Unstamped(others)) => {
                 // A deposed leader's late write could still make another claim of this lock
                 // Held: not before every one of them carries this term's epoch (docs/design.md: fencing).
-                tracing::debug!(other = %other, "grant waits until every claim of the lock carries this term's epoch");
-                ctx.trigger(&other);
+                // All of them are asked for at once (one by one, each a reconcile behind the
+                // last, ten claims held a grant up for 10 s after a leader change).
+                let names: Vec<String> = others.iter().filter_map(|o| ctx.registry.name(o)).collect();
+                tracing::debug!(others = ?names, "grant waits until every claim of the lock carries this term's epoch");
+                for other in &others {
+                    ctx.trigger(other);
+                }
                 if claim.status.as_ref().and_then(|s| s.leader_epoch) != ctx.epoch() {
                     // This one's status as it is, stamped, so that it holds no grant up either
                     // (two claims waiting for each other's stamp would wait for ever).

@@ -589,13 +589,13 @@ mod tests {
         r.expect_stamp(&a);
         r.expect_stamp(&b);
         r.expect_stamp(&c);
-        assert_eq!(r.reserve_grant("a", &[("/l", true, Limit::Mutex)]), Err(GrantBlocked::Unstamped("b".into())));
+        assert_eq!(r.reserve_grant("a", &[("/l", true, Limit::Mutex)]), Err(GrantBlocked::Unstamped(vec!["b".into()])));
         assert!(!r.written("b"));
         r.stamped("b", true);
         assert!(r.written("b"));
         assert_eq!(
             r.reserve_grant("b", &[("/l", true, Limit::Mutex)]),
-            Err(GrantBlocked::Unstamped("a".into())),
+            Err(GrantBlocked::Unstamped(vec!["a".into()])),
             "nor for b"
         );
         assert_eq!(r.reserve_grant("a", &[("/l", true, Limit::Mutex)]), Ok(()), "its own stamp is the grant's write");

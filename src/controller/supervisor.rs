@@ -140,13 +140,14 @@ pub async fn connect(
 }
 
 /// The first re-anchoring of the term, once every scope's watch has listed its claims: then
-/// the session admits, the term is ready, and every claim is reconciled.
+/// the session admits and the term is ready (the caller then has every claim reconciled).
 pub(super) async fn first_anchor(ctx: &Context, term: &Term) -> Result<(), Error> {
     ctx.wait_synced().await;
+    let started = std::time::Instant::now();
     anchor::reanchor_all(ctx).await?;
+    tracing::info!(took = ?started.elapsed(), "re-anchored every lock; admitting");
     ctx.anchored.store(true, std::sync::atomic::Ordering::SeqCst);
     term.set(true);
-    ctx.trigger_all();
     Ok(())
 }
 
@@ -163,17 +164,21 @@ pub(super) async fn follow(
     // Since when ZooKeeper has been out of this leader's reach: the bound counts from there,
     // not from the session's end, which the client reports only 7/5 of its timeout later.
     let mut out_of_reach: Option<Instant> = None;
+    let mut pending = after_reanchoring(&ctx, &mut events);
     loop {
         let deadline = out_of_reach.map(|since| since + bound);
-        let event = tokio::select! {
-            event = events.recv() => match event {
-                Some(event) => event,
-                // The engine is gone: the term is ending.
-                None => return Ok(()),
+        let event = match pending.pop_front() {
+            Some(event) => event,
+            None => tokio::select! {
+                event = events.recv() => match event {
+                    Some(event) => event,
+                    // The engine is gone: the term is ending.
+                    None => return Ok(()),
+                },
+                _ = sleep_until(deadline) => {
+                    return Err(Error::CannotServe(format!("ZooKeeper out of reach for {bound:?}")));
+                }
             },
-            _ = sleep_until(deadline) => {
-                return Err(Error::CannotServe(format!("ZooKeeper out of reach for {bound:?}")));
-            }
         };
         match event {
             // A release is always the operator's own doing, by the reconcile that asked for
@@ -225,10 +230,30 @@ pub(super) async fn follow(
                 }
                 out_of_reach = None;
                 term.set(true);
-                ctx.trigger_all();
+                pending.extend(after_reanchoring(&ctx, &mut events));
             }
         }
     }
+}
+
+/// After a re-anchoring: asks for every claim to be reconciled (the walk, paced: see `pace`),
+/// and answers the engine's events queued so far but its contenders' changes. Every one of the
+/// thousands of nodes re-made reports one; as triggers they would all stand in the controller's
+/// queue ahead of any claim that changes from now on. Dropping them is safe because they are
+/// taken before the walk is asked for: it looks at the claims after it is asked, so every claim
+/// is reconciled after any change dropped here. Session events are kept, in order.
+fn after_reanchoring(
+    ctx: &Context,
+    events: &mut mpsc::UnboundedReceiver<EngineEvent>,
+) -> std::collections::VecDeque<EngineEvent> {
+    let mut kept = std::collections::VecDeque::new();
+    while let Ok(event) = events.try_recv() {
+        if !matches!(event, EngineEvent::Contender { .. }) {
+            kept.push_back(event);
+        }
+    }
+    ctx.trigger_all();
+    kept
 }
 
 /// Sleeps until `deadline`, or for ever without one.

@@ -40,6 +40,8 @@ pub fn claims(
             Ok(watcher::Event::Delete(claim)) => {
                 if let Some(uid) = claim.metadata.uid.as_deref() {
                     ctx.orphan(uid);
+                    // Gone from the store: no reconcile of it will run for the walk to wait on.
+                    ctx.paced.reconciled(uid);
                 }
                 gated_pod_of(&ctx, claim);
                 super::locks::claim_changed(&ctx, claim);
