@@ -470,6 +470,10 @@ async fn failover(
             return Err(format!("kill -{signal} of the leader failed").into());
         }
         let mut old = std::mem::replace(&mut bench.operator, standby.0);
+        // Reaped whenever it ends (a graceful stop takes a moment), whatever happens here.
+        let reaped = tokio::task::spawn_blocking(move || {
+            let _ = old.wait();
+        });
         bench.metrics = standby.1;
         bench.claims.delete(&holder, &DeleteParams::default()).await?;
         bench.create(&fresh, &format!("free-{}", signal.to_lowercase()), None).await?;
@@ -490,7 +494,7 @@ async fn failover(
         });
         let (led, next, new, all) = tokio::join!(leads, next_held, fresh_held, restamped);
         let cost_after = counters(bench.metrics.clone()).await;
-        let _ = old.wait();
+        let _ = reaped.await;
         let after = watched.snapshot();
         // Holders other than the released lock's keep their grant and token.
         let changed = before
