@@ -171,13 +171,21 @@ async fn handoffs(
     }
     // The API server's own part of a handoff, made by the bench alone, beside zklock's.
     let held = held.ok_or("no Held status was seen to copy for the handoff's floor")?;
-    let floor = handoff_floor(client, server, held, sizes.handoffs).await?;
+    let floor = handoff_floor(client, server, held.clone(), sizes.handoffs, false).await?;
     println!(
         "handoff's floor (the holder's delete seen on a watch, then the next claim's Held status written and \
          seen, by the bench alone): {}; zklock / floor at {} waiters: p50 {:.2}",
         floor.summary(),
         sizes.waiters[0],
         handoff_p50[0].as_secs_f64() / floor.percentile(0.5).as_secs_f64()
+    );
+    let with_final = handoff_floor(client, server, held, sizes.handoffs, true).await?;
+    println!(
+        "handoff's floor with the holder's final status written and seen first (as zklock does): {}; zklock / \
+         that floor at {} waiters: p50 {:.2}",
+        with_final.summary(),
+        sizes.waiters[0],
+        handoff_p50[0].as_secs_f64() / with_final.percentile(0.5).as_secs_f64()
     );
     println!(
         "handoff p50 ratio {} vs {} waiters: {:.2}",
@@ -653,13 +661,16 @@ async fn floor(
 /// admission policies), a holder and a waiter made; then, timed: the holder deleted, its
 /// deletion seen on a watch of the namespace (as the operator learns of it), the waiter's Held
 /// status written (a JSON patch tested against its UID and resourceVersion, as the operator
-/// writes it) and seen on the same watch (as `kubectl wait` learns of it). Everything zklock adds
-/// (ZooKeeper's delete and notification, the reconcile) is what a handoff costs above this.
+/// writes it) and seen on the same watch (as `kubectl wait` learns of it). With `final_status`,
+/// the holder's final status is written and seen before the grant, as the operator does (the API
+/// never shows two holders). Everything zklock adds (ZooKeeper's delete and notification, the
+/// reconciles) is what a handoff costs above this.
 async fn handoff_floor(
     client: &kube::Client,
     server: &Server,
     held: serde_json::Value,
     rounds: usize,
+    final_status: bool,
 ) -> Result<Samples, Error> {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::{Patch, PatchParams};
@@ -729,6 +740,21 @@ async fn handoff_floor(
         claims.delete(&holder, &DeleteParams::default()).await?;
         let deleting = seen(holder.clone(), |c| c.metadata.deletion_timestamp.is_some());
         tokio::time::timeout(Duration::from_secs(60), deleting).await.map_err(|_| "the holder's deletion not seen")?;
+        if final_status {
+            // The holder's final status first, as the operator writes it before the next grant.
+            let current =
+                store.get(&reflector::ObjectRef::new(&holder).within(&ns)).ok_or("the holder is not in the store")?;
+            let mut released = held.clone();
+            released["phase"] = json!("Released");
+            let status: json_patch::Patch = serde_json::from_value(json!([
+                {"op": "test", "path": "/metadata/uid", "value": current.metadata.uid},
+                {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
+                {"op": "add", "path": "/status", "value": released},
+            ]))?;
+            claims.patch_status(&holder, &manager, &Patch::Json::<()>(status)).await?;
+            let ended = seen(holder.clone(), |c| c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Released));
+            tokio::time::timeout(Duration::from_secs(60), ended).await.map_err(|_| "the holder's final status not seen")?;
+        }
         let current =
             store.get(&reflector::ObjectRef::new(&waiter).within(&ns)).ok_or("the waiter is not in the store")?;
         let status: json_patch::Patch = serde_json::from_value(json!([
