@@ -753,7 +753,9 @@ async fn handoff_floor(
             ]))?;
             claims.patch_status(&holder, &manager, &Patch::Json::<()>(status)).await?;
             let ended = seen(holder.clone(), |c| c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Released));
-            tokio::time::timeout(Duration::from_secs(60), ended).await.map_err(|_| "the holder's final status not seen")?;
+            tokio::time::timeout(Duration::from_secs(60), ended)
+                .await
+                .map_err(|_| "the holder's final status not seen")?;
         }
         let current =
             store.get(&reflector::ObjectRef::new(&waiter).within(&ns)).ok_or("the waiter is not in the store")?;
