@@ -598,52 +598,22 @@ async fn floor(
     n: usize,
     concurrency: usize,
 ) -> Result<f64, Error> {
-    use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::api::{Patch, PatchParams};
-    let ns = format!("bench-floor-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
-    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
-    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await?;
-    install_epoch_policy(client, &ns).await?;
-    let epoch = held.get("leaderEpoch").and_then(|e| e.as_u64()).unwrap_or(0);
-    let param: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": zklock::api::epoch_policy::EPOCH_PARAM},
-        "data": {(zklock::api::epoch_policy::EPOCH_KEY): epoch.to_string()}
-    }))?;
-    Api::<ConfigMap>::namespaced(client.clone(), &ns).create(&PostParams::default(), &param).await?;
-    if server.finalizer_policy {
-        install_finalizer_policy(client, &ns).await?;
-    }
-    let claims: Api<LockClaim> = Api::namespaced(client.clone(), &ns);
+    use kube::api::Patch;
+    let (ns, claims) = unserved_namespace(client, server, &held, "bench-floor").await?;
     let watch = tokio::spawn(watcher(claims.clone(), watcher::Config::default()).for_each(|_| async {}));
-    let manager = PatchParams { field_manager: Some("zklock".into()), ..PatchParams::default() };
+    let manager = as_the_operator();
     let start = Instant::now();
     let results: Vec<Result<(), Error>> = futures::stream::iter(0..n)
         .map(|i| {
             let (claims, held, manager) = (claims.clone(), held.clone(), manager.clone());
             async move {
                 let name = format!("f{i}");
-                let mut metadata = json!({"name": name});
-                if !server.finalizer_policy {
-                    metadata["finalizers"] = json!([zklock::api::FINALIZER]);
-                }
-                let claim: LockClaim = serde_json::from_value(json!({
-                    "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim", "metadata": metadata,
-                    "spec": {"lockName": format!("lock-{i}")}
-                }))?;
+                let claim = unserved_claim(&name, &format!("lock-{i}"), server)?;
                 let made = claims.create(&PostParams::default(), &claim).await?;
-                let (uid, version) = (made.metadata.uid.clone(), made.metadata.resource_version.clone());
-                let status: json_patch::Patch = serde_json::from_value(json!([
-                    {"op": "test", "path": "/metadata/uid", "value": uid},
-                    {"op": "test", "path": "/metadata/resourceVersion", "value": version},
-                    {"op": "add", "path": "/status", "value": held},
-                ]))?;
+                let status = status_patch(&made, &held)?;
                 claims.patch_status(&name, &manager, &Patch::Json::<()>(status)).await?;
                 claims.delete(&name, &DeleteParams::default()).await?;
-                let release: json_patch::Patch = serde_json::from_value(json!([
-                    {"op": "test", "path": "/metadata/finalizers/0", "value": zklock::api::FINALIZER},
-                    {"op": "remove", "path": "/metadata/finalizers/0"},
-                ]))?;
-                claims.patch(&name, &manager, &Patch::Json::<()>(release)).await?;
+                claims.patch(&name, &manager, &Patch::Json::<()>(finalizer_removal()?)).await?;
                 Ok(())
             }
         })
@@ -672,23 +642,9 @@ async fn handoff_floor(
     rounds: usize,
     final_status: bool,
 ) -> Result<Samples, Error> {
-    use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::api::{Patch, PatchParams};
+    use kube::api::Patch;
     use kube::runtime::reflector;
-    let ns = format!("bench-handoff-floor-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
-    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
-    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await?;
-    install_epoch_policy(client, &ns).await?;
-    let epoch = held.get("leaderEpoch").and_then(|e| e.as_u64()).unwrap_or(0);
-    let param: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": zklock::api::epoch_policy::EPOCH_PARAM},
-        "data": {(zklock::api::epoch_policy::EPOCH_KEY): epoch.to_string()}
-    }))?;
-    Api::<ConfigMap>::namespaced(client.clone(), &ns).create(&PostParams::default(), &param).await?;
-    if server.finalizer_policy {
-        install_finalizer_policy(client, &ns).await?;
-    }
-    let claims: Api<LockClaim> = Api::namespaced(client.clone(), &ns);
+    let (ns, claims) = unserved_namespace(client, server, &held, "bench-handoff-floor").await?;
     let (store, writer) = reflector::store();
     let changed = Arc::new(tokio::sync::Notify::new());
     let watch = {
@@ -713,24 +669,13 @@ async fn handoff_floor(
             }
         }
     };
-    let manager = PatchParams { field_manager: Some("zklock".into()), ..PatchParams::default() };
-    let release: json_patch::Patch = serde_json::from_value(json!([
-        {"op": "test", "path": "/metadata/finalizers/0", "value": zklock::api::FINALIZER},
-        {"op": "remove", "path": "/metadata/finalizers/0"},
-    ]))?;
+    let manager = as_the_operator();
+    let release = finalizer_removal()?;
     let mut samples = Samples::default();
     for i in 0..rounds {
         let (holder, waiter) = (format!("h{i}"), format!("w{i}"));
         for name in [&holder, &waiter] {
-            let mut metadata = json!({"name": name});
-            if !server.finalizer_policy {
-                metadata["finalizers"] = json!([zklock::api::FINALIZER]);
-            }
-            let claim: LockClaim = serde_json::from_value(json!({
-                "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim", "metadata": metadata,
-                "spec": {"lockName": "l"}
-            }))?;
-            claims.create(&PostParams::default(), &claim).await?;
+            claims.create(&PostParams::default(), &unserved_claim(name, "l", server)?).await?;
         }
         within(&waiter, "seen", async {
             seen(waiter.clone(), |_| true).await;
@@ -746,11 +691,7 @@ async fn handoff_floor(
                 store.get(&reflector::ObjectRef::new(&holder).within(&ns)).ok_or("the holder is not in the store")?;
             let mut released = held.clone();
             released["phase"] = json!("Released");
-            let status: json_patch::Patch = serde_json::from_value(json!([
-                {"op": "test", "path": "/metadata/uid", "value": current.metadata.uid},
-                {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
-                {"op": "add", "path": "/status", "value": released},
-            ]))?;
+            let status = status_patch(&current, &released)?;
             claims.patch_status(&holder, &manager, &Patch::Json::<()>(status)).await?;
             let ended = seen(holder.clone(), |c| c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Released));
             tokio::time::timeout(Duration::from_secs(60), ended)
@@ -759,11 +700,7 @@ async fn handoff_floor(
         }
         let current =
             store.get(&reflector::ObjectRef::new(&waiter).within(&ns)).ok_or("the waiter is not in the store")?;
-        let status: json_patch::Patch = serde_json::from_value(json!([
-            {"op": "test", "path": "/metadata/uid", "value": current.metadata.uid},
-            {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
-            {"op": "add", "path": "/status", "value": held},
-        ]))?;
+        let status = status_patch(&current, &held)?;
         claims.patch_status(&waiter, &manager, &Patch::Json::<()>(status)).await?;
         let granted = seen(waiter.clone(), |c| c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held));
         tokio::time::timeout(Duration::from_secs(60), granted).await.map_err(|_| "the waiter's Held not seen")?;
@@ -776,6 +713,67 @@ async fn handoff_floor(
     watch.abort();
     Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await?;
     Ok(samples)
+}
+
+/// A namespace of its own that no operator serves, with the admission policies the bench's
+/// operators meet (the epoch policy's parameter at the epoch of the `held` status copied), for
+/// the API server's floors; answers it and its claims' API.
+async fn unserved_namespace(
+    client: &kube::Client,
+    server: &Server,
+    held: &serde_json::Value,
+    prefix: &str,
+) -> Result<(String, Api<LockClaim>), Error> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let ns = format!("{prefix}-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await?;
+    install_epoch_policy(client, &ns).await?;
+    let epoch = held.get("leaderEpoch").and_then(|e| e.as_u64()).unwrap_or(0);
+    let param: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": zklock::api::epoch_policy::EPOCH_PARAM},
+        "data": {(zklock::api::epoch_policy::EPOCH_KEY): epoch.to_string()}
+    }))?;
+    Api::<ConfigMap>::namespaced(client.clone(), &ns).create(&PostParams::default(), &param).await?;
+    if server.finalizer_policy {
+        install_finalizer_policy(client, &ns).await?;
+    }
+    let claims = Api::namespaced(client.clone(), &ns);
+    Ok((ns, claims))
+}
+
+/// A claim of lock `lock` for a floor, with the operator's finalizer as it would have it.
+fn unserved_claim(name: &str, lock: &str, server: &Server) -> Result<LockClaim, Error> {
+    let mut metadata = json!({"name": name});
+    if !server.finalizer_policy {
+        metadata["finalizers"] = json!([zklock::api::FINALIZER]);
+    }
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim", "metadata": metadata, "spec": {"lockName": lock}
+    }))?)
+}
+
+/// Writes as the operator does: its field manager.
+fn as_the_operator() -> kube::api::PatchParams {
+    kube::api::PatchParams { field_manager: Some("zklock".into()), ..Default::default() }
+}
+
+/// `status` written over the copy `current`, tested against its UID and resourceVersion, as the
+/// operator writes a status.
+fn status_patch(current: &LockClaim, status: &serde_json::Value) -> Result<json_patch::Patch, Error> {
+    Ok(serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/uid", "value": current.metadata.uid},
+        {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
+        {"op": "add", "path": "/status", "value": status},
+    ]))?)
+}
+
+/// The operator's finalizer removed, tested to be the one removed.
+fn finalizer_removal() -> Result<json_patch::Patch, Error> {
+    Ok(serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/finalizers/0", "value": zklock::api::FINALIZER},
+        {"op": "remove", "path": "/metadata/finalizers/0"},
+    ]))?)
 }
 
 /// The finalizer's admission policy (as the chart installs it), and a binding for namespace `ns`.

@@ -156,7 +156,7 @@ impl Ensemble {
             .enumerate()
             .map(|(i, (_, peer, election))| format!("server.{}=127.0.0.1:{peer}:{election}\n", i + 1))
             .collect();
-        let mut servers: Vec<ZkServer> = ports
+        let servers: Vec<ZkServer> = ports
             .iter()
             .enumerate()
             .map(|(i, (client, _, _))| {
@@ -177,14 +177,7 @@ impl Ensemble {
                 }
             })
             .collect();
-        // All members must run before any can serve: start them all, then wait.
-        for s in &mut servers {
-            s.process = Some(spawn(&s.dir.join("zoo.cfg"), &s.dir.join("zookeeper.log")));
-        }
-        for s in &mut servers {
-            wait_serving(&s.connect.clone(), s.process.as_mut());
-        }
-        let ensemble = Ensemble { servers };
+        let ensemble = Self::run(servers);
         eprintln!("zookeeper ensemble of {size} at {}", ensemble.connect());
         ensemble
     }
@@ -241,15 +234,21 @@ impl Ensemble {
                 _tmp: Some(tmp),
             });
         }
+        let ensemble = Self::run(servers);
+        eprintln!("zookeeper ensemble of {} from a given zoo.cfg at {}", members.len(), ensemble.connect());
+        (ensemble, metrics_ports)
+    }
+
+    /// Starts the members, whose `zoo.cfg` and `myid` are written: all of them before waiting
+    /// for any, since a member serves only once a quorum runs.
+    fn run(mut servers: Vec<ZkServer>) -> Ensemble {
         for s in &mut servers {
             s.process = Some(spawn(&s.dir.join("zoo.cfg"), &s.dir.join("zookeeper.log")));
         }
         for s in &mut servers {
             wait_serving(&s.connect.clone(), s.process.as_mut());
         }
-        let ensemble = Ensemble { servers };
-        eprintln!("zookeeper ensemble of {} from a given zoo.cfg at {}", members.len(), ensemble.connect());
-        (ensemble, metrics_ports)
+        Ensemble { servers }
     }
 
     pub fn connect(&self) -> String {

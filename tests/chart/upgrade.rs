@@ -43,6 +43,18 @@ fn chart_at(commit: &str, dir: &std::path::Path) -> std::path::PathBuf {
     dir.join("charts/zklock")
 }
 
+/// A release namespace of its own, `<prefix>-<suffix>`; answers the suffix and the name.
+async fn release_namespace(client: &kube::Client, prefix: &str) -> (String, String) {
+    let suffix = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+    let name = format!("{prefix}-{suffix}");
+    let namespace = serde_json::from_value(json!({ "metadata": { "name": name } })).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("create the release namespace");
+    (suffix, name)
+}
+
 fn run(what: &str, command: &mut Command) -> String {
     let out = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(
@@ -60,11 +72,7 @@ async fn an_upgrade_from_a_release_before_spec_locks_with_reuse_values_serves_a_
     let kubeconfig = zklock_testkit::kube::private_control_plane("chart-upgrade");
     let zk = zklock_testkit::ZkServer::shared().chroot().await;
     let client = zklock_testkit::kube::client_for(kubeconfig).await;
-    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
-    let release_ns = format!("zklock-upgrade-{suffix}");
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let namespace = serde_json::from_value(json!({ "metadata": { "name": release_ns } })).unwrap();
-    namespaces.create(&PostParams::default(), &namespace).await.expect("create the release namespace");
+    let (suffix, release_ns) = release_namespace(&client, "zklock-upgrade").await;
     let release = format!("zu{suffix}");
     let (host, chroot) = zk.split_at(zk.find('/').unwrap_or(zk.len()));
     let sets = [
@@ -139,11 +147,7 @@ async fn the_generated_zookeeper_credentials_outlive_upgrades_and_an_uninstall()
     use k8s_openapi::api::core::v1::Secret;
     let kubeconfig = zklock_testkit::kube::private_control_plane("chart-credentials");
     let client = zklock_testkit::kube::client_for(kubeconfig).await;
-    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
-    let release_ns = format!("zklock-credentials-{suffix}");
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let namespace = serde_json::from_value(json!({ "metadata": { "name": release_ns } })).unwrap();
-    namespaces.create(&PostParams::default(), &namespace).await.expect("create the release namespace");
+    let (suffix, release_ns) = release_namespace(&client, "zklock-credentials").await;
     let release = format!("zc{suffix}");
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &release_ns);
     let secret_name = format!("{release}-zklock-zookeeper-auth");
@@ -175,5 +179,5 @@ async fn the_generated_zookeeper_credentials_outlive_upgrades_and_an_uninstall()
     helm_run("helm install again", &["install", &release, &chart, "--skip-crds", "--wait=false", "--set", one_server]);
     assert_eq!(credentials().await, made, "a new install over the kept Secret made new credentials");
     helm_run("helm uninstall", &["uninstall", &release, "--wait=false", "--no-hooks"]);
-    let _ = namespaces.delete(&release_ns, &Default::default()).await;
+    let _ = Api::<Namespace>::all(client.clone()).delete(&release_ns, &Default::default()).await;
 }
