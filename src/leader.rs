@@ -35,6 +35,8 @@ pub const RETRY_PERIOD: Duration = Duration::from_secs(1);
 /// Longest wait for one Lease request; with the retry period it fits twice into the renew
 /// deadline, so one hung request does not cost the lease.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// A retry timed to a lease's expiry comes this long after it (the clock's granularity).
+const EXPIRY_MARGIN: Duration = Duration::from_millis(5);
 
 /// Whether this process may write: until a deadline that renewals push on, or for good
 /// without leader election. Cheap to clone and to ask.
@@ -73,6 +75,11 @@ impl Leadership {
     }
 }
 
+/// The lease duration a lease record gives its holder.
+fn lease_duration(spec: &LeaseSpec) -> Duration {
+    spec.lease_duration_seconds.map_or(LEASE_DURATION, |s| Duration::from_secs(s.max(1) as u64))
+}
+
 pub struct LeaseLock {
     api: Api<Lease>,
     name: String,
@@ -85,6 +92,8 @@ pub struct LeaseLock {
     /// The UID of the Lease object, once read: the same for every replica of an installation
     /// (they elect on it), different for any other.
     uid: Option<String>,
+    /// How long, by our clock, until the lease seen held by another expires unless renewed.
+    expires_in: Option<Duration>,
 }
 
 impl LeaseLock {
@@ -96,6 +105,7 @@ impl LeaseLock {
             observed: None,
             leading: watch::channel(None).0,
             uid: None,
+            expires_in: None,
         }
     }
 
@@ -124,6 +134,21 @@ impl LeaseLock {
             Err(_) => {}
         }
         result
+    }
+
+    /// Notes the lease record `spec` as seen now, unless it is the one seen last; answers since
+    /// when the record seen is unchanged, by our clock.
+    fn observe(&mut self, spec: &LeaseSpec) -> std::time::Instant {
+        let holder = spec.holder_identity.as_deref().unwrap_or_default();
+        let record = format!("{holder}|{:?}|{:?}", spec.renew_time.as_ref().map(|t| t.0), spec.lease_transitions);
+        match &self.observed {
+            Some((r, at)) if *r == record => *at,
+            _ => {
+                let now = std::time::Instant::now();
+                self.observed = Some((record, now));
+                now
+            }
+        }
     }
 
     /// Stops leading at once (every writer sees it on its next check).
@@ -158,18 +183,12 @@ impl LeaseLock {
         self.uid.clone_from(&lease.metadata.uid);
         let spec = lease.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.clone().unwrap_or_default();
-        let record = format!("{holder}|{:?}|{:?}", spec.renew_time.as_ref().map(|t| t.0), spec.lease_transitions);
-        let seen_since = match &self.observed {
-            Some((r, at)) if *r == record => *at,
-            _ => {
-                self.observed = Some((record, std::time::Instant::now()));
-                std::time::Instant::now()
-            }
-        };
-        let duration = spec.lease_duration_seconds.map_or(LEASE_DURATION, |s| Duration::from_secs(s.max(1) as u64));
+        let seen_since = self.observe(&spec);
+        let duration = lease_duration(&spec);
         let ours = holder == self.identity;
         let expired = holder.is_empty() || seen_since.elapsed() >= duration;
         if !ours && !expired {
+            self.expires_in = duration.checked_sub(seen_since.elapsed());
             return Ok(false);
         }
         let mut new_spec = spec.clone();
@@ -215,43 +234,60 @@ impl LeaseLock {
         }
     }
 
-    /// Waits until we hold the lease: an attempt every [`RETRY_PERIOD`], and one at once when
-    /// the lease's watch shows it given up (a leader's graceful stop), so that a standby takes
-    /// over in the time of a watch event rather than up to a retry period later.
+    /// Waits until we hold the lease: an attempt every [`RETRY_PERIOD`], or at the moment the
+    /// lease seen expires if that is sooner; and one at once when the lease's watch shows it
+    /// given up (a leader's graceful stop), so that a standby takes over in the time of a watch
+    /// event rather than up to a retry period later. Each renewal the watch shows is noted when
+    /// it comes (a poll would note it up to a retry period late, and the takeover after a crash
+    /// would come that much later too; noting it sooner never lets it come before the lease
+    /// duration has passed since the renewal was written, which is after the holder sent it).
     pub async fn acquire(&mut self) {
         use futures::StreamExt;
-        let mut released = std::pin::pin!(self.releases());
+        let mut leases = std::pin::pin!(self.leases());
         loop {
             match self.attempt().await {
                 Ok(true) => return,
                 Ok(false) => {}
                 Err(e) => tracing::warn!(error = %e, "leader election: cannot reach the lease"),
             }
-            tokio::select! {
-                _ = tokio::time::sleep(RETRY_PERIOD) => {}
-                // A watch that cannot run (RBAC of an earlier release: no list/watch on the
-                // Lease) leaves the retry period, as before.
-                Some(()) = released.next() => {}
+            loop {
+                let wait = self.expires_in.map_or(RETRY_PERIOD, |left| RETRY_PERIOD.min(left + EXPIRY_MARGIN));
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => break,
+                    // A watch that cannot run (RBAC of an earlier release: no list/watch on the
+                    // Lease) leaves the retry period, as before.
+                    Some(spec) = leases.next() => {
+                        if spec.holder_identity.as_deref().is_none_or(str::is_empty) {
+                            break;
+                        }
+                        let seen_since = self.observe(&spec);
+                        match lease_duration(&spec).checked_sub(seen_since.elapsed()) {
+                            Some(left) => self.expires_in = Some(left),
+                            None => break,
+                        }
+                    }
+                }
             }
+            self.expires_in = None;
         }
     }
 
-    /// The lease's watch: an item each time it shows the lease without a holder.
-    fn releases(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
+    /// The lease's watch: its record each time it changes.
+    fn leases(&self) -> impl futures::Stream<Item = LeaseSpec> + Send + 'static {
         use futures::StreamExt;
         use kube::runtime::{watcher, WatchStreamExt};
         let config = watcher::Config::default()
             .fields(&format!("metadata.name={}", self.name))
             .timeout(crate::client::WATCH_TIMEOUT_SECONDS);
         watcher(self.api.clone(), config).default_backoff().applied_objects().filter_map(|lease| {
-            let released = match lease {
-                Ok(lease) => lease.spec.and_then(|s| s.holder_identity).is_none_or(|h| h.is_empty()),
+            let spec = match lease {
+                Ok(lease) => Some(lease.spec.unwrap_or_default()),
                 Err(e) => {
                     tracing::debug!(error = %e, "leader election: the lease's watch failed; polling meanwhile");
-                    false
+                    None
                 }
             };
-            std::future::ready(released.then_some(()))
+            std::future::ready(spec)
         })
     }
 

@@ -190,6 +190,8 @@ pub struct Metrics {
     pub reconciles: Counter,
     /// Claims waiting for a reconcile, and reconciles running.
     pub reconciles_running: Gauge,
+    /// Claims in the process's watch store (kept while standing by too).
+    pub claims_watched: Gauge,
     pub reconcile_errors: Family<ErrorLabel, Counter>,
     pub api_calls: Family<CallLabel, Counter>,
     pub api_call_seconds: Histogram,
@@ -219,6 +221,7 @@ impl Default for Metrics {
             step_downs: Counter::default(),
             reconciles: Counter::default(),
             reconciles_running: Gauge::default(),
+            claims_watched: Gauge::default(),
             reconcile_errors: Family::default(),
             api_calls: Family::default(),
             api_call_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
@@ -242,6 +245,8 @@ impl Default for Metrics {
         r.register("terms_given_up", gave_up, m.step_downs.clone());
         r.register("reconciles", "Reconciliations run", m.reconciles.clone());
         r.register("reconciles_running", "Reconciliations running now", m.reconciles_running.clone());
+        let watched = "LockClaims in this replica's watch store, listed and followed while it stands by too";
+        r.register("claims_watched", watched, m.claims_watched.clone());
         r.register("reconcile_errors", "Reconciliations that failed, by error", m.reconcile_errors.clone());
         r.register("kubernetes_calls", "Kubernetes API calls, by method, resource and outcome", m.api_calls.clone());
         r.register("kubernetes_call_seconds", "Kubernetes API call latency", m.api_call_seconds.clone());

@@ -13,6 +13,7 @@ mod api_fence;
 pub mod cluster_locks;
 mod error;
 pub mod events;
+pub mod feed;
 pub mod gated;
 mod ledger;
 pub mod locks;
@@ -194,7 +195,11 @@ impl Context {
 
     /// Whether claim `uid` is in its scope's store, i.e. in the API as far as its watch knows.
     fn is_served(&self, uid: &str) -> bool {
-        let Some(object) = self.object_ref(uid) else { return false };
+        let Some(object) = self.object_ref(uid) else {
+            // Not delivered to this term yet (it may be in the store all the same): only a store
+            // without it proves it gone. A rare path (a claim this term never saw), so a scan.
+            return self.claims.iter().any(|store| store.find(|c| c.metadata.uid.as_deref() == Some(uid)).is_some());
+        };
         let Some(store) = self.scope_of(&object).and_then(|scope| self.claims.get(scope)) else { return false };
         store.get(&object).is_some_and(|c| c.metadata.uid.as_deref() == Some(uid))
     }
@@ -368,6 +373,8 @@ pub struct Setup {
     pub leadership: Leadership,
     /// Where the epoch the API server enforces is kept (docs/design.md: fencing); none without the policy.
     pub epoch_param: Option<EpochParam>,
+    /// The claims, watched for the life of the process (see `feed`).
+    pub feeds: Arc<feed::ClaimFeeds>,
 }
 
 /// Runs the controller until `shutdown` completes, then lets the running reconciles finish.
@@ -391,6 +398,7 @@ pub async fn run(
         default_ttl,
         leadership,
         epoch_param,
+        feeds,
     } = setup;
     let scopes = namespaces.len().max(1);
     let (orphans, orphans_rx) = mpsc::unbounded_channel();
@@ -398,14 +406,13 @@ pub async fn run(
     // Per scope: its store, and its triggers (the senders go into the context).
     let (mut claims, mut triggers, mut pod_triggers, mut scoped) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut locks, mut lock_triggers, mut lock_scoped) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..scopes {
-        let (reader, writer) = reflector::store();
+    for (reader, events) in feeds.subscribe() {
         let (one, one_rx) = futures::channel::mpsc::unbounded();
         let (pod, pod_rx) = futures::channel::mpsc::unbounded();
         claims.push(reader.clone());
         triggers.push(Triggers { one });
         pod_triggers.push(pod);
-        scoped.push((writer, reader, one_rx, pod_rx));
+        scoped.push((events, reader, one_rx, pod_rx));
         let (lock_reader, lock_writer) = reflector::store();
         let (lock, lock_rx) = futures::channel::mpsc::unbounded();
         locks.push(lock_reader.clone());
@@ -455,13 +462,21 @@ pub async fn run(
             _ = shutdown.clone() => return Ok(()),
         }
     }
+    // A term plans from a state no older than its start, though its store was filled while it
+    // stood by (see `feed`).
+    if let Some(epoch) = ctx.epoch() {
+        tokio::select! {
+            synced = feeds.sync(epoch, &ctx.leadership) => synced?,
+            _ = shutdown.clone() => return Ok(()),
+        }
+    }
     // Ended when dropped: when this future ends, or is dropped by a deposed leader (which
     // aborts the reconciles in flight with their controller).
     let mut controllers = JoinSet::new();
-    let apis = ctx.watched::<KeptClaim>().into_iter().zip(ctx.watched::<PartialObjectMeta<Pod>>()).zip(ctx.watched());
-    for ((writer, reader, one_rx, pod_rx), ((claim_api, pod_api), gated_api)) in scoped.into_iter().zip(apis) {
+    let apis = ctx.watched::<PartialObjectMeta<Pod>>().into_iter().zip(ctx.watched());
+    for ((events, reader, one_rx, pod_rx), (pod_api, gated_api)) in scoped.into_iter().zip(apis) {
         let pods_ctx = ctx.clone();
-        let controller = Controller::for_stream(watch::claims(ctx.clone(), claim_api, writer), reader)
+        let controller = Controller::for_stream(watch::claims(ctx.clone(), events), reader)
             .watches_stream(watch::holder_pods(ctx.clone(), pod_api), move |pod| watch::claims_of_pod(&pods_ctx, &pod))
             .reconcile_on(one_rx)
             .with_config(Config::default().concurrency(concurrency.max(1)))

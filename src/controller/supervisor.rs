@@ -35,9 +35,11 @@ pub fn serve_bound(session_timeout: Duration) -> Duration {
     (session_timeout * 2).max(Duration::from_secs(5))
 }
 
-/// What `/readyz` answers: a standby is ready (healthy, waiting to lead); a leader only while
-/// its session is re-anchored and admitting; a replica that just gave up a term because it
-/// could not serve is not, until its pause before contending again is over (it says why).
+/// What `/readyz` answers: a standby is ready (healthy, waiting to lead) once it has listed the
+/// claims (so that a rolling update hands over to a replica that can lead at once); a leader
+/// only while its session is re-anchored and admitting; a replica that just gave up a term
+/// because it could not serve is not, until its pause before contending again is over (it says
+/// why).
 pub struct Readiness(Mutex<Stage>);
 
 struct Stage {
@@ -46,23 +48,33 @@ struct Stage {
     ready: bool,
     /// Why the last term was given up, while that still stands.
     unable: Option<String>,
+    /// Whether the process's claim watch has listed the claims once (see `feed`).
+    listed: bool,
 }
 
 impl Default for Readiness {
-    /// A process starts as a standby.
+    /// A process starts as a standby that has not listed the claims yet.
     fn default() -> Self {
-        Readiness(Mutex::new(Stage { term: 0, ready: true, unable: None }))
+        Readiness(Mutex::new(Stage { term: 0, ready: true, unable: None, listed: false }))
     }
 }
 
 impl Readiness {
     pub fn is_ready(&self) -> bool {
-        self.0.lock().ready
+        let stage = self.0.lock();
+        stage.ready && stage.listed
     }
 
-    /// Why this replica is not ready, if it gave up a term it could not serve.
+    /// Why this replica is not ready, if it gave up a term it could not serve (or has not
+    /// listed the claims yet).
     pub fn unable(&self) -> Option<String> {
-        self.0.lock().unable.clone()
+        let stage = self.0.lock();
+        stage.unable.clone().or_else(|| (!stage.listed).then(|| "the claims are not listed yet".to_string()))
+    }
+
+    /// The process's claim watch has listed the claims.
+    pub fn listed(&self) {
+        self.0.lock().listed = true;
     }
 
     /// The last term was given up because this replica could not serve it (`why`), or that
@@ -271,7 +283,11 @@ mod tests {
     #[test]
     fn a_standby_is_ready_a_term_only_once_serving_and_an_old_term_writes_nothing() {
         let readiness = Arc::new(Readiness::default());
+        assert!(!readiness.is_ready(), "a standby that has not listed the claims yet");
+        assert_eq!(readiness.unable().as_deref(), Some("the claims are not listed yet"));
+        readiness.listed();
         assert!(readiness.is_ready(), "a standby");
+        assert_eq!(readiness.unable(), None);
         let first = Term::begin(&readiness);
         assert!(!readiness.is_ready(), "leading, not yet re-anchored");
         first.set(true);

@@ -8,7 +8,6 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::PartialObjectMeta;
-use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
@@ -19,44 +18,44 @@ use super::{Context, Uid};
 use crate::api::{KeptClaim, Phase};
 use crate::recipe::Mode;
 
-/// The claims of one scope, kept in `writer`'s store, as the controller's trigger stream. The
-/// watcher lists and then watches, re-lists after a gap it cannot resume from, and backs off on
-/// errors (which the controller's output reports).
+/// The claims of one scope, as the process's watch delivers them to this term (see `feed`),
+/// as the controller's trigger stream.
 pub fn claims(
     ctx: Arc<Context>,
-    api: Api<KeptClaim>,
-    writer: Writer<KeptClaim>,
+    events: mpsc::UnboundedReceiver<watcher::Event<KeptClaim>>,
 ) -> impl Stream<Item = Result<KeptClaim, watcher::Error>> + Send + 'static {
     let mut synced = false;
-    watcher(api, watcher::Config::default().timeout(crate::client::WATCH_TIMEOUT_SECONDS))
-        .default_backoff()
-        .reflect(writer)
-        .inspect(move |event| match event {
-            Ok(watcher::Event::InitApply(claim) | watcher::Event::Apply(claim)) => {
-                first_seen(&ctx, claim);
-                gated_pod_of(&ctx, claim);
-                super::locks::claim_changed(&ctx, claim);
+    let mut events = events;
+    futures::stream::poll_fn(move |cx| events.poll_recv(cx)).filter_map(move |event| {
+        let applied = match event {
+            watcher::Event::InitApply(claim) | watcher::Event::Apply(claim) => {
+                first_seen(&ctx, &claim);
+                gated_pod_of(&ctx, &claim);
+                super::locks::claim_changed(&ctx, &claim);
+                Some(Ok(claim))
             }
-            Ok(watcher::Event::Delete(claim)) => {
+            watcher::Event::Delete(claim) => {
                 if let Some(uid) = claim.metadata.uid.as_deref() {
                     ctx.orphan(uid);
                     // Gone from the store: no reconcile of it will run for the walk to wait on.
                     ctx.paced.reconciled(uid);
                 }
-                gated_pod_of(&ctx, claim);
-                super::locks::claim_changed(&ctx, claim);
+                gated_pod_of(&ctx, &claim);
+                super::locks::claim_changed(&ctx, &claim);
+                None
             }
-            Ok(watcher::Event::InitDone) => {
+            watcher::Event::InitDone => {
                 if !std::mem::replace(&mut synced, true) {
                     ctx.unsynced.send_modify(|scopes| *scopes = scopes.saturating_sub(1));
                 }
                 // Claims kept from before a re-list and not in it left the API unseen.
                 ctx.sweep();
+                None
             }
-            Ok(watcher::Event::Init) => {}
-            Err(e) => tracing::warn!(error = %e, "claim watch failed; retrying"),
-        })
-        .applied_objects()
+            watcher::Event::Init => None,
+        };
+        std::future::ready(applied)
+    })
 }
 
 /// A change to a claim made for a pod is news for that pod (and for a new pod of its name).

@@ -91,6 +91,21 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
     let mut lease =
         LeaseLock::new(Api::<Lease>::namespaced(client.clone(), &lease_namespace), LEASE_NAME, &options.identity);
 
+    // Listed and followed from now on, also while this replica stands by (see `feed`).
+    let feeds = Arc::new(crate::controller::feed::ClaimFeeds::start(
+        &clients.watches,
+        &clients.requests,
+        &options.namespaces,
+        metrics.clone(),
+    ));
+    let listing = {
+        let (feeds, readiness) = (feeds.clone(), health.readiness.clone());
+        tokio::spawn(async move {
+            feeds.listed().await;
+            readiness.listed();
+        })
+    };
+    let _listing = AbortOnDrop(listing);
     let mut fatal = None;
     while !shutdown.is_cancelled() {
         if options.leader_election {
@@ -135,6 +150,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
                 default_ttl: options.default_ttl,
                 leadership: leadership.clone(),
                 epoch_param,
+                feeds: feeds.clone(),
             };
             let mut fenced = engine.fenced();
             let serving = engine.clone();
@@ -231,6 +247,15 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
     }
     tracing::info!("stopped");
     fatal.map_or(Ok(()), Err)
+}
+
+/// Ends a task when its owner ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Why a leader's term ended early.

@@ -405,8 +405,11 @@ async fn a_standby_replica_takes_over_without_changing_the_holder() {
     let held = env.wait_phase("a", Phase::Held).await;
     env.claim("b", "ha", json!({})).await;
     env.wait_phase("b", Phase::Waiting).await;
-    // A standby replica is ready (it serves as soon as it leads), and does not lead.
+    // A standby replica is ready (it serves as soon as it leads), and does not lead; it has
+    // listed the claims already, and follows them.
     until("the standby to be ready", || async { second.ready().await }).await;
+    until("the standby to have listed both claims", || async { second.metric("zklock_claims_watched").await == 2.0 })
+        .await;
     assert_eq!(second.metric("zklock_leader").await, 0.0, "only one replica leads");
 
     first.kill9();
@@ -418,7 +421,23 @@ async fn a_standby_replica_takes_over_without_changing_the_holder() {
     let failover = killed.elapsed();
     let a = env.claims.get("a").await.unwrap();
     assert_eq!(phase_of(&a), Some(Phase::Held), "the holder did not change");
-    assert_eq!(a.status.unwrap().fencing_token, held.status.unwrap().fencing_token);
+    let first_epoch = held.status.as_ref().and_then(|s| s.leader_epoch);
+    assert_eq!(a.status.as_ref().map(|s| &s.fencing_token), held.status.as_ref().map(|s| &s.fencing_token));
+    // Before it planned from the store it had filled while standing by, the new leader wrote
+    // one claim and saw the write come back on its watch (docs/design.md: fencing).
+    let synced: Vec<i64> = env
+        .claims
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|c| c.metadata.annotations.as_ref()?.get("zklock.io/leader-sync")?.parse().ok())
+        .collect();
+    assert!(
+        matches!(synced.as_slice(), [epoch] if Some(*epoch) > first_epoch),
+        "one claim carries the new term's sync write, above epoch {first_epoch:?}: {synced:?}"
+    );
     env.delete_claim("a").await;
     env.wait_phase("b", Phase::Held).await;
     eprintln!(

@@ -13,6 +13,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
 use zookeeper_client as zk;
 
@@ -46,6 +47,9 @@ pub struct LockEngine {
 
 /// Most node descriptions kept.
 const MAX_DESCRIPTIONS: usize = 10_000;
+
+/// Lock directories listed at once when looking for nodes of earlier sessions.
+const SCAN_CONCURRENCY: usize = 32;
 
 impl LockEngine {
     /// Opens a session and returns an engine without an event stream (for tools that read
@@ -468,25 +472,32 @@ impl LockEngine {
                 }
             }
         };
-        let mut found = vec![];
+        // Every lock directory, then their listings, `SCAN_CONCURRENCY` at a time: one after the
+        // other, the 1,000 directories of 10,000 claims took 0.6 s of a leader change in which
+        // nothing is granted.
+        let mut directories: Vec<(String, String)> = vec![];
         for group in list(root.to_string()).await? {
             for lock in list(format!("{root}/{group}")).await? {
-                let path = format!("{root}/{group}/{lock}");
-                let children = list(path.clone()).await?;
-                if recipe::queue(&children).iter().any(|c| c.ours.is_some()) {
-                    found.push((group.clone(), path));
-                }
+                directories.push((group.clone(), format!("{root}/{group}/{lock}")));
             }
         }
         // The ClusterLocks' directories, with no namespace. Other clusters' nodes there look
         // like ours: re-anchoring tells them apart by the root their data names.
         let cluster_locks = layout.cluster_locks();
         for lock in list(cluster_locks.clone()).await? {
-            let path = format!("{cluster_locks}/{lock}");
-            let children = list(path.clone()).await?;
-            if recipe::queue(&children).iter().any(|c| c.ours.is_some()) {
-                found.push((String::new(), path));
-            }
+            directories.push((String::new(), format!("{cluster_locks}/{lock}")));
+        }
+        let listed: Vec<Result<Option<(String, String)>, Error>> = futures::stream::iter(directories)
+            .map(|(group, path)| async {
+                let children = list(path.clone()).await?;
+                Ok(recipe::queue(&children).iter().any(|c| c.ours.is_some()).then_some((group, path)))
+            })
+            .buffered(SCAN_CONCURRENCY)
+            .collect()
+            .await;
+        let mut found = vec![];
+        for directory in listed {
+            found.extend(directory?);
         }
         Ok(found)
     }
