@@ -48,6 +48,10 @@ struct Shared {
     listed: Mutex<bool>,
     /// Whether a list is under way.
     listing: Mutex<bool>,
+    /// The order in which the watch first delivered each claim (by uid), and the next number:
+    /// a term is handed the store in that order, as if it had followed the watch all along (the
+    /// admission gate orders claims created within one second by it).
+    order: Mutex<(std::collections::HashMap<String, u64>, u64)>,
     /// Claims whose delivered resourceVersions are being recorded, for a sync write.
     recording: Mutex<Vec<(String, HashSet<String>)>>,
     delivered: Notify,
@@ -221,7 +225,7 @@ impl Shared {
         // Under the subscriber's lock, which every delivery takes: an event the store had before
         // this snapshot may come once more, none is missed. A claim that comes twice is one
         // claim; one deleted after the snapshot comes as a deletion.
-        replay(&tx, store, *self.listed.lock());
+        replay(&tx, store, self, *self.listed.lock());
         // A list under way keeps what it has read so far out of the store until it is done:
         // the term gets the whole store again then.
         *subscriber = Some(Subscriber { tx, replay_when_listed: *self.listing.lock() });
@@ -229,10 +233,24 @@ impl Shared {
     }
 }
 
-/// The store's content as a list's events (its end too, if `listed`).
-fn replay(tx: &mpsc::UnboundedSender<watcher::Event<KeptClaim>>, store: &Store<KeptClaim>, listed: bool) {
+/// The store's content as a list's events, in the order the watch first delivered the claims
+/// (its end too, if `listed`).
+fn replay(
+    tx: &mpsc::UnboundedSender<watcher::Event<KeptClaim>>,
+    store: &Store<KeptClaim>,
+    shared: &Shared,
+    listed: bool,
+) {
     let _ = tx.send(watcher::Event::Init);
-    for claim in store.state() {
+    let mut claims = store.state();
+    {
+        let order = shared.order.lock();
+        // One not numbered yet is in the store but not yet delivered: after every numbered one.
+        claims.sort_by_cached_key(|c| {
+            c.metadata.uid.as_ref().and_then(|uid| order.0.get(uid).copied()).unwrap_or(u64::MAX)
+        });
+    }
+    for claim in claims {
         let _ = tx.send(watcher::Event::InitApply((*claim).clone()));
     }
     if listed {
@@ -242,6 +260,24 @@ fn replay(tx: &mpsc::UnboundedSender<watcher::Event<KeptClaim>>, store: &Store<K
 
 /// Hands one event of the watch, already in `store`, to the term, if any.
 fn deliver(shared: &Shared, store: &Store<KeptClaim>, event: watcher::Event<KeptClaim>) {
+    match &event {
+        watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) => {
+            if let Some(uid) = &claim.metadata.uid {
+                let mut order = shared.order.lock();
+                let (numbers, next) = &mut *order;
+                numbers.entry(uid.clone()).or_insert_with(|| {
+                    *next += 1;
+                    *next
+                });
+            }
+        }
+        watcher::Event::Delete(claim) => {
+            if let Some(uid) = &claim.metadata.uid {
+                shared.order.lock().0.remove(uid);
+            }
+        }
+        _ => {}
+    }
     if let watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) = &event {
         let mut recording = shared.recording.lock();
         if !recording.is_empty() {
@@ -266,7 +302,7 @@ fn deliver(shared: &Shared, store: &Store<KeptClaim>, event: watcher::Event<Kept
             if *replay_when_listed && matches!(event, watcher::Event::InitDone) =>
         {
             *replay_when_listed = false;
-            replay(tx, store, true);
+            replay(tx, store, shared, true);
             !tx.is_closed()
         }
         Some(Subscriber { tx, .. }) => tx.send(event).is_ok(),
@@ -340,6 +376,23 @@ mod tests {
         assert_eq!(replayed, ["init", "list a", "list b", "list c", "listed"]);
         watch(&mut writer, &shared, watcher::Event::Delete(claim("a", "4")));
         assert_eq!(names(&mut term), ["delete a"]);
+    }
+
+    #[test]
+    fn a_term_gets_the_claims_in_the_order_the_watch_first_delivered_them() {
+        let (store, mut writer) = reflector::store::<KeptClaim>();
+        let shared = Shared::default();
+        watch(&mut writer, &shared, watcher::Event::Init);
+        watch(&mut writer, &shared, watcher::Event::InitDone);
+        let created: Vec<String> = (0..30).map(|i| format!("c{}", (i * 7) % 30)).collect();
+        for (i, name) in created.iter().enumerate() {
+            watch(&mut writer, &shared, watcher::Event::Apply(claim(name, &i.to_string())));
+        }
+        watch(&mut writer, &shared, watcher::Event::Apply(claim("c7", "99")));
+        let mut term = shared.subscribe(&store);
+        let replayed: Vec<String> =
+            names(&mut term).into_iter().filter_map(|e| e.strip_prefix("list ").map(str::to_string)).collect();
+        assert_eq!(replayed, created, "as first delivered, not as the store hashes them");
     }
 
     #[test]
