@@ -65,7 +65,19 @@ impl ZkServer {
     /// certificates of `pki`'s CA; returns it and the TLS port's `127.0.0.1:PORT`.
     pub fn start_tls(pki: &crate::tls::TestPki) -> (ZkServer, String) {
         let secure = free_port();
-        (Self::start_with(&pki.server_cfg(secure)), format!("127.0.0.1:{secure}"))
+        let server = Self::start_with(&pki.server_cfg(secure));
+        // The server answers on its plain port before its secure one listens (seen on a loaded
+        // machine: a TLS connect right after the start found no host).
+        let address = format!("127.0.0.1:{secure}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(&address).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "ZooKeeper's secure port {address} not listening within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (server, address)
     }
 
     /// A standalone server of the caller's own that grants sessions up to `max` (the harness's
