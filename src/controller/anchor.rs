@@ -15,7 +15,7 @@ use crate::zk::{ContenderSpec, ContenderState, LostReason, Recorded};
 
 /// The claim's phase as last recorded: the operator's own last write is newer than any copy
 /// the watch may not have delivered yet.
-fn recorded_phase(ctx: &Context, claim: &KeptClaim) -> Option<Phase> {
+pub(super) fn recorded_phase(ctx: &Context, claim: &KeptClaim) -> Option<Phase> {
     claim.uid().and_then(|uid| ctx.registry.known_phase(&uid)).or(claim.phase())
 }
 
@@ -29,13 +29,30 @@ pub fn cleaned_up(claim: &KeptClaim) -> bool {
 /// A live claim in one of its locks: the claim, its part there, and the node it recorded.
 type Live = (Arc<KeptClaim>, Part, Option<String>);
 
+/// Whether a claim asks for something now: it is being deleted, is new (or pending), or its
+/// holder is asked to let go. Its locks are re-anchored first and its claims served as soon as
+/// they are (docs/design.md: re-anchoring), so that a leader change holds up no grant behind the
+/// re-anchoring of locks where nothing is asked.
+pub(super) fn asks(claim: &KeptClaim, phase: Option<Phase>) -> bool {
+    claim.metadata.deletion_timestamp.is_some()
+        || matches!(phase, None | Some(Phase::Pending))
+        || claim.annotations().contains_key(crate::api::REVOKE_ANNOTATION)
+}
+
 /// Re-anchors every lock from the claims the watches listed (they must have listed them once).
 /// A claim over several locks is re-anchored in each of them, as one contender per lock; in
 /// each lock the claims keep their recorded order, so two claims stand in the same order in
 /// every lock they share, as when they were first enqueued.
+///
+/// Each lock admits new contenders as soon as it is re-anchored (unless a verdict on one of its
+/// holders waits for the whole pass: see below), and locks where a claim asks for something go
+/// first: their claims are reconciled at once (see [`Context::serves`]), the others when the pass
+/// is over (the caller's walk).
 pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     // Lock path → the claims recorded as Held or Waiting there, each with its part there.
     let mut locks: BTreeMap<String, Vec<Live>> = BTreeMap::new();
+    // Lock path → the claims there that ask for something (see `asks`), live or not.
+    let mut asked: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for claim in ctx.claims.iter().flat_map(|store| store.state()) {
         let (Some(namespace), Some(uid)) = (claim.namespace(), claim.uid()) else { continue };
         if cleaned_up(&claim) {
@@ -56,6 +73,11 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
             continue;
         }
         let Ok(spec) = validate_spec(&claim.spec, &namespace) else { continue };
+        if asks(&claim, phase) && !phase.is_some_and(Phase::is_terminal) {
+            for part in parts::of(ctx, &namespace, &ctx.shared_uid(&uid), &spec) {
+                asked.entry(part.lock).or_default().push(uid.clone());
+            }
+        }
         // Listed after this term began: an earlier leader may still have a status write for
         // it on the way, and no grant in its locks before this term's first write to it
         // (docs/design.md: fencing). Claims created after the list never saw an earlier leader.
@@ -85,17 +107,50 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
             locks.entry(path).or_default();
         }
     }
-    // The session this pass re-anchors in. Verdicts are kept until the pass is over: one that
-    // ends with the session (a second session change close behind the first) proves nothing
-    // about the holders it met, and the next pass starts over. Recorded at once, a holder whose
-    // node went with that session was judged "could not come back first" and ended Lost on a
-    // lock nobody else uses (the chaos suite's cli-621, seed 5580262741893311129).
-    let session = ctx.engine.session_id();
+    // The session this pass re-anchors in; new contenders may join the queues of every other
+    // lock from now on (none of our nodes is there, no live claim is recorded there).
+    let (session, todo) = ctx.engine.begin_reanchoring(locks.keys().cloned())?;
+    locks.retain(|path, _| todo.contains(path));
+    ctx.reanchoring.store(true, std::sync::atomic::Ordering::SeqCst);
+    for uid in asked.iter().filter(|(path, _)| !todo.contains(*path)).flat_map(|(_, uids)| uids) {
+        ctx.trigger(uid);
+    }
+    ctx.serve_deferred();
+    tracing::debug!(
+        locks = locks.len(),
+        asked = asked.len(),
+        "re-anchoring; locks where a claim asks for something first"
+    );
+    // Where a claim asks for something first (the sort is stable: path order otherwise).
+    let mut locks: Vec<(String, Vec<Live>)> = locks.into_iter().collect();
+    locks.sort_by_key(|(path, _)| !asked.contains_key(path));
+    // Verdicts are kept until the pass is over, and so is the admission of the locks they are
+    // about: one that ends with the session (a second session change close behind the first)
+    // proves nothing about the holders it met, and the next pass starts over. Recorded at once,
+    // a holder whose node went with that session was judged "could not come back first" and
+    // ended Lost on a lock nobody else uses (the chaos suite's cli-621, seed
+    // 5580262741893311129). A lock without one admits as soon as it is re-anchored, if the
+    // session is still the one it was re-anchored in: a later loss of that session is met like
+    // any other (its nodes are re-anchored again, holders first).
     // Locks are independent of one another (a claim over several is one contender in each, in
     // the order its status records), so they are re-anchored `REANCHOR_CONCURRENCY` at a time:
     // one after the other, 1,000 locks took 5.5 s of a leader change in which nothing is granted.
+    let asked = &asked;
     let passes: Vec<Result<Vec<(String, String)>, Error>> = futures::stream::iter(locks)
-        .map(|(path, claims)| reanchor_lock(ctx, path, claims))
+        .map(|(path, claims)| async move {
+            let verdicts = reanchor_lock(ctx, path.clone(), claims).await?;
+            if verdicts.is_empty() && ctx.engine.session_id() == Some(session) {
+                ctx.engine.admit_lock(session, &path);
+                if let Some(uids) = asked.get(&path) {
+                    tracing::debug!(lock = %path, claims = uids.len(), "re-anchored where claims ask: serving them");
+                }
+                for uid in asked.get(&path).into_iter().flatten() {
+                    ctx.trigger(uid);
+                }
+                ctx.serve_deferred();
+            }
+            Ok(verdicts)
+        })
         .buffer_unordered(REANCHOR_CONCURRENCY)
         .collect()
         .await;
@@ -103,7 +158,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     for pass in passes {
         verdicts.extend(pass?);
     }
-    if ctx.engine.session_id() != session {
+    if ctx.engine.session_id() != Some(session) {
         return Err(crate::zk::Error::SessionLost.into());
     }
     for (uid, why) in verdicts {

@@ -98,8 +98,14 @@ pub struct Context {
     /// rather than asked of the reflector stores: their readiness is a one-shot channel that
     /// wakes one waiter only.
     unsynced: channel::Sender<usize>,
-    /// Set once the first re-anchoring is done: no claim is reconciled before (then all are).
+    /// Set once the first re-anchoring is done: every claim is reconciled from then on.
     anchored: AtomicBool,
+    /// Set once a re-anchoring pass began: before the first is done, a claim is reconciled
+    /// once its locks are re-anchored (see [`Context::serves`]).
+    reanchoring: AtomicBool,
+    /// Claims whose reconcile came before the first pass re-anchored their locks: asked for
+    /// again when it has (see [`Context::serve_deferred`]).
+    deferred: parking_lot::Mutex<std::collections::HashSet<Uid>>,
     leadership: Leadership,
     /// This term's fence in the API server, if the admission policy is used (docs/design.md: fencing).
     fence: Option<api_fence::Fence>,
@@ -306,6 +312,59 @@ impl Context {
         self.anchored.load(Ordering::SeqCst)
     }
 
+    /// Whether claim `uid` may be reconciled now: every claim once the term's first
+    /// re-anchoring is done; while it runs, a claim the pass has re-anchored every lock of (and
+    /// admitted them: see `anchor::reanchor_all`). Others are reconciled when it is over.
+    fn serves(&self, uid: &str) -> bool {
+        if self.anchored() {
+            return true;
+        }
+        self.reanchoring.load(Ordering::SeqCst)
+            && self
+                .registry
+                .lock_paths(uid)
+                .is_some_and(|locks| !locks.is_empty() && self.engine.admitting_in(locks.iter().map(|lock| &**lock)))
+    }
+
+    /// [`Context::serves`] for a reconcile of `claim`: one turned away that asks for something
+    /// (see `anchor::asks`: deleted, new, revoked) is noted first, so that the pass, when it
+    /// admits the claim's locks, asks for it again (noted after the check, it could miss an
+    /// admission made in between). The others wait for the walk after the pass: at a term's
+    /// start every claim's reconcile comes once, and they would all stand in the queue again.
+    fn serves_reconcile(&self, uid: &Uid, claim: &KeptClaim) -> bool {
+        if self.anchored() {
+            return true;
+        }
+        let asks = anchor::asks(claim, anchor::recorded_phase(self, claim));
+        if asks {
+            self.deferred.lock().insert(uid.clone());
+        }
+        let serves = self.serves(uid);
+        if serves && asks {
+            self.deferred.lock().remove(uid);
+        }
+        serves
+    }
+
+    /// Asks again for the reconciles turned away (see [`Context::serves_reconcile`]) of claims
+    /// served now: called by the pass each time it admits a lock.
+    fn serve_deferred(&self) {
+        let served: Vec<Uid> = {
+            let mut deferred = self.deferred.lock();
+            let served: Vec<Uid> = deferred.iter().filter(|uid| self.serves(uid)).cloned().collect();
+            for uid in &served {
+                deferred.remove(uid);
+            }
+            served
+        };
+        if !served.is_empty() {
+            tracing::debug!(claims = served.len(), "claims that asked meanwhile: their locks are re-anchored");
+        }
+        for uid in served {
+            self.trigger(&uid);
+        }
+    }
+
     fn orphan(&self, uid: &str) {
         // Closed only when the controller has stopped.
         let _ = self.orphans.send(self.shared_uid(parts::claim_of(uid)));
@@ -443,6 +502,8 @@ pub async fn run(
         orphans,
         unsynced: channel::Sender::new(2 * scopes + 1),
         anchored: AtomicBool::new(false),
+        reanchoring: AtomicBool::new(false),
+        deferred: Default::default(),
         walks,
         paced: Default::default(),
         leadership,
@@ -525,11 +586,12 @@ pub async fn run(
         Ok(())
     });
 
-    tokio::select! {
-        anchored = supervisor::first_anchor(&ctx, &term) => anchored?,
+    let mut engine_events = engine_events;
+    let kept = tokio::select! {
+        anchored = supervisor::first_anchor(&ctx, &term, &mut engine_events) => anchored?,
         _ = shutdown.clone() => return Ok(()),
-    }
-    tasks.spawn(supervisor::follow(ctx.clone(), engine_events, term));
+    };
+    tasks.spawn(supervisor::follow(ctx.clone(), engine_events, kept, term));
     tasks.spawn(positions::refresh(ctx.clone()).map(Ok));
     supervise(controllers, tasks, || shutdown.peek().is_some()).await
 }
@@ -568,11 +630,15 @@ async fn supervise(
 }
 
 async fn reconcile_claim(claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if !ctx.anchored() {
-        // Re-anchoring comes first; every claim is reconciled when it is done.
+    let uid = ctx.shared_uid(claim.metadata.uid.as_deref().ok_or(Error::Malformed("a uid"))?);
+    if !ctx.serves_reconcile(&uid, &claim) {
+        // Its locks are re-anchored first; every claim is reconciled when that is done.
+        tracing::trace!(
+            claim = claim.metadata.name.as_deref().unwrap_or_default(),
+            "waits for its locks to be re-anchored"
+        );
         return Ok(Action::await_change());
     }
-    let uid = ctx.shared_uid(claim.metadata.uid.as_deref().ok_or(Error::Malformed("a uid"))?);
     let span = tracing::info_span!(
         "reconcile",
         claim = claim.metadata.name.as_deref().unwrap_or_default(),

@@ -156,7 +156,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
         spec: &spec,
         holder: holder.clone(),
         contender,
-        admitting: ctx.admitting(),
+        admitting: ctx.engine.admitting_in(parts.iter().map(|p| p.lock.as_str())),
         anchor_verdict: ctx.registry.verdict(uid),
         now,
     };
@@ -233,7 +233,10 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
             }
         }
     }
-    if !enqueue && ctx.admitting() && !matches!(plan.status.phase, Some(Phase::Waiting | Phase::Held)) {
+    if !enqueue
+        && ctx.engine.admitting_in(parts.iter().map(|p| p.lock.as_str()))
+        && !matches!(plan.status.phase, Some(Phase::Waiting | Phase::Held))
+    {
         // Not enqueueable now (waiting for its holder pod, or final): others go first.
         for next in ctx.registry.leave_gates(uid) {
             ctx.trigger(&next);
@@ -274,6 +277,7 @@ async fn cleanup(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, E
     let shared = parts.iter().any(|p| ctx.layout.is_shared_lock(&p.lock));
     let plan = plan::deleted(&claim, held, kept_by_others || shared, Timestamp::now());
     execute(&claim, ctx, uid, &parts, plan).await?;
+    tracing::debug!(held, "deleted: released, final status written");
     // Forgotten (and its locks' grants let go on) once the finalizer is gone: see `reconcile`.
     Ok(Action::await_change())
 }

@@ -318,6 +318,11 @@ impl Registry {
         }
     }
 
+    /// The paths of the locks claim `uid` asks for (as first seen), if it is known.
+    pub fn lock_paths(&self, uid: &str) -> Option<Vec<Arc<str>>> {
+        self.lock().claims.get(uid).map(|c| c.locks.iter().map(|(lock, _)| lock.clone()).collect())
+    }
+
     /// Asks to enqueue claim `uid`; true when it is first at the admission gate of every one of
     /// its locks (it arrives at each, so that later claims wait for it there).
     pub fn may_enqueue(&self, uid: &Uid, created: i64) -> bool {

@@ -4,6 +4,7 @@
 //! follows the engine's event stream (contender changes become reconciles), and it is the
 //! only writer of readiness: through a [`Term`], whose writes are void once a newer term began.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -152,15 +153,71 @@ pub async fn connect(
 }
 
 /// The first re-anchoring of the term, once every scope's watch has listed its claims: then
-/// the session admits and the term is ready (the caller then has every claim reconciled).
-pub(super) async fn first_anchor(ctx: &Context, term: &Term) -> Result<(), Error> {
+/// the session admits in every lock and the term is ready (the caller then has every claim
+/// reconciled). Answers the engine's session events that came meanwhile, for [`follow`].
+pub(super) async fn first_anchor(
+    ctx: &Context,
+    term: &Term,
+    events: &mut mpsc::UnboundedReceiver<EngineEvent>,
+) -> Result<VecDeque<EngineEvent>, Error> {
     ctx.wait_synced().await;
     let started = std::time::Instant::now();
-    anchor::reanchor_all(ctx).await?;
+    let mut kept = VecDeque::new();
+    while_reanchoring(ctx, events, &mut kept, anchor::reanchor_all(ctx)).await?;
     tracing::info!(took = ?started.elapsed(), "re-anchored every lock; admitting");
     ctx.anchored.store(true, std::sync::atomic::Ordering::SeqCst);
+    // Every claim is reconciled now (the caller's walk): none waits as deferred any more.
+    ctx.deferred.lock().clear();
     term.set(true);
-    Ok(())
+    Ok(kept)
+}
+
+/// Runs `pass`, a re-anchoring, while following the engine's events: a lock admits new
+/// contenders as soon as the pass re-anchored it, and its claims are served from then on, so a
+/// contender's change there (the next in line after a holder let go, say) is reconciled at once.
+/// A change in a lock before the engine reported it admitted ([`EngineEvent::Admitted`], in
+/// the same stream, so in order) is the pass's own doing (every node it re-makes reports one),
+/// which the walk after the pass covers (see [`after_reanchoring`]): as triggers they would all
+/// stand in the queue ahead of the claims that asked for something. Session events are kept,
+/// in order, for after the pass.
+async fn while_reanchoring<T>(
+    ctx: &Context,
+    events: &mut mpsc::UnboundedReceiver<EngineEvent>,
+    kept: &mut VecDeque<EngineEvent>,
+    pass: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(pass);
+    // Locks the engine reported admitted, in the session of the pass under way.
+    let mut admitted: std::collections::HashSet<String> = Default::default();
+    loop {
+        tokio::select! {
+            biased;
+            Some(event) = events.recv() => match event {
+                EngineEvent::Contender { state: ContenderState::Released, .. } => {}
+                EngineEvent::Contender { id, .. } => {
+                    let node = ctx.engine.node(&id);
+                    let lock = node.as_deref().and_then(|node| node.rsplit_once('/')).map(|(lock, _)| lock);
+                    let change = lock.is_some_and(|lock| {
+                        admitted.contains(lock) || (ctx.engine.admitting_in([lock]) && !ctx.engine.reanchored_by_pass(lock))
+                    });
+                    if change {
+                        ctx.trigger(&id);
+                    }
+                }
+                EngineEvent::Admitted { lock_path } => {
+                    admitted.insert(lock_path);
+                }
+                other => {
+                    if matches!(other, EngineEvent::Session(_)) {
+                        // A new session's pass re-makes the nodes of every lock again.
+                        admitted.clear();
+                    }
+                    kept.push_back(other)
+                }
+            },
+            done = &mut pass => return done,
+        }
+    }
 }
 
 /// Follows the engine: contender changes trigger their claim; a lost session is replaced and
@@ -169,6 +226,7 @@ pub(super) async fn first_anchor(ctx: &Context, term: &Term) -> Result<(), Error
 pub(super) async fn follow(
     ctx: Arc<Context>,
     mut events: mpsc::UnboundedReceiver<EngineEvent>,
+    kept: VecDeque<EngineEvent>,
     term: Term,
 ) -> Result<(), Error> {
     ctx.metrics.zk_session_connected.set(1);
@@ -176,7 +234,8 @@ pub(super) async fn follow(
     // Since when ZooKeeper has been out of this leader's reach: the bound counts from there,
     // not from the session's end, which the client reports only 7/5 of its timeout later.
     let mut out_of_reach: Option<Instant> = None;
-    let mut pending = after_reanchoring(&ctx, &mut events);
+    let mut pending = kept;
+    pending.extend(after_reanchoring(&ctx, &mut events));
     loop {
         let deadline = out_of_reach.map(|since| since + bound);
         let event = match pending.pop_front() {
@@ -198,6 +257,8 @@ pub(super) async fn follow(
             // not show it yet (a finalizer removal, say).
             EngineEvent::Contender { state: ContenderState::Released, .. } => {}
             EngineEvent::Contender { id, .. } => ctx.trigger(&id),
+            // Followed while a pass runs (see `while_reanchoring`).
+            EngineEvent::Admitted { .. } => {}
             EngineEvent::Permits { lock_path } => {
                 if let Some(name) = lock_path.strip_prefix(&format!("{}/", ctx.layout.cluster_locks())) {
                     ctx.trigger_cluster_lock(name);
@@ -228,7 +289,9 @@ pub(super) async fn follow(
                     *last.lock() = e.to_string();
                     tracing::warn!(error = %e, ?after, "re-anchoring failed; retrying")
                 });
-                match tokio::time::timeout_at(since + bound, renewed).await {
+                let mut kept = VecDeque::new();
+                let renewed = tokio::time::timeout_at(since + bound, renewed);
+                match while_reanchoring(&ctx, &mut events, &mut kept, renewed).await {
                     Ok(Ok(())) => {}
                     // Not leading any more, say: the term ends with it.
                     Ok(Err(e)) => return Err(e),
@@ -242,6 +305,7 @@ pub(super) async fn follow(
                 }
                 out_of_reach = None;
                 term.set(true);
+                pending.extend(kept);
                 pending.extend(after_reanchoring(&ctx, &mut events));
             }
         }
@@ -254,13 +318,10 @@ pub(super) async fn follow(
 /// queue ahead of any claim that changes from now on. Dropping them is safe because they are
 /// taken before the walk is asked for: it looks at the claims after it is asked, so every claim
 /// is reconciled after any change dropped here. Session events are kept, in order.
-fn after_reanchoring(
-    ctx: &Context,
-    events: &mut mpsc::UnboundedReceiver<EngineEvent>,
-) -> std::collections::VecDeque<EngineEvent> {
-    let mut kept = std::collections::VecDeque::new();
+fn after_reanchoring(ctx: &Context, events: &mut mpsc::UnboundedReceiver<EngineEvent>) -> VecDeque<EngineEvent> {
+    let mut kept = VecDeque::new();
     while let Ok(event) = events.try_recv() {
-        if !matches!(event, EngineEvent::Contender { .. }) {
+        if !matches!(event, EngineEvent::Contender { .. } | EngineEvent::Admitted { .. }) {
             kept.push_back(event);
         }
     }

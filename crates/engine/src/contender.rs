@@ -131,6 +131,12 @@ pub enum EngineEvent {
     Permits {
         lock_path: String,
     },
+    /// A re-anchoring pass admitted `lock_path` ([`super::LockEngine::admit_lock`]): the
+    /// contender events of that lock before this one were the pass's own doing (every node it
+    /// re-made reports one), those after it are changes.
+    Admitted {
+        lock_path: String,
+    },
 }
 
 /// What [`super::LockEngine::reanchor`] did.

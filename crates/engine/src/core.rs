@@ -2,8 +2,7 @@
 //! The tasks hold it weakly, so that dropping the last [`super::LockEngine`] closes the
 //! session (ZooKeeper then deletes the ephemeral nodes) and stops them.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -24,9 +23,9 @@ pub(super) struct Core {
     events: Option<mpsc::UnboundedSender<EngineEvent>>,
     pub book: Mutex<Book>,
     pub session: Mutex<Option<zk::Client>>,
-    /// The session in which new contenders may join queues (0: none). A new session is
-    /// re-anchored first (docs/design.md: re-anchoring): a node made in it before would jump the recorded queue.
-    pub admitted: AtomicI64,
+    /// Where new contenders may join queues. A new session is re-anchored first
+    /// (docs/design.md: re-anchoring): a node made in it before would jump the recorded queue.
+    pub admission: Mutex<Admission>,
     /// Parent directories of lock directories, watched recursively: (path, session) → the
     /// watch. Only while a lock below is tracked (the idle sweeper stops the others).
     pub parents: Mutex<HashMap<ParentKey, Arc<ParentWatch>>>,
@@ -38,6 +37,20 @@ pub(super) struct Core {
     /// The root this engine serves and for which installation (see [`super::root`]): taken
     /// again in every new session.
     pub root: Mutex<Option<(super::Layout, super::Installation, String)>>,
+}
+
+/// The session in which new contenders may join queues, and the locks of it that are still to
+/// be re-anchored (none may be joined before: see [`super::LockEngine::begin_reanchoring`]).
+#[derive(Default)]
+pub(super) struct Admission {
+    /// 0: none.
+    pub session: i64,
+    pub pending: HashSet<String>,
+    /// Every lock the last pass in `session` named to re-anchor, done or not.
+    pub pass: HashSet<String>,
+    /// Whether a re-anchoring pass began in `session` (a fresh engine's first session is
+    /// admitted without one).
+    pub reanchoring: bool,
 }
 
 /// A parent directory watched recursively, and the session whose watch it is.
@@ -62,7 +75,7 @@ impl Core {
             events,
             book: Mutex::new(Book::default()),
             session: Mutex::new(None),
-            admitted: AtomicI64::new(0),
+            admission: Mutex::new(Admission::default()),
             parents: Mutex::new(HashMap::new()),
             fence: Fence::default(),
             idle_directories: Mutex::new(HashMap::new()),
@@ -89,8 +102,16 @@ impl Core {
         self.session.lock().as_ref().map(|c| c.session_id().0)
     }
 
+    /// Whether session `session_id` admits new contenders in every lock.
     pub fn is_admitted(&self, session_id: i64) -> bool {
-        session_id == self.admitted.load(Ordering::SeqCst)
+        let admission = self.admission.lock();
+        admission.session == session_id && admission.pending.is_empty()
+    }
+
+    /// Whether session `session_id` admits new contenders in `lock_path`.
+    pub fn is_admitted_in(&self, session_id: i64, lock_path: &str) -> bool {
+        let admission = self.admission.lock();
+        admission.session == session_id && !admission.pending.contains(lock_path)
     }
 
     pub fn emit(&self, event: EngineEvent) {

@@ -10,7 +10,7 @@
 //! changes on our own nodes are revocation requests; their deletion by someone else loses the
 //! lock. Every change of a contender's state is reported on the event stream.
 
-use std::sync::atomic::Ordering;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -73,18 +73,66 @@ impl LockEngine {
         Ok(engine)
     }
 
-    /// Lets new contenders join queues in the current session: call it once the session is
-    /// re-anchored. Returns the session admitted, if there is one.
+    /// Lets new contenders join queues in the current session, in every lock: call it once the
+    /// session is re-anchored. Returns the session admitted, if there is one.
     pub fn admit(&self) -> Option<i64> {
         let session = self.session_id()?;
-        self.core.admitted.store(session, Ordering::SeqCst);
+        let mut admission = self.core.admission.lock();
+        admission.reanchoring &= admission.session == session;
+        admission.session = session;
+        admission.pending.clear();
+        admission.pass.clear();
         Some(session)
     }
 
-    /// Whether new contenders may join queues now: the current session is the admitted one.
-    /// Turns false the moment a session ends, before any of its contenders is reported lost.
+    /// Begins re-anchoring the current session: new contenders may join queues at once in
+    /// every lock but `locks` (those with nodes or live contenders of an earlier session), and
+    /// in each of those once [`LockEngine::admit_lock`] says it was re-anchored. Answers the
+    /// locks to re-anchor, with the session: all of `locks` in a new session; in one where a
+    /// pass began already, only those it did not finish (the others admit new contenders
+    /// already, and re-anchoring one again would take their nodes for stale).
+    pub fn begin_reanchoring(&self, locks: impl IntoIterator<Item = String>) -> Result<(i64, HashSet<String>), Error> {
+        let session = self.session_id().ok_or(Error::SessionLost)?;
+        let mut admission = self.core.admission.lock();
+        let locks: HashSet<String> = locks.into_iter().collect();
+        admission.pending = if admission.session == session && admission.reanchoring {
+            admission.pending.intersection(&locks).cloned().collect()
+        } else {
+            locks
+        };
+        admission.session = session;
+        admission.reanchoring = true;
+        admission.pass = admission.pending.clone();
+        Ok((session, admission.pending.clone()))
+    }
+
+    /// `lock_path` was re-anchored in `session`: new contenders may join its queue, if that is
+    /// still the session. Reported as [`EngineEvent::Admitted`], after the events of the nodes
+    /// re-made there.
+    pub fn admit_lock(&self, session: i64, lock_path: &str) {
+        let mut admission = self.core.admission.lock();
+        if admission.session == session && admission.pending.remove(lock_path) {
+            self.core.emit(EngineEvent::Admitted { lock_path: lock_path.to_string() });
+        }
+    }
+
+    /// Whether the last re-anchoring pass of the current session named `lock_path` (see
+    /// [`LockEngine::begin_reanchoring`]).
+    pub fn reanchored_by_pass(&self, lock_path: &str) -> bool {
+        let admission = self.core.admission.lock();
+        Some(admission.session) == self.session_id() && admission.pass.contains(lock_path)
+    }
+
+    /// Whether new contenders may join queues now, in every lock: the current session is the
+    /// admitted one, fully re-anchored. Turns false the moment a session ends, before any of
+    /// its contenders is reported lost.
     pub fn admitting(&self) -> bool {
         self.session_id().is_some_and(|s| self.core.is_admitted(s))
+    }
+
+    /// Whether new contenders may join the queues of every lock in `lock_paths` now.
+    pub fn admitting_in<'a>(&self, lock_paths: impl IntoIterator<Item = &'a str>) -> bool {
+        self.session_id().is_some_and(|s| lock_paths.into_iter().all(|lock| self.core.is_admitted_in(s, lock)))
     }
 
     /// Opens a new session after the previous one was lost (or replaces a live one, whose
@@ -252,7 +300,7 @@ impl LockEngine {
             }
         }
         let client = self.core.client()?;
-        if !self.core.is_admitted(client.session_id().0) {
+        if !specs.iter().all(|s| self.core.is_admitted_in(client.session_id().0, &s.lock)) {
             return Err(Error::NotAdmitted);
         }
         // With listed contenders, a directory another client made (Curator makes it open to

@@ -83,8 +83,9 @@ fn leave(ctx: &Context, uid: &str) {
 }
 
 pub async fn reconcile(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if !ctx.anchored() {
-        // Until re-anchoring is done a claim's Held may still turn out Lost: no gate goes.
+    let claim_uid = ctx.claim(pod.namespace(), pod.name()).and_then(|c| c.metadata.uid.clone());
+    if !claim_uid.is_some_and(|uid| ctx.serves(&ctx.shared_uid(&uid))) && !ctx.anchored() {
+        // Until its locks are re-anchored a claim's Held may still turn out Lost: no gate goes.
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     ctx.metrics.gated_reconciles.inc();
