@@ -149,19 +149,23 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
     } else {
         holder_view(ctx, &namespace, spec.holder_pod.as_deref()).await?
     };
-    // The contenders are read before admission is asked (the closure's argument first): a
-    // session that ends in between then reads "not admitting", never "admitting, node gone".
-    let inputs = |contender| Inputs {
+    // Admission is asked before the contenders are read and again after (the closure's
+    // argument first), and counts only if it held both times: a session that ends in between
+    // reads "not admitting", never "admitting, node gone"; and a lock that a re-anchoring pass
+    // admits in between (the claims' nodes re-made meanwhile) does not meet a view read before
+    // its nodes were re-made: "admitting, node gone" again, a holder turned Lost by mistake.
+    let admitting = || ctx.engine.admitting_in(parts.iter().map(|p| p.lock.as_str()));
+    let inputs = |(admitting_before, contender): (bool, _)| Inputs {
         claim: &claim,
         spec: &spec,
         holder: holder.clone(),
         contender,
-        admitting: ctx.engine.admitting_in(parts.iter().map(|p| p.lock.as_str())),
+        admitting: admitting_before && admitting(),
         anchor_verdict: ctx.registry.verdict(uid),
         now,
     };
-    let view = contender_view(ctx, &parts).await;
-    if deleted_by_another(&view) && !ctx.engine.epoch_is_current().await? {
+    let view = (admitting(), contender_view(ctx, &parts).await);
+    if deleted_by_another(&view.1) && !ctx.engine.epoch_is_current().await? {
         // Deleted by the next leader's re-anchoring (a rollout of unelected operators, say):
         // this process is deposed and writes nothing, least of all Lost for a hold the next
         // leader keeps.
@@ -192,7 +196,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
             ctx.trigger(&next);
         }
         enqueued?;
-        plan = plan::plan(inputs(contender_view(ctx, &parts).await));
+        plan = plan::plan(inputs((admitting(), contender_view(ctx, &parts).await)));
     }
     if plan.status.phase == Some(Phase::Held) && ctx.registry.known_phase(uid) != Some(Phase::Held) {
         let grant: Vec<(&str, bool, crate::recipe::Limit)> =

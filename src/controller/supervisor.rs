@@ -272,6 +272,13 @@ pub(super) async fn follow(
                 ctx.metrics.zk_session_connected.set(1);
                 out_of_reach = None;
             }
+            EngineEvent::Session(SessionEvent::Lost { session_id })
+                if ctx.engine.session_id().is_some_and(|live| live != session_id) =>
+            {
+                // Reported during a pass and replaced by it already (see `while_reanchoring`):
+                // the live session, re-anchored, stays.
+                tracing::debug!(session_id, "an earlier session's loss; its replacement is live");
+            }
             EngineEvent::Session(SessionEvent::Lost { .. }) => {
                 ctx.metrics.zk_session_connected.set(0);
                 ctx.metrics.zk_sessions_lost.inc();
@@ -280,7 +287,13 @@ pub(super) async fn follow(
                 let since = *out_of_reach.get_or_insert_with(Instant::now);
                 let last = Mutex::new(String::from("no attempt finished"));
                 let renewed = (|| async {
-                    ctx.engine.reconnect().await?;
+                    // A pass that failed while its session lives (a connection loss on one
+                    // lock, say) goes on in it: the locks it admitted keep the claims that
+                    // joined them (a new session would re-make their nodes, and in a directory
+                    // shared with others their new holders could not claim continuity).
+                    if ctx.engine.session_id().is_none() {
+                        ctx.engine.reconnect().await?;
+                    }
                     anchor::reanchor_all(&ctx).await
                 })
                 .retry(REANCHOR_DELAYS)
