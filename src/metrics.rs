@@ -45,6 +45,12 @@ pub struct CallLabel {
     pub outcome: String,
 }
 
+/// Where a reconcile read its holder pod: `watch` (this term's store) or `api`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    pub source: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OpLabel {
     op: &'static str,
@@ -198,6 +204,8 @@ pub struct Metrics {
     /// Kubernetes API writes for claims (status, finalizers, pod annotations, events; not
     /// leader election's Lease).
     pub api_writes: Counter,
+    /// Holder pods read by reconciles, by where from.
+    pub holder_pod_views: Family<SourceLabel, Counter>,
     /// Gated pods whose scheduling gate the operator removed.
     pub pods_ungated: Counter,
     /// Reconciliations of gated pods run.
@@ -226,6 +234,7 @@ impl Default for Metrics {
             api_calls: Family::default(),
             api_call_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             api_writes: Counter::default(),
+            holder_pod_views: Family::default(),
             pods_ungated: Counter::default(),
             gated_reconciles: Counter::default(),
             engine: EngineCounters::default(),
@@ -252,6 +261,8 @@ impl Default for Metrics {
         r.register("kubernetes_call_seconds", "Kubernetes API call latency", m.api_call_seconds.clone());
         let writes = "Kubernetes API writes for claims: status, finalizers, pod annotations, events";
         r.register("kubernetes_writes", writes, m.api_writes.clone());
+        let views = "Holder pods read by reconciles: from the operator's pod watch (what it proves) or from the API";
+        r.register("holder_pod_reads", views, m.holder_pod_views.clone());
         let ungated = "Gated pods whose scheduling gate zklock.io/lock was removed (their claim Held)";
         r.register("pods_ungated", ungated, m.pods_ungated.clone());
         r.register("gated_pod_reconciles", "Reconciliations of gated pods run", m.gated_reconciles.clone());

@@ -15,6 +15,7 @@ mod error;
 pub mod events;
 pub mod feed;
 pub mod gated;
+mod holders;
 mod ledger;
 pub mod locks;
 mod pace;
@@ -33,8 +34,6 @@ use std::time::Duration;
 
 use futures::channel::mpsc::UnboundedSender;
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::Pod;
-use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config, Controller, Error as ControllerError};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
@@ -81,6 +80,8 @@ pub struct Context {
     /// Requests to reconcile every claim (see `pace`), and the walk's batch in flight.
     walks: mpsc::UnboundedSender<()>,
     paced: pace::Paced,
+    /// Each scope's pods, as this term's watch has them, for the claims' holder pods.
+    pub holder_pods: holders::HolderPods,
     /// Each scope's requests to reconcile one gated pod.
     pod_triggers: Vec<UnboundedSender<ObjectRef<gated::KeptPod>>>,
     /// Each scope's `Lock` objects, and requests to refresh one's status.
@@ -465,7 +466,11 @@ pub async fn run(
     // Per scope: its store, and its triggers (the senders go into the context).
     let (mut claims, mut triggers, mut pod_triggers, mut scoped) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut locks, mut lock_triggers, mut lock_scoped) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut holder_stores, mut holder_writers) = (Vec::new(), Vec::new());
     for (reader, events) in feeds.subscribe() {
+        let (holder_reader, holder_writer) = reflector::store();
+        holder_stores.push(holder_reader);
+        holder_writers.push(holder_writer);
         let (one, one_rx) = futures::channel::mpsc::unbounded();
         let (pod, pod_rx) = futures::channel::mpsc::unbounded();
         claims.push(reader.clone());
@@ -494,6 +499,7 @@ pub async fn run(
         claims,
         triggers,
         pod_triggers,
+        holder_pods: holders::HolderPods::new(holder_stores),
         locks,
         lock_triggers,
         cluster_locks: cluster_lock_reader.clone(),
@@ -534,11 +540,12 @@ pub async fn run(
     // Ended when dropped: when this future ends, or is dropped by a deposed leader (which
     // aborts the reconciles in flight with their controller).
     let mut controllers = JoinSet::new();
-    let apis = ctx.watched::<PartialObjectMeta<Pod>>().into_iter().zip(ctx.watched());
-    for ((events, reader, one_rx, pod_rx), (pod_api, gated_api)) in scoped.into_iter().zip(apis) {
+    let apis = ctx.watched::<holders::HolderPod>().into_iter().zip(ctx.watched()).zip(holder_writers);
+    for ((events, reader, one_rx, pod_rx), ((pod_api, gated_api), holder_writer)) in scoped.into_iter().zip(apis) {
         let pods_ctx = ctx.clone();
+        let holder_pods = holders::watch(ctx.clone(), pod_api, holder_writer);
         let controller = Controller::for_stream(watch::claims(ctx.clone(), events), reader)
-            .watches_stream(watch::holder_pods(ctx.clone(), pod_api), move |pod| watch::claims_of_pod(&pods_ctx, &pod))
+            .watches_stream(holder_pods, move |pod| watch::claims_of_pod(&pods_ctx, &pod))
             .reconcile_on(one_rx)
             .with_config(Config::default().concurrency(concurrency.max(1)))
             .graceful_shutdown_on(shutdown.clone())

@@ -20,6 +20,7 @@ use crate::api::epoch_policy::PARAM_MISSING;
 use crate::api::{
     pod_revoke_annotation, validate, KeptClaim, LockClaim, LockClaimStatus, Phase, EPOCH_REFUSAL, FINALIZER,
 };
+use crate::metrics::SourceLabel;
 use crate::recipe::Mode;
 use crate::zk::{ContenderSpec, ContenderState};
 
@@ -147,7 +148,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
     let holder = if terminal {
         HolderView::NotRequested
     } else {
-        holder_view(ctx, &namespace, spec.holder_pod.as_deref()).await?
+        holder_view(ctx, &claim, &namespace, spec.holder_pod.as_deref()).await?
     };
     // Admission is asked before the contenders are read and again after (the closure's
     // argument first), and counts only if it held both times: a session that ends in between
@@ -324,10 +325,21 @@ async fn stale_copy(claim: &LockClaim, ctx: &Context, uid: &str) -> Result<Optio
     Ok(None)
 }
 
-/// The holder pod as the API has it now. A pod being deleted still counts as present: its
-/// containers may still run, and the lock must not move before they stop.
-async fn holder_view(ctx: &Context, namespace: &str, pod: Option<&str>) -> Result<HolderView, Error> {
+/// The holder pod: from this term's watch where that proves what it says (see `holders`), else
+/// as the API has it now. A pod being deleted still counts as present: its containers may
+/// still run, and the lock must not move before they stop.
+async fn holder_view(
+    ctx: &Context,
+    claim: &LockClaim,
+    namespace: &str,
+    pod: Option<&str>,
+) -> Result<HolderView, Error> {
     let Some(pod) = pod else { return Ok(HolderView::NotRequested) };
+    if let Some(view) = ctx.holder_pods.proven(namespace, pod, super::holders::expected_uid(claim, pod)) {
+        ctx.metrics.holder_pod_views.get_or_create(&SourceLabel { source: "watch" }).inc();
+        return Ok(view);
+    }
+    ctx.metrics.holder_pod_views.get_or_create(&SourceLabel { source: "api" }).inc();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let found = tokio::time::timeout(API_TIMEOUT, pods.get_opt(pod))
         .await

@@ -1,16 +1,14 @@
 //! What the controller watches: each served scope's claims (kept in its reflector store, noted in
-//! the registry in delivery order) and the metadata of holder pods. Claims that leave the API
+//! the registry in delivery order); holder pods are in `holders`. Claims that leave the API
 //! while the lock engine still tracks their node are handed to the orphan release.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Pod;
-use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, ResourceExt};
+use kube::runtime::watcher;
+use kube::ResourceExt;
 use tokio::sync::mpsc;
 
 use super::registry::Seen;
@@ -103,32 +101,8 @@ fn first_seen(ctx: &Context, claim: &KeptClaim) {
     ctx.registry.first_seen(&uid, Seen { name, namespace, locks: &locks }, created, phase);
 }
 
-/// Holder pods, metadata only: any change to one (or its deletion) reconciles the claims it
-/// holds, which read the pod afresh. After a re-list every claim with a holder is looked at,
-/// in case a deletion was missed in the gap.
-pub fn holder_pods(
-    ctx: Arc<Context>,
-    api: Api<PartialObjectMeta<Pod>>,
-) -> impl Stream<Item = Result<PartialObjectMeta<Pod>, watcher::Error>> + Send + 'static {
-    watcher(api, watcher::Config::default().timeout(crate::client::WATCH_TIMEOUT_SECONDS))
-        .default_backoff()
-        .inspect(move |event| match event {
-            Ok(watcher::Event::InitDone) => {
-                for uid in ctx.registry.claims_with_holders() {
-                    ctx.trigger(&uid);
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "pod watch error; the watcher retries"),
-            Ok(watcher::Event::Apply(pod) | watcher::Event::Delete(pod)) => {
-                tracing::trace!(pod = %pod.name_any(), deleted = pod.metadata.deletion_timestamp.is_some(), "pod changed")
-            }
-            Ok(_) => {}
-        })
-        .touched_objects()
-}
-
 /// The claims a pod holds, as the controller's objects.
-pub fn claims_of_pod(ctx: &Context, pod: &PartialObjectMeta<Pod>) -> Vec<ObjectRef<KeptClaim>> {
+pub fn claims_of_pod(ctx: &Context, pod: &super::holders::HolderPod) -> Vec<ObjectRef<KeptClaim>> {
     let namespace = pod.namespace().unwrap_or_default();
     ctx.registry.claims_of_pod(&namespace, &pod.name_any()).iter().filter_map(|uid| ctx.object_ref(uid)).collect()
 }

@@ -108,21 +108,31 @@ async fn holder_pods_deleted_failed_or_replaced_release_the_lock() {
     env.pod("worker-b").await;
     env.claim("b", "jobs", json!({"holder": {"podName": "worker-b"}})).await;
     env.wait_phase("b", Phase::Waiting).await;
+    // From here on, both claims are bound and their pods were listed long ago: the pod watch
+    // proves the deletion and the failure below, and no reconcile reads a pod from the API.
+    let api_reads = r#"zklock_holder_pod_reads_total{source="api"}"#;
+    let watch_reads = r#"zklock_holder_pod_reads_total{source="watch"}"#;
+    let (api_before, watch_before) = (op.metric(api_reads).await, op.metric(watch_reads).await);
     let deleted = Instant::now();
     env.pods.delete("worker-a", &DeleteParams::default()).await.unwrap();
     env.wait_phase("b", Phase::Held).await;
     let pod_to_held = deleted.elapsed();
     let a = env.wait_phase("a", Phase::Released).await;
     assert_eq!(condition(&a, conditions::FINISHED).unwrap().1, "HolderGone");
+    let mut api_during = op.metric(api_reads).await - api_before;
 
     // Failed.
     env.pod("worker-c").await;
     env.claim("c", "jobs", json!({"holder": {"podName": "worker-c"}})).await;
     env.wait_phase("c", Phase::Waiting).await;
+    let api_before = op.metric(api_reads).await;
     let failed = json!({"status": {"phase": "Failed"}});
     env.pods.patch_status("worker-b", &PatchParams::default(), &Patch::Merge(&failed)).await.unwrap();
     env.wait_phase("c", Phase::Held).await;
     env.wait_phase("b", Phase::Released).await;
+    api_during += op.metric(api_reads).await - api_before;
+    assert_eq!(api_during, 0.0, "a deleted and a failed holder pod are read from the watch, not the API");
+    assert!(op.metric(watch_reads).await > watch_before, "the watch's pods were read");
 
     // Replaced: same name, new uid (a StatefulSet restart) does not inherit the lock.
     env.claim("d", "jobs", json!({})).await;
