@@ -119,8 +119,22 @@ async fn main() -> Result<(), Error> {
         let probe = ServerProbe::new(&client, &server);
         let before = probe.sample().await;
         let pods = bench.pod_deletions(sizes.pod_rounds).await?;
-        println!("holder pod deleted -> next Held: {}", pods.summary());
+        println!(
+            "holder pod deleted -> next Held: {}  | operator's pod GETs per handoff: {:.2} from the deletion to the \
+             next Held, {:.2} with the next claim's first sight",
+            pods.latency.summary(),
+            pods.gets_timed,
+            pods.gets_all
+        );
         println!("{}", probe.sample().await.per(&before, sizes.pod_rounds, "pod handoff (setup included)"));
+        let held = pods.held.ok_or("no Held status was seen to copy for the pod path's floor")?;
+        let floor = handoff_floor(&client, &server, held, sizes.pod_rounds, FloorStart::PodDeleted).await?;
+        println!(
+            "pod path's floor (the holder pod's delete seen on a watch, the holder's final status and the next \
+             claim's Held written and seen, by the bench alone): {}; zklock / floor: p50 {:.2}",
+            floor.summary(),
+            pods.latency.percentile(0.5).as_secs_f64() / floor.percentile(0.5).as_secs_f64()
+        );
     }
     if runs("gated") {
         let bench = Bench::start(&client, &server, zk, "gated").await?;
@@ -171,7 +185,7 @@ async fn handoffs(
     }
     // The API server's own part of a handoff, made by the bench alone, beside zklock's.
     let held = held.ok_or("no Held status was seen to copy for the handoff's floor")?;
-    let floor = handoff_floor(client, server, held.clone(), sizes.handoffs, false).await?;
+    let floor = handoff_floor(client, server, held.clone(), sizes.handoffs, FloorStart::ClaimDeleted).await?;
     println!(
         "handoff's floor (the holder's delete seen on a watch, then the next claim's Held status written and \
          seen, by the bench alone): {}; zklock / floor at {} waiters: p50 {:.2}",
@@ -179,7 +193,7 @@ async fn handoffs(
         sizes.waiters[0],
         handoff_p50[0].as_secs_f64() / floor.percentile(0.5).as_secs_f64()
     );
-    let with_final = handoff_floor(client, server, held, sizes.handoffs, true).await?;
+    let with_final = handoff_floor(client, server, held, sizes.handoffs, FloorStart::ClaimDeletedThenFinal).await?;
     println!(
         "handoff's floor with the holder's final status written and seen first (as zklock does): {}; zklock / \
          that floor at {} waiters: p50 {:.2}",
@@ -635,26 +649,49 @@ async fn floor(
 /// the holder's final status is written and seen before the grant, as the operator does (the API
 /// never shows two holders). Everything zklock adds (ZooKeeper's delete and notification, the
 /// reconciles) is what a handoff costs above this.
+///
+/// `FloorStart::PodDeleted` is the floor of a holder pod's path: the holder's pod deleted
+/// instead of the holder, its deletion seen on a watch of the namespace's pods, then the
+/// holder's final status and the waiter's Held, as zklock writes them.
 async fn handoff_floor(
     client: &kube::Client,
     server: &Server,
     held: serde_json::Value,
     rounds: usize,
-    final_status: bool,
+    start_with: FloorStart,
 ) -> Result<Samples, Error> {
     use kube::api::Patch;
     use kube::runtime::reflector;
     let (ns, claims) = unserved_namespace(client, server, &held, "bench-handoff-floor").await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let (store, writer) = reflector::store();
+    let (pod_store, pod_writer) = reflector::store::<Pod>();
     let changed = Arc::new(tokio::sync::Notify::new());
-    let watch = {
-        let changed = changed.clone();
-        let stream = reflector(writer, watcher(claims.clone(), watcher::Config::default()));
-        tokio::spawn(stream.for_each(move |_| {
+    fn notify<T>(changed: Arc<tokio::sync::Notify>) -> impl FnMut(T) -> futures::future::Ready<()> {
+        move |_| {
             changed.notify_waiters();
-            async {}
-        }))
+            futures::future::ready(())
+        }
+    }
+    let watch = tokio::spawn(
+        reflector(writer, watcher(claims.clone(), watcher::Config::default())).for_each(notify(changed.clone())),
+    );
+    let pod_watch = tokio::spawn(
+        reflector(pod_writer, watcher(pods.clone(), watcher::Config::default())).for_each(notify(changed.clone())),
+    );
+    let pod_gone = |name: String| {
+        let (pod_store, changed, ns) = (pod_store.clone(), changed.clone(), ns.clone());
+        async move {
+            loop {
+                let notified = changed.notified();
+                if pod_store.get(&reflector::ObjectRef::new(&name).within(&ns)).is_none() {
+                    return;
+                }
+                notified.await;
+            }
+        }
     };
+    let final_status = start_with != FloorStart::ClaimDeleted;
     let seen = |name: String, done: fn(&LockClaim) -> bool| {
         let (store, changed, ns) = (store.clone(), changed.clone(), ns.clone());
         async move {
@@ -673,18 +710,37 @@ async fn handoff_floor(
     let release = finalizer_removal()?;
     let mut samples = Samples::default();
     for i in 0..rounds {
-        let (holder, waiter) = (format!("h{i}"), format!("w{i}"));
+        let (holder, waiter, pod) = (format!("h{i}"), format!("w{i}"), format!("p{i}"));
+        let by_pod = start_with == FloorStart::PodDeleted;
+        if by_pod {
+            pods.create(&PostParams::default(), &unscheduled_pod(&pod)?).await?;
+        }
         for name in [&holder, &waiter] {
             claims.create(&PostParams::default(), &unserved_claim(name, "l", server)?).await?;
         }
         within(&waiter, "seen", async {
             seen(waiter.clone(), |_| true).await;
+            if by_pod {
+                // Listed, so that its deletion is what the watch shows next.
+                while pod_store.get(&reflector::ObjectRef::new(&pod).within(&ns)).is_none() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
         })
         .await?;
         let start = Instant::now();
-        claims.delete(&holder, &DeleteParams::default()).await?;
-        let deleting = seen(holder.clone(), |c| c.metadata.deletion_timestamp.is_some());
-        tokio::time::timeout(Duration::from_secs(60), deleting).await.map_err(|_| "the holder's deletion not seen")?;
+        if by_pod {
+            pods.delete(&pod, &DeleteParams::default()).await?;
+            tokio::time::timeout(Duration::from_secs(60), pod_gone(pod.clone()))
+                .await
+                .map_err(|_| "the holder pod's deletion not seen")?;
+        } else {
+            claims.delete(&holder, &DeleteParams::default()).await?;
+            let deleting = seen(holder.clone(), |c| c.metadata.deletion_timestamp.is_some());
+            tokio::time::timeout(Duration::from_secs(60), deleting)
+                .await
+                .map_err(|_| "the holder's deletion not seen")?;
+        }
         if final_status {
             // The holder's final status first, as the operator writes it before the next grant.
             let current =
@@ -706,13 +762,46 @@ async fn handoff_floor(
         tokio::time::timeout(Duration::from_secs(60), granted).await.map_err(|_| "the waiter's Held not seen")?;
         samples.push(start.elapsed());
         // Not timed: both claims gone, as the operator would finish them.
+        if by_pod {
+            claims.delete(&holder, &DeleteParams::default()).await?;
+        }
         claims.patch(&holder, &manager, &Patch::Json::<()>(release.clone())).await?;
         claims.delete(&waiter, &DeleteParams::default()).await?;
         claims.patch(&waiter, &manager, &Patch::Json::<()>(release.clone())).await?;
     }
     watch.abort();
+    pod_watch.abort();
     Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await?;
     Ok(samples)
+}
+
+/// What the holder pod rounds measured.
+struct PodRounds {
+    latency: Samples,
+    held: Option<serde_json::Value>,
+    /// The operator's pod GETs per round, from the holder pod's deletion to the next Held.
+    gets_timed: f64,
+    /// The same, with the next claim's creation and first reconcile.
+    gets_all: f64,
+}
+
+/// Where a handoff's floor starts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FloorStart {
+    /// The holder deleted; the waiter's Held written as soon as that is seen.
+    ClaimDeleted,
+    /// The holder deleted; its final status written and seen before the waiter's Held.
+    ClaimDeletedThenFinal,
+    /// The holder's pod deleted; then as `ClaimDeletedThenFinal`.
+    PodDeleted,
+}
+
+/// A pod no node runs (no scheduler places it): its deletion is the API server's alone.
+fn unscheduled_pod(name: &str) -> Result<Pod, Error> {
+    Ok(serde_json::from_value(json!({"metadata": {"name": name}, "spec": {
+        "schedulerName": "zklock-bench-no-scheduler",
+        "containers": [{"name": "m", "image": "busybox"}],
+    }}))?)
 }
 
 /// A namespace of its own that no operator serves, with the admission policies the bench's
@@ -1080,32 +1169,41 @@ impl Bench {
         })
     }
 
-    async fn pod_deletions(&self, rounds: usize) -> Result<Samples, Error> {
+    /// Holder pods in one queue: each round, the holder's pod is deleted and the time until the
+    /// next claim is Held is taken. Also the operator's pod reads from the API per round: while
+    /// timed (from the deletion to the next Held) and in all (the next claim's first sight, which
+    /// binds it, included). The last holder's Held status is kept for the floor to copy.
+    async fn pod_deletions(&self, rounds: usize) -> Result<PodRounds, Error> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
-        let pod = |name: &str| -> Pod {
-            serde_json::from_value(json!({"metadata": {"name": name}, "spec": {
-                // No node runs it (on a real control plane the scheduler would place it and
-                // kwok would run it): its deletion is the API server's alone, as the tests'.
-                "schedulerName": "zklock-bench-no-scheduler",
-                "containers": [{"name": "m", "image": "busybox"}],
-            }}))
-            .unwrap_or_default()
-        };
+        // Counted by the operator's client for every build: GETs of pods.
+        let gets = r#"zklock_kubernetes_calls_total{method="GET",resource="pods","#;
         let mut samples = Samples::default();
-        pods.create(&PostParams::default(), &pod("p0")).await?;
+        let (gets_start, mut gets_timed) = (self.metric(gets).await, 0.0);
+        pods.create(&PostParams::default(), &unscheduled_pod("p0")?).await?;
         self.create("h0", "pods", Some("p0")).await?;
         self.wait_phase("h0", Phase::Held).await?;
         for i in 0..rounds {
             let next = format!("p{}", i + 1);
-            pods.create(&PostParams::default(), &pod(&next)).await?;
+            pods.create(&PostParams::default(), &unscheduled_pod(&next)?).await?;
             self.create(&format!("h{}", i + 1), "pods", Some(&next)).await?;
             self.wait_phase(&format!("h{}", i + 1), Phase::Waiting).await?;
+            let before = self.metric(gets).await;
             let start = Instant::now();
             pods.delete(&format!("p{i}"), &DeleteParams::default()).await?;
             self.wait_phase(&format!("h{}", i + 1), Phase::Held).await?;
             samples.push(start.elapsed());
+            self.wait_phase(&format!("h{i}"), Phase::Released).await?;
+            gets_timed += self.metric(gets).await - before;
         }
-        Ok(samples)
+        let last = self.claims.get(&format!("h{rounds}")).await?;
+        let held = last.status.map(|s| serde_json::to_value(s)).transpose()?;
+        let per_round = |n: f64| n / rounds.max(1) as f64;
+        Ok(PodRounds {
+            latency: samples,
+            held,
+            gets_timed: per_round(gets_timed),
+            gets_all: per_round(self.metric(gets).await - gets_start),
+        })
     }
 
     /// Gated pods in one queue: each round, the holder pod is marked Succeeded (as its kubelet
