@@ -177,10 +177,13 @@ start() { # name args...
   echo "$! $name" >>"$DIR/pids"
 }
 
+# The PID of the component started last under that name.
+pid_of() { # name
+  awk -v n="$1" '$2 == n {print $1}' "$DIR/pids" | tail -n 1
+}
+
 alive_or_die() { # name
-  local pid
-  pid=$(awk -v n="$1" '$2 == n {print $1}' "$DIR/pids")
-  kill -0 "$pid" 2>/dev/null || fail "$1 exited during start-up"
+  kill -0 "$(pid_of "$1")" 2>/dev/null || fail "$1 exited during start-up"
 }
 
 fail() {
@@ -290,9 +293,10 @@ up() {
     --authentication-kubeconfig "$DIR/scheduler.kubeconfig" \
     --authorization-kubeconfig "$DIR/scheduler.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port 0 --leader-elect=false
-  start kwok "$bin/kwok" --kubeconfig "$DIR/kwok.kubeconfig" --config "$bin/kwok-stages.yaml" \
-    --manage-all-nodes=false --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
-    --server-address "127.0.0.1:$kwok_port" --node-ip 127.0.0.1
+  local kwok=("$bin/kwok" --kubeconfig "$DIR/kwok.kubeconfig" --config "$bin/kwok-stages.yaml"
+    --manage-all-nodes=false --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake
+    --server-address "127.0.0.1:$kwok_port" --node-ip 127.0.0.1)
+  start kwok "${kwok[@]}"
 
   # The fake node: no taint, so every test pod may be placed on it.
   api /api/v1/nodes POST '{
@@ -304,7 +308,21 @@ up() {
                "capacity": {"cpu": "64", "memory": "256Gi", "pods": "1000"}}
   }' >/dev/null || fail "kube-apiserver refused the fake node"
   wait_for kube-controller-manager 60 "default ServiceAccount" api /api/v1/namespaces/default/serviceaccounts/default
-  wait_for kwok 60 "Ready node" node_ready
+  # kwok v0.8's node controller can die of its own race at start-up ("concurrent map writes"):
+  # started again, twice at most, before the control plane is given up.
+  local kwok_starts=1 deadline=$((SECONDS + 60))
+  until node_ready >/dev/null 2>&1; do
+    if ! kill -0 "$(pid_of kwok)" 2>/dev/null; then
+      [[ $kwok_starts -lt 3 ]] || fail "kwok exited during start-up ($kwok_starts times)"
+      say "kwok exited during start-up ($(grep -m1 'fatal error' "$DIR/logs/kwok.log" || echo 'see its log')); starting it again"
+      mv "$DIR/logs/kwok.log" "$DIR/logs/kwok.$kwok_starts.log"
+      kwok_starts=$((kwok_starts + 1))
+      start kwok "${kwok[@]}"
+      deadline=$((SECONDS + 60))
+    fi
+    [[ $SECONDS -lt $deadline ]] || fail "kwok: no Ready node within 60s"
+    sleep 0.2
+  done
   alive_or_die kube-scheduler
 
   # kube-apiserver stops the informer of a built-in parameter kind for good once no binding names
