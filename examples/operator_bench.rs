@@ -1196,7 +1196,7 @@ impl Bench {
             gets_timed += self.metric(gets).await - before;
         }
         let last = self.claims.get(&format!("h{rounds}")).await?;
-        let held = last.status.map(|s| serde_json::to_value(s)).transpose()?;
+        let held = last.status.map(serde_json::to_value).transpose()?;
         let per_round = |n: f64| n / rounds.max(1) as f64;
         Ok(PodRounds {
             latency: samples,
