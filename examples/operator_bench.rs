@@ -11,9 +11,12 @@
 //! (with API writes per gated handoff), uncontended acquire/release throughput over 1,000 locks next
 //! to Apache Curator's on the same ZooKeeper, and the operator's memory per claim at 10,000
 //! claims (`--memory-claims N` for another count, such as 100000). `--quick` runs smaller sizes (for a smoke test);
-//! `--only handoff|pods|gated|throughput|memory|clusters|failover` runs one part (`failover`:
+//! `--only handoff|pods|gated|throughput|memory|clusters|failover|scale` runs one part (`failover`:
 //! the leader stopped gracefully and then killed under 2,000 and 10,000 queued claims, or
-//! `--failover-claims N`; `clusters`: a
+//! `--failover-claims N`; `scale`, run only when asked for: 1,000 and 10,000 claims, or
+//! `--scale-claims N[,N…]`, 100 per namespace and 10 per lock, served by one operator for every
+//! namespace — queued, memory, a fresh operator's start (listed, leading, ready, the API
+//! server's CPU), the handoff beside its floor; run it alone on its control plane; `clusters`: a
 //! `ClusterLock` shared by this control plane and a second one started for the run, the handoff
 //! between the two clusters beside the handoff within one, then with 20 ms added to every
 //! ZooKeeper request of the second cluster's operator, and a leader change in the first cluster:
@@ -50,6 +53,8 @@ struct Sizes {
     locks: usize,
     lifecycles: usize,
     memory_claims: usize,
+    /// Claims of the scale part (100 per namespace, 10 per lock), one run per count.
+    scale_claims: Vec<usize>,
 }
 
 #[tokio::main]
@@ -57,11 +62,12 @@ async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
-    let parts = ["handoff", "pods", "gated", "throughput", "memory", "clusters", "failover"];
+    let parts = ["handoff", "pods", "gated", "throughput", "memory", "clusters", "failover", "scale"];
     if let Some(part) = only.as_deref().filter(|p| !parts.contains(p)) {
         return Err(format!("--only {part}: expected one of {}", parts.join(", ")).into());
     }
-    let runs = |part: &str| only.as_deref().is_none_or(|o| o == part);
+    // `scale` runs only when asked for: it takes longer than all the others together.
+    let runs = |part: &str| only.as_deref().map_or(part != "scale", |o| o == part);
     let mut sizes = if quick {
         Sizes {
             failover_claims: vec![200],
@@ -71,6 +77,7 @@ async fn main() -> Result<(), Error> {
             locks: 100,
             lifecycles: 20,
             memory_claims: 500,
+            scale_claims: vec![1_000],
         }
     } else {
         Sizes {
@@ -81,11 +88,17 @@ async fn main() -> Result<(), Error> {
             locks: 1000,
             lifecycles: 100,
             memory_claims: 10_000,
+            scale_claims: vec![1_000, 10_000],
         }
     };
     if let Some(i) = args.iter().position(|a| a == "--failover-claims") {
         let n = args.get(i + 1).and_then(|n| n.parse().ok()).filter(|n| *n >= 10);
         sizes.failover_claims = vec![n.ok_or("--failover-claims N: N must be a number of claims, 10 or more")?];
+    }
+    if let Some(i) = args.iter().position(|a| a == "--scale-claims") {
+        let counts: Option<Vec<usize>> = args.get(i + 1).and_then(|n| n.split(',').map(|n| n.parse().ok()).collect());
+        let counts = counts.filter(|c| !c.is_empty() && c.iter().all(|n| *n >= 100));
+        sizes.scale_claims = counts.ok_or("--scale-claims N[,N…]: each N a number of claims, 100 or more")?;
     }
     if let Some(i) = args.iter().position(|a| a == "--memory-claims") {
         let n = args.get(i + 1).and_then(|n| n.parse().ok()).filter(|n| *n > 0);
@@ -153,6 +166,11 @@ async fn main() -> Result<(), Error> {
     if runs("failover") {
         for &claims in &sizes.failover_claims {
             failover(&client, &server, zk, claims).await?;
+        }
+    }
+    if runs("scale") {
+        for &claims in &sizes.scale_claims {
+            scale(&client, &server, zk, claims).await?;
         }
     }
     if runs("memory") {
@@ -551,6 +569,225 @@ async fn failover(
     Ok(())
 }
 
+/// `claims` claims in `claims / 100` namespaces of their own, ten claims per lock (one holder,
+/// nine waiting), served by one operator for every namespace (the Lease and the epoch parameter
+/// in a namespace of their own, the policies bound to every bench namespace). Measures: the
+/// claims created (32 at once) and queued; the operator's memory per claim then; a fresh
+/// operator started on them (the first one stopped): listed, leading, ready (re-anchored), and
+/// the API server's CPU for that start; its memory per claim; and the handoff at this size beside
+/// its floor (the holder deleted, its final status, the next Held, by the bench alone).
+async fn scale(
+    client: &kube::Client,
+    server: &Server,
+    zk: &zklock_testkit::ZkServer,
+    claims: usize,
+) -> Result<(), Error> {
+    let run = uuid::Uuid::new_v4().simple().to_string()[..6].to_string();
+    let per_namespace = 100;
+    let spaces = claims.div_ceil(per_namespace);
+    let home = format!("bench-scale-{run}");
+    let names: Vec<String> = (0..spaces).map(|i| format!("bench-scale-{run}-{i}")).collect();
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let made: Vec<Result<Namespace, kube::Error>> = futures::stream::iter(std::iter::once(&home).chain(&names))
+        .map(|name| {
+            let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap_or_default();
+            let namespaces = namespaces.clone();
+            async move { namespaces.create(&PostParams::default(), &namespace).await }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    for r in made {
+        r?;
+    }
+    install_epoch_policy_over(client, &home, &names).await?;
+    if server.finalizer_policy {
+        install_finalizer_policy_over(client, &names, &format!("scale-{run}")).await?;
+    }
+    let launch = Launch { server: server.clone(), zk: zk.chroot().await, extra: vec![] };
+    let (operator, metrics) = launch.spawn_serving(&home, None)?;
+    let mut bench = Bench {
+        client: client.clone(),
+        claims: Api::namespaced(client.clone(), &home),
+        ns: home.clone(),
+        operator,
+        metrics,
+        launch,
+    };
+    bench.until_ready(&bench.metrics, true).await?;
+    let empty = rss(bench.operator.id())?;
+
+    // Claim i: namespace i % spaces, lock (i / spaces) % 10 of it: made round robin, so that every
+    // namespace and lock fills at once.
+    let place = |i: usize| (names[i % spaces].clone(), format!("l{}", (i / spaces) % 10), format!("c{i}"));
+    let started = Instant::now();
+    let created: Vec<Result<LockClaim, Error>> = futures::stream::iter(0..claims)
+        .map(|i| {
+            let (ns, lock, name) = place(i);
+            let api: Api<LockClaim> = Api::namespaced(client.clone(), &ns);
+            async move {
+                let claim: LockClaim = serde_json::from_value(json!({
+                    "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim",
+                    "metadata": {"name": name}, "spec": {"lockName": lock}
+                }))?;
+                Ok(api.create(&PostParams::default(), &claim).await?)
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    for r in created {
+        r?;
+    }
+    let created_in = started.elapsed();
+    let queued = |metrics: String| async move {
+        metric_at(&metrics, "zklock_claims{phase=\"Held\"}").await
+            + metric_at(&metrics, "zklock_claims{phase=\"Waiting\"}").await
+    };
+    let deadline = Instant::now() + Duration::from_secs(120 + claims as u64 / 10);
+    while queued(bench.metrics.clone()).await < claims as f64 {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the operator counts only {} of {claims} claims queued",
+                queued(bench.metrics.clone()).await
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let queued_in = started.elapsed();
+    let serving = rss(bench.operator.id())?;
+
+    // A fresh operator on them: the first stopped (its Lease let go), then the new one started.
+    let probe = ServerProbe::new(client, server);
+    Command::new("kill").args(["-TERM", &bench.operator.id().to_string()]).status()?;
+    let stopped = Instant::now() + Duration::from_secs(60);
+    while bench.operator.try_wait()?.is_none() {
+        if Instant::now() > stopped {
+            return Err("the first operator did not stop within 60 s of SIGTERM".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = probe.sample().await;
+    let start = Instant::now();
+    let (operator, metrics) = bench.launch.spawn_serving(&home, None)?;
+    bench.operator = operator;
+    bench.metrics = metrics;
+    let (mut listed, mut leading, mut ready) = (None, None, None);
+    let deadline = Instant::now() + Duration::from_secs(120 + claims as u64 / 20);
+    while ready.is_none() {
+        if Instant::now() > deadline {
+            return Err(format!("a fresh operator on {claims} claims was not ready within the deadline").into());
+        }
+        let m = bench.metrics.clone();
+        if listed.is_none() && metric_at(&m, "zklock_claims_watched").await >= claims as f64 {
+            listed = Some(start.elapsed());
+        }
+        if leading.is_none() && metric_at(&m, "zklock_leader").await >= 1.0 {
+            leading = Some(start.elapsed());
+        }
+        if leading.is_some() && get_at(&m, "/readyz").await.is_some_and(|b| b.trim() == "ready") {
+            ready = Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let start_cpu = probe.sample().await.apiserver_cpu_since(&before);
+    let restarted = rss(bench.operator.id())?;
+
+    // The handoff at this size: the holder of one lock of the first namespace deleted, the
+    // next claim of that lock Held, as a watch of that namespace sees it.
+    let first: Api<LockClaim> = Api::namespaced(client.clone(), &names[0]);
+    let (store, writer) = kube::runtime::reflector::store();
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let watch = {
+        let changed = changed.clone();
+        let stream = kube::runtime::reflector(writer, watcher(first.clone(), watcher::Config::default()));
+        tokio::spawn(stream.for_each(move |_| {
+            changed.notify_waiters();
+            futures::future::ready(())
+        }))
+    };
+    let holder_of = |lock: String| {
+        let (store, changed) = (store.clone(), changed.clone());
+        async move {
+            loop {
+                let notified = changed.notified();
+                let held = store.state().into_iter().find(|c| {
+                    c.metadata.deletion_timestamp.is_none()
+                        && c.spec.lock_name.as_deref() == Some(lock.as_str())
+                        && c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held)
+                });
+                if let Some(c) = held {
+                    return c;
+                }
+                notified.await;
+            }
+        }
+    };
+    let rounds = 10;
+    let (mut samples, mut held_status) = (Samples::default(), None);
+    for round in 0..rounds {
+        let lock = format!("l{round}");
+        let holder = tokio::time::timeout(Duration::from_secs(120), holder_of(lock.clone()))
+            .await
+            .map_err(|_| format!("no holder of {lock} in {} within 120 s", names[0]))?;
+        let holder_name = holder.metadata.name.clone().unwrap_or_default();
+        held_status = held_status.or(holder.status.as_ref().map(serde_json::to_value).transpose()?);
+        let start = Instant::now();
+        first.delete(&holder_name, &DeleteParams::default()).await?;
+        let next = async {
+            loop {
+                let c = holder_of(lock.clone()).await;
+                if c.metadata.name.as_deref() != Some(holder_name.as_str()) {
+                    return;
+                }
+                // The deleted holder, still Held in the store: wait for the next change.
+                changed.notified().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(120), next)
+            .await
+            .map_err(|_| format!("the next claim of {lock} not Held within 120 s"))?;
+        samples.push(start.elapsed());
+    }
+    watch.abort();
+    // The operator serves every namespace: it goes before the floor's claims are made.
+    let _ = bench.operator.kill();
+    let _ = bench.operator.wait();
+    let held_status = held_status.ok_or("no Held status was seen to copy for the floor")?;
+    let floor = handoff_floor(client, server, held_status, rounds, FloorStart::ClaimDeletedThenFinal).await?;
+
+    let secs = |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{:.2} s", d.as_secs_f64()));
+    let per_claim = |total: u64| total.saturating_sub(empty) as f64 / claims as f64;
+    println!(
+        "scale at {claims} claims ({spaces} namespaces, {} locks): created in {:.1} s, all queued after {:.1} s \
+         ({:.0} claims/s); operator memory {:.0} B/claim ({:.1} MiB RSS); a fresh operator on them: listed {}, \
+         leading {}, ready {}, kube-apiserver CPU for its start {} ({} per 1,000 claims), memory {:.0} B/claim \
+         ({:.1} MiB); handoff {} | its floor {}; zklock / floor p50 {:.2}",
+        claims / 10,
+        created_in.as_secs_f64(),
+        queued_in.as_secs_f64(),
+        claims as f64 / queued_in.as_secs_f64(),
+        per_claim(serving),
+        serving as f64 / 1048576.0,
+        secs(listed),
+        secs(leading),
+        secs(ready),
+        start_cpu.map_or("-".into(), |c| format!("{c:.2} s")),
+        start_cpu.map_or("-".into(), |c| format!("{:.0} ms", c * 1000.0 * 1000.0 / claims as f64)),
+        per_claim(restarted),
+        restarted as f64 / 1048576.0,
+        samples.summary(),
+        floor.summary(),
+        samples.percentile(0.5).as_secs_f64() / floor.percentile(0.5).as_secs_f64(),
+    );
+    // Not timed: the namespaces go (their claims with them; the operator is stopped already).
+    for ns in std::iter::once(&home).chain(&names) {
+        let _ = namespaces.delete(ns, &DeleteParams::default()).await;
+    }
+    Ok(())
+}
+
 async fn throughput(
     client: &kube::Client,
     server: &Server,
@@ -867,14 +1104,21 @@ fn finalizer_removal() -> Result<json_patch::Patch, Error> {
 
 /// The finalizer's admission policy (as the chart installs it), and a binding for namespace `ns`.
 async fn install_finalizer_policy(client: &kube::Client, ns: &str) -> Result<(), Error> {
+    install_finalizer_policy_over(client, &[ns.to_string()], ns).await
+}
+
+/// The finalizer policy, and one binding (named after `name`) for `namespaces`; in force once a
+/// dry-run create in the first of them shows it.
+async fn install_finalizer_policy_over(client: &kube::Client, namespaces: &[String], name: &str) -> Result<(), Error> {
+    let ns = namespaces.first().ok_or("no namespace to bind the finalizer policy to")?;
     use k8s_openapi::api::admissionregistration::v1::{MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding};
     use zklock::api::finalizer_policy::{finalizer_policy, finalizer_policy_binding, FINALIZER_POLICY};
     let apply = kube::api::PatchParams::apply("zklock-bench").force();
     Api::<MutatingAdmissionPolicy>::all(client.clone())
         .patch(FINALIZER_POLICY, &apply, &kube::api::Patch::Apply(&finalizer_policy(FINALIZER_POLICY)))
         .await?;
-    let name = format!("{FINALIZER_POLICY}-{ns}");
-    let binding = finalizer_policy_binding(&name, FINALIZER_POLICY, &[ns.to_string()]);
+    let name = format!("{FINALIZER_POLICY}-{name}");
+    let binding = finalizer_policy_binding(&name, FINALIZER_POLICY, namespaces);
     Api::<MutatingAdmissionPolicyBinding>::all(client.clone())
         .patch(&name, &apply, &kube::api::Patch::Apply(&binding))
         .await?;
@@ -899,6 +1143,11 @@ async fn install_finalizer_policy(client: &kube::Client, ns: &str) -> Result<(),
 
 /// The leader epoch's admission policy, and a binding for namespace `ns` with its parameter there.
 async fn install_epoch_policy(client: &kube::Client, ns: &str) -> Result<(), Error> {
+    install_epoch_policy_over(client, ns, &[ns.to_string()]).await
+}
+
+/// The epoch policy, and one binding for `namespaces` with the parameter in `home`.
+async fn install_epoch_policy_over(client: &kube::Client, home: &str, namespaces: &[String]) -> Result<(), Error> {
     use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
     use zklock::api::epoch_policy::{epoch_policy, epoch_policy_binding, EPOCH_PARAM, EPOCH_POLICY};
     let apply = kube::api::PatchParams::apply("zklock-bench").force();
@@ -906,8 +1155,8 @@ async fn install_epoch_policy(client: &kube::Client, ns: &str) -> Result<(), Err
     Api::<ValidatingAdmissionPolicy>::all(client.clone())
         .patch(EPOCH_POLICY, &apply, &kube::api::Patch::Apply(&policy))
         .await?;
-    let name = format!("{EPOCH_POLICY}-{ns}");
-    let binding = epoch_policy_binding(&name, EPOCH_POLICY, EPOCH_PARAM, ns, &[ns.to_string()]);
+    let name = format!("{EPOCH_POLICY}-{home}");
+    let binding = epoch_policy_binding(&name, EPOCH_POLICY, EPOCH_PARAM, home, namespaces);
     Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
         .patch(&name, &apply, &kube::api::Patch::Apply(&binding))
         .await?;
@@ -1426,6 +1675,12 @@ struct Launch {
 impl Launch {
     /// Starts an operator serving namespace `ns`; answers it and its metrics address.
     fn spawn(&self, ns: &str) -> Result<(Child, String), Error> {
+        self.spawn_serving(ns, Some(ns))
+    }
+
+    /// Starts an operator with its Lease (and epoch parameter) in `home`, serving `served` or
+    /// every namespace.
+    fn spawn_serving(&self, home: &str, served: Option<&str>) -> Result<(Child, String), Error> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let binary = match std::env::var_os("ZKLOCK_BENCH_OPERATOR") {
             Some(path) => std::path::PathBuf::from(path),
@@ -1446,7 +1701,8 @@ impl Launch {
             None => Command::new(binary),
         };
         let operator = command
-            .args(["run", "--zk-connect", &self.zk, "--watch-namespace", ns, "--lease-namespace", ns])
+            .args(["run", "--zk-connect", &self.zk, "--lease-namespace", home])
+            .args(served.map(|ns| ["--watch-namespace", ns]).into_iter().flatten())
             .args(["--metrics-addr", &format!("127.0.0.1:{port}"), "--epoch-param=zklock-leader-epoch"])
             .args(&self.extra)
             .env("KUBECONFIG", &self.server.kubeconfig)
