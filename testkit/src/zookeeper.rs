@@ -139,7 +139,11 @@ impl ZkServer {
     pub fn resume(&mut self) {
         assert!(self.process.is_none(), "server at {} is already running", self.connect);
         self.process = Some(spawn(&self.dir.join("zoo.cfg"), &self.dir.join("zookeeper.log")));
-        wait_serving(&format!("127.0.0.1:{}", self.client_port), self.process.as_mut());
+        wait_serving(
+            &format!("127.0.0.1:{}", self.client_port),
+            self.process.as_mut(),
+            &self.dir.join("zookeeper.log"),
+        );
     }
 
     /// The data directory (holds `zoo.cfg` and `zookeeper.log`).
@@ -162,7 +166,9 @@ pub struct Ensemble {
 
 impl Ensemble {
     pub fn start(size: usize) -> Ensemble {
-        let ports: Vec<(u16, u16, u16)> = (0..size).map(|_| (free_port(), free_port(), free_port())).collect();
+        let mut picked = free_ports(3 * size).into_iter();
+        let mut next = || picked.next().unwrap_or_else(free_port);
+        let ports: Vec<(u16, u16, u16)> = (0..size).map(|_| (next(), next(), next())).collect();
         let members: String = ports
             .iter()
             .enumerate()
@@ -202,7 +208,10 @@ impl Ensemble {
         let members: Vec<u32> =
             cfg.lines().filter_map(|l| l.strip_prefix("server.")?.split_once('=')?.0.parse().ok()).collect();
         assert!(!members.is_empty(), "the configuration names no server.N members:\n{cfg}");
-        let ports: Vec<[u16; 5]> = members.iter().map(|_| std::array::from_fn(|_| free_port())).collect();
+        // Held until all are picked: no port twice (a member that cannot bind exits).
+        let mut picked = free_ports(5 * members.len()).into_iter();
+        let ports: Vec<[u16; 5]> =
+            members.iter().map(|_| std::array::from_fn(|_| picked.next().unwrap_or_else(free_port))).collect();
         let address = |id: u32| {
             let i = members.iter().position(|m| *m == id).unwrap_or_else(|| panic!("no member {id}"));
             let [client, peer, election, ..] = ports[i];
@@ -258,7 +267,7 @@ impl Ensemble {
             s.process = Some(spawn(&s.dir.join("zoo.cfg"), &s.dir.join("zookeeper.log")));
         }
         for s in &mut servers {
-            wait_serving(&s.connect.clone(), s.process.as_mut());
+            wait_serving(&s.connect.clone(), s.process.as_mut(), &s.dir.join("zookeeper.log"));
         }
         Ensemble { servers }
     }
@@ -334,7 +343,7 @@ fn spawn(cfg: &Path, log: &Path) -> Child {
         .unwrap_or_else(|e| panic!("cannot start ZooKeeper (is Java 17 installed?): {e}"))
 }
 
-fn wait_serving(connect: &str, mut process: Option<&mut Child>) {
+fn wait_serving(connect: &str, mut process: Option<&mut Child>, log: &Path) {
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
         // `srvr` answers only once the server serves requests (not while it is still electing).
@@ -343,7 +352,11 @@ fn wait_serving(connect: &str, mut process: Option<&mut Child>) {
         }
         if let Some(p) = process.as_deref_mut() {
             if let Ok(Some(status)) = p.try_wait() {
-                panic!("ZooKeeper at {connect} exited during start-up ({status}); see its zookeeper.log");
+                // The log goes with its temporary directory: its end is in the message.
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                panic!("ZooKeeper at {connect} exited during start-up ({status}); its log ends:\n{}", tail.join("\n"));
             }
         }
         if Instant::now() > deadline {
@@ -371,6 +384,14 @@ fn version_of(srvr: &str) -> String {
         .find_map(|l| l.strip_prefix("Zookeeper version: "))
         .map(|v| v.split(['-', ',']).next().unwrap_or(v).to_string())
         .unwrap_or_else(|| "(unknown version)".into())
+}
+
+/// `n` distinct free loopback ports (each listener held until all are bound).
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("no free loopback port: {e}")))
+        .collect();
+    held.iter().map(|l| l.local_addr().map(|a| a.port()).unwrap_or_else(|e| panic!("no local address: {e}"))).collect()
 }
 
 fn free_port() -> u16 {
