@@ -13,10 +13,11 @@
 //! claims (`--memory-claims N` for another count, such as 100000). `--quick` runs smaller sizes (for a smoke test);
 //! `--only handoff|pods|gated|throughput|memory|clusters|failover|scale` runs one part (`failover`:
 //! the leader stopped gracefully and then killed under 2,000 and 10,000 queued claims, or
-//! `--failover-claims N`; `scale`, run only when asked for: 1,000 and 10,000 claims, or
-//! `--scale-claims N[,N…]`, 100 per namespace and 10 per lock, served by one operator for every
-//! namespace — queued, memory, a fresh operator's start (listed, leading, ready, the API
-//! server's CPU), the handoff beside its floor; run it alone on its control plane; `clusters`: a
+//! `--failover-claims N`; `scale`, run only when asked for: 10,000 claims or `--scale-claims N`,
+//! 100 per namespace and 10 per lock, served by one operator for every namespace — queued,
+//! memory, a fresh operator's start (listed, leading, ready, every claim re-stamped, the API
+//! server's CPU), the handoff beside its floor; one size per run, alone on the run's control
+//! plane: its operator serves whatever claims the control plane has; `clusters`: a
 //! `ClusterLock` shared by this control plane and a second one started for the run, the handoff
 //! between the two clusters beside the handoff within one, then with 20 ms added to every
 //! ZooKeeper request of the second cluster's operator, and a leader change in the first cluster:
@@ -53,8 +54,8 @@ struct Sizes {
     locks: usize,
     lifecycles: usize,
     memory_claims: usize,
-    /// Claims of the scale part (100 per namespace, 10 per lock), one run per count.
-    scale_claims: Vec<usize>,
+    /// Claims of the scale part (100 per namespace, 10 per lock).
+    scale_claims: usize,
 }
 
 #[tokio::main]
@@ -77,7 +78,7 @@ async fn main() -> Result<(), Error> {
             locks: 100,
             lifecycles: 20,
             memory_claims: 500,
-            scale_claims: vec![1_000],
+            scale_claims: 1_000,
         }
     } else {
         Sizes {
@@ -88,7 +89,7 @@ async fn main() -> Result<(), Error> {
             locks: 1000,
             lifecycles: 100,
             memory_claims: 10_000,
-            scale_claims: vec![1_000, 10_000],
+            scale_claims: 10_000,
         }
     };
     if let Some(i) = args.iter().position(|a| a == "--failover-claims") {
@@ -96,9 +97,8 @@ async fn main() -> Result<(), Error> {
         sizes.failover_claims = vec![n.ok_or("--failover-claims N: N must be a number of claims, 10 or more")?];
     }
     if let Some(i) = args.iter().position(|a| a == "--scale-claims") {
-        let counts: Option<Vec<usize>> = args.get(i + 1).and_then(|n| n.split(',').map(|n| n.parse().ok()).collect());
-        let counts = counts.filter(|c| !c.is_empty() && c.iter().all(|n| *n >= 100));
-        sizes.scale_claims = counts.ok_or("--scale-claims N[,N…]: each N a number of claims, 100 or more")?;
+        let n = args.get(i + 1).and_then(|n| n.parse().ok()).filter(|n| *n >= 100);
+        sizes.scale_claims = n.ok_or("--scale-claims N: N must be a number of claims, 100 or more")?;
     }
     if let Some(i) = args.iter().position(|a| a == "--memory-claims") {
         let n = args.get(i + 1).and_then(|n| n.parse().ok()).filter(|n| *n > 0);
@@ -169,9 +169,7 @@ async fn main() -> Result<(), Error> {
         }
     }
     if runs("scale") {
-        for &claims in &sizes.scale_claims {
-            scale(&client, &server, zk, claims).await?;
-        }
+        scale(&client, &server, zk, sizes.scale_claims).await?;
     }
     if runs("memory") {
         let bench = Bench::start(&client, &server, zk, "memory").await?;
@@ -657,6 +655,11 @@ async fn scale(
     }
     let queued_in = started.elapsed();
     let serving = rss(bench.operator.id())?;
+    // Every claim of the run as a watch of all namespaces has it (names are unique in the run).
+    let (watched, follower) = Claims::follow(Api::all(client.clone()));
+    let seen_all = |s: &HashMap<String, Seen3>| s.values().filter(|(p, _, _)| p.is_some()).count() >= claims;
+    watched.until(Duration::from_secs(120), seen_all).await.ok_or("the bench's watch did not list every claim")?;
+    let epoch_before = watched.snapshot().values().filter_map(|(_, _, e)| *e).max().unwrap_or(0);
 
     // A fresh operator on them: the first stopped (its Lease let go), then the new one started.
     let probe = ServerProbe::new(client, server);
@@ -693,6 +696,15 @@ async fn scale(
     }
     let start_cpu = probe.sample().await.apiserver_cpu_since(&before);
     let restarted = rss(bench.operator.id())?;
+    // Every claim's status re-stamped with the new term's epoch: the start's work is done.
+    let restamped = watched
+        .until(Duration::from_secs(120 + claims as u64 / 20), |s| {
+            s.values().filter(|(_, _, e)| e.is_some_and(|e| e > epoch_before)).count() >= claims
+        })
+        .await
+        .map(|t| t - start);
+    let restamp_cpu = probe.sample().await.apiserver_cpu_since(&before);
+    follower.abort();
 
     // The handoff at this size: the holder of one lock of the first namespace deleted, the
     // next claim of that lock Held, as a watch of that namespace sees it.
@@ -762,8 +774,9 @@ async fn scale(
     println!(
         "scale at {claims} claims ({spaces} namespaces, {} locks): created in {:.1} s, all queued after {:.1} s \
          ({:.0} claims/s); operator memory {:.0} B/claim ({:.1} MiB RSS); a fresh operator on them: listed {}, \
-         leading {}, ready {}, kube-apiserver CPU for its start {} ({} per 1,000 claims), memory {:.0} B/claim \
-         ({:.1} MiB); handoff {} | its floor {}; zklock / floor p50 {:.2}",
+         leading {}, ready {}, every claim re-stamped {}; kube-apiserver CPU to ready {} ({} per 1,000 claims), to \
+         re-stamped {}; memory {:.0} B/claim ({:.1} MiB); then the handoff {} | its floor {}; zklock / floor \
+         p50 {:.2}",
         claims / 10,
         created_in.as_secs_f64(),
         queued_in.as_secs_f64(),
@@ -773,8 +786,10 @@ async fn scale(
         secs(listed),
         secs(leading),
         secs(ready),
+        secs(restamped),
         start_cpu.map_or("-".into(), |c| format!("{c:.2} s")),
         start_cpu.map_or("-".into(), |c| format!("{:.0} ms", c * 1000.0 * 1000.0 / claims as f64)),
+        restamp_cpu.map_or("-".into(), |c| format!("{c:.2} s")),
         per_claim(restarted),
         restarted as f64 / 1048576.0,
         samples.summary(),
