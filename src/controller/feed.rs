@@ -128,7 +128,7 @@ impl ClaimFeeds {
 impl Scope {
     async fn sync(&self, epoch: i64, leadership: &crate::leader::Leadership) -> Result<(), Error> {
         loop {
-            leadership.time_left().ok_or(Error::NotLeading)?;
+            self.until_watching(leadership).await?;
             // A consistent read (no resourceVersion): the claim exists now.
             let listed = tokio::time::timeout(API_TIMEOUT, self.api.list_metadata(&ListParams::default().limit(1)))
                 .await
@@ -167,6 +167,22 @@ impl Scope {
             if result? {
                 return Ok(());
             }
+        }
+    }
+
+    /// Waits, while this process leads, until the watch has listed and no list is under way: the
+    /// sync write's event comes only after a list in progress, and a list of 100,000 claims on a
+    /// busy API server outlasts the delivery's deadline (a fresh leader at that size gave its
+    /// term up, again and again, before it waited for its first list).
+    async fn until_watching(&self, leadership: &crate::leader::Leadership) -> Result<(), Error> {
+        loop {
+            leadership.time_left().ok_or(Error::NotLeading)?;
+            let notified = self.shared.delivered.notified();
+            if *self.shared.listed.lock() && !*self.shared.listing.lock() {
+                return Ok(());
+            }
+            // Woken by the watch's next event; the lease is looked at again at least each second.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), notified).await;
         }
     }
 
