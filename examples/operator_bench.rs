@@ -33,7 +33,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -586,18 +586,17 @@ async fn scale(
     let home = format!("bench-scale-{run}");
     let names: Vec<String> = (0..spaces).map(|i| format!("bench-scale-{run}-{i}")).collect();
     let namespaces = Api::<Namespace>::all(client.clone());
-    let made: Vec<Result<Namespace, kube::Error>> = futures::stream::iter(std::iter::once(&home).chain(&names))
+    futures::stream::iter(std::iter::once(&home).chain(&names))
         .map(|name| {
-            let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap_or_default();
             let namespaces = namespaces.clone();
-            async move { namespaces.create(&PostParams::default(), &namespace).await }
+            async move {
+                let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+                Ok::<_, Error>(namespaces.create(&PostParams::default(), &namespace).await?)
+            }
         })
         .buffer_unordered(16)
-        .collect()
-        .await;
-    for r in made {
-        r?;
-    }
+        .try_collect::<Vec<_>>()
+        .await?;
     install_epoch_policy_over(client, &home, &names).await?;
     if server.finalizer_policy {
         install_finalizer_policy_over(client, &names, &format!("scale-{run}")).await?;
@@ -619,7 +618,7 @@ async fn scale(
     // namespace and lock fills at once.
     let place = |i: usize| (names[i % spaces].clone(), format!("l{}", (i / spaces) % 10), format!("c{i}"));
     let started = Instant::now();
-    let created: Vec<Result<LockClaim, Error>> = futures::stream::iter(0..claims)
+    futures::stream::iter(0..claims)
         .map(|i| {
             let (ns, lock, name) = place(i);
             let api: Api<LockClaim> = Api::namespaced(client.clone(), &ns);
@@ -628,15 +627,12 @@ async fn scale(
                     "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim",
                     "metadata": {"name": name}, "spec": {"lockName": lock}
                 }))?;
-                Ok(api.create(&PostParams::default(), &claim).await?)
+                Ok::<_, Error>(api.create(&PostParams::default(), &claim).await?)
             }
         })
         .buffer_unordered(32)
-        .collect()
-        .await;
-    for r in created {
-        r?;
-    }
+        .try_collect::<Vec<_>>()
+        .await?;
     let created_in = started.elapsed();
     let queued = |metrics: String| async move {
         metric_at(&metrics, "zklock_claims{phase=\"Held\"}").await

@@ -14,6 +14,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -128,7 +129,7 @@ impl ClaimFeeds {
 impl Scope {
     async fn sync(&self, epoch: i64, leadership: &crate::leader::Leadership) -> Result<(), Error> {
         loop {
-            self.until_watching(leadership).await?;
+            self.shared.until_listed(leadership, API_TIMEOUT).await?;
             // A consistent read (no resourceVersion): the claim exists now.
             let listed = tokio::time::timeout(API_TIMEOUT, self.api.list_metadata(&ListParams::default().limit(1)))
                 .await
@@ -167,22 +168,6 @@ impl Scope {
             if result? {
                 return Ok(());
             }
-        }
-    }
-
-    /// Waits, while this process leads, until the watch has listed and no list is under way: the
-    /// sync write's event comes only after a list in progress, and a list of 100,000 claims on a
-    /// busy API server outlasts the delivery's deadline (a fresh leader at that size gave its
-    /// term up, again and again, before it waited for its first list).
-    async fn until_watching(&self, leadership: &crate::leader::Leadership) -> Result<(), Error> {
-        loop {
-            leadership.time_left().ok_or(Error::NotLeading)?;
-            let notified = self.shared.delivered.notified();
-            if *self.shared.listed.lock() && !*self.shared.listing.lock() {
-                return Ok(());
-            }
-            // Woken by the watch's next event; the lease is looked at again at least each second.
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), notified).await;
         }
     }
 
@@ -234,6 +219,30 @@ async fn follow(
 }
 
 impl Shared {
+    /// Waits, while this process leads, until the watch has listed and no list is under way: the
+    /// sync write's event comes only after a list in progress, and a list of 100,000 claims on a
+    /// busy API server outlasts the delivery's deadline (a fresh leader at that size gave its
+    /// first term up). A list that delivers nothing for `quiet` (a watch that fails again and
+    /// again) gives the term up as a late delivery does: no term keeps the Lease waiting for a
+    /// watch that does not work.
+    async fn until_listed(&self, leadership: &crate::leader::Leadership, quiet: Duration) -> Result<(), Error> {
+        let mut progress = tokio::time::Instant::now();
+        loop {
+            leadership.time_left().ok_or(Error::NotLeading)?;
+            let notified = self.delivered.notified();
+            if *self.listed.lock() && !*self.listing.lock() {
+                return Ok(());
+            }
+            if progress.elapsed() > quiet {
+                return Err(Error::CannotServe(format!("the claim watch's list delivered nothing for {quiet:?}")));
+            }
+            // Woken by the watch's next event; the lease is looked at again at least each second.
+            if tokio::time::timeout(quiet.min(Duration::from_secs(1)), notified).await.is_ok() {
+                progress = tokio::time::Instant::now();
+            }
+        }
+    }
+
     /// The store's content as a list's events, then every change delivered from now on.
     fn subscribe(&self, store: &Store<KeptClaim>) -> mpsc::UnboundedReceiver<watcher::Event<KeptClaim>> {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -363,6 +372,36 @@ mod tests {
     fn watch(writer: &mut reflector::store::Writer<KeptClaim>, shared: &Shared, event: watcher::Event<KeptClaim>) {
         writer.apply_watcher_event(&event);
         deliver(shared, &writer.as_reader(), event);
+    }
+
+    #[tokio::test]
+    async fn a_term_waits_for_a_list_that_progresses_and_gives_up_on_one_that_does_not() {
+        let leading = crate::leader::Leadership::always();
+        let quiet = Duration::from_millis(200);
+        let stuck = Shared::default();
+        let waited = tokio::time::timeout(Duration::from_secs(5), stuck.until_listed(&leading, quiet)).await;
+        assert!(matches!(waited, Ok(Err(Error::CannotServe(_)))), "a watch that lists nothing gives the term up");
+
+        let slow = Arc::new(Shared::default());
+        *slow.listing.lock() = true;
+        let lister = {
+            let slow = slow.clone();
+            tokio::spawn(async move {
+                // Pages for three times `quiet`, then the end of the list.
+                for _ in 0..12 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    slow.delivered.notify_waiters();
+                }
+                *slow.listing.lock() = false;
+                *slow.listed.lock() = true;
+                slow.delivered.notify_waiters();
+            })
+        };
+        let started = std::time::Instant::now();
+        let waited = tokio::time::timeout(Duration::from_secs(5), slow.until_listed(&leading, quiet)).await;
+        assert!(matches!(waited, Ok(Ok(()))), "a list that progresses is waited for");
+        assert!(started.elapsed() >= Duration::from_millis(500), "until its end");
+        lister.await.expect("the lister ran");
     }
 
     #[test]

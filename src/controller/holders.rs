@@ -62,7 +62,7 @@ impl HolderPod {
 
     /// The view of this pod: present, finished or not. A pod being deleted is present: its
     /// containers may still run.
-    fn view(&self) -> HolderView {
+    pub fn view(&self) -> HolderView {
         let finished = self.phase.clone().filter(|phase| phase == "Succeeded" || phase == "Failed");
         HolderView::Present { uid: self.uid().to_string(), finished }
     }

@@ -81,7 +81,7 @@ pub struct Context {
     walks: mpsc::UnboundedSender<()>,
     paced: pace::Paced,
     /// Each scope's pods, as this term's watch has them, for the claims' holder pods.
-    pub holder_pods: holders::HolderPods,
+    holder_pods: holders::HolderPods,
     /// Each scope's requests to reconcile one gated pod.
     pod_triggers: Vec<UnboundedSender<ObjectRef<gated::KeptPod>>>,
     /// Each scope's `Lock` objects, and requests to refresh one's status.

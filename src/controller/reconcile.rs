@@ -345,13 +345,7 @@ async fn holder_view(
         .await
         .map_err(|_| Error::Timeout { call: "get_pod" })?
         .map_err(|source| Error::GetPod { pod: pod.to_string(), source })?;
-    Ok(match found {
-        None => HolderView::Missing,
-        Some(p) => HolderView::Present {
-            uid: p.metadata.uid.unwrap_or_default(),
-            finished: p.status.and_then(|s| s.phase).filter(|phase| phase == "Succeeded" || phase == "Failed"),
-        },
-    })
+    Ok(found.map_or(HolderView::Missing, |p| super::holders::HolderPod::from(p).view()))
 }
 
 /// Whether another ZooKeeper client deleted one of the claim's nodes.
