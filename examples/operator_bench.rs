@@ -602,6 +602,22 @@ async fn scale(
         install_finalizer_policy_over(client, &names, &format!("scale-{run}")).await?;
     }
     let launch = Launch { server: server.clone(), zk: zk.chroot().await, extra: vec![] };
+    let measured = scale_measure(client, server, &launch, &home, &names, claims).await;
+    let cleaned = scale_cleanup(client, &launch, &home, &format!("bench-scale-{run}-"), claims).await;
+    measured.and(cleaned)
+}
+
+/// The measuring of [`scale`] on its namespaces `names`, with the Lease in `home`.
+async fn scale_measure(
+    client: &kube::Client,
+    server: &Server,
+    launch: &Launch,
+    home: &str,
+    names: &[String],
+    claims: usize,
+) -> Result<(), Error> {
+    let spaces = names.len();
+    let (home, launch) = (home.to_string(), launch.clone());
     let (operator, metrics) = launch.spawn_serving(&home, None)?;
     let mut bench = Bench {
         client: client.clone(),
@@ -792,11 +808,42 @@ async fn scale(
         floor.summary(),
         samples.percentile(0.5).as_secs_f64() / floor.percentile(0.5).as_secs_f64(),
     );
-    // Not timed: the namespaces go (their claims with them; the operator is stopped already).
-    for ns in std::iter::once(&home).chain(&names) {
-        let _ = namespaces.delete(ns, &DeleteParams::default()).await;
-    }
     Ok(())
+}
+
+/// Not timed, after a run of [`scale`] that measured or failed: the namespaces named
+/// `prefix…` go, their claims finalized by an operator started for it (the finalizer is its; a
+/// namespace deleted with none stays Terminating, and the next run's operator, which serves
+/// every namespace, would serve its claims), then the operator and its `home`.
+async fn scale_cleanup(
+    client: &kube::Client,
+    launch: &Launch,
+    home: &str,
+    prefix: &str,
+    claims: usize,
+) -> Result<(), Error> {
+    let (mut operator, _) = launch.spawn_serving(home, None)?;
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let ours = || async {
+        let listed = namespaces.list_metadata(&ListParams::default()).await?;
+        Ok::<_, Error>(listed.items.into_iter().filter_map(|n| n.metadata.name).filter(|n| n.starts_with(prefix)).collect::<Vec<_>>())
+    };
+    for ns in ours().await? {
+        namespaces.delete(&ns, &DeleteParams::default()).await?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(120 + claims as u64 / 20);
+    let mut left = ours().await?;
+    while !left.is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        left = ours().await?;
+    }
+    let _ = operator.kill();
+    let _ = operator.wait();
+    namespaces.delete(home, &DeleteParams::default()).await?;
+    match left.first() {
+        Some(ns) => Err(format!("{} of the scale run's namespaces ({ns}, …) not gone within the deadline", left.len()).into()),
+        None => Ok(()),
+    }
 }
 
 async fn throughput(
@@ -1677,6 +1724,7 @@ async fn metric_at(address: &str, name: &str) -> f64 {
 }
 
 /// How to start one more operator process like a bench's.
+#[derive(Clone)]
 struct Launch {
     server: Server,
     zk: String,
