@@ -155,6 +155,21 @@ impl LockClaimSpec {
         }
     }
 
+    /// The locks asked for as [`Self::lock_refs`] gives them, borrowed from the spec: for
+    /// readers of every claim at once (a metrics scrape), which should not copy each name.
+    pub fn lock_names(&self) -> impl Iterator<Item = LockName<'_>> {
+        let one = match (&self.lock_name, &self.cluster_lock_name) {
+            (Some(name), _) => Some(LockName::Namespaced(name)),
+            (None, Some(name)) => Some(LockName::Cluster(name)),
+            (None, None) => None,
+        };
+        let several = match one {
+            Some(_) => None,
+            None => self.locks.as_deref(),
+        };
+        one.into_iter().chain(several.into_iter().flatten().map(LockRef::name))
+    }
+
     /// Whether the claim names lock `name` of its namespace.
     pub fn names_lock(&self, name: &str) -> bool {
         self.lock_refs().iter().any(|l| l.lock_name.as_deref() == Some(name))
@@ -186,10 +201,35 @@ impl LockRef {
     /// The name as status and `kubectl get` show it: `NAME`, or `cluster/NAME` for a
     /// `ClusterLock` (a lock name has no `/`, so the two cannot be confused).
     pub fn label(&self) -> String {
+        self.name().label()
+    }
+
+    /// The lock this entry names, borrowed.
+    pub fn name(&self) -> LockName<'_> {
         match (&self.lock_name, &self.cluster_lock_name) {
-            (Some(name), _) => name.clone(),
-            (None, Some(name)) => format!("{CLUSTER_LABEL_PREFIX}{name}"),
-            (None, None) => String::new(),
+            (Some(name), _) => LockName::Namespaced(name),
+            (None, Some(name)) => LockName::Cluster(name),
+            // Refused by the schema's rule; shown as an empty name, as written.
+            (None, None) => LockName::Namespaced(""),
+        }
+    }
+}
+
+/// A lock a claim names, borrowed from its spec.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LockName<'a> {
+    /// A lock of the claim's namespace.
+    Namespaced(&'a str),
+    /// A `ClusterLock`.
+    Cluster(&'a str),
+}
+
+impl LockName<'_> {
+    /// `NAME`, or `cluster/NAME` for a `ClusterLock` (see [`LockRef::label`]).
+    pub fn label(&self) -> String {
+        match self {
+            LockName::Namespaced(name) => (*name).to_string(),
+            LockName::Cluster(name) => format!("{CLUSTER_LABEL_PREFIX}{name}"),
         }
     }
 }

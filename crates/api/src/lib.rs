@@ -14,7 +14,8 @@ mod lock;
 mod validate;
 
 pub use claim::{
-    ClaimLockStatus, Holder, LockClaim, LockClaimSpec, LockClaimStatus, LockRef, Phase, CLUSTER_LABEL_PREFIX, MAX_LOCKS,
+    ClaimLockStatus, Holder, LockClaim, LockClaimSpec, LockClaimStatus, LockName, LockRef, Phase, CLUSTER_LABEL_PREFIX,
+    MAX_LOCKS,
 };
 pub use cluster_lock::{ClusterLock, ClusterLockHolder, ClusterLockSpec, ClusterLockStatus};
 pub use epoch_policy::EPOCH_REFUSAL;
