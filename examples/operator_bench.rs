@@ -580,6 +580,18 @@ async fn scale(
     zk: &zklock_testkit::ZkServer,
     claims: usize,
 ) -> Result<(), Error> {
+    // Its operator serves every namespace: claims left by another run would be served and
+    // counted with this run's.
+    let foreign = Api::<LockClaim>::all(client.clone()).list_metadata(&ListParams::default().limit(1)).await?;
+    if let Some(claim) = foreign.items.first() {
+        return Err(format!(
+            "the scale part runs alone, and the control plane holds claims already ({}/{}, …): \
+             run it on a control plane of its own (without ZKLOCK_TEST_KUBECONFIG, one is started)",
+            claim.metadata.namespace.as_deref().unwrap_or_default(),
+            claim.metadata.name.as_deref().unwrap_or_default()
+        )
+        .into());
+    }
     let run = uuid::Uuid::new_v4().simple().to_string()[..6].to_string();
     let per_namespace = 100;
     let spaces = claims.div_ceil(per_namespace);
@@ -826,7 +838,14 @@ async fn scale_cleanup(
     let namespaces = Api::<Namespace>::all(client.clone());
     let ours = || async {
         let listed = namespaces.list_metadata(&ListParams::default()).await?;
-        Ok::<_, Error>(listed.items.into_iter().filter_map(|n| n.metadata.name).filter(|n| n.starts_with(prefix)).collect::<Vec<_>>())
+        Ok::<_, Error>(
+            listed
+                .items
+                .into_iter()
+                .filter_map(|n| n.metadata.name)
+                .filter(|n| n.starts_with(prefix))
+                .collect::<Vec<_>>(),
+        )
     };
     for ns in ours().await? {
         namespaces.delete(&ns, &DeleteParams::default()).await?;
@@ -841,7 +860,9 @@ async fn scale_cleanup(
     let _ = operator.wait();
     namespaces.delete(home, &DeleteParams::default()).await?;
     match left.first() {
-        Some(ns) => Err(format!("{} of the scale run's namespaces ({ns}, …) not gone within the deadline", left.len()).into()),
+        Some(ns) => {
+            Err(format!("{} of the scale run's namespaces ({ns}, …) not gone within the deadline", left.len()).into())
+        }
         None => Ok(()),
     }
 }
