@@ -6,15 +6,15 @@ use clap::{Parser, Subcommand};
 
 mod cli;
 
+use cli::lock::LockArgs;
+use zklock::operator::RunArgs;
+
 /// One allocator for every build (glibc's and musl's mallocs differ), and one that keeps what
 /// is freed apart by size: with glibc's, the reconciles' short-lived buffers (12 KiB futures,
 /// 8 KiB reads) interleaved with the claims' long-lived entries held twice the live heap
 /// resident (docs/benchmarks.md, "Memory at scale").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-use cli::lock::LockArgs;
-use zklock::operator::RunArgs;
 
 /// Shown under `zklock --help`: the commands people type most.
 const EXAMPLES: &str = "Examples:

@@ -149,19 +149,8 @@ impl Waiters {
             .into_iter()
             .filter_map(|((namespace, name), (age, held))| age.map(|age| (namespace, name, age, held)))
             .collect();
-        // Ties (creation times have whole seconds) in the order of the labels' text.
-        waited.sort_by(|a, b| {
-            fn text<'a>(name: &LockName<'a>) -> (&'static str, &'a str) {
-                match *name {
-                    LockName::Namespaced(name) => ("", name),
-                    LockName::Cluster(name) => (crate::api::CLUSTER_LABEL_PREFIX, name),
-                }
-            }
-            let ((pa, na), (pb, nb)) = (text(&a.1), text(&b.1));
-            b.2.total_cmp(&a.2)
-                .then_with(|| a.0.cmp(b.0))
-                .then_with(|| pa.bytes().chain(na.bytes()).cmp(pb.bytes().chain(nb.bytes())))
-        });
+        // Ties (creation times have whole seconds) in the order of the labels.
+        waited.sort_by(|a, b| b.2.total_cmp(&a.2).then_with(|| (a.0, a.1).cmp(&(b.0, b.1))));
         let count = waited.len();
         let series = waited
             .into_iter()

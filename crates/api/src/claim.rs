@@ -215,8 +215,8 @@ impl LockRef {
     }
 }
 
-/// A lock a claim names, borrowed from its spec.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+/// A lock a claim names, borrowed from its spec. Ordered as its label's text.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum LockName<'a> {
     /// A lock of the claim's namespace.
     Namespaced(&'a str),
@@ -224,13 +224,33 @@ pub enum LockName<'a> {
     Cluster(&'a str),
 }
 
-impl LockName<'_> {
+impl<'a> LockName<'a> {
     /// `NAME`, or `cluster/NAME` for a `ClusterLock` (see [`LockRef::label`]).
     pub fn label(&self) -> String {
-        match self {
-            LockName::Namespaced(name) => (*name).to_string(),
-            LockName::Cluster(name) => format!("{CLUSTER_LABEL_PREFIX}{name}"),
+        let (prefix, name) = self.label_parts();
+        format!("{prefix}{name}")
+    }
+
+    fn label_parts(&self) -> (&'static str, &'a str) {
+        match *self {
+            LockName::Namespaced(name) => ("", name),
+            LockName::Cluster(name) => (CLUSTER_LABEL_PREFIX, name),
         }
+    }
+}
+
+impl Ord for LockName<'_> {
+    /// As the labels' text compares, without making them (a lock name has no `/`, so two
+    /// different names never have the same label).
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        let ((pa, na), (pb, nb)) = (self.label_parts(), other.label_parts());
+        pa.bytes().chain(na.bytes()).cmp(pb.bytes().chain(nb.bytes()))
+    }
+}
+
+impl PartialOrd for LockName<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
     }
 }
 
