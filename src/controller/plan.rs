@@ -15,7 +15,8 @@ use crate::zk::{ContenderState, LostReason};
 /// How long a claim waits for its holder pod to appear before it is Invalid. Covers a claim
 /// applied together with (or just before) the Job or pod that will hold it.
 pub const HOLDER_APPEAR_WINDOW: Duration = Duration::from_secs(30);
-/// How often a live claim without a nearer deadline is looked at again, as a safety net.
+/// How often every claim is looked at again, as a safety net (the paced walk, see `pace`); and
+/// the farthest ahead a claim's own deadline is scheduled.
 pub const RESYNC: Duration = Duration::from_secs(300);
 
 /// What the API says about the holder pod.
@@ -273,11 +274,8 @@ pub fn plan(input: Inputs<'_>) -> Plan {
     if let Some(ticket) = facts.parts.iter().find_map(|p| p.ticket) {
         plan.status.ticket = Some(ticket.to_string());
     }
-    // A final claim changes no more (its deletion comes as a watch event): no backstop entry
-    // kept for it in the controller's scheduler.
-    if plan.requeue_after.is_none() && !plan.status.phase.is_some_and(Phase::is_terminal) {
-        plan.requeue_after = Some(RESYNC);
-    }
+    // No backstop entry in the controller's scheduler for a claim without a deadline: a change
+    // comes as a watch event or an engine trigger, and the walk every `RESYNC` is the safety net.
     plan
 }
 
@@ -685,15 +683,24 @@ mod tests {
     }
 
     #[test]
-    fn a_live_claim_is_looked_at_again_as_a_backstop_and_a_final_one_is_not() {
+    fn only_a_claim_with_a_deadline_is_looked_at_again_on_its_own() {
+        // Held or waiting without a deadline: no entry in the controller's scheduler (the walk
+        // every RESYNC is the safety net); with one (a holder pod still to appear), a requeue.
         let c = claim(spec());
-        let waiting = run(&c, HolderView::NotRequested, tracked(ContenderState::Held { fencing_token: 1 }), t(1));
-        assert_eq!(waiting.requeue_after, Some(RESYNC));
-        let mut held = with_status(c, &waiting);
-        held.metadata.annotations = Some([(REVOKE_ANNOTATION.to_string(), "done".to_string())].into());
-        held.spec.revocation_grace_period_seconds = Some(0);
-        let done = run(&held, HolderView::NotRequested, tracked(ContenderState::Held { fencing_token: 1 }), t(2));
-        let done = run(&with_status(held, &done), HolderView::NotRequested, ContenderView::Untracked, t(3));
+        let held = run(&c, HolderView::NotRequested, tracked(ContenderState::Held { fencing_token: 1 }), t(1));
+        assert_eq!((held.status.phase, held.requeue_after), (Some(Phase::Held), None));
+        let waiting = ContenderState::Waiting { ahead: 1, watching: "n-1".into() };
+        let waiting = run(&c, HolderView::NotRequested, tracked(waiting), t(1));
+        assert_eq!((waiting.status.phase, waiting.requeue_after), (Some(Phase::Waiting), None));
+        let mut s = spec();
+        s.holder = Some(crate::api::Holder { pod_name: "later".into(), namespace: None });
+        let pending = run(&claim(s), HolderView::Missing, ContenderView::Untracked, t(5));
+        assert!(pending.requeue_after.is_some_and(|d| d <= Duration::from_secs(26)), "{:?}", pending.requeue_after);
+        let mut revoked = with_status(c, &held);
+        revoked.metadata.annotations = Some([(REVOKE_ANNOTATION.to_string(), "done".to_string())].into());
+        revoked.spec.revocation_grace_period_seconds = Some(0);
+        let done = run(&revoked, HolderView::NotRequested, tracked(ContenderState::Held { fencing_token: 1 }), t(2));
+        let done = run(&with_status(revoked, &done), HolderView::NotRequested, ContenderView::Untracked, t(3));
         assert!(done.status.phase.is_some_and(Phase::is_terminal), "{:?}", done.status.phase);
         assert_eq!(done.requeue_after, None);
     }
