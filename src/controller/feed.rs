@@ -16,7 +16,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -49,10 +49,10 @@ struct Shared {
     listed: Mutex<bool>,
     /// Whether a list is under way.
     listing: Mutex<bool>,
-    /// The order in which the watch first delivered each claim (by uid), and the next number:
-    /// a term is handed the store in that order, as if it had followed the watch all along (the
+    /// The last number given to a claim the watch delivered first (`KeptClaim::arrival`): a
+    /// term is handed the store in that order, as if it had followed the watch all along (the
     /// admission gate orders claims created within one second by it).
-    order: Mutex<(std::collections::HashMap<String, u64>, u64)>,
+    arrivals: std::sync::atomic::AtomicU64,
     /// Claims whose delivered resourceVersions are being recorded, for a sync write.
     recording: Mutex<Vec<(String, HashSet<String>)>>,
     delivered: Notify,
@@ -203,8 +203,11 @@ async fn follow(
     (stores, metrics): (Vec<Store<KeptClaim>>, Arc<Metrics>),
 ) {
     let store = writer.as_reader();
+    let shared_numbers = shared.clone();
+    let numbering = store.clone();
     watcher(api, watcher::Config::default().timeout(crate::client::WATCH_TIMEOUT_SECONDS))
         .default_backoff()
+        .map_ok(move |event| number(&shared_numbers, &numbering, event))
         .reflect(writer)
         .for_each(|event| {
             match event {
@@ -250,7 +253,7 @@ impl Shared {
         // Under the subscriber's lock, which every delivery takes: an event the store had before
         // this snapshot may come once more, none is missed. A claim that comes twice is one
         // claim; one deleted after the snapshot comes as a deletion.
-        replay(&tx, store, self, *self.listed.lock());
+        replay(&tx, store, *self.listed.lock());
         // A list under way keeps what it has read so far out of the store until it is done:
         // the term gets the whole store again then.
         *subscriber = Some(Subscriber { tx, replay_when_listed: *self.listing.lock() });
@@ -260,21 +263,10 @@ impl Shared {
 
 /// The store's content as a list's events, in the order the watch first delivered the claims
 /// (its end too, if `listed`).
-fn replay(
-    tx: &mpsc::UnboundedSender<watcher::Event<KeptClaim>>,
-    store: &Store<KeptClaim>,
-    shared: &Shared,
-    listed: bool,
-) {
+fn replay(tx: &mpsc::UnboundedSender<watcher::Event<KeptClaim>>, store: &Store<KeptClaim>, listed: bool) {
     let _ = tx.send(watcher::Event::Init);
     let mut claims = store.state();
-    {
-        let order = shared.order.lock();
-        // One not numbered yet is in the store but not yet delivered: after every numbered one.
-        claims.sort_by_cached_key(|c| {
-            c.metadata.uid.as_ref().and_then(|uid| order.0.get(uid).copied()).unwrap_or(u64::MAX)
-        });
-    }
+    claims.sort_by_key(|c| c.arrival);
     for claim in claims {
         let _ = tx.send(watcher::Event::InitApply((*claim).clone()));
     }
@@ -283,26 +275,26 @@ fn replay(
     }
 }
 
+/// Numbers a claim the watch delivers (before it goes into `store`): the number of the copy
+/// the store has of the same claim (same UID: a claim made again under the same name is
+/// another), or the next one.
+fn number(
+    shared: &Shared,
+    store: &Store<KeptClaim>,
+    mut event: watcher::Event<KeptClaim>,
+) -> watcher::Event<KeptClaim> {
+    if let watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) = &mut event {
+        let known = store
+            .get(&reflector::ObjectRef::from_obj(claim))
+            .filter(|kept| kept.metadata.uid == claim.metadata.uid)
+            .map(|kept| kept.arrival);
+        claim.arrival = known.unwrap_or_else(|| shared.arrivals.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
+    }
+    event
+}
+
 /// Hands one event of the watch, already in `store`, to the term, if any.
 fn deliver(shared: &Shared, store: &Store<KeptClaim>, event: watcher::Event<KeptClaim>) {
-    match &event {
-        watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) => {
-            if let Some(uid) = &claim.metadata.uid {
-                let mut order = shared.order.lock();
-                let (numbers, next) = &mut *order;
-                numbers.entry(uid.clone()).or_insert_with(|| {
-                    *next += 1;
-                    *next
-                });
-            }
-        }
-        watcher::Event::Delete(claim) => {
-            if let Some(uid) = &claim.metadata.uid {
-                shared.order.lock().0.remove(uid);
-            }
-        }
-        _ => {}
-    }
     if let watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) = &event {
         let mut recording = shared.recording.lock();
         if !recording.is_empty() {
@@ -327,7 +319,7 @@ fn deliver(shared: &Shared, store: &Store<KeptClaim>, event: watcher::Event<Kept
             if *replay_when_listed && matches!(event, watcher::Event::InitDone) =>
         {
             *replay_when_listed = false;
-            replay(tx, store, shared, true);
+            replay(tx, store, true);
             !tx.is_closed()
         }
         Some(Subscriber { tx, .. }) => tx.send(event).is_ok(),
@@ -370,6 +362,7 @@ mod tests {
 
     /// Into the store first, then to the term: as `follow` does.
     fn watch(writer: &mut reflector::store::Writer<KeptClaim>, shared: &Shared, event: watcher::Event<KeptClaim>) {
+        let event = number(shared, &writer.as_reader(), event);
         writer.apply_watcher_event(&event);
         deliver(shared, &writer.as_reader(), event);
     }
@@ -448,6 +441,27 @@ mod tests {
         let replayed: Vec<String> =
             names(&mut term).into_iter().filter_map(|e| e.strip_prefix("list ").map(str::to_string)).collect();
         assert_eq!(replayed, created, "as first delivered, not as the store hashes them");
+    }
+
+    #[test]
+    fn a_claim_keeps_its_number_across_a_relist_and_a_claim_made_again_gets_a_new_one() {
+        let (store, mut writer) = reflector::store::<KeptClaim>();
+        let shared = Shared::default();
+        for (i, name) in ["a", "b"].into_iter().enumerate() {
+            watch(&mut writer, &shared, watcher::Event::Apply(claim(name, &i.to_string())));
+        }
+        // Watched again from a list (after a desync): the store keeps its copies until it is done.
+        watch(&mut writer, &shared, watcher::Event::Init);
+        watch(&mut writer, &shared, watcher::Event::InitApply(claim("b", "5")));
+        watch(&mut writer, &shared, watcher::Event::InitApply(claim("a", "6")));
+        watch(&mut writer, &shared, watcher::Event::InitDone);
+        let number =
+            |name: &str| store.state().iter().find(|c| c.metadata.name.as_deref() == Some(name)).map(|c| c.arrival);
+        assert_eq!((number("a"), number("b")), (Some(1), Some(2)));
+        let mut again = claim("a", "7");
+        again.metadata.uid = Some("a-again".into());
+        watch(&mut writer, &shared, watcher::Event::Apply(again));
+        assert_eq!(number("a"), Some(3), "another claim of the same name is numbered as new");
     }
 
     #[test]
