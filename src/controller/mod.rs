@@ -639,11 +639,13 @@ async fn supervise(
 async fn reconcile_claim(claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
     let uid = ctx.shared_uid(claim.metadata.uid.as_deref().ok_or(Error::Malformed("a uid"))?);
     if !ctx.serves_reconcile(&uid, &claim) {
-        // Its locks are re-anchored first; every claim is reconciled when that is done.
+        // Its locks are re-anchored first; every claim is reconciled when that is done. A walk
+        // under way does not wait for it.
         tracing::trace!(
             claim = claim.metadata.name.as_deref().unwrap_or_default(),
             "waits for its locks to be re-anchored"
         );
+        ctx.paced.reconciled(&uid);
         return Ok(Action::await_change());
     }
     let span = tracing::info_span!(

@@ -56,8 +56,14 @@ pub(super) async fn walks(ctx: Arc<Context>, mut asked: mpsc::UnboundedReceiver<
     loop {
         tokio::select! {
             more = asked.recv() => if more.is_none() { return },
-            // Before the first re-anchoring this walk's reconciles wait for it (and change nothing).
-            () = tokio::time::sleep(RESYNC) => tracing::debug!("every claim looked at again, as a safety net"),
+            () = tokio::time::sleep(RESYNC) => {
+                if !ctx.anchored() {
+                    // Its reconciles would be turned away: the re-anchoring asks for a walk
+                    // when it is done.
+                    continue;
+                }
+                tracing::debug!("every claim looked at again, as a safety net");
+            }
         }
         while asked.try_recv().is_ok() {}
         walk(&ctx, batch.max(1)).await;
