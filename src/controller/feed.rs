@@ -203,11 +203,9 @@ async fn follow(
     (stores, metrics): (Vec<Store<KeptClaim>>, Arc<Metrics>),
 ) {
     let store = writer.as_reader();
-    let shared_numbers = shared.clone();
-    let numbering = store.clone();
     watcher(api, watcher::Config::default().timeout(crate::client::WATCH_TIMEOUT_SECONDS))
         .default_backoff()
-        .map_ok(move |event| number(&shared_numbers, &numbering, event))
+        .map_ok(|event| number(&shared, &store, event))
         .reflect(writer)
         .for_each(|event| {
             match event {

@@ -657,9 +657,7 @@ async fn reconcile_claim(claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Result<Act
     let running = Running(&ctx.metrics.reconciles_running);
     let result = reconcile::reconcile(uid.clone(), claim.clone(), ctx.clone()).instrument(span).await;
     drop(running);
-    if let Some(uid) = claim.metadata.uid.as_deref() {
-        ctx.paced.reconciled(uid);
-    }
+    ctx.paced.reconciled(&uid);
     if !ctx.is_served(&uid) {
         // Gone while it was reconciled (a node it was just given would outlive it): look again.
         ctx.orphan(&uid);

@@ -135,7 +135,7 @@ impl Plan {
     fn requeue_at(&mut self, now: Timestamp, at: Timestamp) {
         let wait = at.duration_since(now).unsigned_abs();
         // Deadlines are checked a little after they pass, so that the check sees them passed;
-        // one further away than the backstop is looked at again by the backstop (a time read
+        // one further away than `RESYNC` is looked at again then, and planned anew (a time read
         // from status data may lie thousands of years ahead).
         let wait = wait.saturating_add(Duration::from_millis(50)).min(RESYNC);
         self.requeue_after = Some(self.requeue_after.map_or(wait, |w| w.min(wait)));

@@ -289,13 +289,7 @@ impl From<LockClaimStatus> for KeptStatus {
 impl HeldStatus {
     /// Boxed if anything is set.
     fn kept(self) -> Option<Box<Self>> {
-        let HeldStatus { acquired_at, lease_expires_at, fencing_token, holder_uid, renewed } = &self;
-        let any = acquired_at.is_some()
-            || lease_expires_at.is_some()
-            || fencing_token.is_some()
-            || holder_uid.is_some()
-            || renewed.is_some();
-        any.then(|| Box::new(self))
+        (self != HeldStatus::default()).then(|| Box::new(self))
     }
 }
 
