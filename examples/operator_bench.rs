@@ -619,6 +619,10 @@ async fn scale(
     measured.and(cleaned)
 }
 
+/// How long the scale part leaves an operator that has queued every claim alone before it reads
+/// its memory a second time.
+const SETTLE: Duration = Duration::from_secs(15);
+
 /// The measuring of [`scale`] on its namespaces `names`, with the Lease in `home`.
 async fn scale_measure(
     client: &kube::Client,
@@ -678,7 +682,12 @@ async fn scale_measure(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let queued_in = started.elapsed();
+    // Twice: the moment the last claim is queued (the creation burst's buffers and the pages
+    // the allocator has not purged yet still counted), and after SETTLE with nothing asked of it
+    // (what it holds to serve them).
     let serving = rss(bench.operator.id())?;
+    tokio::time::sleep(SETTLE).await;
+    let settled = rss(bench.operator.id())?;
     // Every claim of the run as a watch of all namespaces has it (names are unique in the run).
     let (watched, follower) = Claims::follow(Api::all(client.clone()));
     let seen_all = |s: &HashMap<String, Seen3>| s.values().filter(|(p, _, _)| p.is_some()).count() >= claims;
@@ -729,6 +738,8 @@ async fn scale_measure(
         .map(|t| t - start);
     let restamp_cpu = probe.sample().await.apiserver_cpu_since(&before);
     follower.abort();
+    tokio::time::sleep(SETTLE).await;
+    let restarted_settled = rss(bench.operator.id())?;
 
     // The handoff at this size: the holder of one lock of the first namespace deleted, the
     // next claim of that lock Held, as a watch of that namespace sees it.
@@ -760,10 +771,12 @@ async fn scale_measure(
             }
         }
     };
-    let rounds = 10;
+    // Three rounds on each of the ten locks of that namespace (ten claims each): ten samples
+    // were too few to tell a run's spread from the figure.
+    let rounds = 30;
     let (mut samples, mut held_status) = (Samples::default(), None);
     for round in 0..rounds {
-        let lock = format!("l{round}");
+        let lock = format!("l{}", round % 10);
         let holder = tokio::time::timeout(Duration::from_secs(120), holder_of(lock.clone()))
             .await
             .map_err(|_| format!("no holder of {lock} in {} within 120 s", names[0]))?;
@@ -797,16 +810,20 @@ async fn scale_measure(
     let per_claim = |total: u64| total.saturating_sub(empty) as f64 / claims as f64;
     println!(
         "scale at {claims} claims ({spaces} namespaces, {} locks): created in {:.1} s, all queued after {:.1} s \
-         ({:.0} claims/s); operator memory {:.0} B/claim ({:.1} MiB RSS); a fresh operator on them: listed {}, \
-         leading {}, ready {}, every claim re-stamped {}; kube-apiserver CPU to ready {} ({} per 1,000 claims), to \
-         re-stamped {}; memory {:.0} B/claim ({:.1} MiB); then the handoff {} | its floor {}; zklock / floor \
-         p50 {:.2}",
+         ({:.0} claims/s); operator memory {:.0} B/claim ({:.1} MiB RSS), {:.0} B/claim ({:.1} MiB) {} s later; a \
+         fresh operator on them: listed {}, leading {}, ready {}, every claim re-stamped {}; kube-apiserver CPU to \
+         ready {} ({} per 1,000 claims), to re-stamped {}; memory at ready {:.0} B/claim ({:.1} MiB), re-stamped and \
+         {} s later {:.0} B/claim ({:.1} MiB); then the handoff {} | \
+         its floor {}; zklock / floor p50 {:.2}",
         claims / 10,
         created_in.as_secs_f64(),
         queued_in.as_secs_f64(),
         claims as f64 / queued_in.as_secs_f64(),
         per_claim(serving),
         serving as f64 / 1048576.0,
+        per_claim(settled),
+        settled as f64 / 1048576.0,
+        SETTLE.as_secs(),
         secs(listed),
         secs(leading),
         secs(ready),
@@ -816,6 +833,9 @@ async fn scale_measure(
         restamp_cpu.map_or("-".into(), |c| format!("{c:.2} s")),
         per_claim(restarted),
         restarted as f64 / 1048576.0,
+        SETTLE.as_secs(),
+        per_claim(restarted_settled),
+        restarted_settled as f64 / 1048576.0,
         samples.summary(),
         floor.summary(),
         samples.percentile(0.5).as_secs_f64() / floor.percentile(0.5).as_secs_f64(),

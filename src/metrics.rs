@@ -51,6 +51,13 @@ pub struct SourceLabel {
     pub source: &'static str,
 }
 
+/// Why every claim was walked (see `controller::pace`): `reanchored` (a term's start, a new
+/// session) or `period` (`--resync-period`, the safety net).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabel {
+    pub cause: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OpLabel {
     op: &'static str,
@@ -218,6 +225,8 @@ pub struct Metrics {
     pub pods_ungated: Counter,
     /// Reconciliations of gated pods run.
     pub gated_reconciles: Counter,
+    /// Walks of every claim made to the end, by cause.
+    pub walks: Family<CauseLabel, Counter>,
     /// The engine whose ZooKeeper counters a scrape reads: the current term's.
     pub engine: EngineCounters,
     /// The claim stores whose waiters a scrape reads: the current term's.
@@ -245,6 +254,7 @@ impl Default for Metrics {
             holder_pod_views: Family::default(),
             pods_ungated: Counter::default(),
             gated_reconciles: Counter::default(),
+            walks: Family::default(),
             engine: EngineCounters::default(),
             waiters: Waiters::default(),
         };
@@ -274,6 +284,9 @@ impl Default for Metrics {
         let ungated = "Gated pods whose scheduling gate zklock.io/lock was removed (their claim Held)";
         r.register("pods_ungated", ungated, m.pods_ungated.clone());
         r.register("gated_pod_reconciles", "Reconciliations of gated pods run", m.gated_reconciles.clone());
+        let walks = "Walks of every claim served, paced, made to the end: reanchored (a term's start, a new \
+                     ZooKeeper session) or period (--resync-period, the safety net against a lost event)";
+        r.register("claim_walks", walks, m.walks.clone());
         r.register_collector(Box::new(m.engine.clone()));
         r.register_collector(Box::new(m.waiters.clone()));
         m

@@ -427,6 +427,8 @@ pub struct Setup {
     pub term: supervisor::Term,
     /// Claims reconciled at once, per scope.
     pub concurrency: u16,
+    /// How often every claim is looked at again (see `pace`).
+    pub resync_period: Duration,
     /// Time to live after finishing for claims that set none and have no owner.
     pub default_ttl: Option<Duration>,
     /// Whether this process may write; every Kubernetes write asks it first.
@@ -455,6 +457,7 @@ pub async fn run(
         events,
         term,
         concurrency,
+        resync_period,
         default_ttl,
         leadership,
         epoch_param,
@@ -581,7 +584,7 @@ pub async fn run(
     controllers.spawn(controller);
     let mut tasks = JoinSet::new();
     tasks.spawn(watch::release_orphans(ctx.clone(), orphans_rx).map(Ok));
-    tasks.spawn(pace::walks(ctx.clone(), walks_rx, usize::from(concurrency)).map(Ok));
+    tasks.spawn(pace::walks(ctx.clone(), walks_rx, usize::from(concurrency), resync_period).map(Ok));
     let (woken, mut woken_rx) = mpsc::unbounded_channel();
     ctx.registry.wake_into(woken);
     let waking = ctx.clone();

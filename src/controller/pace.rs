@@ -9,12 +9,13 @@
 //! waits for the walk: its own trigger goes into a queue at most one batch long, and a grant
 //! asks for the stamps of its own lock's claims itself (`GrantBlocked::Unstamped`).
 //!
-//! The same walk is the safety net against a lost event: made every [`RESYNC`] for the whole
-//! term, it looks at every claim again. It replaces a backstop requeue per claim in
-//! kube-runtime's scheduler, which kept an entry (two copies of the claim's reference, a slab
-//! slot, a timer) for every live claim: some 500 bytes per claim, a sixth of the operator's
-//! memory at 10,000 claims (docs/benchmarks.md, "Memory at scale"), and a burst of every claim's
-//! reconcile at once, five minutes after a restart, where the walk is paced.
+//! The same walk is the safety net against a lost event: made every `--resync-period`
+//! ([`RESYNC`](super::plan::RESYNC) unless told otherwise) for the whole term, it looks at every
+//! claim again. It replaces a backstop requeue per claim in kube-runtime's scheduler, which kept
+//! an entry (two copies of the claim's reference, a slab slot, a timer) for every live claim:
+//! some 500 bytes per claim, a sixth of the operator's memory at 10,000 claims
+//! (docs/benchmarks.md, "Memory at scale"), and a burst of every claim's reconcile at once, five
+//! minutes after a restart, where the walk is paced.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -24,7 +25,6 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tokio::sync::mpsc;
 
-use super::plan::RESYNC;
 use super::Context;
 use crate::api::{KeptClaim, Phase};
 
@@ -50,23 +50,28 @@ impl Paced {
 }
 
 /// Walks every claim served, in batches of `batch`, each time a walk is asked for (walks asked
-/// for during one are made once, after it), and [`RESYNC`] after the last walk ended. Runs for
+/// for during one are made once, after it), and `period` after the last walk ended. Runs for
 /// the term.
-pub(super) async fn walks(ctx: Arc<Context>, mut asked: mpsc::UnboundedReceiver<()>, batch: usize) {
+pub(super) async fn walks(ctx: Arc<Context>, mut asked: mpsc::UnboundedReceiver<()>, batch: usize, period: Duration) {
     loop {
-        tokio::select! {
-            more = asked.recv() => if more.is_none() { return },
-            () = tokio::time::sleep(RESYNC) => {
+        let cause = tokio::select! {
+            more = asked.recv() => match more {
+                Some(()) => "reanchored",
+                None => return,
+            },
+            () = tokio::time::sleep(period) => {
                 if !ctx.anchored() {
                     // Its reconciles would be turned away: the re-anchoring asks for a walk
                     // when it is done.
                     continue;
                 }
                 tracing::debug!("every claim looked at again, as a safety net");
+                "period"
             }
-        }
+        };
         while asked.try_recv().is_ok() {}
         walk(&ctx, batch.max(1)).await;
+        ctx.metrics.walks.get_or_create(&crate::metrics::CauseLabel { cause }).inc();
     }
 }
 

@@ -15,8 +15,9 @@ use crate::zk::{ContenderState, LostReason};
 /// How long a claim waits for its holder pod to appear before it is Invalid. Covers a claim
 /// applied together with (or just before) the Job or pod that will hold it.
 pub const HOLDER_APPEAR_WINDOW: Duration = Duration::from_secs(30);
-/// How often every claim is looked at again, as a safety net (the paced walk, see `pace`); and
-/// the farthest ahead a claim's own deadline is scheduled.
+/// How often every claim is looked at again, as a safety net (the paced walk, see `pace`), unless
+/// the operator is told otherwise (`--resync-period`); and the farthest ahead a claim's own
+/// deadline is scheduled.
 pub const RESYNC: Duration = Duration::from_secs(300);
 
 /// What the API says about the holder pod.

@@ -77,6 +77,10 @@ pub struct RunArgs {
     /// connections and memory) during bursts; handoffs are never queued behind more than this
     #[arg(long, env = "ZKLOCK_MAX_CONCURRENT_RECONCILES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
     max_concurrent_reconciles: u16,
+    /// How often every claim is reconciled again, in batches of --max-concurrent-reconciles, as a
+    /// safety net against an event that never came. A claim unchanged since is not written
+    #[arg(long, env = "ZKLOCK_RESYNC_PERIOD", default_value = "5m", value_parser = crate::durations::parse_duration)]
+    resync_period: Duration,
     /// Delete final claims that set no spec.ttlSecondsAfterFinished this many seconds after they
     /// finished. Claims with an owner (those made for gated pods) are left to the garbage
     /// collector. Default: kept
@@ -161,6 +165,7 @@ impl RunArgs {
             leader_election: !self.no_leader_election,
             epoch_param: (!self.no_leader_election && !self.no_epoch_policy).then_some(self.epoch_param),
             concurrency: self.max_concurrent_reconciles,
+            resync_period: self.resync_period,
             default_ttl: self.default_ttl_seconds_after_finished.map(|s| Duration::from_secs(s.into())),
             manage_crds: self.manage_crds,
             identity,

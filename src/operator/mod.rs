@@ -48,6 +48,8 @@ pub struct Options {
     pub epoch_param: Option<String>,
     /// Claims reconciled at once.
     pub concurrency: u16,
+    /// How often every claim is looked at again (see `controller::pace`).
+    pub resync_period: std::time::Duration,
     /// Time to live after finishing for claims that set none and have no owner.
     pub default_ttl: Option<std::time::Duration>,
     /// Bring zklock's CRDs to this version at start (see [`crds`]).
@@ -147,6 +149,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
                 events: crate::controller::events::EventWriter::new(client.clone(), &options.identity),
                 term: term.clone(),
                 concurrency: options.concurrency,
+                resync_period: options.resync_period,
                 default_ttl: options.default_ttl,
                 leadership: leadership.clone(),
                 epoch_param,

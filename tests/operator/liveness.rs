@@ -491,3 +491,49 @@ async fn a_claim_the_operator_cannot_read_fails_alone_and_keeps_what_it_holds() 
     }
     assert_eq!(op.metric("zklock_leader").await, 1.0, "the operator leads throughout");
 }
+
+/// The safety net against an event that never came: every claim is reconciled again each
+/// `--resync-period`, for the whole term, in batches of `--max-concurrent-reconciles`; and a
+/// walk over claims that did not change writes nothing (it replaced a requeue per claim, and at
+/// 100,000 claims a write per claim per walk would be the API server's largest load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_claim_is_reconciled_again_each_resync_period_and_an_unchanged_one_is_not_written() {
+    let env = Env::new().await;
+    let op = Operator::start(&env, &["--resync-period", "2s", "--max-concurrent-reconciles", "2"]);
+    env.claim("holder", "walked", json!({})).await;
+    env.wait_phase("holder", Phase::Held).await;
+    let waiters = ["w1", "w2", "w3", "w4"];
+    for name in waiters {
+        env.claim(name, "walked", json!({})).await;
+        env.wait_phase(name, Phase::Waiting).await;
+    }
+    let periodic = || op.metric("zklock_claim_walks_total{cause=\"period\"}");
+    until("a walk of every claim after the period", || async { periodic().await >= 1.0 }).await;
+    let versions = || async {
+        let list = env.claims.list(&Default::default()).await.expect("list the claims");
+        list.items.iter().map(|c| (c.metadata.name.clone(), c.metadata.resource_version.clone())).collect::<Vec<_>>()
+    };
+    let (walks, writes, reconciles, before) = (
+        periodic().await,
+        op.metric("zklock_kubernetes_writes_total").await,
+        op.metric("zklock_reconciles_total").await,
+        versions().await,
+    );
+    until("two more walks", || async { periodic().await >= walks + 2.0 }).await;
+    let reconciled = op.metric("zklock_reconciles_total").await - reconciles;
+    assert!(reconciled >= 2.0 * 5.0, "two walks reconcile each of the 5 claims twice: {reconciled} reconciles");
+    assert_eq!(op.metric("zklock_kubernetes_writes_total").await, writes, "a walk of unchanged claims writes nothing");
+    assert_eq!(versions().await, before, "no claim changed");
+    assert_eq!(op.metric("zklock_claim_walks_total{cause=\"reanchored\"}").await, 1.0, "one re-anchoring, the term's");
+
+    env.delete_claim("holder").await;
+    env.wait_phase("w1", Phase::Held).await;
+    for (name, next) in waiters.iter().zip(waiters.iter().skip(1)) {
+        env.delete_claim(name).await;
+        env.wait_phase(next, Phase::Held).await;
+    }
+    env.delete_claim("w4").await;
+    env.history.await_gone("w4").await;
+    assert_eq!(env.history.grants("walked"), ["holder", "w1", "w2", "w3", "w4"]);
+    env.history.check();
+}
