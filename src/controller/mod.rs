@@ -290,15 +290,14 @@ impl Context {
     }
 
     /// The claims of lock `name` in `namespace` (alone or with other locks), as the claim
-    /// watch last delivered them.
+    /// watch last delivered them: those the registry counts in it (see `Registry::claims_of_lock`).
     fn claims_of_lock(&self, namespace: &str, name: &str) -> Vec<Arc<KeptClaim>> {
-        let scope =
-            if self.namespaces.is_empty() { Some(0) } else { self.namespaces.iter().position(|n| n == namespace) };
-        let Some(store) = scope.and_then(|s| self.claims.get(s)) else { return vec![] };
-        store
-            .state()
+        let path = self.lock_path(namespace, name);
+        self.registry
+            .claims_of_lock(&path)
             .into_iter()
-            .filter(|c| c.metadata.namespace.as_deref() == Some(namespace) && c.spec.names_lock(name))
+            .filter_map(|(namespace, claim)| self.claim(&namespace, &claim))
+            .filter(|c| c.spec.names_lock(name))
             .collect()
     }
 

@@ -42,6 +42,9 @@ struct Inner {
     strings: HashSet<Arc<str>>,
     /// (namespace, pod name) → claim UIDs naming that pod as holder.
     by_pod: HashMap<(String, String), HashSet<Uid>>,
+    /// Lock path → the claims naming it. A `Lock`'s status is made from these: a scan of its
+    /// scope's store instead took 6 ms at 100,000 claims, at every refresh of every `Lock`.
+    by_lock: HashMap<Arc<str>, HashSet<Uid>>,
     /// Lock path → when its last holder let go (for the handoff histogram).
     released_at: HashMap<String, Instant>,
     next_seen: u64,
@@ -106,7 +109,9 @@ impl Inner {
             unstamped: false,
             verdict: None,
         };
+        let locks = claim.locks.clone();
         self.claims.insert(uid.clone(), claim);
+        self.index_locks(uid, &locks);
         Some(self.next_seen)
     }
 
@@ -129,9 +134,31 @@ impl Inner {
         }
     }
 
+    fn index_locks(&mut self, uid: &Uid, locks: &Locks) {
+        for (lock, _) in locks.iter() {
+            self.by_lock.entry(lock.clone()).or_default().insert(uid.clone());
+        }
+    }
+
+    /// Out of the index by lock; an emptied entry goes, so that it holds no interned path.
+    fn unindex_locks(&mut self, uid: &str, locks: &Locks) {
+        for (lock, _) in locks.iter() {
+            if let Some(claims) = self.by_lock.get_mut(&**lock) {
+                claims.remove(uid);
+                if claims.is_empty() {
+                    self.by_lock.remove(&**lock);
+                }
+            }
+        }
+    }
+
     fn unintern_locks(&mut self, locks: Locks) {
-        let locks: Vec<Arc<str>> = locks.iter().map(|(l, _)| l.clone()).collect();
-        for lock in locks {
+        let paths: Vec<Arc<str>> = locks.iter().map(|(l, _)| l.clone()).collect();
+        // Its own references go first: kept while the paths are let go of, they counted as a
+        // claim still naming each lock, and no lock path (nor what the ledger keeps of the lock)
+        // was ever let go of: the registry grew with every lock name ever used.
+        drop(locks);
+        for lock in paths {
             self.unintern(lock);
         }
     }
@@ -206,8 +233,11 @@ impl Registry {
             inner.unstamp(uid);
             inner.leave_gates(uid);
             let shared = inner.intern_locks(locks);
-            if let Some(claim) = inner.claims.get_mut(uid) {
-                let old = std::mem::replace(&mut claim.locks, shared);
+            let key = inner.claims.get_key_value(uid).map(|(key, _)| key.clone());
+            if let (Some(key), Some(claim)) = (key, inner.claims.get_mut(uid)) {
+                let old = std::mem::replace(&mut claim.locks, shared.clone());
+                inner.unindex_locks(uid, &old);
+                inner.index_locks(&key, &shared);
                 inner.unintern_locks(old);
             }
             inner.set_phase(uid, phase);
@@ -351,6 +381,7 @@ impl Registry {
         inner.unstamp(uid);
         if let Some(claim) = inner.claims.remove(uid) {
             inner.ledger.forget(uid, &claim.locks);
+            inner.unindex_locks(uid, &claim.locks);
             inner.count(claim.phase, -1);
             if let Some(pod) = claim.pod {
                 let key = (claim.namespace.to_string(), pod.into_string());
@@ -364,6 +395,14 @@ impl Registry {
             inner.unintern(claim.namespace);
             inner.unintern_locks(claim.locks);
         }
+    }
+
+    /// The claims naming lock `path` (a claim whose cleanup is over names none): the
+    /// namespace and name of each.
+    pub fn claims_of_lock(&self, path: &str) -> Vec<(Arc<str>, String)> {
+        let inner = self.lock();
+        let Some(uids) = inner.by_lock.get(path) else { return vec![] };
+        uids.iter().filter_map(|uid| inner.claims.get(uid)).map(|c| (c.namespace.clone(), c.name.to_string())).collect()
     }
 
     pub fn name(&self, uid: &str) -> Option<String> {
@@ -474,6 +513,34 @@ mod tests {
 
     fn one(lock: &str, exclusive: bool) -> Vec<(String, bool)> {
         vec![(lock.to_string(), exclusive)]
+    }
+
+    #[test]
+    fn the_claims_of_a_lock_follow_their_specs_and_leave_with_them() {
+        let r = Registry::default();
+        let of = |path: &str| {
+            let mut names: Vec<String> =
+                r.claims_of_lock(path).into_iter().map(|(ns, name)| format!("{ns}/{name}")).collect();
+            names.sort();
+            names
+        };
+        let both = vec![("/l".to_string(), true), ("/m".to_string(), false)];
+        let (a, b): (Uid, Uid) = ("a".into(), "b".into());
+        r.first_seen(&a, Seen { name: "ca", namespace: "ns", locks: &one("/l", true) }, 1, None);
+        r.first_seen(&b, Seen { name: "cb", namespace: "ns", locks: &both }, 2, None);
+        assert_eq!((of("/l"), of("/m")), (vec!["ns/ca".to_string(), "ns/cb".to_string()], vec!["ns/cb".to_string()]));
+        r.observe(&b, "cb", "ns", &one("/m", false), None);
+        assert_eq!(
+            (of("/l"), of("/m")),
+            (vec!["ns/ca".to_string()], vec!["ns/cb".to_string()]),
+            "a changed spec moves it"
+        );
+        r.forget("a");
+        r.forget("b");
+        assert!(of("/l").is_empty() && of("/m").is_empty());
+        let inner = r.lock();
+        assert!(inner.by_lock.is_empty(), "no entry is kept for a lock nobody names");
+        assert!(inner.strings.is_empty(), "and no path or namespace stays interned: {:?}", inner.strings);
     }
 
     #[test]
