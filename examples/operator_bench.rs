@@ -209,10 +209,18 @@ async fn handoffs(
         sizes.waiters[0],
         handoff_p50[0].as_secs_f64() / floor.percentile(0.5).as_secs_f64()
     );
+    let gone = handoff_floor(client, server, held.clone(), sizes.handoffs, FloorStart::ClaimDeletedThenGone).await?;
+    println!(
+        "handoff's floor with the holder's finalizer removed first (as zklock does when its finalizer is the \
+         last): {}; zklock / that floor at {} waiters: p50 {:.2}",
+        gone.summary(),
+        sizes.waiters[0],
+        handoff_p50[0].as_secs_f64() / gone.percentile(0.5).as_secs_f64()
+    );
     let with_final = handoff_floor(client, server, held, sizes.handoffs, FloorStart::ClaimDeletedThenFinal).await?;
     println!(
-        "handoff's floor with the holder's final status written and seen first (as zklock does): {}; zklock / \
-         that floor at {} waiters: p50 {:.2}",
+        "handoff's floor with the holder's final status written and seen first (as zklock does when another \
+         finalizer keeps the claim): {}; zklock / that floor at {} waiters: p50 {:.2}",
         with_final.summary(),
         sizes.waiters[0],
         handoff_p50[0].as_secs_f64() / with_final.percentile(0.5).as_secs_f64()
@@ -775,6 +783,15 @@ async fn scale_measure(
     // were too few to tell a run's spread from the figure.
     let rounds = 30;
     let (mut samples, mut held_status) = (Samples::default(), None);
+    // The operator's own part of each handoff (from the holder's node deleted to the next
+    // claim's Held written, `zklock_handoff_seconds`), to tell it from the API's.
+    let inside = |metrics: String| async move {
+        (
+            metric_at(&metrics, "zklock_handoff_seconds_sum").await,
+            metric_at(&metrics, "zklock_handoff_seconds_count").await,
+        )
+    };
+    let inside_before = inside(bench.metrics.clone()).await;
     for round in 0..rounds {
         let lock = format!("l{}", round % 10);
         let holder = tokio::time::timeout(Duration::from_secs(120), holder_of(lock.clone()))
@@ -800,11 +817,13 @@ async fn scale_measure(
         samples.push(start.elapsed());
     }
     watch.abort();
+    let inside_after = inside(bench.metrics.clone()).await;
+    let inside_mean = (inside_after.0 - inside_before.0) / (inside_after.1 - inside_before.1).max(1.0);
     // The operator serves every namespace: it goes before the floor's claims are made.
     let _ = bench.operator.kill();
     let _ = bench.operator.wait();
     let held_status = held_status.ok_or("no Held status was seen to copy for the floor")?;
-    let floor = handoff_floor(client, server, held_status, rounds, FloorStart::ClaimDeletedThenFinal).await?;
+    let floor = handoff_floor(client, server, held_status, rounds, FloorStart::ClaimDeletedThenGone).await?;
 
     let secs = |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{:.2} s", d.as_secs_f64()));
     let per_claim = |total: u64| total.saturating_sub(empty) as f64 / claims as f64;
@@ -813,8 +832,8 @@ async fn scale_measure(
          ({:.0} claims/s); operator memory {:.0} B/claim ({:.1} MiB RSS), {:.0} B/claim ({:.1} MiB) {} s later; a \
          fresh operator on them: listed {}, leading {}, ready {}, every claim re-stamped {}; kube-apiserver CPU to \
          ready {} ({} per 1,000 claims), to re-stamped {}; memory at ready {:.0} B/claim ({:.1} MiB), re-stamped and \
-         {} s later {:.0} B/claim ({:.1} MiB); then the handoff {} | \
-         its floor {}; zklock / floor p50 {:.2}",
+         {} s later {:.0} B/claim ({:.1} MiB); then the handoff {} (the operator's own part, from the \
+         holder's node deleted to the next Held written: mean {:.1} ms) | its floor {}; zklock / floor p50 {:.2}",
         claims / 10,
         created_in.as_secs_f64(),
         queued_in.as_secs_f64(),
@@ -837,6 +856,7 @@ async fn scale_measure(
         per_claim(restarted_settled),
         restarted_settled as f64 / 1048576.0,
         samples.summary(),
+        inside_mean * 1000.0,
         floor.summary(),
         samples.percentile(0.5).as_secs_f64() / floor.percentile(0.5).as_secs_f64(),
     );
@@ -1027,7 +1047,8 @@ async fn handoff_floor(
             }
         }
     };
-    let final_status = start_with != FloorStart::ClaimDeleted;
+    let final_status = matches!(start_with, FloorStart::ClaimDeletedThenFinal | FloorStart::PodDeleted);
+    let gone_first = start_with == FloorStart::ClaimDeletedThenGone;
     let seen = |name: String, done: fn(&LockClaim) -> bool| {
         let (store, changed, ns) = (store.clone(), changed.clone(), ns.clone());
         async move {
@@ -1090,6 +1111,9 @@ async fn handoff_floor(
                 .await
                 .map_err(|_| "the holder's final status not seen")?;
         }
+        if gone_first {
+            claims.patch(&holder, &manager, &Patch::Json::<()>(release.clone())).await?;
+        }
         let current =
             store.get(&reflector::ObjectRef::new(&waiter).within(&ns)).ok_or("the waiter is not in the store")?;
         let status = status_patch(&current, &held)?;
@@ -1101,7 +1125,9 @@ async fn handoff_floor(
         if by_pod {
             claims.delete(&holder, &DeleteParams::default()).await?;
         }
-        claims.patch(&holder, &manager, &Patch::Json::<()>(release.clone())).await?;
+        if !gone_first {
+            claims.patch(&holder, &manager, &Patch::Json::<()>(release.clone())).await?;
+        }
         claims.delete(&waiter, &DeleteParams::default()).await?;
         claims.patch(&waiter, &manager, &Patch::Json::<()>(release.clone())).await?;
     }
@@ -1126,8 +1152,12 @@ struct PodRounds {
 enum FloorStart {
     /// The holder deleted; the waiter's Held written as soon as that is seen.
     ClaimDeleted,
-    /// The holder deleted; its final status written and seen before the waiter's Held.
+    /// The holder deleted; its final status written and seen before the waiter's Held: zklock's
+    /// path when another finalizer keeps the claim after its own.
     ClaimDeletedThenFinal,
+    /// The holder deleted; its finalizer removed (the removal answered, the claim gone with it)
+    /// before the waiter's Held: zklock's path when its finalizer is the claim's last.
+    ClaimDeletedThenGone,
     /// The holder's pod deleted; then as `ClaimDeletedThenFinal`.
     PodDeleted,
 }

@@ -209,7 +209,7 @@ pub struct Metrics {
     /// Terms given up because this replica could not serve them (its lease given up).
     pub step_downs: Counter,
     pub reconciles: Counter,
-    /// Claims waiting for a reconcile, and reconciles running.
+    /// Claim reconciles running now (not those waiting in kube-runtime's queue).
     pub reconciles_running: Gauge,
     /// Claims in the process's watch store (kept while standing by too).
     pub claims_watched: Gauge,
