@@ -546,7 +546,7 @@ pub async fn run(
     for ((events, reader, one_rx, pod_rx), ((pod_api, gated_api), holder_writer)) in scoped.into_iter().zip(apis) {
         let pods_ctx = ctx.clone();
         let holder_pods = holders::watch(ctx.clone(), pod_api, holder_writer);
-        let controller = Controller::for_stream(watch::claims(ctx.clone(), events), reader)
+        let controller = Controller::for_shared_stream(watch::claims(ctx.clone(), events), reader)
             .watches_stream(holder_pods, move |pod| watch::claims_of_pod(&pods_ctx, &pod))
             .reconcile_on(one_rx)
             .with_config(Config::default().concurrency(concurrency.max(1)))

@@ -20,8 +20,8 @@ use crate::recipe::Mode;
 /// as the controller's trigger stream.
 pub fn claims(
     ctx: Arc<Context>,
-    events: mpsc::UnboundedReceiver<watcher::Event<KeptClaim>>,
-) -> impl Stream<Item = Result<KeptClaim, watcher::Error>> + Send + 'static {
+    events: mpsc::UnboundedReceiver<super::feed::Event>,
+) -> impl Stream<Item = Arc<KeptClaim>> + Send + 'static {
     let mut synced = false;
     let mut events = events;
     futures::stream::poll_fn(move |cx| events.poll_recv(cx)).filter_map(move |event| {
@@ -30,7 +30,7 @@ pub fn claims(
                 first_seen(&ctx, &claim);
                 gated_pod_of(&ctx, &claim);
                 super::locks::claim_changed(&ctx, &claim);
-                Some(Ok(claim))
+                Some(claim)
             }
             watcher::Event::Delete(claim) => {
                 if let Some(uid) = claim.metadata.uid.as_deref() {
