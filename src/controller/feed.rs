@@ -26,12 +26,12 @@ use tokio::sync::{mpsc, Notify};
 
 use super::{Error, API_TIMEOUT};
 use crate::api::KeptClaim;
+use crate::metrics::Metrics;
 
 /// What a term receives: the store's own copies, never clones (replayed at a term's start as
 /// clones, 10,000 claims stood in the channel at once as a second copy of the store: 14 MB of a
-/// fresh operator's 42 MB peak heap, whose pages it kept after).
+/// fresh operator's 42 MB peak heap at 10,000 claims).
 pub type Event = watcher::Event<Arc<KeptClaim>>;
-use crate::metrics::Metrics;
 
 /// Written by each term to one claim of each served scope, with the term's epoch: the write the
 /// term waits to see on its watch before it plans (see the module's text).

@@ -2,7 +2,8 @@
 //! the lock engine as each lock's limit the moment the watch delivers them (every contender of
 //! the lock is decided again: a raise grants at once); their status (permits, holders, queue
 //! length) is refreshed from the claim watch's store, debounced, so that a burst of handoffs
-//! costs one status write.
+//! costs one status write; the claims looked at are the lock's own, from the registry's index by
+//! lock path (a scan of the whole store took 6 ms per refresh at 100,000 claims).
 //!
 //! No claim is decided before every scope has listed its `Lock` objects (they count among the
 //! listings `Context::wait_synced` waits for): a lock's first decisions under a mutex's rules
