@@ -109,9 +109,8 @@ impl Inner {
             unstamped: false,
             verdict: None,
         };
-        let locks = claim.locks.clone();
+        self.index_locks(uid, &claim.locks);
         self.claims.insert(uid.clone(), claim);
-        self.index_locks(uid, &locks);
         Some(self.next_seen)
     }
 
