@@ -200,6 +200,15 @@ impl Context {
         Some(ObjectRef::new(&name).within(&namespace))
     }
 
+    /// Whether claim `uid`'s copy in its scope's store is being deleted.
+    fn is_being_deleted(&self, uid: &str) -> bool {
+        let Some(object) = self.object_ref(uid) else { return false };
+        let Some(store) = self.scope_of(&object).and_then(|scope| self.claims.get(scope)) else { return false };
+        store
+            .get(&object)
+            .is_some_and(|c| c.metadata.uid.as_deref() == Some(uid) && c.metadata.deletion_timestamp.is_some())
+    }
+
     /// Whether claim `uid` is in its scope's store, i.e. in the API as far as its watch knows.
     fn is_served(&self, uid: &str) -> bool {
         let Some(object) = self.object_ref(uid) else {

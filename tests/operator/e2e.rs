@@ -74,6 +74,38 @@ async fn twenty_exclusive_claims_are_granted_in_creation_order() {
     env.history.check();
 }
 
+/// Herd-free in the API too: a handoff writes the holder's finalizer removal, the next claim's
+/// Held and its Acquired event, whatever else happens meanwhile. (The next claim, turned away
+/// while the holder's removal was on its way, asked for the holder to be reconciled again: a
+/// second cleanup right behind the first, its finalizer removal answered 404, in about half the
+/// handoffs.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_writes_the_holders_finalizer_removal_and_the_next_grant_only() {
+    let env = Env::new().await;
+    let op = env.operator();
+    let names: Vec<String> = (0..9).map(|i| format!("h{i}")).collect();
+    for name in &names {
+        env.claim(name, "three-writes", json!({})).await;
+    }
+    env.wait_phase(&names[0], Phase::Held).await;
+    for name in &names[1..] {
+        env.wait_phase(name, Phase::Waiting).await;
+    }
+    let before = op.metric("zklock_kubernetes_writes_total").await;
+    let made = || async { op.metric("zklock_kubernetes_writes_total").await - before };
+    for pair in names.windows(2) {
+        env.delete_claim(&pair[0]).await;
+        env.wait_phase(&pair[1], Phase::Held).await;
+    }
+    // Each grant's event is published after its status (the last one's may still be on its
+    // way); a second cleanup ran right behind the first, so by the last grant every earlier one's
+    // write was made.
+    let expected = 3.0 * (names.len() - 1) as f64;
+    until("the last grant's Acquired event", || async { made().await >= expected }).await;
+    assert_eq!(made().await, expected, "{} handoffs, three writes each", names.len() - 1);
+    env.history.check();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_claims_hold_together_and_an_exclusive_one_waits_for_them() {
     let env = Env::new().await;
