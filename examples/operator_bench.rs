@@ -917,12 +917,33 @@ async fn throughput(
     // One claim at a time first: what a user waits for on an idle lock.
     let alone = bench.lifecycles(sizes.lifecycles).await?;
     println!("uncontended claim created -> Held, one at a time: {}", alone.summary());
-    let probe = ServerProbe::new(client, server);
+    let probe = ServerProbe::new(client, server)
+        .with("zklock", Some(bench.operator.id()))
+        .with("ZooKeeper", zk.java_pid())
+        .with("the bench", Some(std::process::id()));
+    let zk_before = (zk_requests(zk), bench.zk_operations().await);
     let before = probe.sample().await;
     let (ours, loaded, held) = bench.throughput(sizes.locks, 32).await?;
     let after = probe.sample().await;
+    let zk_after = (zk_requests(zk), bench.zk_operations().await);
     println!("uncontended claim created -> Held, 32 at once: {}", loaded.summary());
     println!("{}", after.per(&before, sizes.locks, "claim lifecycle"));
+    let n = sizes.locks as f64;
+    let engine: Vec<String> = zk_after
+        .1
+        .iter()
+        .map(|(op, v)| (op, (v - zk_before.1.get(op).copied().unwrap_or(0.0)) / n))
+        .filter(|(_, v)| *v >= 0.005)
+        .map(|(op, v)| format!("{op} {v:.2}"))
+        .collect();
+    let served = match (zk_before.0, zk_after.0) {
+        (Some(b), Some(a)) => format!("{:.2}", (a - b) / n),
+        _ => "not read".into(),
+    };
+    println!(
+        "ZooKeeper requests per claim lifecycle: {served} received by the server (the engine's: {})",
+        engine.join(", ")
+    );
     // What the API server charges for the requests alone, whoever makes them.
     let ours_cpu = after.apiserver_cpu_since(&before);
     let held = held.ok_or("no Held status was seen to copy for the floor")?;
@@ -1437,6 +1458,18 @@ impl Bench {
         metric_at(&self.metrics, name).await
     }
 
+    /// The lock engine's ZooKeeper operations so far, by kind.
+    async fn zk_operations(&self) -> std::collections::BTreeMap<String, f64> {
+        let text = get_at(&self.metrics, "/metrics").await.unwrap_or_default();
+        text.lines()
+            .filter_map(|l| l.strip_prefix("zklock_zookeeper_operations_total{op=\""))
+            .filter_map(|l| {
+                let (op, rest) = l.split_once('"')?;
+                Some((op.to_string(), rest.rsplit(' ').next()?.parse().ok()?))
+            })
+            .collect()
+    }
+
     async fn create(&self, name: &str, lock: &str, holder: Option<&str>) -> Result<(), Error> {
         // `a,b`: one claim over both locks.
         let mut spec = if lock.contains(',') {
@@ -1931,6 +1964,9 @@ struct ServerProbe {
     client: kube::Client,
     apiserver: Option<u32>,
     etcd: Option<u32>,
+    /// Other processes on the machine whose CPU time is read too (the operator, ZooKeeper, the
+    /// bench): on two cores, every process's CPU per lifecycle bounds the rate.
+    others: Vec<(&'static str, Option<u32>)>,
     tick: f64,
 }
 
@@ -1938,6 +1974,8 @@ struct ServerProbe {
 struct ServerSample {
     apiserver_cpu: Option<f64>,
     etcd_cpu: Option<f64>,
+    /// The CPU seconds of [`ServerProbe::others`], in their order.
+    others_cpu: Vec<(&'static str, Option<f64>)>,
     /// `VERB resource[/subresource]` → requests served.
     requests: HashMap<String, f64>,
     /// resource → watch events sent.
@@ -1962,7 +2000,13 @@ impl ServerProbe {
             .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
             .unwrap_or(100.0);
         let (apiserver, etcd) = (pid("kube-apiserver"), pid("etcd"));
-        ServerProbe { client: client.clone(), apiserver, etcd, tick }
+        ServerProbe { client: client.clone(), apiserver, etcd, others: vec![], tick }
+    }
+
+    /// Reads process `pid`'s CPU time too, as `name`.
+    fn with(mut self, name: &'static str, pid: Option<u32>) -> ServerProbe {
+        self.others.push((name, pid));
+        self
     }
 
     /// CPU seconds (user + system) a process has used.
@@ -1978,6 +2022,7 @@ impl ServerProbe {
         let mut sample = ServerSample {
             apiserver_cpu: self.cpu(self.apiserver),
             etcd_cpu: self.cpu(self.etcd),
+            others_cpu: self.others.iter().map(|(name, pid)| (*name, self.cpu(*pid))).collect(),
             requests: HashMap::new(),
             watch_events: HashMap::new(),
         };
@@ -2031,6 +2076,28 @@ impl ServerSample {
             ms(self.apiserver_cpu, before.apiserver_cpu),
             ms(self.etcd_cpu, before.etcd_cpu)
         );
+        if !self.others_cpu.is_empty() {
+            let mut total = 0.0;
+            let mut each = vec![];
+            let all = [
+                ("kube-apiserver", self.apiserver_cpu, before.apiserver_cpu),
+                ("etcd", self.etcd_cpu, before.etcd_cpu),
+            ];
+            let others = self.others_cpu.iter().zip(&before.others_cpu).map(|((name, a), (_, b))| (*name, *a, *b));
+            for (name, after, before) in all.into_iter().chain(others) {
+                if let (Some(a), Some(b)) = (after, before) {
+                    total += (a - b) * 1000.0 / n;
+                    each.push(format!("{name} {:.2}", (a - b) * 1000.0 / n));
+                }
+            }
+            // The processes share the cores: the rate is at most their CPU seconds a second over this.
+            let cores = cores();
+            let most = 1000.0 * cores as f64 / total.max(f64::MIN_POSITIVE);
+            out.push_str(&format!(
+                "the machine's CPU per {what}: {total:.2} ms ({}); {cores} cores: at most {most:.0}/s\n",
+                each.join(", "),
+            ));
+        }
         let delta = |after: &HashMap<String, f64>, before: &HashMap<String, f64>| {
             let mut d: Vec<(String, f64)> = after
                 .iter()
@@ -2053,4 +2120,16 @@ impl ServerSample {
         out.push_str(&format!("watch events sent per {what}: {}", watch.join(", ")));
         out
     }
+}
+
+/// The requests ZooKeeper has received so far (every client's, pings included), from its
+/// `srvr` command.
+fn zk_requests(zk: &zklock_testkit::ZkServer) -> Option<f64> {
+    let srvr = zklock_testkit::zookeeper::four_letter(zk.connect(), "srvr").ok()?;
+    srvr.lines().find_map(|l| l.strip_prefix("Received: ")?.trim().parse().ok())
+}
+
+/// The machine's cores (what the processes of a run share).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
 }

@@ -406,11 +406,12 @@ async fn chaos() {
         + clients_left_holding.len();
     let faults: Vec<String> = injected.iter().map(|(f, n)| format!("{f:?}={n}")).collect();
     let semaphore_most = env.history.most_held_at_once("p0");
+    let behind_gone = longest_wait_behind_gone_holder(&env.history, started);
     let (cli_runs, cli_killed) = (clients.runs.load(Ordering::SeqCst), clients.killed.load(Ordering::SeqCst));
     eprintln!(
         "chaos: minutes={minutes_run:.1} faults: {} CliKilled={cli_killed} claims={} grants={grants} transitions={} \
          violations={violations} leaked_znodes={} longest_stall={:.1}s ({}; bound {STALL_BOUND:?}) \
-         longest_wait_behind_gone_holder={:.1}s p0_most_held_at_once={semaphore_most} cli_clients={cli_runs} \
+         longest_wait_behind_gone_holder={:.1}s ({}) p0_most_held_at_once={semaphore_most} cli_clients={cli_runs} \
          f0_lost={lost_foreign} claims_over_several_locks={over_several} cluster_b_claims={} cluster_b_faults={b_injected} \
          cluster_lock_grants={} (a {}, b {})",
         faults.join(" "),
@@ -419,7 +420,8 @@ async fn chaos() {
         leaked.len(),
         stalls.longest.as_secs_f64(),
         stalls.which,
-        longest_wait_behind_gone_holder(&env.history).as_secs_f64(),
+        behind_gone.0.as_secs_f64(),
+        behind_gone.1,
         records_b.iter().map(|r| r.uid.as_str()).collect::<HashSet<_>>().len(),
         cluster_grants.len(),
         cluster_grants.iter().filter(|g| g.2 == 'a').count(),
@@ -427,6 +429,7 @@ async fn chaos() {
     );
     eprintln!("chaos: claims made by the workload: {}", claims_made.load(Ordering::SeqCst));
     let logs: Vec<String> = replicas.iter().chain(&replicas_b).map(|r| r.operator.log.display().to_string()).collect();
+    eprintln!("chaos: operator logs {logs:?}");
     // The verdict, then the replicas stopped (their logs stay in their files), then a last line
     // that says why: the end of the output is what a CI log shows.
     let verdict = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -1027,20 +1030,25 @@ async fn leaked_znodes(ensemble: &Ensemble, chroot: &str, namespace: &str, clust
 }
 
 /// The longest time between a lock's last holder ending (with claims waiting) and the next
-/// grant on that lock, over the whole history.
-fn longest_wait_behind_gone_holder(history: &History) -> Duration {
+/// grant on that lock, over the whole history; with which lock, holder and next claim, and
+/// when it began (seconds since `started`), to find it in the fault log and the operators' logs.
+fn longest_wait_behind_gone_holder(history: &History, started: Instant) -> (Duration, String) {
     let mut holders: HashMap<String, HashSet<String>> = HashMap::new();
     let mut waiting: HashMap<String, HashSet<String>> = HashMap::new();
-    let mut free_since: HashMap<String, Instant> = HashMap::new();
-    let mut longest = Duration::ZERO;
+    let mut free_since: HashMap<String, (Instant, String)> = HashMap::new();
+    let mut longest = (Duration::ZERO, "none".to_string());
     for r in history.records() {
         let held = r.phase == Some(Phase::Held) && !r.gone;
         let lock_holders = holders.entry(r.lock.clone()).or_default();
         let lock_waiting = waiting.entry(r.lock.clone()).or_default();
         if held {
             if lock_holders.is_empty() {
-                if let Some(since) = free_since.remove(&r.lock) {
-                    longest = longest.max(r.at.duration_since(since));
+                if let Some((since, ended)) = free_since.remove(&r.lock) {
+                    let waited = r.at.duration_since(since);
+                    if waited > longest.0 {
+                        let at = since.saturating_duration_since(started).as_secs_f64();
+                        longest = (waited, format!("{ended} then {} on {} from {at:.1}s", r.name, r.lock));
+                    }
                 }
             }
             lock_holders.insert(r.uid.clone());
@@ -1053,7 +1061,7 @@ fn longest_wait_behind_gone_holder(history: &History) -> Duration {
                 lock_waiting.remove(&r.uid);
             }
             if was_holder && lock_holders.is_empty() && !lock_waiting.is_empty() {
-                free_since.insert(r.lock.clone(), r.at);
+                free_since.insert(r.lock.clone(), (r.at, r.name.clone()));
             }
             if lock_waiting.is_empty() {
                 free_since.remove(&r.lock);

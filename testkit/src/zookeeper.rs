@@ -109,6 +109,20 @@ impl ZkServer {
         &self.connect
     }
 
+    /// The server's own (java) process, for its CPU time: the child of the watchdog this
+    /// process started (none for a server named by `ZKLOCK_TEST_ZK`, or one not running).
+    pub fn java_pid(&self) -> Option<u32> {
+        let watchdog = self.process.as_ref()?.id().to_string();
+        std::fs::read_dir("/proc").ok()?.filter_map(Result::ok).find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // After the command name (which may hold spaces): state, then the parent's PID.
+            let (command, rest) = stat.rsplit_once(')')?;
+            let parent = rest.split_whitespace().nth(1)?;
+            (parent == watchdog && command.ends_with("(java")).then_some(pid)
+        })
+    }
+
     pub fn addr(&self) -> SocketAddr {
         let first = self.connect.split(['/', ',']).next().unwrap_or_default();
         first.parse().unwrap_or_else(|e| panic!("{first} is not host:port: {e}"))
