@@ -143,6 +143,35 @@ async fn grants_follow_queue_order() {
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "fencing tokens must increase: {tokens:?}");
 }
 
+/// What a lock that is not there yet costs ZooKeeper, in its own server (its request counter
+/// is this engine's alone): the node's multi-op (refused: no directory), the directory, the
+/// multi-op again, the queue read, the watch on the node, the release. Its parents are made
+/// only for a namespace's first lock (each lock made asked for them again: seven requests).
+#[tokio::test]
+async fn a_lock_made_beside_others_costs_zookeeper_six_requests() {
+    let zk = ZkServer::start();
+    let engine = engine(&zk.chroot().await).await;
+    let received = || {
+        let srvr = zklock_testkit::zookeeper::four_letter(zk.connect(), "srvr").expect("srvr");
+        srvr.lines().find_map(|l| l.strip_prefix("Received: ")?.trim().parse::<u64>().ok()).expect("Received")
+    };
+    let mut first = enqueue(&engine, "/locks/ns/first", Mode::Exclusive).await;
+    held(&mut first).await;
+    engine.release(&first.id).await.unwrap();
+    // Whatever the srvr command itself counts (a ping in between only adds, and is caught below).
+    let own = (0..3).map(|_| received()).collect::<Vec<_>>().windows(2).map(|w| w[1] - w[0]).min().unwrap_or(0);
+    // A ping may fall in a round and only ever adds: the fewest of three rounds.
+    let mut fewest = u64::MAX;
+    for lock in ["/locks/ns/a", "/locks/ns/b", "/locks/ns/c"] {
+        let before = received();
+        let mut c = enqueue(&engine, lock, Mode::Exclusive).await;
+        held(&mut c).await;
+        engine.release(&c.id).await.unwrap();
+        fewest = fewest.min(received() - before - own);
+    }
+    assert_eq!(fewest, 6, "requests for a lock made, held and released");
+}
+
 #[tokio::test]
 async fn one_release_wakes_exactly_one_of_200_waiters() {
     let connect = chroot().await;

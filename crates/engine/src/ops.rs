@@ -57,18 +57,28 @@ pub(super) async fn list(client: &zk::Client, path: &str) -> Result<Vec<String>,
 /// Makes lock directory `lock` (and its parents), with the data that marks it as zklock's (and
 /// refuses kazoo's semaphore, see [`super::data::DirMarker`]). Lock directories stay open to everybody
 /// for create, so that Curator clients can contend.
+///
+/// The directory first, its parents only when it has none: they are there but for a namespace's
+/// first lock, and a create that finds its node there is a write request ZooKeeper's leader
+/// serves for nothing (it was one of a new lock's seven requests).
 pub(super) async fn ensure_dir(client: &zk::Client, config: &super::ZkConfig, lock: &str) -> Result<(), Error> {
-    let parents_acls = config.parent_acls();
-    let parents = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&parents_acls));
-    let parent = parent_of(lock);
-    if parent != "/" {
-        retry::idempotent(|| client.mkdir(parent, &parents)).await.map_err(|e| Error::zk("mkdir", parent, e))?;
-    }
     let options_acls = config.directory_acls();
     let options = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&options_acls));
-    match retry::idempotent(|| client.create(lock, CLEAN_DIRECTORY, &options)).await {
-        Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
-        Err(e) => Err(Error::zk("create", lock, e)),
+    let create = || async {
+        match retry::idempotent(|| client.create(lock, CLEAN_DIRECTORY, &options)).await {
+            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+            Err(e) => Err(e),
+        }
+    };
+    let parent = parent_of(lock);
+    match create().await {
+        Err(zk::Error::NoNode) if parent != "/" => {
+            let parents_acls = config.parent_acls();
+            let parents = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&parents_acls));
+            retry::idempotent(|| client.mkdir(parent, &parents)).await.map_err(|e| Error::zk("mkdir", parent, e))?;
+            create().await.map_err(|e| Error::zk("create", lock, e))
+        }
+        made => made.map_err(|e| Error::zk("create", lock, e)),
     }
 }
 
