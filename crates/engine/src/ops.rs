@@ -60,7 +60,7 @@ pub(super) async fn list(client: &zk::Client, path: &str) -> Result<Vec<String>,
 ///
 /// The directory first, its parents only when it has none: they are there but for a namespace's
 /// first lock, and a create that finds its node there is a write request ZooKeeper's leader
-/// serves for nothing (it was one of a new lock's seven requests).
+/// serves for nothing.
 pub(super) async fn ensure_dir(client: &zk::Client, config: &super::ZkConfig, lock: &str) -> Result<(), Error> {
     let options_acls = config.directory_acls();
     let options = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&options_acls));
@@ -104,9 +104,21 @@ pub(super) async fn create_adopting(
         })
         .collect::<Vec<_>>();
     let what = || made.first().map_or_else(String::new, |(path, _)| path.clone());
+    // The directories, made in the same multi-op once one was found missing (a lock nobody
+    // used lately): one request less than making them first, and as many as before if one
+    // is there after all (refused, they are made one by one as before).
+    let mut dirs: Vec<&str> = specs.iter().map(|spec| spec.lock.as_str()).collect();
+    dirs.sort_unstable();
+    dirs.dedup();
+    let dir_acls = core.config.directory_acls();
+    let dir_options = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&dir_acls));
+    let mut with_dirs = false;
     let mut backoff = Backoff::new();
     loop {
         let mut multi = core.fence.writer(client).map_err(|e| Error::zk("create", &what(), e))?;
+        for dir in dirs.iter().filter(|_| with_dirs) {
+            multi.add_create(dir, CLEAN_DIRECTORY, &dir_options).map_err(|e| Error::zk("create", dir, e))?;
+        }
         for (path, body) in &made {
             multi.add_create(path, body, &options).map_err(|e| Error::zk("create", path, e))?;
         }
@@ -114,6 +126,7 @@ pub(super) async fn create_adopting(
             Ok(results) => {
                 let made: Vec<(String, i64)> = results
                     .into_iter()
+                    .skip(if with_dirs { dirs.len() } else { 0 })
                     .filter_map(|r| match r {
                         zk::MultiWriteResult::Create { path, stat } => Some((path, stat.czxid)),
                         _ => None,
@@ -137,7 +150,21 @@ pub(super) async fn create_adopting(
                 };
                 return Ok((made.into_iter().map(|(path, _)| node_name(&path).to_string()).collect(), zxid));
             }
+            // No directory: with them, next time. No parent either (a namespace's first lock):
+            // made first.
+            Err(zk::Error::NoNode) if !with_dirs => with_dirs = true,
             Err(zk::Error::NoNode) => {
+                for parent in dirs.iter().map(|dir| parent_of(dir)).filter(|p| *p != "/") {
+                    let parents_acls = core.config.parent_acls();
+                    let parents = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&parents_acls));
+                    retry::idempotent(|| client.mkdir(parent, &parents))
+                        .await
+                        .map_err(|e| Error::zk("mkdir", parent, e))?;
+                }
+            }
+            // One of them is there (made meanwhile, or a group's other lock): one by one.
+            Err(zk::Error::NodeExists) if with_dirs => {
+                with_dirs = false;
                 for spec in specs {
                     ensure_dir(client, &core.config, &spec.lock).await?;
                 }
