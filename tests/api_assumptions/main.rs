@@ -332,21 +332,38 @@ async fn watch_bookmarks_and_timeout() {
     let made = cms.create(&PostParams::default(), &cm("x", json!({}))).await.expect("create");
     let wp = WatchParams::default().timeout(4);
     assert!(wp.bookmarks, "kube-rs asks for bookmarks by default");
-    let started = std::time::Instant::now();
-    let events: Vec<_> = cms
-        .watch(&wp, &made.resource_version().expect("rv"))
-        .await
-        .expect("watch")
-        .try_collect()
-        .await
-        .expect("stream");
-    let bm = events.iter().find_map(|e| match e {
-        WatchEvent::Bookmark(b) => Some(b.metadata.resource_version.clone()),
-        _ => None,
-    });
-    let bm = bm.unwrap_or_else(|| panic!("no bookmark before timeout: {events:?}"));
-    assert!(bm.parse::<u64>().expect("numeric") >= rv_num(made.metadata.resource_version));
-    assert!(started.elapsed() < Duration::from_secs(30), "timeoutSeconds ends the watch");
+    let watch = |version: String| {
+        let (cms, wp) = (cms.clone(), wp.clone());
+        async move {
+            let started = std::time::Instant::now();
+            let events: Vec<_> = cms.watch(&wp, &version).await.expect("watch").try_collect().await.expect("stream");
+            assert!(started.elapsed() < Duration::from_secs(30), "timeoutSeconds ends the watch");
+            events
+                .iter()
+                .filter_map(|e| match e {
+                    WatchEvent::Bookmark(b) => Some(rv_num(Some(b.metadata.resource_version.clone()))),
+                    _ => None,
+                })
+                .collect::<Vec<u64>>()
+        }
+    };
+    // From a resourceVersion: the watch the operator's watchers resume with. kube-apiserver 1.36
+    // serves it from its watch cache, with a bookmark about 2 s before the timeout, until a
+    // consistency check of that cache fails (seen on a control plane up for an hour: from then
+    // on such watches came from etcd, with no bookmark at all). So the operator needs none: a
+    // watcher resumed from an old version is answered 410 and lists again
+    // (`watch_from_compacted_revision_is_410_gone`). What it
+    // is sent must not be older than where it started.
+    let since = rv_num(made.metadata.resource_version.clone());
+    let bookmarks = watch(made.resource_version().expect("rv")).await;
+    assert!(bookmarks.iter().all(|b| *b >= since), "bookmarks {bookmarks:?} before {since}");
+    // From the cache ("0"): a bookmark before the timeout, best effort (one of three watches).
+    for _ in 0..3 {
+        if !watch("0".to_string()).await.is_empty() {
+            return;
+        }
+    }
+    panic!("no bookmark before the timeout in three watches from the cache");
 }
 
 #[tokio::test]
