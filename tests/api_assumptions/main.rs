@@ -347,13 +347,13 @@ async fn watch_bookmarks_and_timeout() {
                 .collect::<Vec<u64>>()
         }
     };
-    // From a resourceVersion: the watch the operator's watchers resume with. kube-apiserver 1.36
-    // serves it from its watch cache, with a bookmark about 2 s before the timeout, until a
-    // consistency check of that cache fails (seen on a control plane up for an hour: from then
-    // on such watches came from etcd, with no bookmark at all). So the operator needs none: a
-    // watcher resumed from an old version is answered 410 and lists again
-    // (`watch_from_compacted_revision_is_410_gone`). What it
-    // is sent must not be older than where it started.
+    // From a resourceVersion: the watch the operator's watchers resume with. On a fresh
+    // kube-apiserver 1.36 it gets a bookmark about 2 s before the timeout; on one up for an hour
+    // (whose log had reported a failed consistency check of its configmaps cache) such watches
+    // got none at all, on every resource tried, while watches from "0" still did. So the
+    // operator needs none: a watcher resumed from an old version is answered 410 and lists
+    // again (`watch_from_compacted_revision_is_410_gone`). What it is sent must not be older
+    // than where it started.
     let since = rv_num(made.metadata.resource_version.clone());
     let bookmarks = watch(made.resource_version().expect("rv")).await;
     assert!(bookmarks.iter().all(|b| *b >= since), "bookmarks {bookmarks:?} before {since}");

@@ -91,6 +91,13 @@ async fn a_handoff_writes_the_holders_finalizer_removal_and_the_next_grant_only(
     for name in &names[1..] {
         env.wait_phase(name, Phase::Waiting).await;
     }
+    // Each waiter's Waiting event is published after its status: all of them before counting.
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> = kube::Api::namespaced(env.client.clone(), &env.ns);
+    until("every waiter's Waiting event", || async {
+        let listed = events.list(&Default::default()).await.map(|l| l.items).unwrap_or_default();
+        listed.iter().filter(|e| e.reason.as_deref() == Some("Waiting")).count() == names.len() - 1
+    })
+    .await;
     let before = op.metric("zklock_kubernetes_writes_total").await;
     let made = || async { op.metric("zklock_kubernetes_writes_total").await - before };
     for pair in names.windows(2) {
