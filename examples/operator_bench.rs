@@ -921,11 +921,11 @@ async fn throughput(
         .with("zklock", Some(bench.operator.id()))
         .with("ZooKeeper", zk.java_pid())
         .with("the bench", Some(std::process::id()));
-    let zk_before = (zk_requests(zk), bench.zk_operations().await);
+    let zk_before = (zk.requests_received(), bench.zk_operations().await);
     let before = probe.sample().await;
     let (ours, loaded, held) = bench.throughput(sizes.locks, 32).await?;
     let after = probe.sample().await;
-    let zk_after = (zk_requests(zk), bench.zk_operations().await);
+    let zk_after = (zk.requests_received(), bench.zk_operations().await);
     println!("uncontended claim created -> Held, 32 at once: {}", loaded.summary());
     println!("{}", after.per(&before, sizes.locks, "claim lifecycle"));
     let n = sizes.locks as f64;
@@ -937,7 +937,7 @@ async fn throughput(
         .map(|(op, v)| format!("{op} {v:.2}"))
         .collect();
     let served = match (zk_before.0, zk_after.0) {
-        (Some(b), Some(a)) => format!("{:.2}", (a - b) / n),
+        (Some(b), Some(a)) => format!("{:.2}", a.saturating_sub(b) as f64 / n),
         _ => "not read".into(),
     };
     println!(
@@ -2120,13 +2120,6 @@ impl ServerSample {
         out.push_str(&format!("watch events sent per {what}: {}", watch.join(", ")));
         out
     }
-}
-
-/// The requests ZooKeeper has received so far (every client's, pings included), from its
-/// `srvr` command.
-fn zk_requests(zk: &zklock_testkit::ZkServer) -> Option<f64> {
-    let srvr = zklock_testkit::zookeeper::four_letter(zk.connect(), "srvr").ok()?;
-    srvr.lines().find_map(|l| l.strip_prefix("Received: ")?.trim().parse().ok())
 }
 
 /// The machine's cores (what the processes of a run share).

@@ -200,24 +200,25 @@ impl Context {
         Some(ObjectRef::new(&name).within(&namespace))
     }
 
+    /// Claim `uid`'s copy in its scope's store, when the registry knows where to look.
+    fn stored(&self, uid: &str) -> Option<Arc<KeptClaim>> {
+        let (namespace, name) = self.registry.object(uid)?;
+        self.claim(&namespace, &name).filter(|c| c.metadata.uid.as_deref() == Some(uid))
+    }
+
     /// Whether claim `uid`'s copy in its scope's store is being deleted.
     fn is_being_deleted(&self, uid: &str) -> bool {
-        let Some(object) = self.object_ref(uid) else { return false };
-        let Some(store) = self.scope_of(&object).and_then(|scope| self.claims.get(scope)) else { return false };
-        store
-            .get(&object)
-            .is_some_and(|c| c.metadata.uid.as_deref() == Some(uid) && c.metadata.deletion_timestamp.is_some())
+        self.stored(uid).is_some_and(|c| c.metadata.deletion_timestamp.is_some())
     }
 
     /// Whether claim `uid` is in its scope's store, i.e. in the API as far as its watch knows.
     fn is_served(&self, uid: &str) -> bool {
-        let Some(object) = self.object_ref(uid) else {
+        if self.registry.object(uid).is_none() {
             // Not delivered to this term yet (it may be in the store all the same): only a store
             // without it proves it gone. A rare path (a claim this term never saw), so a scan.
             return self.claims.iter().any(|store| store.find(|c| c.metadata.uid.as_deref() == Some(uid)).is_some());
-        };
-        let Some(store) = self.scope_of(&object).and_then(|scope| self.claims.get(scope)) else { return false };
-        store.get(&object).is_some_and(|c| c.metadata.uid.as_deref() == Some(uid))
+        }
+        self.stored(uid).is_some()
     }
 
     /// The engine's contenders of claim `uid`, whatever its spec says (it may not be readable

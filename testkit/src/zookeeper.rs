@@ -123,6 +123,13 @@ impl ZkServer {
         })
     }
 
+    /// The requests the server has received so far (every client's, pings and this command
+    /// included), from its `srvr` command.
+    pub fn requests_received(&self) -> Option<u64> {
+        let srvr = four_letter(&self.connect, "srvr").ok()?;
+        srvr.lines().find_map(|l| l.strip_prefix("Received: ")?.trim().parse().ok())
+    }
+
     pub fn addr(&self) -> SocketAddr {
         let first = self.connect.split(['/', ',']).next().unwrap_or_default();
         first.parse().unwrap_or_else(|e| panic!("{first} is not host:port: {e}"))

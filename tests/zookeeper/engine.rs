@@ -146,17 +146,14 @@ async fn grants_follow_queue_order() {
 /// What a lock that is not there yet costs ZooKeeper, in its own server (its request counter
 /// is this engine's alone): the node's multi-op (refused: no directory), the same with the
 /// directory, the queue read, the node's stat (the multi-op's answer carries none here, and the
-/// czxid is the fencing token), the release. Seven before: the directory was made on its own, after a
-/// create of its parent, which is there but for a namespace's first lock. A lock whose
+/// czxid is the fencing token), the release. Seven before: the directory was made on its own,
+/// after a create of its parent, which is there but for a namespace's first lock. A lock whose
 /// directory is there costs four.
 #[tokio::test]
 async fn a_lock_made_beside_others_costs_zookeeper_five_requests() {
     let zk = ZkServer::start();
     let engine = engine(&zk.chroot().await).await;
-    let received = || {
-        let srvr = zklock_testkit::zookeeper::four_letter(zk.connect(), "srvr").expect("srvr");
-        srvr.lines().find_map(|l| l.strip_prefix("Received: ")?.trim().parse::<u64>().ok()).expect("Received")
-    };
+    let received = || zk.requests_received().expect("the server's srvr counters");
     let mut first = enqueue(&engine, "/locks/ns/first", Mode::Exclusive).await;
     held(&mut first).await;
     engine.release(&first.id).await.unwrap();
@@ -178,8 +175,8 @@ async fn a_lock_made_beside_others_costs_zookeeper_five_requests() {
         fewest = fewest.min(round(lock).await);
     }
     assert_eq!(fewest, 5, "requests for a lock made, held and released");
-    // Taken again while its directory is kept (30 s idle): the multi-op, the read, the watch,
-    // the release.
+    // Taken again while its directory is kept (30 s idle): the multi-op, the queue read, the
+    // node's stat, the release.
     let mut fewest = u64::MAX;
     for lock in ["/locks/ns/a", "/locks/ns/b", "/locks/ns/c"] {
         fewest = fewest.min(round(lock).await);

@@ -70,16 +70,24 @@ pub(super) async fn ensure_dir(client: &zk::Client, config: &super::ZkConfig, lo
             Err(e) => Err(e),
         }
     };
-    let parent = parent_of(lock);
     match create().await {
-        Err(zk::Error::NoNode) if parent != "/" => {
-            let parents_acls = config.parent_acls();
-            let parents = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&parents_acls));
-            retry::idempotent(|| client.mkdir(parent, &parents)).await.map_err(|e| Error::zk("mkdir", parent, e))?;
+        Err(zk::Error::NoNode) if parent_of(lock) != "/" => {
+            ensure_parents(client, config, lock).await?;
             create().await.map_err(|e| Error::zk("create", lock, e))
         }
         made => made.map_err(|e| Error::zk("create", lock, e)),
     }
+}
+
+/// Makes the directories above lock directory `lock` (a namespace's, under the root).
+async fn ensure_parents(client: &zk::Client, config: &super::ZkConfig, lock: &str) -> Result<(), Error> {
+    let parent = parent_of(lock);
+    if parent == "/" {
+        return Ok(());
+    }
+    let parents_acls = config.parent_acls();
+    let parents = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&parents_acls));
+    retry::idempotent(|| client.mkdir(parent, &parents)).await.map_err(|e| Error::zk("mkdir", parent, e))
 }
 
 /// Creates the contenders' nodes in one multi-op (and their directories if needed); after a
@@ -154,12 +162,8 @@ pub(super) async fn create_adopting(
             // made first.
             Err(zk::Error::NoNode) if !with_dirs => with_dirs = true,
             Err(zk::Error::NoNode) => {
-                for parent in dirs.iter().map(|dir| parent_of(dir)).filter(|p| *p != "/") {
-                    let parents_acls = core.config.parent_acls();
-                    let parents = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&parents_acls));
-                    retry::idempotent(|| client.mkdir(parent, &parents))
-                        .await
-                        .map_err(|e| Error::zk("mkdir", parent, e))?;
+                for dir in &dirs {
+                    ensure_parents(client, &core.config, dir).await?;
                 }
             }
             // One of them is there (made meanwhile, or a group's other lock): one by one.
