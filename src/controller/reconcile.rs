@@ -444,7 +444,8 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mu
     }
     if plan.status != before {
         fenced_here(claim, ctx, uid, &namespace, &name).await?;
-        let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+        // The answer is read as the store reads a claim: only what is kept is decoded.
+        let api: Api<KeptClaim> = Api::namespaced(ctx.client.clone(), &namespace);
         let version = claim.metadata.resource_version.as_deref().ok_or(Error::Malformed("a resourceVersion"))?;
         let patch = status_patch(uid, &plan.status, version)?;
         let answer = ctx
@@ -566,20 +567,19 @@ async fn fenced_here(claim: &LockClaim, ctx: &Context, uid: &str, namespace: &st
 /// it only holds back other grants until this claim's next reconcile plans again).
 async fn grant_landed(
     ctx: &Context,
-    api: &Api<LockClaim>,
+    api: &Api<KeptClaim>,
     name: &str,
     uid: &str,
-    answer: &Result<Result<LockClaim, kube::Error>, Error>,
+    answer: &Result<Result<KeptClaim, kube::Error>, Error>,
 ) -> bool {
     if !matches!(answer, Ok(Err(kube::Error::Api(s))) if s.code == 409 || s.code == 422) {
         return false;
     }
     match tokio::time::timeout(API_TIMEOUT, api.get_opt(name)).await {
         Ok(Ok(Some(now))) => {
-            let status = now.status.as_ref();
             now.metadata.uid.as_deref() == Some(uid)
-                && status.and_then(|s| s.phase) == Some(Phase::Held)
-                && status.and_then(|s| s.leader_epoch) == ctx.epoch()
+                && now.phase() == Some(Phase::Held)
+                && now.leader_epoch() == ctx.epoch()
         }
         Ok(Ok(None)) => false,
         Ok(Err(_)) | Err(_) => true,
