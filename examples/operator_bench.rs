@@ -820,8 +820,7 @@ async fn scale_measure(
     let inside_after = inside(bench.metrics.clone()).await;
     let inside_mean = (inside_after.0 - inside_before.0) / (inside_after.1 - inside_before.1).max(1.0);
     // The operator serves every namespace: it goes before the floor's claims are made.
-    let _ = bench.operator.kill();
-    let _ = bench.operator.wait();
+    stop(&mut bench.operator);
     let held_status = held_status.ok_or("no Held status was seen to copy for the floor")?;
     let floor = handoff_floor(client, server, held_status, rounds, FloorStart::ClaimDeletedThenGone).await?;
 
@@ -896,8 +895,7 @@ async fn scale_cleanup(
         tokio::time::sleep(Duration::from_secs(2)).await;
         left = ours().await?;
     }
-    let _ = operator.kill();
-    let _ = operator.wait();
+    stop(&mut operator);
     namespaces.delete(home, &DeleteParams::default()).await?;
     match left.first() {
         Some(ns) => {
@@ -1347,8 +1345,7 @@ struct Bench {
 
 impl Drop for Bench {
     fn drop(&mut self) {
-        let _ = self.operator.kill();
-        let _ = self.operator.wait();
+        stop(&mut self.operator);
     }
 }
 
@@ -1875,6 +1872,36 @@ impl Launch {
             .spawn()?;
         Ok((operator, format!("127.0.0.1:{port}")))
     }
+}
+
+/// Kills an operator the bench started, and every process under it: under a wrapper
+/// (`ZKLOCK_BENCH_WRAP`) the operator is the wrapper's descendant, and a kill of the wrapper
+/// alone would leave it serving every namespace through the parts that follow.
+fn stop(child: &mut Child) {
+    let mut kin = vec![child.id()];
+    let mut i = 0;
+    // Every process's parent, from /proc (a process that ends meanwhile is skipped).
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // After the command's name, which is in parentheses and may hold anything.
+            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    while let Some(&parent) = kin.get(i) {
+        kin.extend(parents.iter().filter(|(_, p)| *p == parent).map(|(pid, _)| *pid));
+        i += 1;
+    }
+    for pid in kin.iter().skip(1) {
+        let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 fn rss(pid: u32) -> Result<u64, Error> {
