@@ -26,10 +26,19 @@ pub fn claims(
     let mut events = events;
     futures::stream::poll_fn(move |cx| events.poll_recv(cx)).filter_map(move |event| {
         let applied = match event {
-            watcher::Event::InitApply(claim) | watcher::Event::Apply(claim) => {
-                first_seen(&ctx, &claim);
-                gated_pod_of(&ctx, &claim);
-                super::locks::claim_changed(&ctx, &claim);
+            watcher::Event::InitApply(claim) => {
+                noted(&ctx, &claim);
+                // Listed (or replayed: a term's start) before the re-anchoring is over, only a
+                // claim that asks for something is reconciled before the walk that follows it
+                // (`Context::serves_reconcile`), so only it is a trigger. The others, every
+                // claim at a term's start, would each stand in kube-runtime's scheduler once,
+                // to be turned away, and its tables keep the size they grew to for the rest of
+                // the process (docs/benchmarks.md, "A term's start: triggers").
+                let asks = || super::anchor::asks(&claim, super::anchor::recorded_phase(&ctx, &claim));
+                (ctx.anchored() || asks()).then_some(claim)
+            }
+            watcher::Event::Apply(claim) => {
+                noted(&ctx, &claim);
                 Some(claim)
             }
             watcher::Event::Delete(claim) => {
@@ -54,6 +63,14 @@ pub fn claims(
         };
         std::future::ready(applied)
     })
+}
+
+/// What every delivery of a claim is noted in: the registry (its first), its gated pod, its
+/// `Lock`s' status.
+fn noted(ctx: &Context, claim: &KeptClaim) {
+    first_seen(ctx, claim);
+    gated_pod_of(ctx, claim);
+    super::locks::claim_changed(ctx, claim);
 }
 
 /// A change to a claim made for a pod is news for that pod (and for a new pod of its name).
