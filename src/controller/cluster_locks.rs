@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Namespace;
@@ -173,6 +173,10 @@ pub async fn reconcile(lock: Arc<ClusterLock>, ctx: Arc<Context>) -> Result<Acti
     let name = lock.name_any();
     let path = ctx.layout.cluster_lock(&name);
     ctx.engine.declare(&path, Some(Limit::from_permits(lock.spec.permits)));
+    if let Err(wait) = ctx.cluster_lock_refreshes.admit(name.clone(), Instant::now()) {
+        // Refreshed a moment ago (the queue read from ZooKeeper): once more when the spacing is over.
+        return Ok(Action::requeue(wait));
+    }
     let entries = ctx.engine.queue(&path).await?;
     let mut owners = Vec::with_capacity(entries.len().min(MAX_DESCRIBED));
     for entry in entries.iter().take(MAX_DESCRIBED) {

@@ -25,6 +25,7 @@ mod positions;
 mod reconcile;
 pub mod registry;
 pub mod supervisor;
+mod throttle;
 mod unreadable;
 mod watch;
 
@@ -87,9 +88,12 @@ pub struct Context {
     /// Each scope's `Lock` objects, and requests to refresh one's status.
     locks: Vec<Store<Lock>>,
     lock_triggers: Vec<UnboundedSender<ObjectRef<Lock>>>,
+    /// When each `Lock`'s status was last refreshed (see `throttle`).
+    lock_refreshes: throttle::Throttle<ObjectRef<Lock>>,
     /// The `ClusterLock` objects, and requests to refresh one's status.
     cluster_locks: Store<ClusterLock>,
     cluster_lock_triggers: UnboundedSender<ObjectRef<ClusterLock>>,
+    cluster_lock_refreshes: throttle::Throttle<String>,
     /// Gated pods waiting to have their claims made, in creation order.
     arrivals: parking_lot::Mutex<gated::Arrivals>,
     /// Claims that may have left the API with a node still tracked (see `watch::release_orphans`).
@@ -514,8 +518,10 @@ pub async fn run(
         holder_pods: holders::HolderPods::new(holder_stores),
         locks,
         lock_triggers,
+        lock_refreshes: throttle::Throttle::new(locks::STATUS_SPACING),
         cluster_locks: cluster_lock_reader.clone(),
         cluster_lock_triggers,
+        cluster_lock_refreshes: throttle::Throttle::new(locks::STATUS_SPACING),
         arrivals: Default::default(),
         orphans,
         unsynced: channel::Sender::new(2 * scopes + 1),
@@ -576,7 +582,6 @@ pub async fn run(
     for (scope, ((writer, reader, lock_rx), api)) in lock_scoped.into_iter().zip(ctx.watched::<Lock>()).enumerate() {
         let controller = Controller::for_stream(locks::objects(ctx.clone(), scope, api, writer), reader)
             .reconcile_on(lock_rx)
-            .with_config(Config::default().debounce(locks::STATUS_DEBOUNCE))
             .graceful_shutdown_on(shutdown.clone())
             .run(locks::reconcile, locks::error_policy, ctx.clone())
             .for_each(|result| async move { report(result) });
@@ -586,7 +591,6 @@ pub async fn run(
     let controller =
         Controller::for_stream(cluster_locks::objects(ctx.clone(), api, cluster_lock_writer), cluster_lock_reader)
             .reconcile_on(cluster_lock_rx)
-            .with_config(Config::default().debounce(locks::STATUS_DEBOUNCE))
             .graceful_shutdown_on(shutdown.clone())
             .run(cluster_locks::reconcile, cluster_locks::error_policy, ctx.clone())
             .for_each(|result| async move { report(result) });

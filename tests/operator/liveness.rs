@@ -537,3 +537,65 @@ async fn every_claim_is_reconciled_again_each_resync_period_and_an_unchanged_one
     assert_eq!(env.history.grants("walked"), ["holder", "w1", "w2", "w3", "w4"]);
     env.history.check();
 }
+
+/// A `Lock` whose claims change more often than its status refreshes may be spaced (500 ms) has
+/// its status refreshed all the same. kube-runtime's debounce, which spaced them, starts its
+/// wait again at every trigger: a claim touched every 50 ms (any tool that annotates its
+/// objects; a busy lock's handoffs do the same) kept the `Lock`'s status as it was until its
+/// claims were quiet for half a second, which on a busy lock may be never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_locks_status_is_refreshed_while_its_claims_keep_changing() {
+    use zklock::api::Lock;
+    let env = Env::new().await;
+    let _op = env.operator();
+    let locks: kube::Api<Lock> = kube::Api::namespaced(env.client.clone(), &env.ns);
+    let lock: Lock = serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock", "metadata": { "name": "busy" }, "spec": { "permits": 1 },
+    }))
+    .unwrap();
+    env.history.set_permits("busy", 1);
+    locks.create(&Default::default(), &lock).await.expect("create the Lock");
+    env.claim("holder", "busy", json!({})).await;
+    env.wait_phase("holder", Phase::Held).await;
+    env.claim("waiter", "busy", json!({})).await;
+    env.wait_phase("waiter", Phase::Waiting).await;
+    let queued =
+        |n: u32| move |l: Option<&Lock>| l.and_then(|l| l.status.as_ref()).is_some_and(|s| s.queue_length == n);
+    let settled = kube::runtime::wait::await_condition(locks.clone(), "busy", queued(1));
+    tokio::time::timeout(PATIENCE, settled).await.expect("the Lock's status to show 1 queued").expect("watch");
+
+    let touching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let toucher = {
+        let (claims, touching) = (env.claims.clone(), touching.clone());
+        tokio::spawn(async move {
+            let mut touches = 0u64;
+            while touching.load(std::sync::atomic::Ordering::Relaxed) {
+                touches += 1;
+                let patch = json!({ "metadata": { "annotations": { "example.com/touched": touches.to_string() } } });
+                claims.patch("waiter", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("touch the waiter");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            touches
+        })
+    };
+    env.claim("late", "busy", json!({})).await;
+    env.wait_phase("late", Phase::Waiting).await;
+    let waited = Instant::now();
+    // Twenty times the spacing: a refresh that comes at all comes well within it.
+    let limit = std::time::Duration::from_secs(10);
+    let refreshed = kube::runtime::wait::await_condition(locks.clone(), "busy", queued(2));
+    let outcome = tokio::time::timeout(limit, refreshed).await;
+    touching.store(false, std::sync::atomic::Ordering::Relaxed);
+    let touches = toucher.await.expect("the toucher");
+    assert!(
+        matches!(outcome, Ok(Ok(Some(_)))),
+        "the Lock's status did not show the late claim queued within {limit:?} while the waiter was touched \
+         {touches} times ({outcome:?})"
+    );
+    eprintln!("refreshed after {:?} while touched {touches} times", waited.elapsed());
+    for name in ["holder", "waiter", "late"] {
+        env.delete_claim(name).await;
+    }
+    env.history.await_gone("late").await;
+    env.history.check();
+}
