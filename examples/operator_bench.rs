@@ -11,7 +11,9 @@
 //! (with API writes per gated handoff), uncontended acquire/release throughput over 1,000 locks next
 //! to Apache Curator's on the same ZooKeeper, and the operator's memory per claim at 10,000
 //! claims (`--memory-claims N` for another count, such as 100000). `--quick` runs smaller sizes (for a smoke test);
-//! `--only handoff|pods|gated|throughput|memory|clusters|failover|scale` runs one part (`failover`:
+//! `--only handoff|pods|gated|throughput|memory|clusters|failover|locks|scale` runs one part (`locks`:
+//! 1,000 `Lock` objects of two permits and ten claims each, or `--status-locks N`: their status
+//! settled, named after a grant on a quiet lock, and refreshed on busy locks; `failover`:
 //! the leader stopped gracefully and then killed under 2,000 and 10,000 queued claims, or
 //! `--failover-claims N`; `scale`, run only when asked for: 10,000 claims or `--scale-claims N`,
 //! 100 per namespace and 10 per lock, served by one operator for every namespace — queued,
@@ -38,7 +40,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::wait::await_condition;
-use kube::runtime::watcher;
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::Api;
 use serde_json::json;
 use zklock::api::{ClusterLock, Lock, LockClaim, Phase};
@@ -56,6 +58,8 @@ struct Sizes {
     memory_claims: usize,
     /// Claims of the scale part (100 per namespace, 10 per lock).
     scale_claims: usize,
+    /// `Lock` objects of the locks part (ten claims each).
+    status_locks: usize,
 }
 
 #[tokio::main]
@@ -63,7 +67,7 @@ async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
-    let parts = ["handoff", "pods", "gated", "throughput", "memory", "clusters", "failover", "scale"];
+    let parts = ["handoff", "pods", "gated", "throughput", "memory", "clusters", "failover", "locks", "scale"];
     if let Some(part) = only.as_deref().filter(|p| !parts.contains(p)) {
         return Err(format!("--only {part}: expected one of {}", parts.join(", ")).into());
     }
@@ -79,6 +83,7 @@ async fn main() -> Result<(), Error> {
             lifecycles: 20,
             memory_claims: 500,
             scale_claims: 1_000,
+            status_locks: 50,
         }
     } else {
         Sizes {
@@ -90,6 +95,7 @@ async fn main() -> Result<(), Error> {
             lifecycles: 100,
             memory_claims: 10_000,
             scale_claims: 10_000,
+            status_locks: 1_000,
         }
     };
     if let Some(i) = args.iter().position(|a| a == "--failover-claims") {
@@ -99,6 +105,10 @@ async fn main() -> Result<(), Error> {
     if let Some(i) = args.iter().position(|a| a == "--scale-claims") {
         let n = args.get(i + 1).and_then(|n| n.parse().ok()).filter(|n| *n >= 100);
         sizes.scale_claims = n.ok_or("--scale-claims N: N must be a number of claims, 100 or more")?;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--status-locks") {
+        let n = args.get(i + 1).and_then(|n| n.parse().ok()).filter(|n| *n > 0);
+        sizes.status_locks = n.ok_or("--status-locks N: N must be a positive number of Lock objects")?;
     }
     if let Some(i) = args.iter().position(|a| a == "--memory-claims") {
         let n = args.get(i + 1).and_then(|n| n.parse().ok()).filter(|n| *n > 0);
@@ -167,6 +177,9 @@ async fn main() -> Result<(), Error> {
         for &claims in &sizes.failover_claims {
             failover(&client, &server, zk, claims).await?;
         }
+    }
+    if runs("locks") {
+        lock_statuses(&client, &server, zk, sizes.status_locks).await?;
     }
     if runs("scale") {
         scale(&client, &server, zk, sizes.scale_claims).await?;
@@ -860,6 +873,294 @@ async fn scale_measure(
         samples.percentile(0.5).as_secs_f64() / floor.percentile(0.5).as_secs_f64(),
     );
     Ok(())
+}
+
+/// Claims per lock in the `locks` part; two of them hold (the `Lock` has two permits).
+const LOCK_PART_CLAIMS: usize = 10;
+/// How often the `locks` part changes each busy lock's claims: faster than a status refresh may
+/// come (500 ms), as a busy lock's handoffs do.
+const BUSY_TICK: Duration = Duration::from_millis(200);
+
+/// `Lock` objects' status with `locks` of them (two permits, ten claims each) in one namespace:
+/// how long until every status shows its claims; how long after a grant on a quiet lock its
+/// status names the new holder; and on busy locks (a claim made on each every 200 ms for 10 s)
+/// how far apart the status refreshes come, how many status writes the operator makes, and its
+/// CPU.
+async fn lock_statuses(
+    client: &kube::Client,
+    server: &Server,
+    zk: &zklock_testkit::ZkServer,
+    locks: usize,
+) -> Result<(), Error> {
+    let bench = Bench::start(client, server, zk, "locks").await?;
+    let measured = lock_statuses_measure(client, server, &bench, locks).await;
+    // Its claims go with the operator still serving them (their finalizers), and its Lease
+    // (in the namespace) until they have: the next part must not find thousands of claims
+    // served by nobody.
+    let cleanup = async {
+        let started = Instant::now();
+        // One by one: a collection's deletion answers with every claim, and 10,000 of them
+        // outlast the API server's request timeout.
+        let names: Vec<String> = bench
+            .claims
+            .list_metadata(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|c| c.metadata.name)
+            .collect();
+        let claims = &bench.claims;
+        futures::stream::iter(names)
+            .map(|name| async move {
+                match claims.delete(&name, &DeleteParams::default()).await {
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                    other => other.map(|_| ()),
+                }
+            })
+            .buffer_unordered(32)
+            .try_collect::<Vec<_>>()
+            .await?;
+        let limit = Duration::from_secs(120 + (locks * LOCK_PART_CLAIMS) as u64 / 20);
+        loop {
+            let left = bench.claims.list_metadata(&ListParams::default().limit(1)).await?;
+            if left.items.is_empty() {
+                break;
+            }
+            if started.elapsed() > limit {
+                return Err(format!("the claims of {} not gone within {limit:?}", bench.ns).into());
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        Api::<Namespace>::all(client.clone()).delete(&bench.ns, &DeleteParams::default()).await?;
+        Ok::<_, Error>(())
+    };
+    let cleaned = cleanup.await;
+    measured.and(cleaned)
+}
+
+/// The measuring of [`lock_statuses`] in `bench`'s namespace.
+async fn lock_statuses_measure(
+    client: &kube::Client,
+    server: &Server,
+    bench: &Bench,
+    locks: usize,
+) -> Result<(), Error> {
+    let lock_api: Api<Lock> = Api::namespaced(client.clone(), &bench.ns);
+    let statuses = LockStatuses::follow(lock_api.clone());
+    futures::stream::iter(0..locks)
+        .map(|i| {
+            let lock_api = lock_api.clone();
+            async move {
+                let lock: Lock = serde_json::from_value(json!({
+                    "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
+                    "metadata": {"name": format!("s{i}")}, "spec": {"permits": 2},
+                }))?;
+                Ok::<_, Error>(lock_api.create(&PostParams::default(), &lock).await?)
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let probe = ServerProbe::new(client, server).with("operator", Some(bench.operator.id()));
+    let before = probe.sample().await;
+    let started = Instant::now();
+    // A lock's claims one after the other (its queue in their names' order), 32 locks at once.
+    futures::stream::iter(0..locks)
+        .map(|i| async move {
+            for j in 0..LOCK_PART_CLAIMS {
+                bench.create(&format!("s{i}-c{j}"), &format!("s{i}"), None).await?;
+            }
+            Ok::<_, Error>(())
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let created = started.elapsed();
+    let full = |s: &zklock::api::LockStatus| s.held == 2 && s.queue_length == LOCK_PART_CLAIMS as u32 - 2;
+    let settled = statuses
+        .until(Duration::from_secs(120 + locks as u64 / 5), "every Lock to show 2 held and 8 queued", |all| {
+            all.len() == locks && all.values().all(|h| h.last().is_some_and(|(_, s)| full(s)))
+        })
+        .await?;
+    let after = probe.sample().await;
+    let status_writes = |after: &ServerSample, before: &ServerSample| {
+        after.requests.get("PATCH locks/status").copied().unwrap_or(0.0)
+            - before.requests.get("PATCH locks/status").copied().unwrap_or(0.0)
+    };
+    println!(
+        "Lock status: {locks} Locks of {LOCK_PART_CLAIMS} claims: created in {:.1} s, every status showing them \
+         {:.1} s after the first claim was made; PATCH locks/status meanwhile {:.0} ({:.2} per claim)",
+        created.as_secs_f64(),
+        (settled - started).as_secs_f64(),
+        status_writes(&after, &before),
+        status_writes(&after, &before) / (locks * LOCK_PART_CLAIMS) as f64
+    );
+
+    // A quiet lock: its oldest holder deleted, the next claim seen Held; then its name in the
+    // Lock's status.
+    let (seen, follower) = bench.follow();
+    // Its list first: a holder it has not listed yet would pass for a new one.
+    within("every holder", "listed", seen.wait(|sets| sets.0.len() >= 2 * locks)).await?;
+    let quiet = locks.min(30);
+    let mut after_grant = Samples::default();
+    for i in 0..quiet {
+        // The oldest holder as the status names it (under a burst of creations a lock's queue is
+        // in the order the operator first reconciled its claims, not their names').
+        let lock = format!("s{i}");
+        let gone = statuses
+            .snapshot()
+            .get(&lock)
+            .and_then(|h| h.last())
+            .and_then(|(_, s)| s.holders.first().cloned())
+            .ok_or_else(|| format!("Lock {lock} names no holder"))?;
+        let prefix = format!("{lock}-c");
+        let held_before: Vec<String> = {
+            let sets = seen.sets.lock().unwrap_or_else(|p| p.into_inner());
+            sets.0.iter().filter(|n| n.starts_with(&prefix)).cloned().collect()
+        };
+        bench.claims.delete(&gone, &DeleteParams::default()).await?;
+        let granted = |sets: &Sets| sets.0.iter().find(|n| n.starts_with(&prefix) && !held_before.contains(n)).cloned();
+        within(&lock, "granted again", seen.wait(|sets| granted(sets).is_some())).await?;
+        let granted_at = Instant::now();
+        let next = granted(&seen.sets.lock().unwrap_or_else(|p| p.into_inner())).unwrap_or_default();
+        let shown = statuses
+            .until(Duration::from_secs(30), &format!("Lock {lock} to name {next} a holder"), |all| {
+                all.get(&lock).and_then(|h| h.last()).is_some_and(|(_, s)| s.holders.contains(&next))
+            })
+            .await?;
+        after_grant.push(shown.saturating_duration_since(granted_at));
+    }
+    follower.abort();
+    println!(
+        "Lock status on a quiet lock, from the next claim seen Held to the Lock's status naming it: {}",
+        after_grant.summary()
+    );
+
+    // Busy locks: a claim made on each every BUSY_TICK, so that each refresh has news to show.
+    let busy: Vec<usize> = (quiet..locks).take(10).collect();
+    if busy.is_empty() {
+        return Ok(());
+    }
+    let before = probe.sample().await;
+    let spell = Duration::from_secs(10);
+    let begun = Instant::now();
+    let mut tick = tokio::time::interval(BUSY_TICK);
+    let mut made = 0;
+    while begun.elapsed() < spell {
+        tick.tick().await;
+        futures::future::try_join_all(
+            busy.iter().map(|&i| async move { bench.create(&format!("s{i}-b{made}"), &format!("s{i}"), None).await }),
+        )
+        .await?;
+        made += 1;
+    }
+    let ended = Instant::now();
+    let after = probe.sample().await;
+    let queued = LOCK_PART_CLAIMS as u32 - 2 + made;
+    let caught_up = statuses
+        .until(Duration::from_secs(60), &format!("the busy locks' status to show {queued} queued"), |all| {
+            busy.iter().all(|i| {
+                all.get(&format!("s{i}")).and_then(|h| h.last()).is_some_and(|(_, s)| s.queue_length == queued)
+            })
+        })
+        .await?;
+    // Each busy lock's status changes during the spell: the gaps between them, the spell's
+    // edges counted (a status never refreshed in it has one gap, the spell).
+    let history = statuses.snapshot();
+    let mut gaps = Samples::default();
+    let mut longest = Samples::default();
+    let mut refreshes = 0;
+    for i in &busy {
+        let times: Vec<Instant> = history
+            .get(&format!("s{i}"))
+            .map(|h| h.iter().map(|(at, _)| *at).filter(|at| *at > begun && *at < ended).collect())
+            .unwrap_or_default();
+        refreshes += times.len();
+        let edges: Vec<Instant> = std::iter::once(begun).chain(times).chain(std::iter::once(ended)).collect();
+        let these: Vec<Duration> = edges.windows(2).map(|w| w[1] - w[0]).collect();
+        longest.push(these.iter().copied().max().unwrap_or_default());
+        these.into_iter().for_each(|g| gaps.push(g));
+    }
+    let writes = status_writes(&after, &before);
+    let cpu = |s: &ServerSample| s.others_cpu.first().and_then(|(_, c)| *c);
+    let operator_cpu = cpu(&after).zip(cpu(&before)).map(|(a, b)| a - b);
+    let secs = (ended - begun).as_secs_f64();
+    println!(
+        "Lock status on {} busy locks (a claim made on each every {} ms for {:.1} s): {refreshes} changes seen, \
+         {:.1} per lock per s; gaps between them {}, the longest per lock p50 {:.0} ms, max {:.0} ms; the last \
+         claim shown {:.0} ms after the spell; PATCH locks/status {writes:.0} ({:.1}/s); operator CPU {}",
+        busy.len(),
+        BUSY_TICK.as_millis(),
+        secs,
+        refreshes as f64 / busy.len() as f64 / secs,
+        gaps.summary(),
+        longest.percentile(0.5).as_secs_f64() * 1000.0,
+        longest.percentile(1.0).as_secs_f64() * 1000.0,
+        caught_up.saturating_duration_since(ended).as_secs_f64() * 1000.0,
+        writes / secs,
+        operator_cpu.map_or("not measured".into(), |c| format!("{:.0} ms/s", c * 1000.0 / secs)),
+    );
+    Ok(())
+}
+
+/// Every status change of the `Lock` objects a watch sees, by name, with when it was seen.
+#[derive(Default)]
+struct LockStatuses {
+    history: std::sync::Mutex<HashMap<String, Vec<(Instant, zklock::api::LockStatus)>>>,
+    changed: tokio::sync::Notify,
+}
+
+impl LockStatuses {
+    fn follow(api: Api<Lock>) -> Arc<LockStatuses> {
+        let statuses = Arc::new(LockStatuses::default());
+        let following = statuses.clone();
+        tokio::spawn(async move {
+            let stream = watcher(api, watcher::Config::default()).default_backoff();
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                let lock = match event {
+                    Ok(watcher::Event::Apply(lock) | watcher::Event::InitApply(lock)) => lock,
+                    Ok(_) => continue,
+                    Err(e) => {
+                        eprintln!("the bench's watch of Lock objects failed (retrying): {e}");
+                        continue;
+                    }
+                };
+                let (Some(name), Some(status)) = (lock.metadata.name, lock.status) else { continue };
+                let mut history = following.history.lock().unwrap_or_else(|p| p.into_inner());
+                let of = history.entry(name).or_default();
+                if of.last().is_none_or(|(_, last)| *last != status) {
+                    of.push((Instant::now(), status));
+                    drop(history);
+                    following.changed.notify_waiters();
+                }
+            }
+        });
+        statuses
+    }
+
+    fn snapshot(&self) -> HashMap<String, Vec<(Instant, zklock::api::LockStatus)>> {
+        self.history.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Waits at most `limit` until `done`; answers when it was seen.
+    async fn until(
+        &self,
+        limit: Duration,
+        what: &str,
+        done: impl Fn(&HashMap<String, Vec<(Instant, zklock::api::LockStatus)>>) -> bool,
+    ) -> Result<Instant, Error> {
+        let wait = async {
+            loop {
+                let notified = self.changed.notified();
+                if done(&self.history.lock().unwrap_or_else(|p| p.into_inner())) {
+                    return Instant::now();
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(limit, wait).await.map_err(|_| format!("waited {limit:?} for {what}").into())
+    }
 }
 
 /// Not timed, after a run of [`scale`] that measured or failed: the namespaces named

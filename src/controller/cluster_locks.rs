@@ -173,10 +173,12 @@ pub async fn reconcile(lock: Arc<ClusterLock>, ctx: Arc<Context>) -> Result<Acti
     let name = lock.name_any();
     let path = ctx.layout.cluster_lock(&name);
     ctx.engine.declare(&path, Some(Limit::from_permits(lock.spec.permits)));
-    if let Err(wait) = ctx.cluster_lock_refreshes.admit(name.clone(), Instant::now()) {
-        // Refreshed a moment ago (the queue read from ZooKeeper): once more when the spacing is over.
+    if let Some(wait) = ctx.cluster_lock_refreshes.wait(name.clone(), Instant::now()) {
+        // The queue is read from ZooKeeper: once the window (or the spacing after the last look)
+        // is over.
         return Ok(Action::requeue(wait));
     }
+    ctx.cluster_lock_refreshes.refreshed(name.clone(), Instant::now());
     let entries = ctx.engine.queue(&path).await?;
     let mut owners = Vec::with_capacity(entries.len().min(MAX_DESCRIBED));
     for entry in entries.iter().take(MAX_DESCRIBED) {

@@ -26,8 +26,17 @@ use super::{Context, Error};
 use crate::api::{KeptClaim, Lock, LockStatus, Phase, MAX_LISTED_HOLDERS};
 use crate::recipe::Limit;
 
-/// Status refreshes of one `Lock` (or `ClusterLock`) are at least this far apart.
+/// A `Lock`'s status is written this long after the first change of its claims after a quiet
+/// spell (a handoff's release and grant, a few milliseconds apart, make one write) ...
+pub const STATUS_WINDOW: Duration = Duration::from_millis(50);
+/// ... and its writes are at least this far apart, however often its claims change (for a
+/// `ClusterLock`: its looks at the queue) ...
 pub const STATUS_SPACING: Duration = Duration::from_millis(500);
+/// ... and the status writes of all `Lock` objects at least this far apart (at most 50 a second:
+/// when more than 25 locks are busy each one's refreshes come further apart; for
+/// `ClusterLock`s, their looks). A `Lock`'s status is for people and dashboards: it must not
+/// take the API server from the grants.
+pub const STATUS_INTERVAL: Duration = Duration::from_millis(20);
 
 /// The `Lock` objects of one scope, kept in `writer`'s store, as the controller's trigger
 /// stream; the engine learns every change of permits from here.
@@ -100,15 +109,21 @@ pub async fn reconcile(lock: Arc<Lock>, ctx: Arc<Context>) -> Result<Action, Err
     let namespace = lock.namespace().ok_or(Error::Malformed("a namespace"))?;
     let name = lock.name_any();
     ctx.engine.set_limit(&ctx.lock_path(&namespace, &name), Limit::from_permits(Some(lock.spec.permits)));
-    if let Err(wait) = ctx.lock_refreshes.admit(ObjectRef::from_obj(&*lock), Instant::now()) {
-        // Refreshed a moment ago: once more when the spacing is over, with whatever changed by
-        // then (a trigger meanwhile runs this again, and it answers the same, sooner).
-        return Ok(Action::requeue(wait));
-    }
+    let key = ObjectRef::from_obj(&*lock);
+    // Made from memory, so looked at first: only a status with news takes a turn (the event of
+    // this operator's own write, for one, has none).
     let status = status_of(&lock, &ctx.claims_of_lock(&namespace, &name));
     if lock.status.as_ref() == Some(&status) {
+        ctx.lock_refreshes.unchanged(&key);
         return Ok(Action::await_change());
     }
+    if let Some(wait) = ctx.lock_refreshes.wait(key.clone(), Instant::now()) {
+        // Once the window (or the spacing after the last write, or its turn) is over, with
+        // whatever changed by then: a trigger meanwhile runs this again, and it answers the
+        // same, sooner.
+        return Ok(Action::requeue(wait));
+    }
+    ctx.lock_refreshes.refreshed(key, Instant::now());
     let api: Api<Lock> = Api::namespaced(ctx.client.clone(), &namespace);
     let patch = Patch::Merge(json!({ "status": status }));
     match ctx.write("lock status", api.patch_status(&name, &PatchParams::default(), &patch)).await? {

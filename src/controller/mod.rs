@@ -88,11 +88,12 @@ pub struct Context {
     /// Each scope's `Lock` objects, and requests to refresh one's status.
     locks: Vec<Store<Lock>>,
     lock_triggers: Vec<UnboundedSender<ObjectRef<Lock>>>,
-    /// When each `Lock`'s status was last refreshed (see `throttle`).
+    /// When each `Lock`'s status was last written (see `throttle`).
     lock_refreshes: throttle::Throttle<ObjectRef<Lock>>,
     /// The `ClusterLock` objects, and requests to refresh one's status.
     cluster_locks: Store<ClusterLock>,
     cluster_lock_triggers: UnboundedSender<ObjectRef<ClusterLock>>,
+    /// When each `ClusterLock`'s queue was last looked at.
     cluster_lock_refreshes: throttle::Throttle<String>,
     /// Gated pods waiting to have their claims made, in creation order.
     arrivals: parking_lot::Mutex<gated::Arrivals>,
@@ -518,10 +519,14 @@ pub async fn run(
         holder_pods: holders::HolderPods::new(holder_stores),
         locks,
         lock_triggers,
-        lock_refreshes: throttle::Throttle::new(locks::STATUS_SPACING),
+        lock_refreshes: throttle::Throttle::new(locks::STATUS_WINDOW, locks::STATUS_SPACING, locks::STATUS_INTERVAL),
         cluster_locks: cluster_lock_reader.clone(),
         cluster_lock_triggers,
-        cluster_lock_refreshes: throttle::Throttle::new(locks::STATUS_SPACING),
+        cluster_lock_refreshes: throttle::Throttle::new(
+            locks::STATUS_WINDOW,
+            locks::STATUS_SPACING,
+            locks::STATUS_INTERVAL,
+        ),
         arrivals: Default::default(),
         orphans,
         unsynced: channel::Sender::new(2 * scopes + 1),
