@@ -454,16 +454,7 @@ impl Claims {
 
     /// Waits until `done` holds of the claims seen, at most `limit`; answers when it did.
     async fn until(&self, limit: Duration, done: impl Fn(&HashMap<String, Seen3>) -> bool) -> Option<Instant> {
-        let wait = async {
-            loop {
-                let notified = self.changed.notified();
-                if done(&self.state.lock().unwrap_or_else(|p| p.into_inner())) {
-                    return Instant::now();
-                }
-                notified.await;
-            }
-        };
-        tokio::time::timeout(limit, wait).await.ok()
+        tokio::time::timeout(limit, notified_until(&self.changed, &self.state, done)).await.ok()
     }
 
     fn snapshot(&self) -> HashMap<String, Seen3> {
@@ -1008,10 +999,8 @@ async fn lock_statuses_measure(
         // in the order the operator first reconciled its claims, not their names').
         let lock = format!("s{i}");
         let gone = statuses
-            .snapshot()
-            .get(&lock)
-            .and_then(|h| h.last())
-            .and_then(|(_, s)| s.holders.first().cloned())
+            .latest(&lock)
+            .and_then(|s| s.holders.into_iter().next())
             .ok_or_else(|| format!("Lock {lock} names no holder"))?;
         let prefix = format!("{lock}-c");
         let held_before: Vec<String> = {
@@ -1139,6 +1128,12 @@ impl LockStatuses {
         statuses
     }
 
+    /// The status of `Lock` `name` last seen.
+    fn latest(&self, name: &str) -> Option<zklock::api::LockStatus> {
+        let history = self.history.lock().unwrap_or_else(|p| p.into_inner());
+        history.get(name).and_then(|h| h.last()).map(|(_, status)| status.clone())
+    }
+
     fn snapshot(&self) -> HashMap<String, Vec<(Instant, zklock::api::LockStatus)>> {
         self.history.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -1150,15 +1145,7 @@ impl LockStatuses {
         what: &str,
         done: impl Fn(&HashMap<String, Vec<(Instant, zklock::api::LockStatus)>>) -> bool,
     ) -> Result<Instant, Error> {
-        let wait = async {
-            loop {
-                let notified = self.changed.notified();
-                if done(&self.history.lock().unwrap_or_else(|p| p.into_inner())) {
-                    return Instant::now();
-                }
-                notified.await;
-            }
-        };
+        let wait = notified_until(&self.changed, &self.history, done);
         tokio::time::timeout(limit, wait).await.map_err(|_| format!("waited {limit:?} for {what}").into())
     }
 }
@@ -2236,13 +2223,24 @@ type Sets = (std::collections::HashSet<String>, std::collections::HashSet<String
 
 impl Seen {
     async fn wait(&self, done: impl Fn(&Sets) -> bool) {
-        loop {
-            let notified = self.changed.notified();
-            if done(&self.sets.lock().unwrap_or_else(|p| p.into_inner())) {
-                return;
-            }
-            notified.await;
+        notified_until(&self.changed, &self.sets, done).await;
+    }
+}
+
+/// Waits until `done` holds of `state`, looked at again at each notification of `changed`
+/// (which whoever changes `state` sends); answers when it held. No deadline of its own.
+async fn notified_until<T>(
+    changed: &tokio::sync::Notify,
+    state: &std::sync::Mutex<T>,
+    done: impl Fn(&T) -> bool,
+) -> Instant {
+    loop {
+        // Asked for before the look, so that a change between the two is not missed.
+        let notified = changed.notified();
+        if done(&state.lock().unwrap_or_else(|p| p.into_inner())) {
+            return Instant::now();
         }
+        notified.await;
     }
 }
 

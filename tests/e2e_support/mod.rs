@@ -167,6 +167,21 @@ impl Env {
         self.claims.create(&PostParams::default(), &claim).await.unwrap_or_else(|e| panic!("create claim {name}: {e}"))
     }
 
+    /// `Lock` object `name` with `permits`, made in the test's namespace and told to the
+    /// history (its checker judges the lock as a semaphore of that many); answers the API of
+    /// the namespace's `Lock`s.
+    pub async fn lock(&self, name: &str, permits: u32) -> Api<zklock::api::Lock> {
+        let locks: Api<zklock::api::Lock> = Api::namespaced(self.client.clone(), &self.ns);
+        let lock: zklock::api::Lock = serde_json::from_value(json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
+            "metadata": { "name": name }, "spec": { "permits": permits },
+        }))
+        .expect("Lock json");
+        self.history.set_permits(name, permits as usize);
+        locks.create(&PostParams::default(), &lock).await.unwrap_or_else(|e| panic!("create Lock {name}: {e}"));
+        locks
+    }
+
     /// A claim with this whole `spec` (for claims over several locks: `{"locks": [...]}`).
     pub async fn claim_spec(&self, name: &str, spec: Value) -> LockClaim {
         let claim: LockClaim = serde_json::from_value(json!({
@@ -234,6 +249,23 @@ impl Env {
     pub async fn annotate(&self, name: &str, key: &str, value: &str) {
         let patch = json!({ "metadata": { "annotations": { key: value } } });
         self.claims.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("annotate claim");
+    }
+}
+
+/// Waits until `Lock` object `name` satisfies `f`; returns it.
+pub async fn wait_lock(
+    locks: &Api<zklock::api::Lock>,
+    name: &str,
+    what: &str,
+    f: impl Fn(&zklock::api::Lock) -> bool,
+) -> zklock::api::Lock {
+    let cond = move |l: Option<&zklock::api::Lock>| l.is_some_and(&f);
+    match tokio::time::timeout(PATIENCE, kube::runtime::wait::await_condition(locks.clone(), name, cond)).await {
+        Ok(Ok(Some(lock))) => lock,
+        other => {
+            let now = locks.get_opt(name).await.ok().flatten().map(|l| l.status);
+            panic!("waiting for Lock {name} to show {what}: {other:?}; its status is {now:?}");
+        }
     }
 }
 

@@ -794,13 +794,7 @@ async fn a_late_grant_on_a_semaphore_takes_a_token_above_the_holds_that_ended_me
     let env = Env::new().await;
     let proxy = ApiProxy::start(zklock_testkit::kube::kubeconfig()).await;
     let _op = Operator::start_proxied(&env, &proxy, &[]);
-    let locks: kube::Api<Lock> = kube::Api::namespaced(env.client.clone(), &env.ns);
-    let lock: Lock = serde_json::from_value(json!({
-        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock", "metadata": { "name": "sem" }, "spec": { "permits": 2 },
-    }))
-    .unwrap();
-    env.history.set_permits("sem", 2);
-    locks.create(&kube::api::PostParams::default(), &lock).await.unwrap();
+    env.lock("sem", 2).await;
     env.claim("a", "sem", json!({})).await;
     env.wait_phase("a", Phase::Held).await;
     let held = proxy.hold_next(Matcher {
@@ -910,18 +904,6 @@ async fn finished_claims_are_deleted_after_their_time_to_live() {
     env.history.check();
 }
 
-/// Waits until `Lock` object `name` satisfies `f`; returns it.
-async fn wait_lock(locks: &kube::Api<Lock>, name: &str, what: &str, f: impl Fn(&Lock) -> bool) -> Lock {
-    let cond = move |l: Option<&Lock>| l.is_some_and(&f);
-    match tokio::time::timeout(PATIENCE, kube::runtime::wait::await_condition(locks.clone(), name, cond)).await {
-        Ok(Ok(Some(lock))) => lock,
-        other => {
-            let now = locks.get_opt(name).await.ok().flatten().map(|l| l.status);
-            panic!("waiting for Lock {name} to show {what}: {other:?}; its status is {now:?}");
-        }
-    }
-}
-
 fn lock_status(lock: &Lock) -> (Option<u32>, u32, Vec<String>, u32) {
     let st = lock.status.clone().unwrap_or_default();
     (st.permits, st.held, st.holders, st.queue_length)
@@ -931,14 +913,7 @@ fn lock_status(lock: &Lock) -> (Option<u32>, u32, Vec<String>, u32) {
 async fn three_permits_hold_ten_claims_three_at_a_time_in_order_and_follow_a_live_raise_and_lower() {
     let env = Env::new().await;
     let _op = env.operator();
-    let locks: kube::Api<Lock> = kube::Api::namespaced(env.client.clone(), &env.ns);
-    let lock: Lock = serde_json::from_value(json!({
-        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
-        "metadata": { "name": "api" }, "spec": { "permits": 3 },
-    }))
-    .unwrap();
-    env.history.set_permits("api", 3);
-    locks.create(&kube::api::PostParams::default(), &lock).await.expect("create the Lock");
+    let locks = env.lock("api", 3).await;
     let names: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();
     for (i, name) in names.iter().enumerate() {
         // Shared or not, a claim takes one permit.
@@ -1020,14 +995,7 @@ async fn three_permits_hold_ten_claims_three_at_a_time_in_order_and_follow_a_liv
 async fn holders_beyond_a_lowered_limit_keep_the_lock_across_a_restart() {
     let env = Env::new().await;
     let mut op = env.operator();
-    let locks: kube::Api<Lock> = kube::Api::namespaced(env.client.clone(), &env.ns);
-    let lock: Lock = serde_json::from_value(json!({
-        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
-        "metadata": { "name": "api" }, "spec": { "permits": 3 },
-    }))
-    .unwrap();
-    env.history.set_permits("api", 3);
-    locks.create(&kube::api::PostParams::default(), &lock).await.expect("create the Lock");
+    let locks = env.lock("api", 3).await;
     for name in ["h0", "h1", "h2", "w"] {
         env.claim(name, "api", json!({})).await;
     }

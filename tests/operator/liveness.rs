@@ -548,21 +548,12 @@ async fn a_busy_locks_status_is_refreshed_while_its_claims_keep_changing() {
     use zklock::api::Lock;
     let env = Env::new().await;
     let _op = env.operator();
-    let locks: kube::Api<Lock> = kube::Api::namespaced(env.client.clone(), &env.ns);
-    let lock: Lock = serde_json::from_value(json!({
-        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock", "metadata": { "name": "busy" }, "spec": { "permits": 1 },
-    }))
-    .unwrap();
-    env.history.set_permits("busy", 1);
-    locks.create(&Default::default(), &lock).await.expect("create the Lock");
+    let locks = env.lock("busy", 1).await;
     env.claim("holder", "busy", json!({})).await;
     env.wait_phase("holder", Phase::Held).await;
     env.claim("waiter", "busy", json!({})).await;
     env.wait_phase("waiter", Phase::Waiting).await;
-    let queued =
-        |n: u32| move |l: Option<&Lock>| l.and_then(|l| l.status.as_ref()).is_some_and(|s| s.queue_length == n);
-    let settled = kube::runtime::wait::await_condition(locks.clone(), "busy", queued(1));
-    tokio::time::timeout(PATIENCE, settled).await.expect("the Lock's status to show 1 queued").expect("watch");
+    wait_lock(&locks, "busy", "1 queued", |l| l.status.as_ref().is_some_and(|s| s.queue_length == 1)).await;
 
     let touching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let toucher = {
@@ -583,7 +574,8 @@ async fn a_busy_locks_status_is_refreshed_while_its_claims_keep_changing() {
     let waited = Instant::now();
     // Twenty times the spacing: a refresh that comes at all comes well within it.
     let limit = std::time::Duration::from_secs(10);
-    let refreshed = kube::runtime::wait::await_condition(locks.clone(), "busy", queued(2));
+    let two_queued = |l: Option<&Lock>| l.and_then(|l| l.status.as_ref()).is_some_and(|s| s.queue_length == 2);
+    let refreshed = kube::runtime::wait::await_condition(locks.clone(), "busy", two_queued);
     let outcome = tokio::time::timeout(limit, refreshed).await;
     touching.store(false, std::sync::atomic::Ordering::Relaxed);
     let touches = toucher.await.expect("the toucher");

@@ -147,12 +147,7 @@ async fn a_grant_written_after_a_later_hold_of_its_semaphore_ended_carries_a_tok
     let env = Env::new().await;
     let proxy = ApiProxy::start(zklock_testkit::kube::kubeconfig()).await;
     let _op = Operator::start_proxied(&env, &proxy, &[]);
-    let semaphore: zklock::api::Lock = serde_json::from_value(json!({
-        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock", "metadata": { "name": "sem" }, "spec": { "permits": 2 },
-    }))
-    .unwrap();
-    env.history.set_permits("sem", 2);
-    kube::Api::namespaced(env.client.clone(), &env.ns).create(&Default::default(), &semaphore).await.unwrap();
+    env.lock("sem", 2).await;
     env.claim("on-x", "x", json!({})).await;
     env.wait_phase("on-x", Phase::Held).await;
     env.claim_spec("both", locks(&["x", "sem"])).await;
@@ -187,13 +182,7 @@ async fn a_grant_written_after_a_later_hold_of_its_semaphore_ended_carries_a_tok
 async fn a_grant_that_kept_its_permit_after_the_lock_object_went_carries_a_token_above_the_holds_that_ended() {
     let env = Env::new().await;
     let _op = env.operator();
-    let semaphore: zklock::api::Lock = serde_json::from_value(json!({
-        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock", "metadata": { "name": "sem" }, "spec": { "permits": 2 },
-    }))
-    .unwrap();
-    env.history.set_permits("sem", 2);
-    let lock_objects: kube::Api<zklock::api::Lock> = kube::Api::namespaced(env.client.clone(), &env.ns);
-    lock_objects.create(&Default::default(), &semaphore).await.unwrap();
+    let lock_objects = env.lock("sem", 2).await;
     env.claim("on-x", "x", json!({})).await;
     env.wait_phase("on-x", Phase::Held).await;
     env.claim_spec("both", locks(&["x", "sem"])).await;
