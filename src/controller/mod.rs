@@ -279,8 +279,7 @@ impl Context {
         }
     }
 
-    /// Asks for a status refresh of `Lock` object `lock`, if its scope's watch has it (most
-    /// locks have none).
+    /// Asks for a status refresh of `ClusterLock` `name`, if its watch has it.
     fn trigger_cluster_lock(&self, name: &str) {
         let lock = ObjectRef::new(name);
         if self.cluster_locks.get(&lock).is_some() {

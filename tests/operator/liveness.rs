@@ -538,6 +538,40 @@ async fn every_claim_is_reconciled_again_each_resync_period_and_an_unchanged_one
     env.history.check();
 }
 
+/// Annotates claim `name` every 50 ms (as any tool that annotates its objects would) until
+/// stopped; `stop` answers how many times.
+struct Toucher {
+    touching: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<u64>,
+}
+
+impl Toucher {
+    fn start(env: &Env, name: &str) -> Toucher {
+        let touching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (claims, name, flag) = (env.claims.clone(), name.to_string(), touching.clone());
+        let task = tokio::spawn(async move {
+            let mut touches = 0u64;
+            while flag.load(std::sync::atomic::Ordering::Relaxed) {
+                touches += 1;
+                let patch = json!({ "metadata": { "annotations": { "example.com/touched": touches.to_string() } } });
+                claims.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("touch the claim");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            touches
+        });
+        Toucher { touching, task }
+    }
+
+    async fn stop(self) -> u64 {
+        self.touching.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.expect("the toucher")
+    }
+}
+
+/// Twenty times a status refresh's spacing (500 ms): a refresh that comes at all comes well
+/// within it.
+const REFRESHED_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A `Lock` whose claims change more often than its status refreshes may be spaced (500 ms) has
 /// its status refreshed all the same. kube-runtime's debounce, which spaced them, starts its
 /// wait again at every trigger: a claim touched every 50 ms (any tool that annotates its
@@ -555,38 +589,63 @@ async fn a_busy_locks_status_is_refreshed_while_its_claims_keep_changing() {
     env.wait_phase("waiter", Phase::Waiting).await;
     wait_lock(&locks, "busy", "1 queued", |l| l.status.as_ref().is_some_and(|s| s.queue_length == 1)).await;
 
-    let touching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let toucher = {
-        let (claims, touching) = (env.claims.clone(), touching.clone());
-        tokio::spawn(async move {
-            let mut touches = 0u64;
-            while touching.load(std::sync::atomic::Ordering::Relaxed) {
-                touches += 1;
-                let patch = json!({ "metadata": { "annotations": { "example.com/touched": touches.to_string() } } });
-                claims.patch("waiter", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("touch the waiter");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-            touches
-        })
-    };
+    let toucher = Toucher::start(&env, "waiter");
     env.claim("late", "busy", json!({})).await;
     env.wait_phase("late", Phase::Waiting).await;
     let waited = Instant::now();
-    // Twenty times the spacing: a refresh that comes at all comes well within it.
-    let limit = std::time::Duration::from_secs(10);
     let two_queued = |l: Option<&Lock>| l.and_then(|l| l.status.as_ref()).is_some_and(|s| s.queue_length == 2);
     let refreshed = kube::runtime::wait::await_condition(locks.clone(), "busy", two_queued);
-    let outcome = tokio::time::timeout(limit, refreshed).await;
-    touching.store(false, std::sync::atomic::Ordering::Relaxed);
-    let touches = toucher.await.expect("the toucher");
+    let outcome = tokio::time::timeout(REFRESHED_WITHIN, refreshed).await;
+    let touches = toucher.stop().await;
     assert!(
         matches!(outcome, Ok(Ok(Some(_)))),
-        "the Lock's status did not show the late claim queued within {limit:?} while the waiter was touched \
-         {touches} times ({outcome:?})"
+        "the Lock's status did not show the late claim queued within {REFRESHED_WITHIN:?} while the waiter was \
+         touched {touches} times ({outcome:?})"
     );
     eprintln!("refreshed after {:?} while touched {touches} times", waited.elapsed());
     for name in ["holder", "waiter", "late"] {
         env.delete_claim(name).await;
+    }
+    env.history.await_gone("late").await;
+    env.history.check();
+}
+
+/// The same for a `ClusterLock`, whose status is read from ZooKeeper (its look at the queue is
+/// spaced by a throttle of its own, as a `Lock`'s write is): a waiter touched every 50 ms must
+/// not keep a later claim out of its status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_cluster_locks_status_is_refreshed_while_its_claims_keep_changing() {
+    use zklock::api::ClusterLock;
+    let env = Env::new().await;
+    let _op = env.operator();
+    let name = format!("busy-{}", &env.ns["zklock-e2e-".len()..]);
+    let _lock = TestClusterLock::make(&env, &name, TestClusterLock::admitting(&env.ns)).await;
+    let spec = json!({ "clusterLockName": name });
+    env.claim_spec("holder", spec.clone()).await;
+    env.wait_phase("holder", Phase::Held).await;
+    env.claim_spec("waiter", spec.clone()).await;
+    env.wait_phase("waiter", Phase::Waiting).await;
+    let api: kube::Api<ClusterLock> = kube::Api::all(env.client.clone());
+    let queued =
+        |n: u32| move |l: Option<&ClusterLock>| l.and_then(|l| l.status.as_ref()).is_some_and(|s| s.queue_length == n);
+    let one = tokio::time::timeout(PATIENCE, kube::runtime::wait::await_condition(api.clone(), &name, queued(1))).await;
+    assert!(matches!(one, Ok(Ok(Some(_)))), "ClusterLock {name} did not show 1 queued within {PATIENCE:?}: {one:?}");
+
+    let toucher = Toucher::start(&env, "waiter");
+    env.claim_spec("late", spec).await;
+    env.wait_phase("late", Phase::Waiting).await;
+    let waited = Instant::now();
+    let refreshed = kube::runtime::wait::await_condition(api.clone(), &name, queued(2));
+    let outcome = tokio::time::timeout(REFRESHED_WITHIN, refreshed).await;
+    let touches = toucher.stop().await;
+    assert!(
+        matches!(outcome, Ok(Ok(Some(_)))),
+        "ClusterLock {name}'s status did not show the late claim queued within {REFRESHED_WITHIN:?} while the \
+         waiter was touched {touches} times ({outcome:?})"
+    );
+    eprintln!("refreshed after {:?} while touched {touches} times", waited.elapsed());
+    for claim in ["holder", "waiter", "late"] {
+        env.delete_claim(claim).await;
     }
     env.history.await_gone("late").await;
     env.history.check();
