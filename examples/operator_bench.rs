@@ -929,6 +929,42 @@ async fn lock_statuses(
     measured.and(cleaned)
 }
 
+/// How many of the `locks` part's queues are in creation order (a lock's claims `s<i>-c<j>`
+/// were made one after another), and how many claims stand elsewhere than their creation
+/// place: each lock's claims sorted by their node's sequence number.
+async fn queue_order(claims: &Api<LockClaim>) -> Result<(usize, usize), Error> {
+    // A `Lock`'s status may show a claim queued before the claim's own status does.
+    let limit = Instant::now() + Duration::from_secs(60);
+    let listed = loop {
+        let listed = claims.list(&ListParams::default()).await?;
+        let without = listed.items.iter().filter(|c| c.status.as_ref().is_none_or(|s| s.znode.is_none())).count();
+        if without == 0 {
+            break listed;
+        }
+        if Instant::now() > limit {
+            return Err(format!("{without} claims show no znode 60 s after their Locks showed them queued").into());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let mut queues: HashMap<String, Vec<(i64, usize)>> = HashMap::new();
+    for claim in listed {
+        let name = claim.metadata.name.unwrap_or_default();
+        let znode = claim.status.and_then(|s| s.znode).ok_or_else(|| format!("claim {name} has no znode"))?;
+        let sequence: i64 = znode.rsplit("-lock-").next().and_then(|s| s.parse().ok()).ok_or("a node's sequence")?;
+        let (lock, made) = name.split_once("-c").ok_or_else(|| format!("claim {name}: not s<i>-c<j>"))?;
+        let made: usize = made.parse().map_err(|_| format!("claim {name}: not s<i>-c<j>"))?;
+        queues.entry(lock.to_string()).or_default().push((sequence, made));
+    }
+    let (mut in_order, mut out_of_place) = (0, 0);
+    for queue in queues.values_mut() {
+        queue.sort();
+        let misplaced = queue.iter().enumerate().filter(|(place, (_, made))| place != made).count();
+        in_order += usize::from(misplaced == 0);
+        out_of_place += misplaced;
+    }
+    Ok((in_order, out_of_place))
+}
+
 /// The measuring of [`lock_statuses`] in `bench`'s namespace.
 async fn lock_statuses_measure(
     client: &kube::Client,
@@ -987,6 +1023,12 @@ async fn lock_statuses_measure(
         status_writes(&after, &before) / (locks * LOCK_PART_CLAIMS) as f64
     );
 
+    let (in_order, out_of_place) = queue_order(&bench.claims).await?;
+    println!(
+        "Lock status: queues in creation order {in_order} of {locks} (claims out of their creation place: \
+         {out_of_place})"
+    );
+
     // A quiet lock: its oldest holder deleted, the next claim seen Held; then its name in the
     // Lock's status.
     let (seen, follower) = bench.follow();
@@ -995,8 +1037,7 @@ async fn lock_statuses_measure(
     let quiet = locks.min(30);
     let mut after_grant = Samples::default();
     for i in 0..quiet {
-        // The oldest holder as the status names it (under a burst of creations a lock's queue is
-        // in the order the operator first reconciled its claims, not their names').
+        // The oldest holder as the status names it.
         let lock = format!("s{i}");
         let gone = statuses
             .latest(&lock)

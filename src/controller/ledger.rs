@@ -244,6 +244,14 @@ impl Ledger {
         !self.unstamped.is_empty()
     }
 
+    /// Asks for claim `uid` to be reconciled (what it waited for went away).
+    pub fn wake(&self, uid: Uid) {
+        if let Some(waker) = &self.waker {
+            // Closed only when the controller has stopped.
+            let _ = waker.send(uid);
+        }
+    }
+
     /// Something a refused grant in `lock` waited for went away: those claims are reconciled
     /// again (each decides anew, and waits again if it must).
     fn wake_blocked(&mut self, lock: &str) {

@@ -11,6 +11,7 @@ use kube::runtime::finalizer::{finalizer, Error as FinalizerError, Event as Fina
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
+use super::admission::Turn;
 use super::parts::{self, Part};
 use super::plan::{self, ContenderView, HolderView, Inputs, PartView, Plan};
 use super::registry::GrantBlocked;
@@ -32,6 +33,8 @@ const GRANT_BACKSTOP: Duration = Duration::from_secs(1);
 /// retry after a refused write), besides the watch events that bring changes.
 pub async fn reconcile(uid: Uid, claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.metrics.reconciles.inc();
+    // Its turn came: where it waits at an admission gate, its patience runs from now.
+    ctx.registry.reconciling(&uid, claim.creation_timestamp().map_or(0, |t| t.0.as_second()));
     let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
     let api: Api<KeptClaim> = Api::namespaced(ctx.client.clone(), &namespace);
     // The finalizer helper writes without asking: ask for it.
@@ -176,9 +179,10 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
     let enqueue = plan.enqueue;
     if enqueue {
         let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
-        if !ctx.registry.may_enqueue(uid, created) {
-            // A claim created earlier enters the queue first; it triggers us when it has.
-            return Ok(Action::requeue(Duration::from_millis(200)));
+        if let Turn::Behind(wait) = ctx.registry.may_enqueue(uid, created) {
+            // A claim created earlier enters the queue first; it asks for us when it leaves the
+            // gate (the requeue: for when it runs out of patience there instead).
+            return Ok(Action::requeue(wait));
         }
         let description = ctx.describe_claim(&namespace, &claim.name_any());
         let specs = parts

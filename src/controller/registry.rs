@@ -12,7 +12,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::admission::Gates;
+use super::admission::{Gates, Turn};
 pub use super::ledger::GrantBlocked;
 use super::ledger::{Ledger, Locks, Wanted};
 use super::Uid;
@@ -342,7 +342,7 @@ impl Registry {
         let pending = matches!(phase, None | Some(Phase::Pending));
         if pending {
             for (lock, _) in locks {
-                inner.gates.arrive(lock, (created, seen), uid);
+                inner.gates.arrive(lock, (created, seen), uid, Instant::now());
             }
         }
     }
@@ -352,16 +352,22 @@ impl Registry {
         self.lock().claims.get(uid).map(|c| c.locks.iter().map(|(lock, _)| lock.clone()).collect())
     }
 
-    /// Asks to enqueue claim `uid`; true when it is first at the admission gate of every one of
-    /// its locks (it arrives at each, so that later claims wait for it there).
-    pub fn may_enqueue(&self, uid: &Uid, created: i64) -> bool {
+    /// Claim `uid` (created at second `created`) is being reconciled: where it waits at an
+    /// admission gate, its patience runs from now (see `admission`).
+    pub fn reconciling(&self, uid: &str, created: i64) {
         let mut inner = self.lock();
-        let Some((seen, locks)) = inner.claims.get(uid).map(|c| (c.seen, c.locks.clone())) else { return true };
-        let mut first = true;
-        for (lock, _) in locks.iter() {
-            first &= inner.gates.may_enqueue(lock, (created, seen), uid);
-        }
-        first
+        let Some((seen, locks)) = inner.claims.get(uid).map(|c| (c.seen, c.locks.clone())) else { return };
+        let paths: Vec<&str> = locks.iter().map(|(lock, _)| &**lock).collect();
+        inner.gates.reconciling(&paths, (created, seen), uid, Instant::now());
+    }
+
+    /// Asks to enqueue claim `uid`; first when it is first at the admission gate of every one of
+    /// its locks (it arrives at each, so that later claims wait for it there).
+    pub fn may_enqueue(&self, uid: &Uid, created: i64) -> Turn {
+        let mut inner = self.lock();
+        let Some((seen, locks)) = inner.claims.get(uid).map(|c| (c.seen, c.locks.clone())) else { return Turn::First };
+        let paths: Vec<&str> = locks.iter().map(|(lock, _)| &**lock).collect();
+        inner.gates.may_enqueue(&paths, (created, seen), uid, Instant::now())
     }
 
     /// The claim entered the queues, or cannot enter them now (waiting for its holder pod, or
@@ -375,7 +381,10 @@ impl Registry {
     pub fn forget(&self, uid: &str) {
         let mut inner = self.lock();
         inner.settle(uid);
-        inner.leave_gates(uid);
+        // Gone before it entered the queues: the claims behind it are asked for now.
+        for next in inner.leave_gates(uid) {
+            inner.ledger.wake(next);
+        }
         inner.set_phase(uid, None);
         inner.unstamp(uid);
         if let Some(claim) = inner.claims.remove(uid) {
@@ -702,6 +711,20 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_gone_before_it_entered_its_queue_wakes_the_claim_behind_it() {
+        let r = Registry::default();
+        let (tx, mut woken) = tokio::sync::mpsc::unbounded_channel();
+        r.wake_into(tx);
+        let (gone, next): (Uid, Uid) = ("gone".into(), "next".into());
+        r.first_seen(&gone, seen(&one("/l", true)), 1, None);
+        r.first_seen(&next, seen(&one("/l", true)), 2, None);
+        assert_ne!(r.may_enqueue(&next, 2), Turn::First);
+        r.forget("gone");
+        assert_eq!(woken.try_recv().ok().as_deref(), Some("next"));
+        assert_eq!(r.may_enqueue(&next, 2), Turn::First);
+    }
+
+    #[test]
     fn a_claim_over_several_locks_is_granted_in_all_or_none_and_waits_at_every_gate() {
         let r = Registry::default();
         let (m, s, t): (Uid, Uid, Uid) = ("m".into(), "s".into(), "t".into());
@@ -709,10 +732,10 @@ mod tests {
         r.first_seen(&s, seen(&one("/b", true)), 1, None);
         r.first_seen(&m, seen(&both), 2, None);
         r.first_seen(&t, seen(&one("/a", true)), 3, None);
-        assert!(!r.may_enqueue(&m, 2), "s, created earlier, is first at /b");
-        assert!(!r.may_enqueue(&t, 3), "m waits at /a too, ahead of t");
+        assert_ne!(r.may_enqueue(&m, 2), Turn::First, "s, created earlier, is first at /b");
+        assert_ne!(r.may_enqueue(&t, 3), Turn::First, "m waits at /a too, ahead of t");
         assert_eq!(r.leave_gates("s"), ["m"]);
-        assert!(r.may_enqueue(&m, 2), "first at both gates");
+        assert_eq!(r.may_enqueue(&m, 2), Turn::First, "first at both gates");
         assert_eq!(r.leave_gates("m"), ["t"]);
         r.set_phase("s", Some(Phase::Held));
         let grant = [("/a", true, Limit::Mutex), ("/b", false, Limit::Mutex)];

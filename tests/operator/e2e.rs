@@ -74,6 +74,49 @@ async fn twenty_exclusive_claims_are_granted_in_creation_order() {
     env.history.check();
 }
 
+/// Claims created one after another while the operator lags behind (one reconcile at a time,
+/// every API request 200 ms slow: a backlog of several seconds) are queued in creation order all
+/// the same. The admission gate let a claim go ahead of one seen before it once that one had been
+/// at the gate for 5 s, counted from its arrival, so under a backlog longer than that the queue
+/// took the reconciles' order (kube-runtime's scheduler does not keep the triggers' order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_created_while_the_operator_lags_behind_are_queued_in_creation_order() {
+    let env = Env::new().await;
+    let proxy = zklock_testkit::api_proxy::ApiProxy::start(zklock_testkit::kube::kubeconfig()).await;
+    let _op = Operator::start_proxied(&env, &proxy, &["--max-concurrent-reconciles", "1"]);
+    env.claim("holder", "burst", json!({})).await;
+    env.wait_phase("holder", Phase::Held).await;
+    proxy.set_latency(std::time::Duration::from_millis(200));
+    let names: Vec<String> = (0..30).map(|i| format!("b{i:02}")).collect();
+    for name in &names {
+        env.claim(name, "burst", json!({})).await;
+    }
+    let made = Instant::now();
+    let mut sequences = vec![];
+    for name in &names {
+        let waiting = env.wait_phase(name, Phase::Waiting).await;
+        let znode = waiting.status.and_then(|s| s.znode).unwrap_or_else(|| panic!("{name} Waiting without a znode"));
+        let sequence: i64 = znode.rsplit("-lock-").next().and_then(|s| s.parse().ok()).expect("a sequence number");
+        sequences.push((sequence, name.clone()));
+    }
+    eprintln!("every claim queued {:?} after the last was made", made.elapsed());
+    proxy.set_latency(std::time::Duration::ZERO);
+    let mut queued = sequences.clone();
+    queued.sort();
+    let queued: Vec<&str> = queued.iter().map(|(_, name)| name.as_str()).collect();
+    assert_eq!(queued, names, "the queue's order (by sequence) is not the creation order");
+    env.delete_claim("holder").await;
+    for name in &names {
+        env.wait_phase(name, Phase::Held).await;
+        env.delete_claim(name).await;
+    }
+    env.history.await_gone("b29").await;
+    let mut granted = vec!["holder".to_string()];
+    granted.extend(names);
+    assert_eq!(env.history.grants("burst"), granted);
+    env.history.check();
+}
+
 /// Herd-free in the API too: a handoff writes the holder's finalizer removal, the next claim's
 /// Held and its Acquired event, whatever else happens meanwhile. (The next claim, turned away
 /// while the holder's removal was on its way, asked for the holder to be reconciled again: a

@@ -8,7 +8,9 @@ use std::collections::{HashMap, HashSet};
 use kube::runtime::reflector::ObjectRef;
 
 use super::KeptPod;
-use crate::controller::admission::{Gates, Place};
+use std::time::Instant;
+
+use crate::controller::admission::{Gates, Place, Turn};
 use crate::controller::Uid;
 
 #[derive(Default)]
@@ -37,23 +39,20 @@ impl Arrivals {
         let place = (created, self.seen);
         let uid: Uid = pod.uid().into();
         for lock in &locks {
-            self.gates.arrive(lock, place, &uid);
+            self.gates.arrive(lock, place, &uid, Instant::now());
         }
         self.pods.insert(uid, Arrival { locks, place, pod: ObjectRef::from_obj(pod) });
     }
 
     /// Whether the pod is first at the gate of every one of its `locks` (it arrives there if it
-    /// was not).
-    pub fn may_create(&mut self, locks: Vec<String>, pod: &KeptPod) -> bool {
+    /// was not). Its reconcile asks this first (every other step leaves the gate), so its
+    /// patience there runs from its first asking.
+    pub fn may_create(&mut self, locks: Vec<String>, pod: &KeptPod) -> Turn {
         self.arrive(locks, pod);
-        let Some(arrival) = self.pods.get(pod.uid()) else { return true };
+        let Some(arrival) = self.pods.get(pod.uid()) else { return Turn::First };
         let uid: Uid = pod.uid().into();
         let (place, locks) = (arrival.place, arrival.locks.clone());
-        let mut first = true;
-        for lock in &locks {
-            first &= self.gates.may_enqueue(lock, place, &uid);
-        }
-        first
+        self.gates.may_enqueue(&locks, place, &uid, Instant::now())
     }
 
     /// After a listing: the pods it did not list leave their gates (a watch sends no deletion
@@ -93,12 +92,12 @@ mod tests {
         let (a, b, c) = (pod("a", 100), pod("b", 100), pod("c", 101));
         arrivals.arrive(vec!["/l".into()], &a);
         arrivals.arrive(vec!["/l".into()], &b);
-        assert!(!arrivals.may_create(vec!["/l".into()], &c), "c was created after a and b");
-        assert!(!arrivals.may_create(vec!["/l".into()], &b), "same second as a, seen after it");
-        assert!(arrivals.may_create(vec!["/other".into()], &pod("d", 200)), "gates are per lock");
-        assert!(arrivals.may_create(vec!["/l".into()], &a));
+        assert_ne!(Turn::First, arrivals.may_create(vec!["/l".into()], &c), "c was created after a and b");
+        assert_ne!(Turn::First, arrivals.may_create(vec!["/l".into()], &b), "same second as a, seen after it");
+        assert_eq!(Turn::First, arrivals.may_create(vec!["/other".into()], &pod("d", 200)), "gates are per lock");
+        assert_eq!(Turn::First, arrivals.may_create(vec!["/l".into()], &a));
         assert_eq!(arrivals.leave("uid-a").into_iter().map(|r| r.name).collect::<Vec<_>>(), ["b"]);
-        assert!(arrivals.may_create(vec!["/l".into()], &b));
+        assert_eq!(Turn::First, arrivals.may_create(vec!["/l".into()], &b));
         assert_eq!(arrivals.leave("uid-b").into_iter().map(|r| r.name).collect::<Vec<_>>(), ["c"]);
         assert!(arrivals.leave("uid-b").is_empty(), "left already");
     }
@@ -114,8 +113,8 @@ mod tests {
         let listed: HashSet<Uid> = ["uid-b".into(), "uid-c".into()].into_iter().collect();
         let next: Vec<String> = arrivals.keep_listed(&listed).into_iter().map(|r| r.name).collect();
         assert_eq!(next, ["b"]);
-        assert!(arrivals.may_create(vec!["/l".into()], &b), "b is no longer held back by a");
-        assert!(!arrivals.may_create(vec!["/l".into()], &c));
+        assert_eq!(Turn::First, arrivals.may_create(vec!["/l".into()], &b), "b is no longer held back by a");
+        assert_ne!(Turn::First, arrivals.may_create(vec!["/l".into()], &c));
         assert!(arrivals.keep_listed(&listed).is_empty(), "nobody left");
     }
 }

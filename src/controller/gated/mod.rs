@@ -31,6 +31,7 @@ use plan::{PodPlan, Report, Step, GATE};
 pub use pod::KeptPod;
 use pod::CONDITION;
 
+use super::admission::Turn;
 use super::{Context, Error, Uid};
 use crate::api::{LockClaim, Phase};
 
@@ -107,9 +108,10 @@ async fn apply(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
         Step::Nothing => Action::await_change(),
         Step::Create { locks, claim } => {
             let locks = locks.iter().map(|l| ctx.lock_path(pod.namespace(), l)).collect();
-            if !ctx.arrivals.lock().may_create(locks, &pod) {
-                // An older pod of the same lock gets its claim first; it triggers this one.
-                return Ok(Action::requeue(Duration::from_millis(200)));
+            if let Turn::Behind(wait) = ctx.arrivals.lock().may_create(locks, &pod) {
+                // An older pod of the same lock gets its claim first; it triggers this one (the
+                // requeue: for when it runs out of patience at the gate instead).
+                return Ok(Action::requeue(wait));
             }
             let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), pod.namespace());
             let created = ctx.write("create_claim", api.create(&PostParams::default(), &claim)).await?;
