@@ -1024,9 +1024,15 @@ async fn lock_statuses_measure(
     );
 
     let (in_order, out_of_place) = queue_order(&bench.claims).await?;
+    let overtaken = |cause: &'static str| async move {
+        bench.metric(&format!("zklock_admission_overtaken_total{{cause=\"{cause}\"}}")).await
+    };
     println!(
         "Lock status: queues in creation order {in_order} of {locks} (claims out of their creation place: \
-         {out_of_place})"
+         {out_of_place}; let go ahead at the admission gate: {} after the patience of one reconciled, {} of one not \
+         reconciled since seen)",
+        overtaken("patience").await,
+        overtaken("untried").await,
     );
 
     // A quiet lock: its oldest holder deleted, the next claim seen Held; then its name in the
@@ -2150,7 +2156,11 @@ async fn get_at(address: &str, path: &str) -> Option<String> {
 /// The sum of the samples of metric `name` on the metrics endpoint at `address`.
 async fn metric_at(address: &str, name: &str) -> f64 {
     let text = get_at(address, "/metrics").await.unwrap_or_default();
-    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    // A fold, not `sum`: the sum of no samples is -0.
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, |sum, x| sum + x)
 }
 
 /// How to start one more operator process like a bench's.

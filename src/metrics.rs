@@ -227,10 +227,23 @@ pub struct Metrics {
     pub gated_reconciles: Counter,
     /// Walks of every claim made to the end, by cause.
     pub walks: Family<CauseLabel, Counter>,
+    /// Claims and gated pods that stopped holding back those behind them at a lock's
+    /// admission gate, by cause.
+    pub overtaken: Family<CauseLabel, Counter>,
     /// The engine whose ZooKeeper counters a scrape reads: the current term's.
     pub engine: EngineCounters,
     /// The claim stores whose waiters a scrape reads: the current term's.
     pub waiters: Waiters,
+}
+
+impl Metrics {
+    pub fn count_overtaken(&self, overtaken: &crate::controller::admission::Overtaken) {
+        for (cause, n) in [("patience", overtaken.patience), ("untried", overtaken.untried)] {
+            if n > 0 {
+                self.overtaken.get_or_create(&CauseLabel { cause }).inc_by(n);
+            }
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -255,6 +268,7 @@ impl Default for Metrics {
             pods_ungated: Counter::default(),
             gated_reconciles: Counter::default(),
             walks: Family::default(),
+            overtaken: Family::default(),
             engine: EngineCounters::default(),
             waiters: Waiters::default(),
         };
@@ -287,6 +301,14 @@ impl Default for Metrics {
         let walks = "Walks of every claim served, paced, made to the end: reanchored (a term's start, a new \
                      ZooKeeper session) or period (--resync-period, the safety net against a lost event)";
         r.register("claim_walks", walks, m.walks.clone());
+        let overtaken = "Claims (and gated pods) let go ahead of one seen before them at a lock's admission gate, by \
+                         cause: patience (it was reconciled as the first there and did not enter within 5 s) or \
+                         untried (not reconciled within 5 minutes of being seen)";
+        r.register("admission_overtaken", overtaken, m.overtaken.clone());
+        for cause in ["patience", "untried"] {
+            // Shown at 0 from the start: an alert on its rate needs the series.
+            let _ = m.overtaken.get_or_create(&CauseLabel { cause });
+        }
         r.register_collector(Box::new(m.engine.clone()));
         r.register_collector(Box::new(m.waiters.clone()));
         m

@@ -20,9 +20,13 @@ use super::Uid;
 
 /// How long a claim that was reconciled holds back the claims created after it.
 pub const PATIENCE: Duration = Duration::from_secs(5);
-/// How long a claim seen but not reconciled since holds them back: a backstop only (every
-/// claim seen is reconciled; a backlog of reconciles longer than this lets later claims go).
-pub const UNTRIED_PATIENCE: Duration = Duration::from_secs(60);
+/// How long a claim seen but not reconciled since holds them back: a backstop only, against a
+/// claim whose turn never comes (every claim seen is reconciled: none is known). Long, because
+/// a claim's turn can be long in coming: kube-runtime's scheduler takes the due reconciles out
+/// of a hash set, in no order, so under a burst one claim may wait far longer than the others
+/// (1,000 locks of ten claims made at once: with a minute here, 108 locks took a claim out of
+/// its creation place).
+pub const UNTRIED_PATIENCE: Duration = Duration::from_secs(300);
 
 /// A claim's place at a gate: (creation second, first-seen order).
 pub type Place = (i64, u64);
@@ -53,10 +57,21 @@ impl Entry {
     }
 }
 
+/// Claims that stopped holding back those behind them (left their gate without entering), by
+/// why.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Overtaken {
+    /// Reconciled as the first at the gate, and not entered within [`PATIENCE`].
+    pub patience: u64,
+    /// Not reconciled within [`UNTRIED_PATIENCE`] of being seen.
+    pub untried: u64,
+}
+
 /// The gates of the locks with claims waiting at them (no empty gate is kept).
 #[derive(Default)]
 pub struct Gates {
     locks: HashMap<String, BTreeMap<Place, Entry>>,
+    overtaken: Overtaken,
 }
 
 impl Gates {
@@ -71,7 +86,7 @@ impl Gates {
     pub fn reconciling(&mut self, locks: &[impl AsRef<str>], place: Place, uid: &str, now: Instant) {
         let first_where_waiting = locks.iter().all(|lock| {
             let Some(gate) = self.locks.get(lock.as_ref()) else { return true };
-            !gate.get(&place).is_some_and(|e| &*e.uid == uid)
+            gate.get(&place).is_none_or(|e| &*e.uid != uid)
                 || gate.first_key_value().is_some_and(|(first, _)| *first == place)
         });
         if first_where_waiting {
@@ -104,7 +119,17 @@ impl Gates {
 
     fn turn_at(&mut self, lock: &str, place: Place, uid: &Uid, now: Instant) -> Turn {
         let gate = self.locks.entry(lock.to_string()).or_default();
-        gate.retain(|_, e| e.uid == *uid || e.expires() > now);
+        let overtaken = &mut self.overtaken;
+        gate.retain(|_, e| {
+            let keep = e.uid == *uid || e.expires() > now;
+            if !keep {
+                *match e.tried {
+                    Some(_) => &mut overtaken.patience,
+                    None => &mut overtaken.untried,
+                } += 1;
+            }
+            keep
+        });
         gate.entry(place).or_insert_with(|| Entry { uid: uid.clone(), arrived: now, tried: None });
         match gate.first_key_value() {
             Some((_, first)) if first.uid == *uid => Turn::First,
@@ -114,6 +139,11 @@ impl Gates {
                 Turn::Behind(soonest.saturating_duration_since(now).clamp(Duration::from_millis(100), PATIENCE))
             }
         }
+    }
+
+    /// The claims that stopped holding others back since the last asking.
+    pub fn take_overtaken(&mut self) -> Overtaken {
+        std::mem::take(&mut self.overtaken)
     }
 
     /// Claim `uid` leaves `lock`'s gate; answers the claim first there now, if it was there.
@@ -133,7 +163,7 @@ impl Gates {
 
     /// Locks with a gate.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.locks.len()
     }
 }
@@ -230,6 +260,8 @@ mod tests {
             "its patience runs from its first reconcile, not from its later ones"
         );
         assert_eq!(gates.may_enqueue(&L, (10, 2), &next, tried + PATIENCE), Turn::First);
+        assert_eq!(gates.take_overtaken(), Overtaken { patience: 1, untried: 0 });
+        assert_eq!(gates.take_overtaken(), Overtaken::default(), "counted once");
     }
 
     #[test]
@@ -241,6 +273,7 @@ mod tests {
         let almost = start + UNTRIED_PATIENCE - Duration::from_secs(1);
         assert!(behind(gates.may_enqueue(&L, (10, 2), &next, almost)));
         assert_eq!(gates.may_enqueue(&L, (10, 2), &next, start + UNTRIED_PATIENCE), Turn::First);
+        assert_eq!(gates.take_overtaken(), Overtaken { patience: 0, untried: 1 });
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! `Action` that says when to look again; other claims it affects are triggered through
 //! `reconcile_on`.
 
-mod admission;
+pub mod admission;
 pub mod anchor;
 mod api_fence;
 pub mod cluster_locks;

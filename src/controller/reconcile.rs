@@ -179,7 +179,9 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
     let enqueue = plan.enqueue;
     if enqueue {
         let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
-        if let Turn::Behind(wait) = ctx.registry.may_enqueue(uid, created) {
+        let (turn, overtaken) = ctx.registry.may_enqueue(uid, created);
+        ctx.metrics.count_overtaken(&overtaken);
+        if let Turn::Behind(wait) = turn {
             // A claim created earlier enters the queue first; it asks for us when it leaves the
             // gate (the requeue: for when it runs out of patience there instead).
             return Ok(Action::requeue(wait));

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::admission::{Gates, Turn};
+use super::admission::{Gates, Overtaken, Turn};
 pub use super::ledger::GrantBlocked;
 use super::ledger::{Ledger, Locks, Wanted};
 use super::Uid;
@@ -363,11 +363,15 @@ impl Registry {
 
     /// Asks to enqueue claim `uid`; first when it is first at the admission gate of every one of
     /// its locks (it arrives at each, so that later claims wait for it there).
-    pub fn may_enqueue(&self, uid: &Uid, created: i64) -> Turn {
+    /// Claims ahead of it that stopped holding others back meanwhile are answered too.
+    pub fn may_enqueue(&self, uid: &Uid, created: i64) -> (Turn, Overtaken) {
         let mut inner = self.lock();
-        let Some((seen, locks)) = inner.claims.get(uid).map(|c| (c.seen, c.locks.clone())) else { return Turn::First };
+        let Some((seen, locks)) = inner.claims.get(uid).map(|c| (c.seen, c.locks.clone())) else {
+            return (Turn::First, Overtaken::default());
+        };
         let paths: Vec<&str> = locks.iter().map(|(lock, _)| &**lock).collect();
-        inner.gates.may_enqueue(&paths, (created, seen), uid, Instant::now())
+        let turn = inner.gates.may_enqueue(&paths, (created, seen), uid, Instant::now());
+        (turn, inner.gates.take_overtaken())
     }
 
     /// The claim entered the queues, or cannot enter them now (waiting for its holder pod, or
@@ -718,10 +722,10 @@ mod tests {
         let (gone, next): (Uid, Uid) = ("gone".into(), "next".into());
         r.first_seen(&gone, seen(&one("/l", true)), 1, None);
         r.first_seen(&next, seen(&one("/l", true)), 2, None);
-        assert_ne!(r.may_enqueue(&next, 2), Turn::First);
+        assert_ne!(r.may_enqueue(&next, 2).0, Turn::First);
         r.forget("gone");
         assert_eq!(woken.try_recv().ok().as_deref(), Some("next"));
-        assert_eq!(r.may_enqueue(&next, 2), Turn::First);
+        assert_eq!(r.may_enqueue(&next, 2).0, Turn::First);
     }
 
     #[test]
@@ -732,10 +736,10 @@ mod tests {
         r.first_seen(&s, seen(&one("/b", true)), 1, None);
         r.first_seen(&m, seen(&both), 2, None);
         r.first_seen(&t, seen(&one("/a", true)), 3, None);
-        assert_ne!(r.may_enqueue(&m, 2), Turn::First, "s, created earlier, is first at /b");
-        assert_ne!(r.may_enqueue(&t, 3), Turn::First, "m waits at /a too, ahead of t");
+        assert_ne!(r.may_enqueue(&m, 2).0, Turn::First, "s, created earlier, is first at /b");
+        assert_ne!(r.may_enqueue(&t, 3).0, Turn::First, "m waits at /a too, ahead of t");
         assert_eq!(r.leave_gates("s"), ["m"]);
-        assert_eq!(r.may_enqueue(&m, 2), Turn::First, "first at both gates");
+        assert_eq!(r.may_enqueue(&m, 2).0, Turn::First, "first at both gates");
         assert_eq!(r.leave_gates("m"), ["t"]);
         r.set_phase("s", Some(Phase::Held));
         let grant = [("/a", true, Limit::Mutex), ("/b", false, Limit::Mutex)];

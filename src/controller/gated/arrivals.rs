@@ -10,7 +10,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::KeptPod;
 use std::time::Instant;
 
-use crate::controller::admission::{Gates, Place, Turn};
+use crate::controller::admission::{Gates, Overtaken, Place, Turn};
 use crate::controller::Uid;
 
 #[derive(Default)]
@@ -47,12 +47,14 @@ impl Arrivals {
     /// Whether the pod is first at the gate of every one of its `locks` (it arrives there if it
     /// was not). Its reconcile asks this first (every other step leaves the gate), so its
     /// patience there runs from its first asking.
-    pub fn may_create(&mut self, locks: Vec<String>, pod: &KeptPod) -> Turn {
+    /// Pods ahead of it that stopped holding others back meanwhile are answered too.
+    pub fn may_create(&mut self, locks: Vec<String>, pod: &KeptPod) -> (Turn, Overtaken) {
         self.arrive(locks, pod);
-        let Some(arrival) = self.pods.get(pod.uid()) else { return Turn::First };
+        let Some(arrival) = self.pods.get(pod.uid()) else { return (Turn::First, Overtaken::default()) };
         let uid: Uid = pod.uid().into();
         let (place, locks) = (arrival.place, arrival.locks.clone());
-        self.gates.may_enqueue(&locks, place, &uid, Instant::now())
+        let turn = self.gates.may_enqueue(&locks, place, &uid, Instant::now());
+        (turn, self.gates.take_overtaken())
     }
 
     /// After a listing: the pods it did not list leave their gates (a watch sends no deletion
@@ -92,12 +94,12 @@ mod tests {
         let (a, b, c) = (pod("a", 100), pod("b", 100), pod("c", 101));
         arrivals.arrive(vec!["/l".into()], &a);
         arrivals.arrive(vec!["/l".into()], &b);
-        assert_ne!(Turn::First, arrivals.may_create(vec!["/l".into()], &c), "c was created after a and b");
-        assert_ne!(Turn::First, arrivals.may_create(vec!["/l".into()], &b), "same second as a, seen after it");
-        assert_eq!(Turn::First, arrivals.may_create(vec!["/other".into()], &pod("d", 200)), "gates are per lock");
-        assert_eq!(Turn::First, arrivals.may_create(vec!["/l".into()], &a));
+        assert_ne!(Turn::First, arrivals.may_create(vec!["/l".into()], &c).0, "c was created after a and b");
+        assert_ne!(Turn::First, arrivals.may_create(vec!["/l".into()], &b).0, "same second as a, seen after it");
+        assert_eq!(Turn::First, arrivals.may_create(vec!["/other".into()], &pod("d", 200)).0, "gates are per lock");
+        assert_eq!(Turn::First, arrivals.may_create(vec!["/l".into()], &a).0);
         assert_eq!(arrivals.leave("uid-a").into_iter().map(|r| r.name).collect::<Vec<_>>(), ["b"]);
-        assert_eq!(Turn::First, arrivals.may_create(vec!["/l".into()], &b));
+        assert_eq!(Turn::First, arrivals.may_create(vec!["/l".into()], &b).0);
         assert_eq!(arrivals.leave("uid-b").into_iter().map(|r| r.name).collect::<Vec<_>>(), ["c"]);
         assert!(arrivals.leave("uid-b").is_empty(), "left already");
     }
@@ -113,8 +115,8 @@ mod tests {
         let listed: HashSet<Uid> = ["uid-b".into(), "uid-c".into()].into_iter().collect();
         let next: Vec<String> = arrivals.keep_listed(&listed).into_iter().map(|r| r.name).collect();
         assert_eq!(next, ["b"]);
-        assert_eq!(Turn::First, arrivals.may_create(vec!["/l".into()], &b), "b is no longer held back by a");
-        assert_ne!(Turn::First, arrivals.may_create(vec!["/l".into()], &c));
+        assert_eq!(Turn::First, arrivals.may_create(vec!["/l".into()], &b).0, "b is no longer held back by a");
+        assert_ne!(Turn::First, arrivals.may_create(vec!["/l".into()], &c).0);
         assert!(arrivals.keep_listed(&listed).is_empty(), "nobody left");
     }
 }

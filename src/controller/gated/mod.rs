@@ -108,7 +108,9 @@ async fn apply(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
         Step::Nothing => Action::await_change(),
         Step::Create { locks, claim } => {
             let locks = locks.iter().map(|l| ctx.lock_path(pod.namespace(), l)).collect();
-            if let Turn::Behind(wait) = ctx.arrivals.lock().may_create(locks, &pod) {
+            let (turn, overtaken) = ctx.arrivals.lock().may_create(locks, &pod);
+            ctx.metrics.count_overtaken(&overtaken);
+            if let Turn::Behind(wait) = turn {
                 // An older pod of the same lock gets its claim first; it triggers this one (the
                 // requeue: for when it runs out of patience at the gate instead).
                 return Ok(Action::requeue(wait));
