@@ -931,8 +931,10 @@ async fn lock_statuses(
 
 /// How many of the `locks` part's queues are in creation order (a lock's claims `s<i>-c<j>`
 /// were made one after another), and how many claims stand elsewhere than their creation
-/// place: each lock's claims sorted by their node's sequence number.
-async fn queue_order(claims: &Api<LockClaim>) -> Result<(usize, usize), Error> {
+/// place: each lock's claims sorted by their node's sequence number. And how long after its
+/// creation each claim's first status came (its `Held` condition's first transition; both
+/// times in whole seconds).
+async fn queue_order(claims: &Api<LockClaim>) -> Result<(usize, usize, Samples), Error> {
     // A `Lock`'s status may show a claim queued before the claim's own status does.
     let limit = Instant::now() + Duration::from_secs(60);
     let listed = loop {
@@ -947,7 +949,14 @@ async fn queue_order(claims: &Api<LockClaim>) -> Result<(usize, usize), Error> {
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
     let mut queues: HashMap<String, Vec<(i64, usize)>> = HashMap::new();
+    let mut first_status = Samples::default();
     for claim in listed {
+        let created = claim.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let held_since = claim.status.as_ref().and_then(|s| zklock::api::conditions::get(&s.conditions, "Held"));
+        if let (Some(created), Some(held)) = (created, held_since) {
+            let after = held.last_transition_time.0.duration_since(created);
+            first_status.push(Duration::try_from(after).unwrap_or_default());
+        }
         let name = claim.metadata.name.unwrap_or_default();
         let znode = claim.status.and_then(|s| s.znode).ok_or_else(|| format!("claim {name} has no znode"))?;
         let sequence: i64 = znode.rsplit("-lock-").next().and_then(|s| s.parse().ok()).ok_or("a node's sequence")?;
@@ -962,7 +971,7 @@ async fn queue_order(claims: &Api<LockClaim>) -> Result<(usize, usize), Error> {
         in_order += usize::from(misplaced == 0);
         out_of_place += misplaced;
     }
-    Ok((in_order, out_of_place))
+    Ok((in_order, out_of_place, first_status))
 }
 
 /// The measuring of [`lock_statuses`] in `bench`'s namespace.
@@ -1023,7 +1032,15 @@ async fn lock_statuses_measure(
         status_writes(&after, &before) / (locks * LOCK_PART_CLAIMS) as f64
     );
 
-    let (in_order, out_of_place) = queue_order(&bench.claims).await?;
+    let (in_order, out_of_place, first_status) = queue_order(&bench.claims).await?;
+    let seconds = |q: f64| first_status.percentile(q).as_secs();
+    println!(
+        "Lock status: a claim's first status after its creation (whole seconds): p50 {} s  p99 {} s  max {} s (n={})",
+        seconds(0.5),
+        seconds(0.99),
+        seconds(1.0),
+        first_status.0.len()
+    );
     let overtaken = |cause: &'static str| async move {
         bench.metric(&format!("zklock_admission_overtaken_total{{cause=\"{cause}\"}}")).await
     };
