@@ -4,12 +4,11 @@
 //! until its claim is made (or it needs none), and only the first one may make its claim.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
 use kube::runtime::reflector::ObjectRef;
 
 use super::KeptPod;
-use std::time::Instant;
-
 use crate::controller::admission::{Gates, Overtaken, Place, Turn};
 use crate::controller::Uid;
 
@@ -45,9 +44,9 @@ impl Arrivals {
     }
 
     /// Whether the pod is first at the gate of every one of its `locks` (it arrives there if it
-    /// was not). Its reconcile asks this first (every other step leaves the gate), so its
-    /// patience there runs from its first asking.
-    /// Pods ahead of it that stopped holding others back meanwhile are answered too.
+    /// was not), and the pods ahead of it that stopped holding others back meanwhile. Its
+    /// reconcile asks this first (every other step leaves the gate), so its patience there runs
+    /// from its first asking as the first.
     pub fn may_create(&mut self, locks: Vec<String>, pod: &KeptPod) -> (Turn, Overtaken) {
         self.arrive(locks, pod);
         let Some(arrival) = self.pods.get(pod.uid()) else { return (Turn::First, Overtaken::default()) };
