@@ -161,6 +161,11 @@ impl Gates {
         next
     }
 
+    /// No claim waits at any gate.
+    pub fn is_empty(&self) -> bool {
+        self.locks.is_empty()
+    }
+
     /// Locks with a gate.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

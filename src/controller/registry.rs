@@ -354,11 +354,16 @@ impl Registry {
 
     /// Claim `uid` (created at second `created`) is being reconciled: where it waits at an
     /// admission gate, its patience runs from now (see `admission`).
+    /// Called by every reconcile: nothing more than a look while no claim waits at a gate.
     pub fn reconciling(&self, uid: &str, created: i64) {
         let mut inner = self.lock();
-        let Some((seen, locks)) = inner.claims.get(uid).map(|c| (c.seen, c.locks.clone())) else { return };
-        let paths: Vec<&str> = locks.iter().map(|(lock, _)| &**lock).collect();
-        inner.gates.reconciling(&paths, (created, seen), uid, Instant::now());
+        let Inner { claims, gates, .. } = &mut *inner;
+        if gates.is_empty() {
+            return;
+        }
+        let Some(claim) = claims.get(uid) else { return };
+        let paths: Vec<&str> = claim.locks.iter().map(|(lock, _)| &**lock).collect();
+        gates.reconciling(&paths, (created, claim.seen), uid, Instant::now());
     }
 
     /// Asks to enqueue claim `uid`; first when it is first at the admission gate of every one of
@@ -366,12 +371,11 @@ impl Registry {
     /// Claims ahead of it that stopped holding others back meanwhile are answered too.
     pub fn may_enqueue(&self, uid: &Uid, created: i64) -> (Turn, Overtaken) {
         let mut inner = self.lock();
-        let Some((seen, locks)) = inner.claims.get(uid).map(|c| (c.seen, c.locks.clone())) else {
-            return (Turn::First, Overtaken::default());
-        };
-        let paths: Vec<&str> = locks.iter().map(|(lock, _)| &**lock).collect();
-        let turn = inner.gates.may_enqueue(&paths, (created, seen), uid, Instant::now());
-        (turn, inner.gates.take_overtaken())
+        let Inner { claims, gates, .. } = &mut *inner;
+        let Some(claim) = claims.get(uid) else { return (Turn::First, Overtaken::default()) };
+        let paths: Vec<&str> = claim.locks.iter().map(|(lock, _)| &**lock).collect();
+        let turn = gates.may_enqueue(&paths, (created, claim.seen), uid, Instant::now());
+        (turn, gates.take_overtaken())
     }
 
     /// The claim entered the queues, or cannot enter them now (waiting for its holder pod, or
