@@ -230,6 +230,23 @@ async fn handoffs(
         sizes.waiters[0],
         handoff_p50[0].as_secs_f64() / gone.percentile(0.5).as_secs_f64()
     );
+    let released = handoff_floor_with(
+        client,
+        server,
+        Some(zk),
+        held.clone(),
+        sizes.handoffs,
+        FloorStart::ClaimDeletedThenReleasedThenGone,
+    )
+    .await?;
+    println!(
+        "handoff's floor with ZooKeeper's release, then the holder's finalizer removed (every write of zklock's \
+         path, in its order: the node's delete in a multi-op that checks an epoch node): {}; zklock / that floor at \
+         {} waiters: p50 {:.2}",
+        released.summary(),
+        sizes.waiters[0],
+        handoff_p50[0].as_secs_f64() / released.percentile(0.5).as_secs_f64()
+    );
     let with_final = handoff_floor(client, server, held, sizes.handoffs, FloorStart::ClaimDeletedThenFinal).await?;
     println!(
         "handoff's floor with the holder's final status written and seen first (as zklock does when another \
@@ -1387,7 +1404,32 @@ async fn handoff_floor(
     rounds: usize,
     start_with: FloorStart,
 ) -> Result<Samples, Error> {
+    handoff_floor_with(client, server, None, held, rounds, start_with).await
+}
+
+/// [`handoff_floor`], with ZooKeeper at `zk` for the floors that release a node.
+async fn handoff_floor_with(
+    client: &kube::Client,
+    server: &Server,
+    zk: Option<&zklock_testkit::ZkServer>,
+    held: serde_json::Value,
+    rounds: usize,
+    start_with: FloorStart,
+) -> Result<Samples, Error> {
     use kube::api::Patch;
+    use zookeeper_client as zk;
+    // The node a release deletes and the epoch node its multi-op checks, as the operator's.
+    let zk_client = match (start_with == FloorStart::ClaimDeletedThenReleasedThenGone, zk) {
+        (false, _) => None,
+        (true, None) => return Err("this floor releases a ZooKeeper node: it needs ZooKeeper".into()),
+        (true, Some(server)) => {
+            let client = zk::Client::connect(&server.chroot().await).await?;
+            let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+            client.create("/epoch", b"1", &persistent).await?;
+            client.create("/l", b"", &persistent).await?;
+            Some(client)
+        }
+    };
     use kube::runtime::reflector;
     let (ns, claims) = unserved_namespace(client, server, &held, "bench-handoff-floor").await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -1419,7 +1461,8 @@ async fn handoff_floor(
         }
     };
     let final_status = matches!(start_with, FloorStart::ClaimDeletedThenFinal | FloorStart::PodDeleted);
-    let gone_first = start_with == FloorStart::ClaimDeletedThenGone;
+    let gone_first =
+        matches!(start_with, FloorStart::ClaimDeletedThenGone | FloorStart::ClaimDeletedThenReleasedThenGone);
     let seen = |name: String, done: fn(&LockClaim) -> bool| {
         let (store, changed, ns) = (store.clone(), changed.clone(), ns.clone());
         async move {
@@ -1456,6 +1499,14 @@ async fn handoff_floor(
             }
         })
         .await?;
+        let node = match &zk_client {
+            Some(zk_client) => {
+                let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+                let (_, sequence) = zk_client.create("/l/lock-", b"", &ephemeral).await?;
+                Some(format!("/l/lock-{sequence}"))
+            }
+            None => None,
+        };
         let start = Instant::now();
         if by_pod {
             pods.delete(&pod, &DeleteParams::default()).await?;
@@ -1481,6 +1532,12 @@ async fn handoff_floor(
             tokio::time::timeout(Duration::from_secs(60), ended)
                 .await
                 .map_err(|_| "the holder's final status not seen")?;
+        }
+        if let (Some(zk_client), Some(node)) = (&zk_client, &node) {
+            let mut multi = zk_client.new_multi_writer();
+            multi.add_check_version("/epoch", 0)?;
+            multi.add_delete(node, None)?;
+            multi.commit().await.map_err(|e| format!("the floor's release of {node}: {e}"))?;
         }
         if gone_first {
             claims.patch(&holder, &manager, &Patch::Json::<()>(release.clone())).await?;
@@ -1529,6 +1586,10 @@ enum FloorStart {
     /// The holder deleted; its finalizer removed (the removal answered, the claim gone with it)
     /// before the waiter's Held: zklock's path when its finalizer is the claim's last.
     ClaimDeletedThenGone,
+    /// As `ClaimDeletedThenGone`, with the holder's ZooKeeper node deleted first (a multi-op that
+    /// checks an epoch node, as the operator's release): every write of zklock's path, in its
+    /// order, each waiting for the one before as zklock's must.
+    ClaimDeletedThenReleasedThenGone,
     /// The holder's pod deleted; then as `ClaimDeletedThenFinal`.
     PodDeleted,
 }
