@@ -32,6 +32,8 @@ const RELEASE_MEMORY: Duration = Duration::from_secs(60);
 #[derive(Default)]
 pub struct Registry {
     inner: Mutex<Inner>,
+    /// Told whenever a claim is forgotten: see [`Registry::departure`].
+    departed: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -411,6 +413,26 @@ impl Registry {
             inner.unintern(claim.namespace);
             inner.unintern_locks(claim.locks);
         }
+        drop(inner);
+        self.departed.notify_waiters();
+    }
+
+    /// Waits until claim `uid` is forgotten (its finalizer's removal answered), for `within` at
+    /// most; whether it was.
+    pub async fn departure(&self, uid: &str, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            // Registered before the look, so that a departure in between is not missed.
+            let notified = self.departed.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if !self.lock().claims.contains_key(uid) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return false;
+            }
+        }
     }
 
     /// The claims naming lock `path` (a claim whose cleanup is over names none): the
@@ -557,6 +579,29 @@ mod tests {
         let inner = r.lock();
         assert!(inner.by_lock.is_empty(), "no entry is kept for a lock nobody names");
         assert!(inner.strings.is_empty(), "and no path or namespace stays interned: {:?}", inner.strings);
+    }
+
+    #[tokio::test]
+    async fn a_departure_is_awaited_until_the_claim_is_forgotten_or_the_time_is_up() {
+        let r = Arc::new(Registry::default());
+        let (a, b): (Uid, Uid) = ("a".into(), "b".into());
+        r.first_seen(&a, seen(&one("/l", true)), 1, Some(Phase::Held));
+        r.first_seen(&b, seen(&one("/m", true)), 2, Some(Phase::Held));
+        assert!(r.departure("unknown", Duration::ZERO).await, "a claim the registry does not know has left");
+        let waiting = tokio::spawn({
+            let r = r.clone();
+            async move { r.departure("a", Duration::from_secs(1)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        r.forget("b");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!waiting.is_finished(), "another claim's departure is not this one's");
+        r.forget("a");
+        assert!(waiting.await.unwrap(), "told the moment it is forgotten");
+        r.first_seen(&b, seen(&one("/m", true)), 3, Some(Phase::Held));
+        let started = Instant::now();
+        assert!(!r.departure("b", Duration::from_millis(50)).await, "not forgotten: the wait ends with its time");
+        assert!(started.elapsed() >= Duration::from_millis(50));
     }
 
     #[test]
