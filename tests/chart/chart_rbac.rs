@@ -444,6 +444,11 @@ async fn derive_and_check(label: &str, watch_other: bool, kubeconfig: &std::path
         let bindings: Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding> =
             Api::all(env.client.clone());
         bindings.delete(name(binding), &DeleteParams::default()).await.expect("remove the chart's binding");
+        // The policy too: its name is this release's, no other test's.
+        let policy = policy_docs.iter().find(|d| kind(d) == "ValidatingAdmissionPolicy").expect("a policy");
+        let policies: Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy> =
+            Api::all(env.client.clone());
+        policies.delete(name(policy), &DeleteParams::default()).await.expect("remove the chart's policy");
     }
 
     let lines = std::fs::read_to_string(&audit).expect("the request log")
