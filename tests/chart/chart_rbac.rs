@@ -411,8 +411,11 @@ async fn derive_and_check(label: &str, watch_other: bool, kubeconfig: &std::path
     let policy_docs: Vec<&Value> = docs.iter().filter(|d| kind(d).starts_with("ValidatingAdmissionPolicy")).collect();
     let rendered = if real { 2 } else { 0 };
     assert_eq!(policy_docs.len(), rendered, "{label}: the chart renders the epoch policy and its binding where served");
+    // Removed when the test ends, passed or failed: their names are this release's.
+    let mut _made = vec![];
     if real {
         for doc in &policy_docs {
+            _made.push(e2e_support::ClusterObject::delete_later(&env, resource_of(doc), name(doc)));
             apply(&env, doc).await;
         }
     }
@@ -439,17 +442,6 @@ async fn derive_and_check(label: &str, watch_other: bool, kubeconfig: &std::path
     env.delete_claim("after").await;
     env.wait_gone("after").await;
     stop(label, &mut child, &log);
-    if real {
-        let binding = policy_docs.iter().find(|d| kind(d) == "ValidatingAdmissionPolicyBinding").expect("a binding");
-        let bindings: Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding> =
-            Api::all(env.client.clone());
-        bindings.delete(name(binding), &DeleteParams::default()).await.expect("remove the chart's binding");
-        // The policy too: its name is this release's, no other test's.
-        let policy = policy_docs.iter().find(|d| kind(d) == "ValidatingAdmissionPolicy").expect("a policy");
-        let policies: Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy> =
-            Api::all(env.client.clone());
-        policies.delete(name(policy), &DeleteParams::default()).await.expect("remove the chart's policy");
-    }
 
     let lines = std::fs::read_to_string(&audit).expect("the request log")
         + &std::fs::read_to_string(&standby_audit).expect("the standby's request log");
@@ -501,6 +493,15 @@ pub(crate) fn stop(label: &str, child: &mut Child, log: &std::path::Path) {
 }
 
 /// Creates (or updates) a rendered object with server-side apply.
+/// The resource kubectl names a rendered admission policy document by.
+fn resource_of(doc: &Value) -> &'static str {
+    match kind(doc) {
+        "ValidatingAdmissionPolicy" => "validatingadmissionpolicy",
+        "ValidatingAdmissionPolicyBinding" => "validatingadmissionpolicybinding",
+        other => panic!("not an admission policy document: {other}"),
+    }
+}
+
 pub(crate) async fn apply(env: &Env, doc: &Value) {
     let (group, version) = doc["apiVersion"].as_str().unwrap().rsplit_once('/').unwrap_or(("", "v1"));
     let gvk = kube::api::GroupVersionKind::gvk(group, version, kind(doc));

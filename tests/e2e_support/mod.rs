@@ -269,11 +269,40 @@ pub async fn wait_lock(
     }
 }
 
-/// A `ClusterLock` a test made (cluster-scoped: no namespace takes it along), deleted when this
-/// goes, passed or failed.
+/// A cluster-scoped object a test made (no namespace takes it along), deleted when this goes,
+/// passed or failed.
+pub struct ClusterObject {
+    /// As kubectl names the resource: `clusterlock`, `validatingadmissionpolicy`…
+    resource: &'static str,
+    name: String,
+    kubeconfig: PathBuf,
+}
+
+impl ClusterObject {
+    /// Object `name` of `resource` on the API server of `env`, deleted when this goes.
+    pub fn delete_later(env: &Env, resource: &'static str, name: &str) -> ClusterObject {
+        ClusterObject { resource, name: name.to_string(), kubeconfig: env.made_with.clone() }
+    }
+}
+
+impl Drop for ClusterObject {
+    fn drop(&mut self) {
+        let Ok(kubectl) = std::panic::catch_unwind(zklock_testkit::kube::kubectl) else { return };
+        let deleted = Command::new(kubectl)
+            .args(["--kubeconfig", &self.kubeconfig.display().to_string(), "--request-timeout=10s"])
+            .args(["delete", self.resource, &self.name, "--ignore-not-found", "--wait=false"])
+            .stdout(Stdio::null())
+            .status();
+        if !matches!(deleted, Ok(status) if status.success()) {
+            eprintln!("deleting {} {} did not finish: {deleted:?}", self.resource, self.name);
+        }
+    }
+}
+
+/// A `ClusterLock` a test made, deleted when this goes, passed or failed.
 pub struct TestClusterLock {
     pub name: String,
-    kubeconfig: PathBuf,
+    _deleted_later: ClusterObject,
 }
 
 impl TestClusterLock {
@@ -285,26 +314,15 @@ impl TestClusterLock {
         }))
         .expect("ClusterLock json");
         api.create(&PostParams::default(), &lock).await.unwrap_or_else(|e| panic!("create ClusterLock {name}: {e}"));
-        TestClusterLock { name: name.to_string(), kubeconfig: env.made_with.clone() }
+        TestClusterLock {
+            name: name.to_string(),
+            _deleted_later: ClusterObject::delete_later(env, "clusterlock", name),
+        }
     }
 
     /// A spec whose selector admits exactly namespace `ns`.
     pub fn admitting(ns: &str) -> Value {
         json!({ "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": ns } } })
-    }
-}
-
-impl Drop for TestClusterLock {
-    fn drop(&mut self) {
-        let Ok(kubectl) = std::panic::catch_unwind(zklock_testkit::kube::kubectl) else { return };
-        let deleted = Command::new(kubectl)
-            .args(["--kubeconfig", &self.kubeconfig.display().to_string(), "--request-timeout=10s"])
-            .args(["delete", "clusterlock", &self.name, "--ignore-not-found", "--wait=false"])
-            .stdout(Stdio::null())
-            .status();
-        if !matches!(deleted, Ok(status) if status.success()) {
-            eprintln!("deleting ClusterLock {} did not finish: {deleted:?}", self.name);
-        }
     }
 }
 
