@@ -178,7 +178,12 @@ pub async fn held(c: &mut Contender) -> i64 {
 }
 
 pub async fn wait_state(c: &mut Contender, what: &str, f: impl FnMut(&ContenderState) -> bool) -> ContenderState {
-    within(what, c.wait_for(f)).await.unwrap_or_else(|| panic!("{} closed while waiting for {what}", c.id))
+    match tokio::time::timeout(PATIENCE, c.wait_for(f)).await {
+        Ok(Some(state)) => state,
+        Ok(None) => panic!("{} closed while waiting for {what}", c.id),
+        // The state it was left in says which way it went (CI once timed out here, without it).
+        Err(_) => panic!("timed out after {PATIENCE:?} waiting for {what}: {} is {:?}", c.id, c.state()),
+    }
 }
 
 pub fn is_waiting(s: &ContenderState) -> bool {
