@@ -24,6 +24,8 @@
 //! remains, every claim ends Held or final, no claim a killed client left holds once its pod has
 //! gone, and the longest stall (a claim non-final while its lock is free in ZooKeeper or its
 //! blockers gone, sampled every second) stays within lease duration + session timeout + 5 s.
+//! That bound is one fault's: a fault comes only once the one before is over (a leader serves
+//! and no claim waits that could be served); the summary counts the faults held back for it.
 //!
 //! A second cluster (a control plane of this process, two replicas, the same ensemble) shares a
 //! `ClusterLock` with the first: its own workers queue for it only, the first cluster's now and
@@ -234,11 +236,13 @@ async fn chaos() {
 
     // The liveness figure, sampled from ZooKeeper and the history until every claim settled.
     let stop_sampling = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stalled_now = Arc::new(AtomicUsize::new(0));
     let sampler = tokio::spawn(sample_stalls(
         format!("{}{chroot}", ensemble.connect()),
         env.ns.clone(),
         env.history.clone(),
         stop_sampling.clone(),
+        stalled_now.clone(),
     ));
 
     // The workload, until the deadline.
@@ -297,20 +301,37 @@ async fn chaos() {
     // p0's permits now, or `None` while its `Lock` is deleted.
     let mut permits = Some(PERMITS);
     let mut n = 0;
+    // Faults that waited over a second for the one before to be over.
+    let mut faults_held_back = 0usize;
     while Instant::now() + OUTAGE < deadline {
         tokio::time::sleep(Duration::from_secs(5 + rng.below(10))).await;
         let fault = if n < FAULTS.len() { FAULTS[n] } else { FAULTS[rng.below(FAULTS.len() as u64) as usize] };
         n += 1;
-        let i = within("a replica to lead", async {
+        // One fault at a time: the next comes once the last one is over, that is once a leader
+        // serves (ready: its session re-anchored) and no claim that could be served waits. The
+        // stall bound is that of one fault; a fault on a leader still taking over (a kill's
+        // lease, then a cut 1 s into the new term) stalls for the two added together.
+        let waited = Instant::now();
+        let i = within("a replica to lead and serve, and no claim to stall", async {
             loop {
                 if let Some(i) = leader(&replicas).await {
-                    return i;
+                    if replicas[i].operator.ready().await && stalled_now.load(Ordering::SeqCst) == 0 {
+                        return i;
+                    }
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         })
         .await;
-        eprintln!("chaos: {:>6.1}s {fault:?} on replica {i}", started.elapsed().as_secs_f64());
+        let held_back = waited.elapsed();
+        if held_back > Duration::from_secs(1) {
+            faults_held_back += 1;
+        }
+        eprintln!(
+            "chaos: {:>6.1}s {fault:?} on replica {i} (held back {:.1}s for the last fault to be over)",
+            started.elapsed().as_secs_f64(),
+            held_back.as_secs_f64()
+        );
         if fault == Fault::RollingRestart {
             rolling_restart(&mut replicas, i).await;
         } else {
@@ -409,7 +430,8 @@ async fn chaos() {
     let behind_gone = longest_wait_behind_gone_holder(&env.history, started);
     let (cli_runs, cli_killed) = (clients.runs.load(Ordering::SeqCst), clients.killed.load(Ordering::SeqCst));
     eprintln!(
-        "chaos: minutes={minutes_run:.1} faults: {} CliKilled={cli_killed} claims={} grants={grants} transitions={} \
+        "chaos: minutes={minutes_run:.1} faults: {} faults_held_back={faults_held_back} CliKilled={cli_killed} \
+         claims={} grants={grants} transitions={} \
          violations={violations} leaked_znodes={} longest_stall={:.1}s ({}; bound {STALL_BOUND:?}) \
          longest_wait_behind_gone_holder={:.1}s ({}) p0_most_held_at_once={semaphore_most} cli_clients={cli_runs} \
          f0_lost={lost_foreign} claims_over_several_locks={over_several} cluster_b_claims={} cluster_b_faults={b_injected} \
@@ -924,7 +946,13 @@ struct Stalls {
     which: String,
 }
 
-async fn sample_stalls(zk: String, ns: String, history: History, stop: Arc<std::sync::atomic::AtomicBool>) -> Stalls {
+async fn sample_stalls(
+    zk: String,
+    ns: String,
+    history: History,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    stalled_now: Arc<AtomicUsize>,
+) -> Stalls {
     let mut stalls = Stalls { longest: Duration::ZERO, which: "none".into() };
     let Ok(client) = zookeeper_client::Client::connect(&zk).await else { return stalls };
     // The latest record of each claim in each lock, and how far the history was read.
@@ -974,6 +1002,7 @@ async fn sample_stalls(zk: String, ns: String, history: History, stop: Arc<std::
                 }
             }
         }
+        stalled_now.store(stalled.len(), Ordering::SeqCst);
         since.retain(|key, _| stalled.contains(key));
         for key in stalled {
             let start = *since.entry(key.clone()).or_insert(now);
