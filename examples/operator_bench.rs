@@ -23,7 +23,8 @@
 //! `ClusterLock` shared by this control plane and a second one started for the run, the handoff
 //! between the two clusters beside the handoff within one, then with 20 ms added to every
 //! ZooKeeper request of the second cluster's operator, and a leader change in the first cluster:
-//! places changed, time to lead, the first handoff after it); `--no-finalizer-policy` leaves the
+//! places changed, time to lead, the first handoff after it); `--pod-rounds N` makes the holder
+//! pod rounds and their floors N handoffs each (default 20); `--no-finalizer-policy` leaves the
 //! finalizer's admission policy out (the operator then adds its finalizer to each claim). `ZKLOCK_BENCH_WRAP="heaptrack -o /tmp/op"` runs the operator under a wrapper
 //! command (a profiler); the RSS figure is then the wrapper's, not the operator's.
 //! `ZKLOCK_BENCH_OPERATOR=PATH` runs another build of the operator, such as the static (musl)
@@ -110,6 +111,10 @@ async fn main() -> Result<(), Error> {
         let n = args.get(i + 1).and_then(|n| n.parse().ok()).filter(|n| *n > 0);
         sizes.status_locks = n.ok_or("--status-locks N: N must be a positive number of Lock objects")?;
     }
+    if let Some(i) = args.iter().position(|a| a == "--pod-rounds") {
+        let n = args.get(i + 1).and_then(|n| n.parse().ok()).filter(|n| *n > 0);
+        sizes.pod_rounds = n.ok_or("--pod-rounds N: N must be a positive number of handoffs")?;
+    }
     if let Some(i) = args.iter().position(|a| a == "--memory-claims") {
         let n = args.get(i + 1).and_then(|n| n.parse().ok()).filter(|n| *n > 0);
         sizes.memory_claims = n.ok_or("--memory-claims N: N must be a positive number of claims")?;
@@ -148,6 +153,10 @@ async fn main() -> Result<(), Error> {
             pods.latency.summary(),
             pods.gets_timed,
             pods.gets_all
+        );
+        println!(
+            "  its first part, the pod's deletion until the bench's watch saw it gone: {}",
+            pods.gone_seen.summary()
         );
         println!("{}", probe.sample().await.per(&before, sizes.pod_rounds, "pod handoff (setup included)"));
         let held = pods.held.ok_or("no Held status was seen to copy for the pod path's floor")?;
@@ -1489,6 +1498,8 @@ async fn handoff_floor_with(
     let manager = as_the_operator();
     let release = finalizer_removal()?;
     let mut samples = Samples::default();
+    // The pod path's first part: until the pod's deletion is seen (the same in zklock's rounds).
+    let mut gone_seen = Samples::default();
     for i in 0..rounds {
         let (holder, waiter, pod) = (format!("h{i}"), format!("w{i}"), format!("p{i}"));
         let by_pod = start_with == FloorStart::PodDeleted;
@@ -1522,6 +1533,7 @@ async fn handoff_floor_with(
             tokio::time::timeout(Duration::from_secs(60), pod_gone(pod.clone()))
                 .await
                 .map_err(|_| "the holder pod's deletion not seen")?;
+            gone_seen.push(start.elapsed());
         } else {
             claims.delete(&holder, &DeleteParams::default()).await?;
             let deleting = seen(holder.clone(), |c| c.metadata.deletion_timestamp.is_some());
@@ -1571,12 +1583,18 @@ async fn handoff_floor_with(
     watch.abort();
     pod_watch.abort();
     Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await?;
+    if !gone_seen.0.is_empty() {
+        println!("  that floor's first part, the pod's deletion until seen gone: {}", gone_seen.summary());
+    }
     Ok(samples)
 }
 
 /// What the holder pod rounds measured.
 struct PodRounds {
     latency: Samples,
+    /// From the deletion to the bench's watch of the pods seeing the pod gone (the part of the
+    /// handoff before the operator can act: its watch sees it about then).
+    gone_seen: Samples,
     held: Option<serde_json::Value>,
     /// The operator's pod GETs per round, from the holder pod's deletion to the next Held.
     gets_timed: f64,
@@ -2027,24 +2045,54 @@ impl Bench {
         pods.create(&PostParams::default(), &unscheduled_pod("p0")?).await?;
         self.create("h0", "pods", Some("p0")).await?;
         self.wait_phase("h0", Phase::Held).await?;
+        // The next holder's grant is seen on a watch that is already open, as the floor sees it:
+        // a watch opened per round (`wait_phase`) had the API server list the namespace's claims
+        // in the middle of the timed handoff.
+        let (seen, follower) = self.follow();
+        // When the bench's own watch of the pods saw each deleted: the round's first part.
+        let gone_at: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
+        let pod_follower = {
+            let (gone_at, stream) = (gone_at.clone(), watcher(pods.clone(), watcher::Config::default()));
+            tokio::spawn(async move {
+                let mut stream = std::pin::pin!(stream.default_backoff());
+                while let Some(event) = stream.next().await {
+                    if let Ok(watcher::Event::Delete(pod)) = event {
+                        let at = Instant::now();
+                        gone_at
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(pod.metadata.name.unwrap_or_default(), at);
+                    }
+                }
+            })
+        };
+        let mut gone_seen = Samples::default();
         for i in 0..rounds {
             let next = format!("p{}", i + 1);
+            let (holder, waiter) = (format!("h{i}"), format!("h{}", i + 1));
             pods.create(&PostParams::default(), &unscheduled_pod(&next)?).await?;
-            self.create(&format!("h{}", i + 1), "pods", Some(&next)).await?;
-            self.wait_phase(&format!("h{}", i + 1), Phase::Waiting).await?;
+            self.create(&waiter, "pods", Some(&next)).await?;
+            self.wait_phase(&waiter, Phase::Waiting).await?;
+            within(&holder, "seen Held", seen.wait(|sets| sets.0.contains(&holder))).await?;
             let before = self.metric(gets).await;
             let start = Instant::now();
             pods.delete(&format!("p{i}"), &DeleteParams::default()).await?;
-            self.wait_phase(&format!("h{}", i + 1), Phase::Held).await?;
+            within(&waiter, "Held", seen.wait(|sets| sets.0.contains(&waiter))).await?;
             samples.push(start.elapsed());
-            self.wait_phase(&format!("h{i}"), Phase::Released).await?;
+            if let Some(at) = gone_at.lock().unwrap_or_else(|p| p.into_inner()).get(&format!("p{i}")) {
+                gone_seen.push(at.saturating_duration_since(start));
+            }
+            self.wait_phase(&holder, Phase::Released).await?;
             gets_timed += self.metric(gets).await - before;
         }
+        follower.abort();
+        pod_follower.abort();
         let last = self.claims.get(&format!("h{rounds}")).await?;
         let held = last.status.map(serde_json::to_value).transpose()?;
         let per_round = |n: f64| n / rounds.max(1) as f64;
         Ok(PodRounds {
             latency: samples,
+            gone_seen,
             held,
             gets_timed: per_round(gets_timed),
             gets_all: per_round(self.metric(gets).await - gets_start),
