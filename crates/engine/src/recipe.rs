@@ -19,7 +19,10 @@
 //! Children without a sequence are not in any queue, but a stranger's plain node in a lock
 //! directory is what a lease looks like (kazoo's `Semaphore` holds one per permit): each counts
 //! as an exclusive holder ahead of every contender, for as long as it exists. Ignoring one would
-//! let a grant join a holder we cannot see.
+//! let a grant join a holder we cannot see. A sequence is ZooKeeper's: the last ten digits (or
+//! a sign and nine or ten), at most 2^31 - 1 unsigned; a name that could be read either way is
+//! read as plain (it blocks rather than queues behind), and so is a name of 32 hex digits,
+//! kazoo's lease, whatever digits it ends in.
 
 use std::fmt;
 use std::num::NonZeroU32;
@@ -77,12 +80,26 @@ impl Child<'_> {
     }
 }
 
+/// The length of kazoo's Semaphore lease names (`uuid4().hex`).
+const KAZOO_LEASE_LEN: usize = 32;
+
 /// Parses a child name; `None` for children without a sequence, which are not contenders.
+///
+/// Where a name could be read either way, it is read as having none: a plain node holds ahead
+/// of the whole queue (it blocks), while a misread sequence could place a holder behind it.
 pub fn parse_child(name: &str) -> Option<Child<'_>> {
-    let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
+    // kazoo's Semaphore names its leases with 32 hex digits and no sequence; about one in a
+    // hundred ends in ten decimal digits or more, which read as a sequence put the lease
+    // behind every zklock node (a lease beyond the permits: kazoo's hold and one more).
+    if name.len() == KAZOO_LEASE_LEN && name.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return None;
+    }
+    let run = name.bytes().rev().take_while(u8::is_ascii_digit).count();
+    // ZooKeeper appends `%010d` of a signed 32-bit number: ten digits, or a sign and nine or
+    // ten. Digits before the last ten belong to the name's prefix (`node1` + `0000000005`).
+    let digits = run.min(MIN_SEQUENCE_DIGITS);
     let (head, seq) = name.split_at(name.len() - digits);
     let signed = head.strip_suffix('-');
-    // Ten to nineteen digits fit in u64; anything longer is not a ZooKeeper sequence.
     let value = seq.parse::<u64>().ok()?;
     // `%010d` of a negative is a sign and nine or ten digits. A `-` right before the digits is
     // a sign when the digits are too few or too large for a positive sequence, or when another
@@ -100,6 +117,8 @@ pub fn parse_child(name: &str) -> Option<Child<'_>> {
     let (head, sequence) = match signed {
         Some(unsigned_head) if negative => (unsigned_head, u64::from((value as u32).wrapping_neg())),
         _ if digits < MIN_SEQUENCE_DIGITS => return None,
+        // Above 2^31 - 1 ZooKeeper prints a sign: no sequence of its own.
+        _ if value > i32::MAX as u64 => return None,
         _ => (head, value),
     };
     let ours = head
@@ -338,6 +357,12 @@ mod tests {
         assert_eq!(parse_child("config"), None);
         assert_eq!(parse_child("node-12"), None, "short numeric tails are not sequences");
         assert_eq!(parse_child("x-99999999999999999999999"), None, "too long for a sequence");
+        // Digits before the last ten are the prefix's: ZooKeeper appends ten.
+        let numbered = parse_child("node10000000005").unwrap();
+        assert_eq!((numbered.name, numbered.sequence), ("node10000000005", 5));
+        // Positive and above 2^31 - 1: ZooKeeper would have printed a sign. No sequence.
+        assert_eq!(parse_child("job-3000000000"), None);
+        assert_eq!(parse_child("write-abc-lock-2147483648"), None);
         // A stranger's name that merely looks like ours is foreign.
         assert_eq!(parse_child("read-A/B-lock-0000000001").unwrap().ours, None);
     }
@@ -413,6 +438,19 @@ mod tests {
 
         // kazoo's semaphore lease: a plain uuid, made after our node, holds ahead of it.
         let lease = "4f7c2e0a9b1d4e6f8a2b3c4d5e6f7a8b".to_string();
+        // Also one whose hex ends in ten digits or more (about one lease in a hundred): read
+        // as a sequence, it went behind every zklock node, and a semaphore of two permits
+        // granted two zklock claims beside kazoo's lease (the kazoo interop test's flake).
+        for digits_at_the_end in ["4f7c2e0a9b1d4e6f8a2b3c4d51234567", "4f7c2e0a9b1d4e6f8a21234567890123"] {
+            assert_eq!(parse_child(digits_at_the_end), None, "{digits_at_the_end}");
+            let c = vec![name("a", Mode::Exclusive, 0), name("b", Mode::Exclusive, 1), digits_at_the_end.to_string()];
+            let two = Limit::from_permits(Some(2));
+            assert_eq!(decide(&c, &c[0], two), Decision::Held);
+            assert_eq!(
+                decide(&c, &c[1], two),
+                Decision::Waiting { watch: digits_at_the_end.to_string(), ahead: 1, span: true }
+            );
+        }
         let c = vec![name("a", Mode::Shared, 3), lease.clone()];
         assert_eq!(decide(&c, &c[0], Limit::Mutex), Decision::Waiting { watch: lease.clone(), ahead: 1, span: false });
         let permits = Limit::from_permits(Some(2));
