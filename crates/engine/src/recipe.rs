@@ -604,6 +604,26 @@ mod tests {
     }
 
     proptest! {
+        /// Whatever a stranger's prefix (digits at its end included), the sequence ZooKeeper
+        /// appends (`%010d` of a non-negative int) is what is read; and kazoo's lease names
+        /// (32 hex digits) are never read as a sequence, whatever they end in.
+        #[test]
+        fn the_sequence_read_is_the_one_zookeeper_appended(
+            prefix in "[g-z_][a-z0-9_-]{0,20}",
+            n in 0..=i32::MAX,
+            lease in "[0-9a-f]{22}[0-9]{10}|[0-9a-f]{32}",
+        ) {
+            // `lock-` then a `-` before ten digits reads as a sign (see `parse_child`): those
+            // are the lock recipes' negative sequences, `lock--1000000000`.
+            prop_assume!(!prefix.ends_with("lock--") && !prefix.ends_with("lock__-"));
+            let made = zk_name(&prefix, n);
+            let child = parse_child(&made);
+            prop_assert_eq!(child.map(|c| c.sequence), Some(n as u64), "{}", made);
+            prop_assert_eq!(parse_child(&lease), None, "{}", lease);
+        }
+    }
+
+    proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
 
         /// Claims over several locks (docs/user-guide.md: several locks): each makes its node in every one of its
