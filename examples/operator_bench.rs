@@ -1584,7 +1584,10 @@ async fn handoff_floor_with(
     pod_watch.abort();
     Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await?;
     if !gone_seen.0.is_empty() {
-        println!("  that floor's first part, the pod's deletion until seen gone: {}", gone_seen.summary());
+        println!(
+            "  (the pod-path floor on the next line: its first part, the pod's deletion until seen gone: {})",
+            gone_seen.summary()
+        );
     }
     Ok(samples)
 }
@@ -2056,12 +2059,14 @@ impl Bench {
             tokio::spawn(async move {
                 let mut stream = std::pin::pin!(stream.default_backoff());
                 while let Some(event) = stream.next().await {
-                    if let Ok(watcher::Event::Delete(pod)) = event {
-                        let at = Instant::now();
-                        gone_at
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert(pod.metadata.name.unwrap_or_default(), at);
+                    match event {
+                        Ok(watcher::Event::Delete(pod)) => {
+                            let at = Instant::now();
+                            let mut gone = gone_at.lock().unwrap_or_else(|p| p.into_inner());
+                            gone.insert(pod.metadata.name.unwrap_or_default(), at);
+                        }
+                        Ok(_) => {}
+                        Err(e) => eprintln!("the bench's watch of the holder pods failed (retrying): {e}"),
                     }
                 }
             })

@@ -492,7 +492,6 @@ pub(crate) fn stop(label: &str, child: &mut Child, log: &std::path::Path) {
     assert!(status.success(), "{label}: operator exit {status:?}:\n{}", std::fs::read_to_string(log).unwrap());
 }
 
-/// Creates (or updates) a rendered object with server-side apply.
 /// The resource kubectl names a rendered admission policy document by.
 fn resource_of(doc: &Value) -> &'static str {
     match kind(doc) {
@@ -502,6 +501,7 @@ fn resource_of(doc: &Value) -> &'static str {
     }
 }
 
+/// Creates (or updates) a rendered object with server-side apply.
 pub(crate) async fn apply(env: &Env, doc: &Value) {
     let (group, version) = doc["apiVersion"].as_str().unwrap().rsplit_once('/').unwrap_or(("", "v1"));
     let gvk = kube::api::GroupVersionKind::gvk(group, version, kind(doc));
