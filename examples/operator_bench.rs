@@ -221,13 +221,32 @@ async fn handoffs(
     sizes: &Sizes,
 ) -> Result<(), Error> {
     let mut handoff_p50 = vec![];
-    let mut held = None;
-    for waiters in sizes.waiters {
+    // At the first size, zklock's handoffs alternate batch by batch with the floor of every
+    // write of their path: the floor of one run moved 12.8–23.0 ms from run to run when it was
+    // measured after zklock's rounds, more than the operator's whole part.
+    let waiters = sizes.waiters[0];
+    let bench = Bench::start(client, server, zk, &format!("handoff-{waiters}")).await?;
+    let side = alternating(&bench, client, server, zk, waiters, sizes.handoffs).await?;
+    drop(bench);
+    println!("handoff at {waiters:>4} waiters: {}", side.zklock.summary());
+    println!(
+        "handoff's floor with ZooKeeper's release, then the holder's finalizer removed (every write of zklock's \
+         path, in its order: the node's delete in a multi-op that checks an epoch node), in batches of {} \
+         alternating with zklock's: {}; zklock / that floor at {waiters} waiters: p50 {:.2}; batch by batch {}, \
+         median {:.2}",
+        side.batch,
+        side.floor.summary(),
+        side.zklock.latency.percentile(0.5).as_secs_f64() / side.floor.percentile(0.5).as_secs_f64(),
+        side.ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(" "),
+        median(&side.ratios)
+    );
+    handoff_p50.push(side.zklock.latency.percentile(0.5));
+    let held = side.zklock.held;
+    for waiters in &sizes.waiters[1..] {
         let bench = Bench::start(client, server, zk, &format!("handoff-{waiters}")).await?;
-        let result = bench.handoffs(1, waiters, sizes.handoffs).await?;
+        let result = bench.handoffs(1, *waiters, sizes.handoffs).await?;
         println!("handoff at {waiters:>4} waiters: {}", result.summary());
         handoff_p50.push(result.latency.percentile(0.5));
-        held = held.or(result.held);
     }
     // The API server's own part of a handoff, made by the bench alone, beside zklock's.
     let held = held.ok_or("no Held status was seen to copy for the handoff's floor")?;
@@ -246,23 +265,6 @@ async fn handoffs(
         gone.summary(),
         sizes.waiters[0],
         handoff_p50[0].as_secs_f64() / gone.percentile(0.5).as_secs_f64()
-    );
-    let released = handoff_floor_with(
-        client,
-        server,
-        Some(zk),
-        held.clone(),
-        sizes.handoffs,
-        FloorStart::ClaimDeletedThenReleasedThenGone,
-    )
-    .await?;
-    println!(
-        "handoff's floor with ZooKeeper's release, then the holder's finalizer removed (every write of zklock's \
-         path, in its order: the node's delete in a multi-op that checks an epoch node): {}; zklock / that floor at \
-         {} waiters: p50 {:.2}",
-        released.summary(),
-        sizes.waiters[0],
-        handoff_p50[0].as_secs_f64() / released.percentile(0.5).as_secs_f64()
     );
     let with_final = handoff_floor(client, server, held, sizes.handoffs, FloorStart::ClaimDeletedThenFinal).await?;
     println!(
@@ -290,7 +292,7 @@ async fn handoffs(
     );
     // Claims over two locks (every claim over both, DESIGN.md §5c), in the same run.
     let bench = Bench::start(client, server, zk, "handoff-two-locks").await?;
-    let result = bench.handoffs_on("l,m", 1, waiters, sizes.handoffs).await?;
+    let result = bench.handoffs_on("l,m", "c", 1, waiters, sizes.handoffs).await?;
     println!("claims over two locks, handoff at {waiters:>4} waiters: {}", result.summary());
     println!(
         "handoff p50 ratio two locks vs one at {waiters} waiters: {:.2}",
@@ -299,7 +301,70 @@ async fn handoffs(
     Ok(())
 }
 
-/// The permits of the semaphore lock the handoff benchmark measures next to a mutex.
+/// zklock's handoffs beside the floor of every write of their path, measured alternately.
+struct SideBySide {
+    zklock: HandoffResult,
+    floor: Samples,
+    /// Handoffs per batch.
+    batch: usize,
+    /// Each batch's p50 over its floor batch's p50 (the floor's batch right after zklock's).
+    ratios: Vec<f64>,
+}
+
+/// Batches a side-by-side run is cut into.
+const BATCHES: usize = 5;
+
+/// `handoffs` handoffs of `bench`'s operator at `waiters` waiters, in [`BATCHES`] batches, each
+/// followed by as many rounds of the floor with ZooKeeper's release
+/// (`FloorStart::ClaimDeletedThenReleasedThenGone`): both meet the machine as it is at that
+/// moment, as the clusters part interleaves its handoffs round by round.
+async fn alternating(
+    bench: &Bench,
+    client: &kube::Client,
+    server: &Server,
+    zk: &zklock_testkit::ZkServer,
+    waiters: usize,
+    handoffs: usize,
+) -> Result<SideBySide, Error> {
+    let batch = handoffs.div_ceil(BATCHES).max(1);
+    let mut zklock = bench.handoffs_on("l", "b0c", 1, waiters, batch.min(handoffs)).await?;
+    let held = zklock.held.clone().ok_or("no Held status was seen to copy for the handoff's floor")?;
+    let mut floor = Floor::open(client, server, Some(zk), held, FloorStart::ClaimDeletedThenReleasedThenGone).await?;
+    let measured = async {
+        let (mut floor_samples, mut ratios) = (Samples::default(), vec![]);
+        let (mut last, mut last_n) = (zklock.latency.percentile(0.5), zklock.latency.0.len());
+        let mut done = last_n;
+        for b in 1.. {
+            // The floor's batch right after zklock's, as many rounds.
+            let (samples, _) = floor.rounds(last_n).await?;
+            ratios.push(last.as_secs_f64() / samples.percentile(0.5).as_secs_f64());
+            floor_samples.0.extend(samples.0);
+            if done >= handoffs {
+                break;
+            }
+            let result = bench.handoffs_on("l", &format!("b{b}c"), 1, waiters, batch.min(handoffs - done)).await?;
+            (last, last_n) = (result.latency.percentile(0.5), result.latency.0.len());
+            done += last_n;
+            zklock.add(result);
+        }
+        Ok::<_, Error>((floor_samples, ratios))
+    }
+    .await;
+    floor.close().await?;
+    let (floor, ratios) = measured?;
+    Ok(SideBySide { zklock, floor, batch, ratios })
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 /// Handoffs on a `ClusterLock` two clusters share: within cluster a (holder and next both a's),
 /// within cluster b, from a to b (the holder deleted in a, the next claim seen Held in b), interleaved round by
 /// round so that both meet the same machine; then a→b again with `ZOOKEEPER_LATENCY` added to
@@ -446,6 +511,7 @@ async fn clusters(
     Ok(())
 }
 
+/// The permits of the semaphore lock the handoff benchmark measures next to a mutex.
 const SEMAPHORE_PERMITS: usize = 3;
 
 /// A claim's phase, fencing token, and the leader epoch of its last status write.
@@ -1434,155 +1500,10 @@ async fn handoff_floor_with(
     rounds: usize,
     start_with: FloorStart,
 ) -> Result<Samples, Error> {
-    use kube::api::Patch;
-    use zookeeper_client as zk;
-    // The node a release deletes and the epoch node its multi-op checks, as the operator's.
-    let zk_client = match (start_with == FloorStart::ClaimDeletedThenReleasedThenGone, zk) {
-        (true, None) => return Err("this floor releases a ZooKeeper node: it needs ZooKeeper".into()),
-        (_, None) => None,
-        (_, Some(server)) => {
-            let client = zk::Client::connect(&server.chroot().await).await?;
-            let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-            client.create("/epoch", b"1", &persistent).await?;
-            client.create("/l", b"", &persistent).await?;
-            Some(client)
-        }
-    };
-    use kube::runtime::reflector;
-    let (ns, claims) = unserved_namespace(client, server, &held, "bench-handoff-floor").await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let (store, writer) = reflector::store();
-    let (pod_store, pod_writer) = reflector::store::<Pod>();
-    let changed = Arc::new(tokio::sync::Notify::new());
-    fn notify<T>(changed: Arc<tokio::sync::Notify>) -> impl FnMut(T) -> futures::future::Ready<()> {
-        move |_| {
-            changed.notify_waiters();
-            futures::future::ready(())
-        }
-    }
-    let watch = tokio::spawn(
-        reflector(writer, watcher(claims.clone(), watcher::Config::default())).for_each(notify(changed.clone())),
-    );
-    let pod_watch = tokio::spawn(
-        reflector(pod_writer, watcher(pods.clone(), watcher::Config::default())).for_each(notify(changed.clone())),
-    );
-    let pod_gone = |name: String| {
-        let (pod_store, changed, ns) = (pod_store.clone(), changed.clone(), ns.clone());
-        async move {
-            loop {
-                let notified = changed.notified();
-                if pod_store.get(&reflector::ObjectRef::new(&name).within(&ns)).is_none() {
-                    return;
-                }
-                notified.await;
-            }
-        }
-    };
-    let final_status = matches!(start_with, FloorStart::ClaimDeletedThenFinal | FloorStart::PodDeleted);
-    let gone_first =
-        matches!(start_with, FloorStart::ClaimDeletedThenGone | FloorStart::ClaimDeletedThenReleasedThenGone);
-    let seen = |name: String, done: fn(&LockClaim) -> bool| {
-        let (store, changed, ns) = (store.clone(), changed.clone(), ns.clone());
-        async move {
-            loop {
-                let notified = changed.notified();
-                if let Some(c) = store.get(&reflector::ObjectRef::new(&name).within(&ns)) {
-                    if done(&c) {
-                        return (*c).clone();
-                    }
-                }
-                notified.await;
-            }
-        }
-    };
-    let manager = as_the_operator();
-    let release = finalizer_removal()?;
-    let mut samples = Samples::default();
-    // The pod path's first part: until the pod's deletion is seen (the same in zklock's rounds).
-    let mut gone_seen = Samples::default();
-    for i in 0..rounds {
-        let (holder, waiter, pod) = (format!("h{i}"), format!("w{i}"), format!("p{i}"));
-        let by_pod = start_with == FloorStart::PodDeleted;
-        if by_pod {
-            pods.create(&PostParams::default(), &unscheduled_pod(&pod)?).await?;
-        }
-        for name in [&holder, &waiter] {
-            claims.create(&PostParams::default(), &unserved_claim(name, "l", server)?).await?;
-        }
-        within(&waiter, "seen", async {
-            seen(waiter.clone(), |_| true).await;
-            if by_pod {
-                // Listed, so that its deletion is what the watch shows next.
-                while pod_store.get(&reflector::ObjectRef::new(&pod).within(&ns)).is_none() {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-        })
-        .await?;
-        let node = match &zk_client {
-            Some(zk_client) => {
-                let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-                let (_, sequence) = zk_client.create("/l/lock-", b"", &ephemeral).await?;
-                Some(format!("/l/lock-{sequence}"))
-            }
-            None => None,
-        };
-        let start = Instant::now();
-        if by_pod {
-            pods.delete(&pod, &DeleteParams::default()).await?;
-            tokio::time::timeout(Duration::from_secs(60), pod_gone(pod.clone()))
-                .await
-                .map_err(|_| "the holder pod's deletion not seen")?;
-            gone_seen.push(start.elapsed());
-        } else {
-            claims.delete(&holder, &DeleteParams::default()).await?;
-            let deleting = seen(holder.clone(), |c| c.metadata.deletion_timestamp.is_some());
-            tokio::time::timeout(Duration::from_secs(60), deleting)
-                .await
-                .map_err(|_| "the holder's deletion not seen")?;
-        }
-        if final_status {
-            // The holder's final status first, as the operator writes it before the next grant.
-            let current =
-                store.get(&reflector::ObjectRef::new(&holder).within(&ns)).ok_or("the holder is not in the store")?;
-            let mut released = held.clone();
-            released["phase"] = json!("Released");
-            let status = status_patch(&current, &released)?;
-            claims.patch_status(&holder, &manager, &Patch::Json::<()>(status)).await?;
-            let ended = seen(holder.clone(), |c| c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Released));
-            tokio::time::timeout(Duration::from_secs(60), ended)
-                .await
-                .map_err(|_| "the holder's final status not seen")?;
-        }
-        if let (Some(zk_client), Some(node)) = (&zk_client, &node) {
-            let mut multi = zk_client.new_multi_writer();
-            multi.add_check_version("/epoch", 0)?;
-            multi.add_delete(node, None)?;
-            multi.commit().await.map_err(|e| format!("the floor's release of {node}: {e}"))?;
-        }
-        if gone_first {
-            claims.patch(&holder, &manager, &Patch::Json::<()>(release.clone())).await?;
-        }
-        let current =
-            store.get(&reflector::ObjectRef::new(&waiter).within(&ns)).ok_or("the waiter is not in the store")?;
-        let status = status_patch(&current, &held)?;
-        claims.patch_status(&waiter, &manager, &Patch::Json::<()>(status)).await?;
-        let granted = seen(waiter.clone(), |c| c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held));
-        tokio::time::timeout(Duration::from_secs(60), granted).await.map_err(|_| "the waiter's Held not seen")?;
-        samples.push(start.elapsed());
-        // Not timed: both claims gone, as the operator would finish them.
-        if by_pod {
-            claims.delete(&holder, &DeleteParams::default()).await?;
-        }
-        if !gone_first {
-            claims.patch(&holder, &manager, &Patch::Json::<()>(release.clone())).await?;
-        }
-        claims.delete(&waiter, &DeleteParams::default()).await?;
-        claims.patch(&waiter, &manager, &Patch::Json::<()>(release.clone())).await?;
-    }
-    watch.abort();
-    pod_watch.abort();
-    Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await?;
+    let mut floor = Floor::open(client, server, zk, held, start_with).await?;
+    let rounds = floor.rounds(rounds).await;
+    floor.close().await?;
+    let (samples, gone_seen) = rounds?;
     if !gone_seen.0.is_empty() {
         println!(
             "  (the pod-path floor on the next line: its first part, the pod's deletion until seen gone: {})",
@@ -1590,6 +1511,224 @@ async fn handoff_floor_with(
         );
     }
     Ok(samples)
+}
+
+/// A floor's namespace, its watches and its ZooKeeper client, kept open between batches of
+/// rounds so that the floor's rounds can alternate with zklock's on the same machine.
+struct Floor {
+    client: kube::Client,
+    server: Server,
+    ns: String,
+    claims: Api<LockClaim>,
+    pods: Api<Pod>,
+    store: kube::runtime::reflector::Store<LockClaim>,
+    pod_store: kube::runtime::reflector::Store<Pod>,
+    changed: Arc<tokio::sync::Notify>,
+    watches: [tokio::task::JoinHandle<()>; 2],
+    /// The release's client, with `/epoch` and `/l` made under its own chroot.
+    zk: Option<zookeeper_client::Client>,
+    held: serde_json::Value,
+    start_with: FloorStart,
+    /// Rounds made so far: each round's names are new.
+    made: usize,
+}
+
+impl Floor {
+    async fn open(
+        client: &kube::Client,
+        server: &Server,
+        zk: Option<&zklock_testkit::ZkServer>,
+        held: serde_json::Value,
+        start_with: FloorStart,
+    ) -> Result<Floor, Error> {
+        use kube::runtime::reflector;
+        use zookeeper_client as zk;
+        // The node a release deletes and the epoch node its multi-op checks, as the operator's.
+        let zk = match (start_with == FloorStart::ClaimDeletedThenReleasedThenGone, zk) {
+            (true, None) => return Err("this floor releases a ZooKeeper node: it needs ZooKeeper".into()),
+            (_, None) => None,
+            (_, Some(server)) => {
+                let client = zk::Client::connect(&server.chroot().await).await?;
+                let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                client.create("/epoch", b"1", &persistent).await?;
+                client.create("/l", b"", &persistent).await?;
+                Some(client)
+            }
+        };
+        let (ns, claims) = unserved_namespace(client, server, &held, "bench-handoff-floor").await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let (store, writer) = reflector::store();
+        let (pod_store, pod_writer) = reflector::store::<Pod>();
+        let changed = Arc::new(tokio::sync::Notify::new());
+        fn notify<T>(
+            changed: Arc<tokio::sync::Notify>,
+        ) -> impl FnMut(Result<T, watcher::Error>) -> futures::future::Ready<()> {
+            move |event| {
+                if let Err(e) = event {
+                    eprintln!("a floor's watch failed (retrying): {e}");
+                }
+                changed.notify_waiters();
+                futures::future::ready(())
+            }
+        }
+        let watch = tokio::spawn(
+            reflector(writer, watcher(claims.clone(), watcher::Config::default()).default_backoff())
+                .for_each(notify(changed.clone())),
+        );
+        let pod_watch = tokio::spawn(
+            reflector(pod_writer, watcher(pods.clone(), watcher::Config::default()).default_backoff())
+                .for_each(notify(changed.clone())),
+        );
+        Ok(Floor {
+            client: client.clone(),
+            server: server.clone(),
+            ns,
+            claims,
+            pods,
+            store,
+            pod_store,
+            changed,
+            watches: [watch, pod_watch],
+            zk,
+            held,
+            start_with,
+            made: 0,
+        })
+    }
+
+    /// Until the floor's watch shows pod `name` gone.
+    async fn pod_gone(&self, name: &str) {
+        let key = kube::runtime::reflector::ObjectRef::new(name).within(&self.ns);
+        loop {
+            let notified = self.changed.notified();
+            if self.pod_store.get(&key).is_none() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Until the floor's watch shows claim `name` with `done` true; answers that copy.
+    async fn seen(&self, name: &str, done: fn(&LockClaim) -> bool) -> LockClaim {
+        let key = kube::runtime::reflector::ObjectRef::new(name).within(&self.ns);
+        loop {
+            let notified = self.changed.notified();
+            if let Some(c) = self.store.get(&key) {
+                if done(&c) {
+                    return (*c).clone();
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// `rounds` more handoffs; answers their times and, on the pod path, each one's first part
+    /// (the pod's deletion until seen gone: the same in zklock's rounds).
+    async fn rounds(&mut self, rounds: usize) -> Result<(Samples, Samples), Error> {
+        use kube::api::Patch;
+        use kube::runtime::reflector::ObjectRef;
+        use zookeeper_client as zk;
+        let (claims, pods, ns, start_with) = (&self.claims, &self.pods, &self.ns, self.start_with);
+        let final_status = matches!(start_with, FloorStart::ClaimDeletedThenFinal | FloorStart::PodDeleted);
+        let gone_first =
+            matches!(start_with, FloorStart::ClaimDeletedThenGone | FloorStart::ClaimDeletedThenReleasedThenGone);
+        let by_pod = start_with == FloorStart::PodDeleted;
+        let manager = as_the_operator();
+        let release = finalizer_removal()?;
+        let mut samples = Samples::default();
+        let mut gone_seen = Samples::default();
+        let first = self.made;
+        self.made += rounds;
+        for i in first..first + rounds {
+            let (holder, waiter, pod) = (format!("h{i}"), format!("w{i}"), format!("p{i}"));
+            if by_pod {
+                pods.create(&PostParams::default(), &unscheduled_pod(&pod)?).await?;
+            }
+            for name in [&holder, &waiter] {
+                claims.create(&PostParams::default(), &unserved_claim(name, "l", &self.server)?).await?;
+            }
+            within(&waiter, "seen", async {
+                self.seen(&waiter, |_| true).await;
+                if by_pod {
+                    // Listed, so that its deletion is what the watch shows next.
+                    while self.pod_store.get(&ObjectRef::new(&pod).within(ns)).is_none() {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            })
+            .await?;
+            let node = match &self.zk {
+                Some(zk_client) => {
+                    let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+                    let (_, sequence) = zk_client.create("/l/lock-", b"", &ephemeral).await?;
+                    Some(format!("/l/lock-{sequence}"))
+                }
+                None => None,
+            };
+            let start = Instant::now();
+            if by_pod {
+                pods.delete(&pod, &DeleteParams::default()).await?;
+                tokio::time::timeout(Duration::from_secs(60), self.pod_gone(&pod))
+                    .await
+                    .map_err(|_| "the holder pod's deletion not seen")?;
+                gone_seen.push(start.elapsed());
+            } else {
+                claims.delete(&holder, &DeleteParams::default()).await?;
+                let deleting = self.seen(&holder, |c| c.metadata.deletion_timestamp.is_some());
+                tokio::time::timeout(Duration::from_secs(60), deleting)
+                    .await
+                    .map_err(|_| "the holder's deletion not seen")?;
+            }
+            if final_status {
+                // The holder's final status first, as the operator writes it before the next grant.
+                let current =
+                    self.store.get(&ObjectRef::new(&holder).within(ns)).ok_or("the holder is not in the store")?;
+                let mut released = self.held.clone();
+                released["phase"] = json!("Released");
+                let status = status_patch(&current, &released)?;
+                claims.patch_status(&holder, &manager, &Patch::Json::<()>(status)).await?;
+                let ended = self.seen(&holder, |c| c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Released));
+                tokio::time::timeout(Duration::from_secs(60), ended)
+                    .await
+                    .map_err(|_| "the holder's final status not seen")?;
+            }
+            if let (Some(zk_client), Some(node)) = (&self.zk, &node) {
+                let mut multi = zk_client.new_multi_writer();
+                multi.add_check_version("/epoch", 0)?;
+                multi.add_delete(node, None)?;
+                multi.commit().await.map_err(|e| format!("the floor's release of {node}: {e}"))?;
+            }
+            if gone_first {
+                claims.patch(&holder, &manager, &Patch::Json::<()>(release.clone())).await?;
+            }
+            let current =
+                self.store.get(&ObjectRef::new(&waiter).within(ns)).ok_or("the waiter is not in the store")?;
+            let status = status_patch(&current, &self.held)?;
+            claims.patch_status(&waiter, &manager, &Patch::Json::<()>(status)).await?;
+            let granted = self.seen(&waiter, |c| c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held));
+            tokio::time::timeout(Duration::from_secs(60), granted).await.map_err(|_| "the waiter's Held not seen")?;
+            samples.push(start.elapsed());
+            // Not timed: both claims gone, as the operator would finish them.
+            if by_pod {
+                claims.delete(&holder, &DeleteParams::default()).await?;
+            }
+            if !gone_first {
+                claims.patch(&holder, &manager, &Patch::Json::<()>(release.clone())).await?;
+            }
+            claims.delete(&waiter, &DeleteParams::default()).await?;
+            claims.patch(&waiter, &manager, &Patch::Json::<()>(release.clone())).await?;
+        }
+        Ok((samples, gone_seen))
+    }
+
+    /// Stops the watches and deletes the namespace (whether the rounds succeeded or not).
+    async fn close(self) -> Result<(), Error> {
+        for watch in &self.watches {
+            watch.abort();
+        }
+        Api::<Namespace>::all(self.client.clone()).delete(&self.ns, &DeleteParams::default()).await?;
+        Ok(())
+    }
 }
 
 /// What the holder pod rounds measured.
@@ -1949,13 +2088,15 @@ impl Bench {
     /// round queues `permits` holders and `waiters` waiters, then deletes the oldest holder and
     /// times until the first waiter is seen Held, again and again.
     async fn handoffs(&self, permits: usize, waiters: usize, handoffs: usize) -> Result<HandoffResult, Error> {
-        self.handoffs_on("l", permits, waiters, handoffs).await
+        self.handoffs_on("l", "c", permits, waiters, handoffs).await
     }
 
-    /// [`Bench::handoffs`] with claims over `locks` (`a,b`: every claim over both).
+    /// [`Bench::handoffs`] with claims over `locks` (`a,b`: every claim over both), named
+    /// `names` and a number (a name each call has not used yet).
     async fn handoffs_on(
         &self,
         locks: &str,
+        names: &str,
         permits: usize,
         waiters: usize,
         handoffs: usize,
@@ -1986,11 +2127,11 @@ impl Bench {
             let first = next;
             let size = permits + waiters;
             for i in 0..size {
-                self.create(&format!("c{}", first + i), locks, None).await?;
+                self.create(&format!("{names}{}", first + i), locks, None).await?;
             }
             next += size;
-            self.wait_phase(&format!("c{}", first + permits - 1), Phase::Held).await?;
-            self.wait_phase(&format!("c{}", first + size - 1), Phase::Waiting).await?;
+            self.wait_phase(&format!("{names}{}", first + permits - 1), Phase::Held).await?;
+            self.wait_phase(&format!("{names}{}", first + size - 1), Phase::Waiting).await?;
             let zk_before = self.metric("zklock_zookeeper_operations_total{op=\"predecessor_notification\"}").await;
             let writes_before = self.metric("zklock_kubernetes_writes_total").await;
             let inside_before = inside().await;
@@ -1998,12 +2139,12 @@ impl Bench {
             // The next holder's grant is seen on a watch of the namespace that is already open:
             // a new watch per handoff would add the API server's list of the whole queue.
             let (seen, follower) = self.follow();
-            let holder = format!("c{}", first + permits - 1);
+            let holder = format!("{names}{}", first + permits - 1);
             seen.wait(|sets| sets.0.contains(&holder)).await;
             for i in 0..round {
-                let next = format!("c{}", first + i + permits);
+                let next = format!("{names}{}", first + i + permits);
                 let start = Instant::now();
-                self.claims.delete(&format!("c{}", first + i), &DeleteParams::default()).await?;
+                self.claims.delete(&format!("{names}{}", first + i), &DeleteParams::default()).await?;
                 tokio::time::timeout(Duration::from_secs(120), seen.wait(|sets| sets.0.contains(&next)))
                     .await
                     .map_err(|_| format!("{next} not Held within 120 s"))?;
@@ -2022,7 +2163,7 @@ impl Bench {
             counted += round;
             // Clear the rest of the round's claims.
             for i in round..size {
-                let _ = self.claims.delete(&format!("c{}", first + i), &DeleteParams::default()).await;
+                let _ = self.claims.delete(&format!("{names}{}", first + i), &DeleteParams::default()).await;
             }
         }
         Ok(HandoffResult {
@@ -2464,6 +2605,22 @@ struct HandoffResult {
 }
 
 impl HandoffResult {
+    /// `other`'s handoffs added to these: its samples, and its per-handoff figures weighted by
+    /// its number of handoffs.
+    fn add(&mut self, other: HandoffResult) {
+        let (n, m) = (self.latency.0.len() as f64, other.latency.0.len() as f64);
+        let mean = |a: f64, b: f64| if n + m > 0.0 { (a * n + b * m) / (n + m) } else { 0.0 };
+        self.zk_events_per_handoff = mean(self.zk_events_per_handoff, other.zk_events_per_handoff);
+        self.writes_per_handoff = mean(self.writes_per_handoff, other.writes_per_handoff);
+        self.inside_mean =
+            Duration::from_secs_f64(mean(self.inside_mean.as_secs_f64(), other.inside_mean.as_secs_f64()));
+        for (within, other) in self.inside_within.iter_mut().zip(other.inside_within) {
+            *within = mean(*within, other);
+        }
+        self.latency.0.extend(other.latency.0);
+        self.held = self.held.take().or(other.held);
+    }
+
     fn summary(&self) -> String {
         format!(
             "{}  | ZooKeeper watch events/handoff {:.2}  API writes/handoff {:.2}  node deleted -> Held written \
