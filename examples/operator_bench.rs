@@ -24,7 +24,9 @@
 //! between the two clusters beside the handoff within one, then with 20 ms added to every
 //! ZooKeeper request of the second cluster's operator, and a leader change in the first cluster:
 //! places changed, time to lead, the first handoff after it); `--pod-rounds N` makes the holder
-//! pod rounds and their floors N handoffs each (default 20); `--no-finalizer-policy` leaves the
+//! pod rounds and their floors N handoffs each (default 20). The handoff at 10 waiters and the pod
+//! rounds alternate, in five batches, with the floor of every write of their path, so that each
+//! ratio compares the two at the same moment; `--no-finalizer-policy` leaves the
 //! finalizer's admission policy out (the operator then adds its finalizer to each claim). `ZKLOCK_BENCH_WRAP="heaptrack -o /tmp/op"` runs the operator under a wrapper
 //! command (a profiler); the RSS figure is then the wrapper's, not the operator's.
 //! `ZKLOCK_BENCH_OPERATOR=PATH` runs another build of the operator, such as the static (musl)
@@ -143,10 +145,41 @@ async fn main() -> Result<(), Error> {
         handoffs(&client, &server, zk, &sizes).await?;
     }
     if runs("pods") {
+        // zklock's rounds alternate batch by batch with the floor of every write of their path,
+        // as the handoff part's do.
         let bench = Bench::start(&client, &server, zk, "pods").await?;
         let probe = ServerProbe::new(&client, &server);
+        let batch = sizes.pod_rounds.div_ceil(BATCHES).max(1);
+        let start = probe.sample().await;
+        let mut server_part = start.clone();
         let before = probe.sample().await;
-        let pods = bench.pod_deletions(sizes.pod_rounds).await?;
+        let mut pods = bench.pod_deletions(0, batch.min(sizes.pod_rounds)).await?;
+        server_part.add(&before, &probe.sample().await);
+        let held = pods.held.clone().ok_or("no Held status was seen to copy for the pod path's floor")?;
+        let mut floor = Floor::open(&client, &server, Some(zk), held.clone(), FloorStart::PodDeleted).await?;
+        let measured = async {
+            let (mut floor_samples, mut gone_seen, mut ratios) = (Samples::default(), Samples::default(), vec![]);
+            let (mut last, mut last_n) = (pods.latency.percentile(0.5), pods.latency.0.len());
+            loop {
+                let (samples, gone) = floor.rounds(last_n).await?;
+                ratios.push(last.as_secs_f64() / samples.percentile(0.5).as_secs_f64());
+                floor_samples.0.extend(samples.0);
+                gone_seen.0.extend(gone.0);
+                let done = pods.latency.0.len();
+                if done >= sizes.pod_rounds {
+                    break;
+                }
+                let before = probe.sample().await;
+                let rounds = bench.pod_deletions(done, batch.min(sizes.pod_rounds - done)).await?;
+                server_part.add(&before, &probe.sample().await);
+                (last, last_n) = (rounds.latency.percentile(0.5), rounds.latency.0.len());
+                pods.add(rounds);
+            }
+            Ok::<_, Error>((floor_samples, gone_seen, ratios))
+        }
+        .await;
+        floor.close().await?;
+        let (released, floor_gone_seen, ratios) = measured?;
         println!(
             "holder pod deleted -> next Held: {}  | operator's pod GETs per handoff: {:.2} from the deletion to the \
              next Held, {:.2} with the next claim's first sight",
@@ -158,22 +191,24 @@ async fn main() -> Result<(), Error> {
             "  its first part, the pod's deletion until the bench's watch saw it gone: {}",
             pods.gone_seen.summary()
         );
-        println!("{}", probe.sample().await.per(&before, sizes.pod_rounds, "pod handoff (setup included)"));
-        let held = pods.held.ok_or("no Held status was seen to copy for the pod path's floor")?;
-        let floor = handoff_floor(&client, &server, held.clone(), sizes.pod_rounds, FloorStart::PodDeleted).await?;
+        println!("{}", server_part.per(&start, pods.latency.0.len(), "pod handoff (setup included)"));
+        println!(
+            "pod path's floor with ZooKeeper's release after the final status (every write of zklock's path, in \
+             its order), in batches of {batch} alternating with zklock's: {}; zklock / that floor: p50 {:.2}; batch \
+             by batch {}, median {:.2}",
+            released.summary(),
+            pods.latency.percentile(0.5).as_secs_f64() / released.percentile(0.5).as_secs_f64(),
+            ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(" "),
+            median(&ratios)
+        );
+        println!("  its first part, the pod's deletion until seen gone: {}", floor_gone_seen.summary());
+        drop(bench);
+        let floor = handoff_floor(&client, &server, held, sizes.pod_rounds, FloorStart::PodDeleted).await?;
         println!(
             "pod path's floor (the holder pod's delete seen on a watch, the holder's final status and the next \
              claim's Held written and seen, by the bench alone): {}; zklock / floor: p50 {:.2}",
             floor.summary(),
             pods.latency.percentile(0.5).as_secs_f64() / floor.percentile(0.5).as_secs_f64()
-        );
-        let released =
-            handoff_floor_with(&client, &server, Some(zk), held, sizes.pod_rounds, FloorStart::PodDeleted).await?;
-        println!(
-            "pod path's floor with ZooKeeper's release after the final status (every write of zklock's path, in \
-             its order): {}; zklock / that floor: p50 {:.2}",
-            released.summary(),
-            pods.latency.percentile(0.5).as_secs_f64() / released.percentile(0.5).as_secs_f64()
         );
     }
     if runs("gated") {
@@ -1744,6 +1779,19 @@ struct PodRounds {
     gets_all: f64,
 }
 
+impl PodRounds {
+    /// `other`'s rounds added to these (its per-round figures weighted by its rounds).
+    fn add(&mut self, other: PodRounds) {
+        let (n, m) = (self.latency.0.len() as f64, other.latency.0.len() as f64);
+        let mean = |a: f64, b: f64| if n + m > 0.0 { (a * n + b * m) / (n + m) } else { 0.0 };
+        self.gets_timed = mean(self.gets_timed, other.gets_timed);
+        self.gets_all = mean(self.gets_all, other.gets_all);
+        self.latency.0.extend(other.latency.0);
+        self.gone_seen.0.extend(other.gone_seen.0);
+        self.held = other.held.or(self.held.take());
+    }
+}
+
 /// Where a handoff's floor starts.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum FloorStart {
@@ -2180,15 +2228,19 @@ impl Bench {
     /// next claim is Held is taken. Also the operator's pod reads from the API per round: while
     /// timed (from the deletion to the next Held) and in all (the next claim's first sight, which
     /// binds it, included). The last holder's Held status is kept for the floor to copy.
-    async fn pod_deletions(&self, rounds: usize) -> Result<PodRounds, Error> {
+    ///
+    /// Rounds `from..from + rounds`: a later call goes on from the holder the last one left.
+    async fn pod_deletions(&self, from: usize, rounds: usize) -> Result<PodRounds, Error> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
         // Counted by the operator's client for every build: GETs of pods.
         let gets = r#"zklock_kubernetes_calls_total{method="GET",resource="pods","#;
         let mut samples = Samples::default();
         let (gets_start, mut gets_timed) = (self.metric(gets).await, 0.0);
-        pods.create(&PostParams::default(), &unscheduled_pod("p0")?).await?;
-        self.create("h0", "pods", Some("p0")).await?;
-        self.wait_phase("h0", Phase::Held).await?;
+        if from == 0 {
+            pods.create(&PostParams::default(), &unscheduled_pod("p0")?).await?;
+            self.create("h0", "pods", Some("p0")).await?;
+        }
+        self.wait_phase(&format!("h{from}"), Phase::Held).await?;
         // The next holder's grant is seen on a watch that is already open, as the floor sees it:
         // a watch opened per round (`wait_phase`) had the API server list the namespace's claims
         // in the middle of the timed handoff.
@@ -2213,7 +2265,7 @@ impl Bench {
             })
         };
         let mut gone_seen = Samples::default();
-        for i in 0..rounds {
+        for i in from..from + rounds {
             let next = format!("p{}", i + 1);
             let (holder, waiter) = (format!("h{i}"), format!("h{}", i + 1));
             pods.create(&PostParams::default(), &unscheduled_pod(&next)?).await?;
@@ -2233,7 +2285,7 @@ impl Bench {
         }
         follower.abort();
         pod_follower.abort();
-        let last = self.claims.get(&format!("h{rounds}")).await?;
+        let last = self.claims.get(&format!("h{}", from + rounds)).await?;
         let held = last.status.map(serde_json::to_value).transpose()?;
         let per_round = |n: f64| n / rounds.max(1) as f64;
         Ok(PodRounds {
@@ -2669,6 +2721,7 @@ struct ServerProbe {
 }
 
 /// One reading of [`ServerProbe`].
+#[derive(Clone)]
 struct ServerSample {
     apiserver_cpu: Option<f64>,
     etcd_cpu: Option<f64>,
@@ -2763,6 +2816,32 @@ impl ServerSample {
     }
 
     /// What the API server did between `before` and this sample, per `lifecycles`, as lines.
+    /// Adds to this reading what changed from `before` to `after`: a reading that has added
+    /// several such spans, read with [`ServerSample::per`] against the reading it started as,
+    /// gives their sum (batches of a part that alternate with other work).
+    fn add(&mut self, before: &ServerSample, after: &ServerSample) {
+        let add = |total: &mut Option<f64>, before: Option<f64>, after: Option<f64>| {
+            *total = match (*total, before, after) {
+                (Some(t), Some(b), Some(a)) => Some(t + a - b),
+                _ => None,
+            }
+        };
+        add(&mut self.apiserver_cpu, before.apiserver_cpu, after.apiserver_cpu);
+        add(&mut self.etcd_cpu, before.etcd_cpu, after.etcd_cpu);
+        for (((_, total), (_, b)), (_, a)) in self.others_cpu.iter_mut().zip(&before.others_cpu).zip(&after.others_cpu)
+        {
+            add(total, *b, *a);
+        }
+        for (totals, before, after) in [
+            (&mut self.requests, &before.requests, &after.requests),
+            (&mut self.watch_events, &before.watch_events, &after.watch_events),
+        ] {
+            for (key, a) in after {
+                *totals.entry(key.clone()).or_default() += a - before.get(key).copied().unwrap_or(0.0);
+            }
+        }
+    }
+
     fn per(&self, before: &ServerSample, lifecycles: usize, what: &str) -> String {
         let n = lifecycles as f64;
         let ms = |after: Option<f64>, before: Option<f64>| match (after, before) {
