@@ -110,6 +110,10 @@ impl ApiProxy {
         tasks.spawn(async move {
             let mut connections = JoinSet::new();
             while let Ok((stream, _)) = listener.accept().await {
+                // As the API server's own sockets: no Nagle (a held write waits for a delayed ACK).
+                if stream.set_nodelay(true).is_err() {
+                    continue;
+                }
                 let (upstream, faults, hung) = (upstream.clone(), shared_faults.clone(), shared_hung.subscribe());
                 connections.spawn(async move {
                     let service = hyper::service::service_fn(move |request| {

@@ -74,7 +74,12 @@ impl Proxy {
                 let ctl2 = ctl.clone();
                 let task = tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(upstream).await {
-                        relay(client, server, ctl2).await;
+                        // No Nagle on either side: a small write held until the peer's delayed
+                        // ACK (40 ms on Linux) would add that to a request or an answer; the
+                        // client and the server each send at once, and so must the proxy.
+                        if client.set_nodelay(true).is_ok() && server.set_nodelay(true).is_ok() {
+                            relay(client, server, ctl2).await;
+                        }
                     }
                 });
                 let mut connections = ctl.connections.lock();
@@ -188,7 +193,10 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
         if cut {
             muted.store(true, Ordering::SeqCst);
         }
-        if server_tx.write_all(&len).await.is_err() || server_tx.write_all(&frame).await.is_err() {
+        // The frame in one write, as the client sent it: its length alone in a segment of its
+        // own would be a request the server waits on for the rest.
+        let whole = [&len[..], &frame[..]].concat();
+        if server_tx.write_all(&whole).await.is_err() {
             break;
         }
         if cut {
