@@ -156,7 +156,12 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
-            if muted2.load(Ordering::SeqCst) || client_tx.write_all(&buf[..n]).await.is_err() {
+            // Muted, answers are dropped until the connection is cut (returning here would drop
+            // the client's half and end the connection at once, before the cut).
+            if muted2.load(Ordering::SeqCst) {
+                continue;
+            }
+            if client_tx.write_all(&buf[..n]).await.is_err() {
                 return;
             }
         }
@@ -192,6 +197,8 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
         first = false;
         if cut {
             muted.store(true, Ordering::SeqCst);
+            // Counted now: the client may see the cut, and ask, as soon as it comes.
+            control.cuts.fetch_add(1, Ordering::SeqCst);
         }
         // The frame in one write, as the client sent it: its length alone in a segment of its
         // own would be a request the server waits on for the rest.
@@ -202,7 +209,6 @@ async fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
         if cut {
             // Give the server time to read and apply the request before the connection goes.
             tokio::time::sleep(Duration::from_millis(100)).await;
-            control.cuts.fetch_add(1, Ordering::SeqCst);
             break;
         }
     }
