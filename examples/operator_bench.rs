@@ -145,8 +145,8 @@ async fn main() -> Result<(), Error> {
         handoffs(&client, &server, zk, &sizes).await?;
     }
     if runs("pods") {
-        // zklock's rounds alternate batch by batch with the floor of every write of their path,
-        // as the handoff part's do.
+        // zklock's rounds alternate batch by batch with the floor of every write of their path:
+        // measured after them, the floor moved more between runs than the operator's whole part.
         let bench = Bench::start(&client, &server, zk, "pods").await?;
         let probe = ServerProbe::new(&client, &server);
         let batch = sizes.pod_rounds.div_ceil(BATCHES).max(1);
@@ -178,8 +178,9 @@ async fn main() -> Result<(), Error> {
             Ok::<_, Error>((floor_samples, gone_seen, ratios))
         }
         .await;
-        floor.close().await?;
+        let closed = floor.close().await;
         let (released, floor_gone_seen, ratios) = measured?;
+        closed?;
         println!(
             "holder pod deleted -> next Held: {}  | operator's pod GETs per handoff: {:.2} from the deletion to the \
              next Held, {:.2} with the next claim's first sight",
@@ -385,8 +386,10 @@ async fn alternating(
         Ok::<_, Error>((floor_samples, ratios))
     }
     .await;
-    floor.close().await?;
+    // The measurement's error first: a failed cleanup is reported only when it went well.
+    let closed = floor.close().await;
     let (floor, ratios) = measured?;
+    closed?;
     Ok(SideBySide { zklock, floor, batch, ratios })
 }
 
@@ -1411,7 +1414,8 @@ async fn throughput(
     // → 2.93 ms of its CPU per lifecycle from a first round of 1,000 to the second, in one run).
     // The measured rounds take each lock again (within 30 s, so that its directory is kept: a
     // lock's first use makes it, 30 s idle remove it, and those writes would fall into the
-    // floor's batches).
+    // floor's batches). A slow run can exceed that: the engine's `directory_removed` in the
+    // requests line then says how often.
     let warm_up = Instant::now();
     bench.throughput("warm-", 0..sizes.locks, 32).await?;
     println!("(a round of {} lifecycles first, not measured: {:.1} s)", sizes.locks, warm_up.elapsed().as_secs_f64());
@@ -1459,11 +1463,15 @@ async fn throughput(
         Ok::<_, Error>(())
     }
     .await;
-    if let Some((ns, _, watch)) = unserved {
-        watch.abort();
-        Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await?;
-    }
+    let closed = match unserved {
+        Some((ns, _, watch)) => {
+            watch.abort();
+            Api::<Namespace>::all(client.clone()).delete(&ns, &DeleteParams::default()).await.map(|_| ())
+        }
+        None => Ok(()),
+    };
     measured?;
+    closed?;
     let zk_after = (zk.requests_received(), bench.zk_operations().await);
     let (ours, floor_rate) = (sizes.locks as f64 / ours_time, sizes.locks as f64 / floor_time);
     println!("uncontended claim created -> Held, 32 at once: {}", loaded.summary());
@@ -2237,7 +2245,7 @@ impl Bench {
             // a new watch per handoff would add the API server's list of the whole queue.
             let (seen, follower) = self.follow();
             let holder = format!("{names}{}", first + permits - 1);
-            seen.wait(|sets| sets.0.contains(&holder)).await;
+            within(&holder, "seen Held", seen.wait(|sets| sets.0.contains(&holder))).await?;
             for i in 0..round {
                 let next = format!("{names}{}", first + i + permits);
                 let start = Instant::now();
@@ -2258,9 +2266,13 @@ impl Bench {
             zk_events +=
                 self.metric("zklock_zookeeper_operations_total{op=\"predecessor_notification\"}").await - zk_before;
             counted += round;
-            // Clear the rest of the round's claims.
+            // Clear the rest of the round's claims, and wait for them to go: their releases would
+            // otherwise fall into whatever is measured next (a floor's batch, alternating).
             for i in round..size {
                 let _ = self.claims.delete(&format!("{names}{}", first + i), &DeleteParams::default()).await;
+            }
+            for i in round..size {
+                self.wait_gone(&format!("{names}{}", first + i)).await?;
             }
         }
         Ok(HandoffResult {
@@ -2455,11 +2467,10 @@ impl Bench {
         Ok(samples)
     }
 
-    /// Acquire+release over `locks` locks, `concurrency` claims at once; answers the rate and
-    /// each claim's time from its create request to its Held status, and one Held status.
     /// A claim on each of the locks `lock-{i}` for `i` in `locks`, `concurrency` at once, each
     /// created, seen Held, deleted and seen gone; the claims named after `names` (new names for
-    /// each call).
+    /// each call). Answers the rate, each claim's time from its create request to its Held
+    /// status, and one Held status.
     async fn throughput(
         &self,
         names: &str,
@@ -2869,7 +2880,6 @@ impl ServerSample {
         Some(self.apiserver_cpu? - before.apiserver_cpu?)
     }
 
-    /// What the API server did between `before` and this sample, per `lifecycles`, as lines.
     /// Adds to this reading what changed from `before` to `after`: a reading that has added
     /// several such spans, read with [`ServerSample::per`] against the reading it started as,
     /// gives their sum (batches of a part that alternate with other work).
@@ -2896,6 +2906,7 @@ impl ServerSample {
         }
     }
 
+    /// What the API server did between `before` and this sample, per `lifecycles`, as lines.
     fn per(&self, before: &ServerSample, lifecycles: usize, what: &str) -> String {
         let n = lifecycles as f64;
         let ms = |after: Option<f64>, before: Option<f64>| match (after, before) {

@@ -111,9 +111,8 @@ impl ApiProxy {
             let mut connections = JoinSet::new();
             while let Ok((stream, _)) = listener.accept().await {
                 // As the API server's own sockets: no Nagle (a held write waits for a delayed ACK).
-                if stream.set_nodelay(true).is_err() {
-                    continue;
-                }
+                // A socket that refuses the option still serves, only slower.
+                let _ = stream.set_nodelay(true);
                 let (upstream, faults, hung) = (upstream.clone(), shared_faults.clone(), shared_hung.subscribe());
                 connections.spawn(async move {
                     let service = hyper::service::service_fn(move |request| {

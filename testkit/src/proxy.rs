@@ -77,9 +77,9 @@ impl Proxy {
                         // No Nagle on either side: a small write held until the peer's delayed
                         // ACK (40 ms on Linux) would add that to a request or an answer; the
                         // client and the server each send at once, and so must the proxy.
-                        if client.set_nodelay(true).is_ok() && server.set_nodelay(true).is_ok() {
-                            relay(client, server, ctl2).await;
-                        }
+                        // (A socket that refuses the option still relays, only slower.)
+                        let _ = (client.set_nodelay(true), server.set_nodelay(true));
+                        relay(client, server, ctl2).await;
                     }
                 });
                 let mut connections = ctl.connections.lock();
