@@ -393,6 +393,12 @@ async fn alternating(
     Ok(SideBySide { zklock, floor, batch, ratios })
 }
 
+/// The mean of a per-round figure over `n` rounds (figure `a`) and `m` more (figure `b`).
+fn weighted(n: usize, m: usize) -> impl Fn(f64, f64) -> f64 {
+    let (n, m) = (n as f64, m as f64);
+    move |a, b| if n + m > 0.0 { (a * n + b * m) / (n + m) } else { 0.0 }
+}
+
 fn median(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
@@ -1839,8 +1845,7 @@ struct PodRounds {
 impl PodRounds {
     /// `other`'s rounds added to these (its per-round figures weighted by its rounds).
     fn add(&mut self, other: PodRounds) {
-        let (n, m) = (self.latency.0.len() as f64, other.latency.0.len() as f64);
-        let mean = |a: f64, b: f64| if n + m > 0.0 { (a * n + b * m) / (n + m) } else { 0.0 };
+        let mean = weighted(self.latency.0.len(), other.latency.0.len());
         self.gets_timed = mean(self.gets_timed, other.gets_timed);
         self.gets_all = mean(self.gets_all, other.gets_all);
         self.latency.0.extend(other.latency.0);
@@ -2725,8 +2730,7 @@ impl HandoffResult {
     /// `other`'s handoffs added to these: its samples, and its per-handoff figures weighted by
     /// its number of handoffs.
     fn add(&mut self, other: HandoffResult) {
-        let (n, m) = (self.latency.0.len() as f64, other.latency.0.len() as f64);
-        let mean = |a: f64, b: f64| if n + m > 0.0 { (a * n + b * m) / (n + m) } else { 0.0 };
+        let mean = weighted(self.latency.0.len(), other.latency.0.len());
         self.zk_events_per_handoff = mean(self.zk_events_per_handoff, other.zk_events_per_handoff);
         self.writes_per_handoff = mean(self.writes_per_handoff, other.writes_per_handoff);
         self.inside_mean =
