@@ -65,7 +65,9 @@ pub async fn client_for(path: &Path) -> kube::Client {
     let config = kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default())
         .await
         .unwrap_or_else(|e| panic!("kubeconfig {}: {e}", path.display()));
-    kube::Client::try_from(config).unwrap_or_else(|e| panic!("kube client: {e}"))
+    // The operator's stack: kube's own leaves Nagle's algorithm on, and a request whose body
+    // goes out after its headers waits 40 ms for the server's delayed ACK.
+    zklock_kube_client::builder(config).unwrap_or_else(|e| panic!("kube client: {e}")).build()
 }
 
 /// The real kubectl: `ZKLOCK_KUBECTL`, or `.tools/bin/kubectl` as `scripts/tools.sh` installs it.

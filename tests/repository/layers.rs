@@ -129,7 +129,7 @@ fn dependencies(krate: &str) -> Vec<String> {
 
 /// The layers are crates: the compiler refuses an import their manifests do not allow, and these
 /// manifests allow no import upwards. The engine knows no Kubernetes, metrics or API types; the
-/// API types know no ZooKeeper client, runtime or metrics.
+/// API types know no ZooKeeper client, runtime or metrics; the client stack knows no zklock.
 #[test]
 fn the_layer_crates_allow_no_import_upwards() {
     let engine = dependencies("engine");
@@ -141,6 +141,16 @@ fn the_layer_crates_allow_no_import_upwards() {
     assert!(api.contains(&"kube".to_string()), "the reader reads: {api:?}");
     for forbidden in ["zookeeper-client", "tokio", "prometheus-client", "zklock"] {
         assert!(!api.iter().any(|d| d == forbidden), "crates/api must not depend on {forbidden}: {api:?}");
+    }
+    // The client stack is shared with the test kit, which the operator's tests use: it knows
+    // nothing of zklock.
+    let client = dependencies("kube-client");
+    assert!(client.contains(&"kube".to_string()), "the reader reads: {client:?}");
+    for forbidden in ["zklock", "zklock-api", "zklock-engine", "zookeeper-client", "prometheus-client"] {
+        assert!(
+            !client.iter().any(|d| d == forbidden),
+            "crates/kube-client must not depend on {forbidden}: {client:?}"
+        );
     }
 }
 
