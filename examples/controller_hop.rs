@@ -1,15 +1,18 @@
-//! The time one trigger takes to become a reconcile in kube-runtime's `Controller`, beside the
-//! two hops it is made of: a channel to another task (the floor of any hop between tasks)
-//! and kube-runtime's scheduler alone. The operator passes through such a hop wherever one
-//! claim's news starts another's reconcile (the engine's Held event, a holder pod's deletion):
-//! twice on a holder pod's path, once on a handoff.
+//! The time one trigger takes to become a reconcile in kube-runtime's `Controller`, beside a
+//! channel to another task (the floor of any hop between tasks) and kube-runtime's scheduler
+//! alone. The operator passes through such a hop wherever a watch event or the engine's news
+//! starts a reconcile: twice on a holder pod's path (the pod's deletion, then the engine's Held
+//! event), once on a handoff (the holder claim's deletion).
 //!
 //!     cargo run --release --example controller_hop [-- ROUNDS]
 //!
-//! No API server: the controller's store is filled by hand and its only trigger is
-//! `reconcile_on`, as the operator's engine triggers it. The three kinds of rounds alternate in
-//! five batches; before each trigger the bench waits a random 0–2 ms so that triggers fall
-//! anywhere within the timer's millisecond ticks, as events do.
+//! No API server: each controller's store is filled by hand and its only trigger is
+//! `reconcile_on`, as the operator's engine triggers it. A request due at once waits for the
+//! timer's next tick or the one after, depending on where the scheduler's millisecond grid (set
+//! when it is made) falls within the runtime's timer's: so there are 32 schedulers and 32
+//! controllers, each made at a random point of a millisecond, the rounds spread over them. The
+//! three kinds of rounds alternate in five batches; before each trigger the bench waits a random
+//! 0–2 ms so that triggers fall anywhere within the timer's ticks, as events do.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,6 +27,8 @@ use kube::runtime::watcher;
 use tokio::sync::mpsc;
 
 const BATCHES: usize = 5;
+/// Schedulers and controllers, each made at its own point of a millisecond.
+const INSTANCES: usize = 32;
 /// No round waits longer than this for its hop: a lost trigger fails the bench, not hangs it.
 const DEADLINE: Duration = Duration::from_secs(5);
 
@@ -43,34 +48,43 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     });
 
-    // kube-runtime's scheduler alone, as the controller runs it (no debounce).
-    let (scheduler_tx, scheduler_rx) = unbounded();
+    // A request due at once waits 1 or 2 ms, depending on where the queue's millisecond grid
+    // (from its creation) falls within the runtime's timer's: several schedulers and
+    // controllers, each made at a random point of a millisecond, and the rounds spread over them.
     let (scheduler_seen_tx, mut scheduler_seen) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut emitted = std::pin::pin!(scheduler(scheduler_rx));
-        while emitted.next().await.is_some() {
-            let _ = scheduler_seen_tx.send(Instant::now());
-        }
-    });
-
-    // A controller over one object, triggered only through `reconcile_on`.
-    let object = ConfigMap {
-        metadata: kube::api::ObjectMeta {
-            name: Some("hop".into()),
-            namespace: Some("bench".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let reference = ObjectRef::from_obj(&object);
-    let (reader, mut writer) = reflector::store();
-    writer.apply_watcher_event(&watcher::Event::Init);
-    writer.apply_watcher_event(&watcher::Event::InitApply(object));
-    writer.apply_watcher_event(&watcher::Event::InitDone);
-    let (trigger_tx, trigger_rx) = unbounded();
     let (reconciled_tx, mut reconciled) = mpsc::unbounded_channel();
-    tokio::spawn(
-        Controller::for_stream(futures::stream::pending(), reader)
+    let reconciled_tx = Arc::new(reconciled_tx);
+    let (mut schedulers, mut controllers) = (Vec::new(), Vec::new());
+    for instance in 0..INSTANCES {
+        jitter.wait_up_to(Duration::from_millis(1));
+        // kube-runtime's scheduler alone, as the controller runs it (no debounce).
+        let (requests, scheduler_rx) = unbounded();
+        let mut emitted = Box::pin(scheduler(scheduler_rx));
+        let seen = scheduler_seen_tx.clone();
+        tokio::spawn(async move {
+            while emitted.next().await.is_some() {
+                let _ = seen.send(Instant::now());
+            }
+        });
+        schedulers.push(requests);
+
+        jitter.wait_up_to(Duration::from_millis(1));
+        // A controller over one object, triggered only through `reconcile_on`.
+        let object = ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("hop-{instance}")),
+                namespace: Some("bench".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let reference = ObjectRef::from_obj(&object);
+        let (reader, mut writer) = reflector::store();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(object));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let (triggers, trigger_rx) = unbounded();
+        let running = Controller::for_stream(futures::stream::pending(), reader)
             .reconcile_on(trigger_rx)
             .run(
                 |_, seen: Arc<mpsc::UnboundedSender<Instant>>| async move {
@@ -78,10 +92,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     Ok::<_, std::io::Error>(Action::await_change())
                 },
                 |_, _, _| Action::await_change(),
-                Arc::new(reconciled_tx),
+                reconciled_tx.clone(),
             )
-            .for_each(|_| async {}),
-    );
+            .for_each(|_| async {});
+        tokio::spawn(running);
+        controllers.push((triggers, reference));
+    }
 
     let (mut channel, mut scheduled, mut controller) = (Vec::new(), Vec::new(), Vec::new());
     // One batch of each, not counted: the tasks' first polls, the timer's first entries.
@@ -95,17 +111,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             batch.push(seen_after(&mut channel_seen, sent, "the channel's task").await?);
         }
         channel.extend(batch.drain(..).filter(|_| counted));
-        for _ in 0..n {
+        for i in 0..n {
             jitter.wait();
             let sent = Instant::now();
-            scheduler_tx.unbounded_send(ScheduleRequest { message: (), run_at: sent.into() })?;
+            schedulers[i % INSTANCES].unbounded_send(ScheduleRequest { message: (), run_at: sent.into() })?;
             batch.push(seen_after(&mut scheduler_seen, sent, "the scheduler's emission").await?);
         }
         scheduled.extend(batch.drain(..).filter(|_| counted));
-        for _ in 0..n {
+        for i in 0..n {
             jitter.wait();
             let sent = Instant::now();
-            trigger_tx.unbounded_send(reference.clone())?;
+            let (triggers, reference) = &controllers[i % INSTANCES];
+            triggers.unbounded_send(reference.clone())?;
             batch.push(seen_after(&mut reconciled, sent, "the controller's reconcile").await?);
         }
         controller.extend(batch.drain(..).filter(|_| counted));
@@ -119,11 +136,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("kube-runtime Controller (reconcile_on → reconcile)", &mut controller),
     ] {
         let (p50, p99) = (percentile(samples, 50.0), percentile(samples, 99.0));
+        let long = samples.iter().filter(|d| **d >= Duration::from_micros(1_500)).count();
+        let mean = samples.iter().sum::<Duration>() / samples.len().max(1) as u32;
         println!(
-            "  {name:<52} p50 {:>7.1}  p99 {:>7.1}  p50 − channel's {:>7.1}",
+            "  {name:<52} mean {:>7.1}  p50 {:>7.1}  p99 {:>7.1}  p50 − channel's {:>7.1}  ≥ 1.5 ms: {:>3.0} %",
+            micros(mean),
             micros(p50),
             micros(p99),
-            micros(p50.saturating_sub(floor))
+            micros(p50.saturating_sub(floor)),
+            100.0 * long as f64 / samples.len().max(1) as f64
         );
     }
     Ok(())
@@ -165,10 +186,14 @@ impl Jitter {
     }
 
     fn wait(&mut self) {
+        self.wait_up_to(Duration::from_millis(2));
+    }
+
+    fn wait_up_to(&mut self, most: Duration) {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
-        let until = Instant::now() + Duration::from_micros(self.0 % 2_000);
+        let until = Instant::now() + Duration::from_nanos(self.0 % most.as_nanos().max(1) as u64);
         while Instant::now() < until {
             std::hint::spin_loop();
         }

@@ -11,7 +11,10 @@
 /// client certificate, a body after its headers) then waits for the API server's delayed ACK,
 /// 40 ms on Linux. Measured with `operator_bench`: a holder pod's deletion took 50 ms from the
 /// request to its first watch event with Nagle on, 8 ms of which in the API server. A
-/// configured proxy keeps kube's own stack (its proxy connectors are not public).
+/// configured proxy keeps kube's own stack (its proxy connectors are not public). Left out of
+/// kube's stack: its tracing layer (a debug span per request, an error line on a 5xx; the
+/// operator counts and times every request itself) and the expiry of exec-plugin credentials
+/// that `Client::valid_until` reports (kube does not say it publicly; nothing here reads it).
 pub fn builder(config: kube::Config) -> Result<kube::client::ClientBuilder<Stack>, kube::Error> {
     use http_body_util::BodyExt;
     use kube::client::ConfigExt;
