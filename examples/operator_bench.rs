@@ -32,6 +32,9 @@
 //! `ZKLOCK_BENCH_OPERATOR=PATH` runs another build of the operator, such as the static (musl)
 //! one the container image ships (`scripts/build-static.sh` prints its path), and
 //! `ZKLOCK_BENCH_LOG=FILTER` sets its log filter (default `warn`; its log goes to stderr).
+//! `ZKLOCK_BENCH_SAMPLES=1` prints each handoff of the handoff part to stderr as `SAMPLE
+//! NAMESPACE CLAIM START LATENCY_MS` (the deletion's wall-clock time, Unix seconds), to be laid
+//! beside the operator's debug log.
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
@@ -2254,11 +2257,16 @@ impl Bench {
             for i in 0..round {
                 let next = format!("{names}{}", first + i + permits);
                 let start = Instant::now();
+                let wall = std::time::SystemTime::now();
                 self.claims.delete(&format!("{names}{}", first + i), &DeleteParams::default()).await?;
                 tokio::time::timeout(Duration::from_secs(120), seen.wait(|sets| sets.0.contains(&next)))
                     .await
                     .map_err(|_| format!("{next} not Held within 120 s"))?;
                 latency.push(start.elapsed());
+                if std::env::var_os("ZKLOCK_BENCH_SAMPLES").is_some() {
+                    let at = wall.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+                    eprintln!("SAMPLE {} {next} {at:.6} {:.3}", self.ns, start.elapsed().as_secs_f64() * 1e3);
+                }
             }
             follower.abort();
             last_held = last_held.or_else(|| seen.held.lock().unwrap_or_else(|p| p.into_inner()).take());
