@@ -24,8 +24,8 @@
 //! between the two clusters beside the handoff within one, then with 20 ms added to every
 //! ZooKeeper request of the second cluster's operator, and a leader change in the first cluster:
 //! places changed, time to lead, the first handoff after it); `--pod-rounds N` makes the holder
-//! pod rounds and their floors N handoffs each (default 20). The handoff at 10 waiters and the pod
-//! rounds alternate, in five batches, with the floor of every write of their path, so that each
+//! pod rounds and their floors N handoffs each (default 20). The handoff at 10 waiters, the pod
+//! rounds and the gated handoffs alternate, in five batches, with the floor of every write of their path, so that each
 //! ratio compares the two at the same moment; `--no-finalizer-policy` leaves the
 //! finalizer's admission policy out (the operator then adds its finalizer to each claim). `ZKLOCK_BENCH_WRAP="heaptrack -o /tmp/op"` runs the operator under a wrapper
 //! command (a profiler); the RSS figure is then the wrapper's, not the operator's.
@@ -216,12 +216,55 @@ async fn main() -> Result<(), Error> {
         );
     }
     if runs("gated") {
+        // As the pods part: zklock's rounds alternate batch by batch with the floor of every
+        // write of their path.
         let bench = Bench::start(&client, &server, zk, "gated").await?;
         let probe = ServerProbe::new(&client, &server);
+        let batch = sizes.handoffs.div_ceil(BATCHES).max(1);
+        let start = probe.sample().await;
+        let mut server_part = start.clone();
         let before = probe.sample().await;
-        let (gated, writes) = bench.gated_handoffs(sizes.handoffs).await?;
+        let (mut gated, mut writes, held) = bench.gated_handoffs(0, batch.min(sizes.handoffs)).await?;
+        server_part.add(&before, &probe.sample().await);
+        let mut floor = Floor::open(&client, &server, Some(zk), held, FloorStart::GatedPodFinished).await?;
+        let measured = async {
+            let (mut floor_samples, mut finish_seen, mut ratios) = (Samples::default(), Samples::default(), vec![]);
+            let (mut last, mut last_n) = (gated.percentile(0.5), gated.0.len());
+            loop {
+                let (samples, seen) = floor.rounds(last_n).await?;
+                ratios.push(last.as_secs_f64() / samples.percentile(0.5).as_secs_f64());
+                floor_samples.0.extend(samples.0);
+                finish_seen.0.extend(seen.0);
+                let done = gated.0.len();
+                if done >= sizes.handoffs {
+                    break;
+                }
+                let before = probe.sample().await;
+                let (rounds, round_writes, _) = bench.gated_handoffs(done, batch.min(sizes.handoffs - done)).await?;
+                server_part.add(&before, &probe.sample().await);
+                writes = weighted(done, rounds.0.len())(writes, round_writes);
+                (last, last_n) = (rounds.percentile(0.5), rounds.0.len());
+                gated.0.extend(rounds.0);
+            }
+            Ok::<_, Error>((floor_samples, finish_seen, ratios))
+        }
+        .await;
+        let closed = floor.close().await;
+        let (floor_samples, finish_seen, ratios) = measured?;
+        closed?;
         println!("gated pod finished -> next gated pod ungated: {}  | API writes/handoff {writes:.2}", gated.summary());
-        println!("{}", probe.sample().await.per(&before, sizes.handoffs, "gated handoff (setup included)"));
+        println!("{}", server_part.per(&start, gated.0.len(), "gated handoff (setup included)"));
+        println!(
+            "gated path's floor (the holder pod marked Succeeded and seen so, its claim's final status, ZooKeeper's \
+             release, the next claim's Held, the next pod's gate removed and seen gone: every write of zklock's path, \
+             in its order), in batches of {batch} alternating with zklock's: {}; zklock / that floor: p50 {:.2}; \
+             batch by batch {}, median {:.2}",
+            floor_samples.summary(),
+            gated.percentile(0.5).as_secs_f64() / floor_samples.percentile(0.5).as_secs_f64(),
+            ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(" "),
+            median(&ratios)
+        );
+        println!("  its first part, the pod marked Succeeded until seen so: {}", finish_seen.summary());
     }
     if runs("throughput") {
         throughput(&client, &server, zk, &sizes).await?;
@@ -1709,6 +1752,18 @@ impl Floor {
         }
     }
 
+    /// Until the floor's watch shows pod `name` with `done` true.
+    async fn pod_seen(&self, name: &str, done: fn(&Pod) -> bool) {
+        let key = kube::runtime::reflector::ObjectRef::new(name).within(&self.ns);
+        loop {
+            let notified = self.changed.notified();
+            if self.pod_store.get(&key).is_some_and(|p| done(&p)) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// Until the floor's watch shows claim `name` with `done` true; answers that copy.
     async fn seen(&self, name: &str, done: fn(&LockClaim) -> bool) -> LockClaim {
         let key = kube::runtime::reflector::ObjectRef::new(name).within(&self.ns);
@@ -1730,7 +1785,11 @@ impl Floor {
         use kube::runtime::reflector::ObjectRef;
         use zookeeper_client as zk;
         let (claims, pods, ns, start_with) = (&self.claims, &self.pods, &self.ns, self.start_with);
-        let final_status = matches!(start_with, FloorStart::ClaimDeletedThenFinal | FloorStart::PodDeleted);
+        let final_status = matches!(
+            start_with,
+            FloorStart::ClaimDeletedThenFinal | FloorStart::PodDeleted | FloorStart::GatedPodFinished
+        );
+        let gated = start_with == FloorStart::GatedPodFinished;
         let gone_first =
             matches!(start_with, FloorStart::ClaimDeletedThenGone | FloorStart::ClaimDeletedThenReleasedThenGone);
         let by_pod = start_with == FloorStart::PodDeleted;
@@ -1741,20 +1800,24 @@ impl Floor {
         let first = self.made;
         self.made += rounds;
         for i in first..first + rounds {
-            let (holder, waiter, pod) = (format!("h{i}"), format!("w{i}"), format!("p{i}"));
-            if by_pod {
+            let (holder, waiter, pod, next_pod) = (format!("h{i}"), format!("w{i}"), format!("p{i}"), format!("q{i}"));
+            if by_pod || gated {
                 pods.create(&PostParams::default(), &unscheduled_pod(&pod)?).await?;
+            }
+            if gated {
+                pods.create(&PostParams::default(), &gated_pod(&next_pod, None)?).await?;
             }
             for name in [&holder, &waiter] {
                 claims.create(&PostParams::default(), &unserved_claim(name, "l", &self.server)?).await?;
             }
             within(&waiter, "seen", async {
                 self.seen(&waiter, |_| true).await;
-                if by_pod {
-                    // Listed, so that its deletion is what the watch shows next.
-                    while self.pod_store.get(&ObjectRef::new(&pod).within(ns)).is_none() {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
+                if by_pod || gated {
+                    // Listed, so that its deletion (its finish) is what the watch shows next.
+                    self.pod_seen(&pod, |_| true).await;
+                }
+                if gated {
+                    self.pod_seen(&next_pod, |_| true).await;
                 }
             })
             .await?;
@@ -1772,6 +1835,15 @@ impl Floor {
                 tokio::time::timeout(Duration::from_secs(60), self.pod_gone(&pod))
                     .await
                     .map_err(|_| "the holder pod's deletion not seen")?;
+                gone_seen.push(start.elapsed());
+            } else if gated {
+                let finished = json!({"status": {"phase": "Succeeded"}});
+                pods.patch_status(&pod, &kube::api::PatchParams::default(), &Patch::Merge(&finished)).await?;
+                let seen =
+                    self.pod_seen(&pod, |p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"));
+                tokio::time::timeout(Duration::from_secs(60), seen)
+                    .await
+                    .map_err(|_| "the holder pod's finish not seen")?;
                 gone_seen.push(start.elapsed());
             } else {
                 claims.delete(&holder, &DeleteParams::default()).await?;
@@ -1806,12 +1878,39 @@ impl Floor {
                 self.store.get(&ObjectRef::new(&waiter).within(ns)).ok_or("the waiter is not in the store")?;
             let status = status_patch(&current, &self.held)?;
             claims.patch_status(&waiter, &manager, &Patch::Json::<()>(status)).await?;
-            let granted = self.seen(&waiter, |c| c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held));
-            tokio::time::timeout(Duration::from_secs(60), granted).await.map_err(|_| "the waiter's Held not seen")?;
+            if gated {
+                // The gate removed as zklock removes it (a JSON patch that tests the pod's UID
+                // and the gate), once the Held write is answered.
+                let current = self
+                    .pod_store
+                    .get(&ObjectRef::new(&next_pod).within(ns))
+                    .ok_or("the waiter's pod is not in the store")?;
+                let ungate: json_patch::Patch = serde_json::from_value(json!([
+                    {"op": "test", "path": "/metadata/uid", "value": current.metadata.uid},
+                    {"op": "test", "path": "/spec/schedulingGates/0/name", "value": "zklock.io/lock"},
+                    {"op": "remove", "path": "/spec/schedulingGates/0"},
+                ]))?;
+                pods.patch(&next_pod, &manager, &Patch::Json::<()>(ungate)).await?;
+                let ungated = self.pod_seen(&next_pod, |p| {
+                    p.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref()).is_none_or(|g| g.is_empty())
+                });
+                tokio::time::timeout(Duration::from_secs(60), ungated)
+                    .await
+                    .map_err(|_| "the waiter's pod's gate removal not seen")?;
+            } else {
+                let granted = self.seen(&waiter, |c| c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Held));
+                tokio::time::timeout(Duration::from_secs(60), granted)
+                    .await
+                    .map_err(|_| "the waiter's Held not seen")?;
+            }
             samples.push(start.elapsed());
-            // Not timed: both claims gone, as the operator would finish them.
-            if by_pod {
+            // Not timed: both claims gone, as the operator would finish them, and the pods.
+            if by_pod || gated {
                 claims.delete(&holder, &DeleteParams::default()).await?;
+            }
+            if gated {
+                pods.delete(&pod, &DeleteParams::default()).await?;
+                pods.delete(&next_pod, &DeleteParams::default()).await?;
             }
             if !gone_first {
                 claims.patch(&holder, &manager, &Patch::Json::<()>(release.clone())).await?;
@@ -1874,6 +1973,25 @@ enum FloorStart {
     ClaimDeletedThenReleasedThenGone,
     /// The holder's pod deleted; then as `ClaimDeletedThenFinal`.
     PodDeleted,
+    /// A gated pod's path: the holder's pod marked `Succeeded` (as its kubelet would) and seen
+    /// so; the holder's final status, the release, the waiter's Held, then the waiter's pod's
+    /// scheduling gate removed (as zklock removes it, once the Held write is answered) and seen
+    /// gone on the watch of the pods.
+    GatedPodFinished,
+}
+
+/// A pod with zklock's scheduling gate, no node runs; with `lock`, annotated to hold it (zklock
+/// then makes its claim and removes the gate on grant).
+fn gated_pod(name: &str, lock: Option<&str>) -> Result<Pod, Error> {
+    let annotations = lock.map(|lock| json!({"zklock.io/lock": lock})).unwrap_or_else(|| json!({}));
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "schedulingGates": [{"name": "zklock.io/lock"}],
+            "schedulerName": "zklock-bench-no-scheduler",
+            "containers": [{"name": "m", "image": "busybox"}],
+        },
+    }))?)
 }
 
 /// A pod no node runs (no scheduler places it): its deletion is the API server's alone.
@@ -2371,29 +2489,29 @@ impl Bench {
         })
     }
 
-    /// Gated pods in one queue: each round, the holder pod is marked Succeeded (as its kubelet
-    /// would) and the time until the next pod's scheduling gate is gone is taken, as a watch of
-    /// the namespace's pods sees it. Also the operator's API writes per such handoff.
-    async fn gated_handoffs(&self, rounds: usize) -> Result<(Samples, f64), Error> {
+    /// Gated pods in one queue, rounds `from..from + rounds` of them: pod `g{i}` holds the lock,
+    /// `g{i+1}` is made and waits; timed, `g{i}` is marked `Succeeded` (as its kubelet would) until
+    /// `g{i+1}`'s gate is seen gone. The first call makes `g0` and waits for it to be ungated; a
+    /// later one goes on from the pod the last one left holding. Answers the times, the API
+    /// writes per round and the last holder's Held status (for the floor to copy).
+    async fn gated_handoffs(&self, from: usize, rounds: usize) -> Result<(Samples, f64, serde_json::Value), Error> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
-        let gated = |name: &str| -> Result<Pod, Error> {
-            Ok(serde_json::from_value(json!({
-                "metadata": {"name": name, "annotations": {"zklock.io/lock": "gated"}},
-                "spec": {
-                    "schedulingGates": [{"name": "zklock.io/lock"}],
-                    "schedulerName": "zklock-bench-no-scheduler",
-                    "containers": [{"name": "m", "image": "busybox"}],
-                },
-            }))?)
-        };
+        let gated = |name: &str| gated_pod(name, Some("gated"));
         let ungated = Arc::new(Seen::default());
         let follower = {
             let seen = ungated.clone();
-            let stream = watcher(pods.clone(), watcher::Config::default());
+            let stream = watcher(pods.clone(), watcher::Config::default()).default_backoff();
             tokio::spawn(async move {
                 let mut stream = std::pin::pin!(stream);
                 while let Some(event) = stream.next().await {
-                    let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = event else { continue };
+                    let p = match event {
+                        Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
+                        Ok(_) => continue,
+                        Err(e) => {
+                            eprintln!("the gated pods' watch failed (retrying): {e}");
+                            continue;
+                        }
+                    };
                     let gates = p.spec.and_then(|s| s.scheduling_gates).unwrap_or_default();
                     if gates.iter().all(|g| g.name != "zklock.io/lock") {
                         seen.sets
@@ -2406,29 +2524,38 @@ impl Bench {
                 }
             })
         };
-        let mut samples = Samples::default();
-        pods.create(&PostParams::default(), &gated("g0")?).await?;
-        ungated.wait(|sets| sets.0.contains("g0")).await;
-        let succeeded = json!({"status": {"phase": "Succeeded"}});
-        let mut writes = 0.0;
-        for i in 0..rounds {
-            let next = format!("g{}", i + 1);
-            pods.create(&PostParams::default(), &gated(&next)?).await?;
-            self.wait_phase(&next, Phase::Waiting).await?;
-            let writes_before = self.metric("zklock_kubernetes_writes_total").await;
-            let start = Instant::now();
-            let finish = kube::api::Patch::Merge(&succeeded);
-            pods.patch_status(&format!("g{i}"), &kube::api::PatchParams::default(), &finish).await?;
-            tokio::time::timeout(Duration::from_secs(120), ungated.wait(|sets| sets.0.contains(&next)))
-                .await
-                .map_err(|_| format!("{next} not ungated within 120 s"))?;
-            samples.push(start.elapsed());
-            // The handoff's remaining writes (the pod's condition, events) land before the next.
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            writes += self.metric("zklock_kubernetes_writes_total").await - writes_before;
+        let measured = async {
+            let holder = format!("g{from}");
+            if from == 0 {
+                pods.create(&PostParams::default(), &gated(&holder)?).await?;
+            }
+            within(&holder, "seen ungated", ungated.wait(|sets| sets.0.contains(&holder))).await?;
+            let mut samples = Samples::default();
+            let succeeded = json!({"status": {"phase": "Succeeded"}});
+            let mut writes = 0.0;
+            for i in from..from + rounds {
+                let next = format!("g{}", i + 1);
+                pods.create(&PostParams::default(), &gated(&next)?).await?;
+                self.wait_phase(&next, Phase::Waiting).await?;
+                let writes_before = self.metric("zklock_kubernetes_writes_total").await;
+                let start = Instant::now();
+                let finish = kube::api::Patch::Merge(&succeeded);
+                pods.patch_status(&format!("g{i}"), &kube::api::PatchParams::default(), &finish).await?;
+                tokio::time::timeout(Duration::from_secs(120), ungated.wait(|sets| sets.0.contains(&next)))
+                    .await
+                    .map_err(|_| format!("{next} not ungated within 120 s"))?;
+                samples.push(start.elapsed());
+                // The handoff's remaining writes (the pod's condition, events) land before the next.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                writes += self.metric("zklock_kubernetes_writes_total").await - writes_before;
+            }
+            let last = format!("g{}", from + rounds);
+            let held = self.claims.get(&last).await?.status.ok_or_else(|| format!("{last}'s claim has no status"))?;
+            Ok::<_, Error>((samples, writes / rounds.max(1) as f64, serde_json::to_value(held)?))
         }
+        .await;
         follower.abort();
-        Ok((samples, writes / rounds as f64))
+        measured
     }
 
     /// One watch of the bench's namespace: which claims were seen Held, and which deleted.
