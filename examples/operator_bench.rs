@@ -33,8 +33,8 @@
 //! one the container image ships (`scripts/build-static.sh` prints its path), and
 //! `ZKLOCK_BENCH_LOG=FILTER` sets its log filter (default `warn`; its log goes to stderr).
 //! `ZKLOCK_BENCH_SAMPLES=1` prints each handoff of the handoff part to stderr as `SAMPLE
-//! NAMESPACE CLAIM START LATENCY_MS` (the deletion's wall-clock time, Unix seconds), to be laid
-//! beside the operator's debug log.
+//! NAMESPACE CLAIM START LATENCY_MS` (CLAIM: the one granted; START: the holder's deletion, Unix
+//! seconds), to be laid beside the operator's debug log.
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
@@ -350,7 +350,7 @@ async fn handoffs(
     );
     let with_final = handoff_floor(client, server, held, sizes.handoffs, FloorStart::ClaimDeletedThenFinal).await?;
     println!(
-        "handoff's floor with the holder's final status written and seen first (as zklock does when another \
+        "handoff's floor with the holder's final status written first (as zklock does when another \
          finalizer keeps the claim): {}; zklock / that floor at {} waiters: p50 {:.2}",
         with_final.summary(),
         sizes.waiters[0],
@@ -1617,8 +1617,8 @@ async fn floor(
 /// deletion seen on a watch of the namespace (as the operator learns of it), the waiter's Held
 /// status written (a JSON patch tested against its UID and resourceVersion, as the operator
 /// writes it) and seen on the same watch (as `kubectl wait` learns of it). With `final_status`,
-/// the holder's final status is written and seen before the grant, as the operator does (the API
-/// never shows two holders). Everything zklock adds (ZooKeeper's delete and notification, the
+/// the holder's final status is written (its answer awaited, as the operator awaits it) before
+/// the grant: the API never shows two holders. Everything zklock adds (ZooKeeper's delete and notification, the
 /// reconciles) is what a handoff costs above this.
 ///
 /// `FloorStart::PodDeleted` is the floor of a holder pod's path: the holder's pod deleted
@@ -1812,15 +1812,15 @@ impl Floor {
             }
             within(&waiter, "seen", async {
                 self.seen(&waiter, |_| true).await;
-                if by_pod || gated {
-                    // Listed, so that its deletion (its finish) is what the watch shows next.
-                    self.pod_seen(&pod, |_| true).await;
-                }
-                if gated {
-                    self.pod_seen(&next_pod, |_| true).await;
-                }
             })
             .await?;
+            if by_pod || gated {
+                // Listed, so that its deletion (its finish) is what the watch shows next.
+                within(&pod, "seen", self.pod_seen(&pod, |_| true)).await?;
+            }
+            if gated {
+                within(&next_pod, "seen", self.pod_seen(&next_pod, |_| true)).await?;
+            }
             let node = match &self.zk {
                 Some(zk_client) => {
                     let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
@@ -1859,11 +1859,8 @@ impl Floor {
                 let mut released = self.held.clone();
                 released["phase"] = json!("Released");
                 let status = status_patch(&current, &released)?;
+                // Answered, not seen: the operator releases and grants on its write's answer.
                 claims.patch_status(&holder, &manager, &Patch::Json::<()>(status)).await?;
-                let ended = self.seen(&holder, |c| c.status.as_ref().and_then(|s| s.phase) == Some(Phase::Released));
-                tokio::time::timeout(Duration::from_secs(60), ended)
-                    .await
-                    .map_err(|_| "the holder's final status not seen")?;
             }
             if let (Some(zk_client), Some(node)) = (&self.zk, &node) {
                 let mut multi = zk_client.new_multi_writer();
@@ -1961,7 +1958,7 @@ impl PodRounds {
 enum FloorStart {
     /// The holder deleted; the waiter's Held written as soon as that is seen.
     ClaimDeleted,
-    /// The holder deleted; its final status written and seen before the waiter's Held: zklock's
+    /// The holder deleted; its final status written (answered) before the waiter's Held: zklock's
     /// path when another finalizer keeps the claim after its own.
     ClaimDeletedThenFinal,
     /// The holder deleted; its finalizer removed (the removal answered, the claim gone with it)
@@ -1975,8 +1972,9 @@ enum FloorStart {
     PodDeleted,
     /// A gated pod's path: the holder's pod marked `Succeeded` (as its kubelet would) and seen
     /// so; the holder's final status, the release, the waiter's Held, then the waiter's pod's
-    /// scheduling gate removed (as zklock removes it, once the Held write is answered) and seen
-    /// gone on the watch of the pods.
+    /// scheduling gate removed once the Held write is answered (zklock removes it once the Held
+    /// has also come back on its claim watch: one watch delivery this floor does not wait for)
+    /// and seen gone on the watch of the pods.
     GatedPodFinished,
 }
 
@@ -2380,10 +2378,14 @@ impl Bench {
                 tokio::time::timeout(Duration::from_secs(120), seen.wait(|sets| sets.0.contains(&next)))
                     .await
                     .map_err(|_| format!("{next} not Held within 120 s"))?;
-                latency.push(start.elapsed());
+                let took = start.elapsed();
+                latency.push(took);
                 if std::env::var_os("ZKLOCK_BENCH_SAMPLES").is_some() {
+                    use std::io::Write;
                     let at = wall.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
-                    eprintln!("SAMPLE {} {next} {at:.6} {:.3}", self.ns, start.elapsed().as_secs_f64() * 1e3);
+                    let line = format!("SAMPLE {} {next} {at:.6} {:.3}\n", self.ns, took.as_secs_f64() * 1e3);
+                    // One write: the operator's log shares this stderr, and must not split the line.
+                    let _ = std::io::stderr().lock().write_all(line.as_bytes());
                 }
             }
             follower.abort();
