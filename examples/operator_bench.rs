@@ -2701,11 +2701,21 @@ impl Bench {
 
 async fn get_at(address: &str, path: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(address).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).await.ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+    let get = async {
+        let mut s = tokio::net::TcpStream::connect(address).await.ok()?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).await.ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+    };
+    // A stuck endpoint must not hang the bench: no answer within 10 s reads as none.
+    match tokio::time::timeout(Duration::from_secs(10), get).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            eprintln!("no answer from http://{address}{path} within 10 s");
+            None
+        }
+    }
 }
 
 /// The sum of the samples of metric `name` on the metrics endpoint at `address`.
