@@ -160,27 +160,17 @@ async fn main() -> Result<(), Error> {
         server_part.add(&before, &probe.sample().await);
         let held = pods.held.clone().ok_or("no Held status was seen to copy for the pod path's floor")?;
         let mut floor = Floor::open(&client, &server, Some(zk), held.clone(), FloorStart::PodDeleted).await?;
-        let measured = async {
-            let (mut floor_samples, mut gone_seen, mut ratios) = (Samples::default(), Samples::default(), vec![]);
-            let (mut last, mut last_n) = (pods.latency.percentile(0.5), pods.latency.0.len());
-            loop {
-                let (samples, gone) = floor.rounds(last_n).await?;
-                ratios.push(last.as_secs_f64() / samples.percentile(0.5).as_secs_f64());
-                floor_samples.0.extend(samples.0);
-                gone_seen.0.extend(gone.0);
-                let done = pods.latency.0.len();
-                if done >= sizes.pod_rounds {
-                    break;
-                }
+        let first = pods.latency.clone();
+        let measured = floor
+            .alternate(&first, sizes.pod_rounds, batch, async |done, n| {
                 let before = probe.sample().await;
-                let rounds = bench.pod_deletions(done, batch.min(sizes.pod_rounds - done)).await?;
+                let rounds = bench.pod_deletions(done, n).await?;
                 server_part.add(&before, &probe.sample().await);
-                (last, last_n) = (rounds.latency.percentile(0.5), rounds.latency.0.len());
+                let latency = rounds.latency.clone();
                 pods.add(rounds);
-            }
-            Ok::<_, Error>((floor_samples, gone_seen, ratios))
-        }
-        .await;
+                Ok(latency)
+            })
+            .await;
         let closed = floor.close().await;
         let (released, floor_gone_seen, ratios) = measured?;
         closed?;
@@ -227,28 +217,17 @@ async fn main() -> Result<(), Error> {
         let (mut gated, mut writes, held) = bench.gated_handoffs(0, batch.min(sizes.handoffs)).await?;
         server_part.add(&before, &probe.sample().await);
         let mut floor = Floor::open(&client, &server, Some(zk), held, FloorStart::GatedPodFinished).await?;
-        let measured = async {
-            let (mut floor_samples, mut finish_seen, mut ratios) = (Samples::default(), Samples::default(), vec![]);
-            let (mut last, mut last_n) = (gated.percentile(0.5), gated.0.len());
-            loop {
-                let (samples, seen) = floor.rounds(last_n).await?;
-                ratios.push(last.as_secs_f64() / samples.percentile(0.5).as_secs_f64());
-                floor_samples.0.extend(samples.0);
-                finish_seen.0.extend(seen.0);
-                let done = gated.0.len();
-                if done >= sizes.handoffs {
-                    break;
-                }
+        let first = gated.clone();
+        let measured = floor
+            .alternate(&first, sizes.handoffs, batch, async |done, n| {
                 let before = probe.sample().await;
-                let (rounds, round_writes, _) = bench.gated_handoffs(done, batch.min(sizes.handoffs - done)).await?;
+                let (rounds, round_writes, _) = bench.gated_handoffs(done, n).await?;
                 server_part.add(&before, &probe.sample().await);
                 writes = weighted(done, rounds.0.len())(writes, round_writes);
-                (last, last_n) = (rounds.percentile(0.5), rounds.0.len());
-                gated.0.extend(rounds.0);
-            }
-            Ok::<_, Error>((floor_samples, finish_seen, ratios))
-        }
-        .await;
+                gated.0.extend(rounds.0.iter().copied());
+                Ok(rounds)
+            })
+            .await;
         let closed = floor.close().await;
         let (floor_samples, finish_seen, ratios) = measured?;
         closed?;
@@ -412,29 +391,20 @@ async fn alternating(
     let mut zklock = bench.handoffs_on("l", "b0c", 1, waiters, batch.min(handoffs)).await?;
     let held = zklock.held.clone().ok_or("no Held status was seen to copy for the handoff's floor")?;
     let mut floor = Floor::open(client, server, Some(zk), held, FloorStart::ClaimDeletedThenReleasedThenGone).await?;
-    let measured = async {
-        let (mut floor_samples, mut ratios) = (Samples::default(), vec![]);
-        let (mut last, mut last_n) = (zklock.latency.percentile(0.5), zklock.latency.0.len());
-        let mut done = last_n;
-        for b in 1.. {
-            // The floor's batch right after zklock's, as many rounds.
-            let (samples, _) = floor.rounds(last_n).await?;
-            ratios.push(last.as_secs_f64() / samples.percentile(0.5).as_secs_f64());
-            floor_samples.0.extend(samples.0);
-            if done >= handoffs {
-                break;
-            }
-            let result = bench.handoffs_on("l", &format!("b{b}c"), 1, waiters, batch.min(handoffs - done)).await?;
-            (last, last_n) = (result.latency.percentile(0.5), result.latency.0.len());
-            done += last_n;
+    let first = zklock.latency.clone();
+    let mut b = 0;
+    let measured = floor
+        .alternate(&first, handoffs, batch, async |_, n| {
+            b += 1;
+            let result = bench.handoffs_on("l", &format!("b{b}c"), 1, waiters, n).await?;
+            let latency = result.latency.clone();
             zklock.add(result);
-        }
-        Ok::<_, Error>((floor_samples, ratios))
-    }
-    .await;
+            Ok(latency)
+        })
+        .await;
     // The measurement's error first: a failed cleanup is reported only when it went well.
     let closed = floor.close().await;
-    let (floor, ratios) = measured?;
+    let (floor, _, ratios) = measured?;
     closed?;
     Ok(SideBySide { zklock, floor, batch, ratios })
 }
@@ -1358,12 +1328,11 @@ impl LockStatuses {
         let statuses = Arc::new(LockStatuses::default());
         let following = statuses.clone();
         tokio::spawn(async move {
-            let stream = watcher(api, watcher::Config::default()).default_backoff();
+            let stream = watcher(api, watcher::Config::default()).default_backoff().applied_objects();
             let mut stream = std::pin::pin!(stream);
-            while let Some(event) = stream.next().await {
-                let lock = match event {
-                    Ok(watcher::Event::Apply(lock) | watcher::Event::InitApply(lock)) => lock,
-                    Ok(_) => continue,
+            while let Some(lock) = stream.next().await {
+                let lock = match lock {
+                    Ok(lock) => lock,
                     Err(e) => {
                         eprintln!("the bench's watch of Lock objects failed (retrying): {e}");
                         continue;
@@ -1916,6 +1885,35 @@ impl Floor {
             claims.patch(&waiter, &manager, &Patch::Json::<()>(release.clone())).await?;
         }
         Ok((samples, gone_seen))
+    }
+
+    /// zklock's rounds side by side with this floor's: after zklock's first batch (`first`, made
+    /// before the floor was opened), as many floor rounds as that batch had, then `zklock(done, n)`
+    /// for the next batch of at most `batch` rounds (answering their latencies), and so on until
+    /// `total` rounds of zklock's are done. Answers the floor's latencies, their first parts (see
+    /// [`Floor::rounds`]) and each batch's ratio of zklock's p50 to the floor's batch's.
+    async fn alternate(
+        &mut self,
+        first: &Samples,
+        total: usize,
+        batch: usize,
+        mut zklock: impl AsyncFnMut(usize, usize) -> Result<Samples, Error>,
+    ) -> Result<(Samples, Samples, Vec<f64>), Error> {
+        let (mut floor, mut first_parts, mut ratios) = (Samples::default(), Samples::default(), vec![]);
+        let (mut last, mut last_n) = (first.percentile(0.5), first.0.len());
+        let mut done = last_n;
+        loop {
+            let (samples, parts) = self.rounds(last_n).await?;
+            ratios.push(last.as_secs_f64() / samples.percentile(0.5).as_secs_f64());
+            floor.0.extend(samples.0);
+            first_parts.0.extend(parts.0);
+            if done >= total {
+                return Ok((floor, first_parts, ratios));
+            }
+            let latency = zklock(done, batch.min(total - done)).await?;
+            (last, last_n) = (latency.percentile(0.5), latency.0.len());
+            done += last_n;
+        }
     }
 
     /// Stops the watches and deletes the namespace (whether the rounds succeeded or not).
@@ -2502,13 +2500,12 @@ impl Bench {
         let ungated = Arc::new(Seen::default());
         let follower = {
             let seen = ungated.clone();
-            let stream = watcher(pods.clone(), watcher::Config::default()).default_backoff();
+            let stream = watcher(pods.clone(), watcher::Config::default()).default_backoff().applied_objects();
             tokio::spawn(async move {
                 let mut stream = std::pin::pin!(stream);
-                while let Some(event) = stream.next().await {
-                    let p = match event {
-                        Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
-                        Ok(_) => continue,
+                while let Some(pod) = stream.next().await {
+                    let p = match pod {
+                        Ok(p) => p,
                         Err(e) => {
                             eprintln!("the gated pods' watch failed (retrying): {e}");
                             continue;
@@ -2903,7 +2900,7 @@ impl HandoffResult {
     }
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Samples(Vec<Duration>);
 
 impl Samples {
