@@ -98,6 +98,10 @@ pub struct Inputs<'a> {
     pub admitting: bool,
     /// Set by re-anchoring when a recorded holder could not keep the lock (docs/design.md: re-anchoring).
     pub anchor_verdict: Option<String>,
+    /// While ZooKeeper is out of reach and the claim holds a lock that other clients or
+    /// clusters share: the moment by which it must be ended, before its session can expire on
+    /// the server and another client be granted (docs/design.md: a lost connection).
+    pub hold_until: Option<Timestamp>,
     pub now: Timestamp,
 }
 
@@ -239,6 +243,7 @@ pub fn plan(input: Inputs<'_>) -> Plan {
     let plan = Plan { status: input.claim.status.clone().unwrap_or_default(), ..Plan::default() };
     let ended = || -> ControlFlow<Plan, Plan> {
         let plan = already_final(plan, &facts)?;
+        let plan = out_of_reach(plan, &facts)?;
         let plan = coming_back(plan, &facts)?;
         let plan = anchor_verdict(plan, &facts)?;
         let plan = holder_pod(plan, &facts)?;
@@ -288,6 +293,7 @@ struct Facts<'a> {
     contender: &'a ContenderView,
     admitting: bool,
     anchor_verdict: Option<&'a str>,
+    hold_until: Option<Timestamp>,
     now: Timestamp,
     now_t: Time,
     generation: Option<i64>,
@@ -315,6 +321,7 @@ impl<'a> Facts<'a> {
             contender: &input.contender,
             admitting: input.admitting,
             anchor_verdict: input.anchor_verdict.as_deref(),
+            hold_until: input.hold_until,
             now: input.now,
             now_t: Time(input.now),
             generation: input.claim.metadata.generation,
@@ -343,12 +350,37 @@ fn already_final(mut plan: Plan, facts: &Facts) -> ControlFlow<Plan, Plan> {
     ControlFlow::Break(plan)
 }
 
+/// ZooKeeper is out of reach and the claim holds a lock that other clients or clusters share:
+/// once its session expires on the server one of them is granted, and this side cannot see it
+/// happen. So the claim ends `Lost` (its final status needs the Kubernetes API only) by the
+/// moment the session could first have expired, whether or not the connection comes back
+/// later: the merged history of every cluster never shows two holders. Safety over an
+/// uninterrupted hold: a cut shorter than the session would have let it keep the lock, but no
+/// one can tell in time which cut that is.
+fn out_of_reach(mut plan: Plan, facts: &Facts) -> ControlFlow<Plan, Plan> {
+    let Some(until) = facts.hold_until else { return ControlFlow::Continue(plan) };
+    if facts.recorded != Some(Phase::Held) && !facts.held_now {
+        return ControlFlow::Continue(plan);
+    }
+    if facts.now >= until {
+        let msg = "ZooKeeper was out of reach and this lock is shared with other clients or clusters, which are \
+                   granted it once the session expires: ended before that could happen"
+            .to_string();
+        plan.status.observed_generation = facts.generation;
+        return facts.finish(plan, Phase::Lost, "ConnectionLost", msg);
+    }
+    plan.requeue_at(facts.now, until);
+    ControlFlow::Continue(plan)
+}
+
 /// While a new session is being re-anchored, a claim that was queued may not be back yet:
 /// leave its status alone (never turn Held into anything but a final phase). Past this rule the
 /// status is the plan's to write.
 fn coming_back(mut plan: Plan, facts: &Facts) -> ControlFlow<Plan, Plan> {
     if !facts.admitting && matches!(facts.recorded, Some(Phase::Held | Phase::Waiting)) && !facts.held_now {
-        plan.requeue_after = Some(Duration::from_secs(1));
+        // Sooner if a rule before asked (a hold that must end while out of reach).
+        let soon = Duration::from_secs(1);
+        plan.requeue_after = Some(plan.requeue_after.map_or(soon, |w| w.min(soon)));
         return ControlFlow::Break(plan);
     }
     plan.status.observed_generation = facts.generation;
@@ -666,7 +698,16 @@ mod tests {
 
     fn run_as(c: &LockClaim, holder: HolderView, contender: ContenderView, now: Timestamp, admitting: bool) -> Plan {
         let spec = validate(c).unwrap();
-        plan(Inputs { claim: c, spec: &spec, holder, contender, admitting, anchor_verdict: None, now })
+        plan(Inputs {
+            claim: c,
+            spec: &spec,
+            holder,
+            contender,
+            admitting,
+            anchor_verdict: None,
+            hold_until: None,
+            now,
+        })
     }
 
     fn with_status(mut c: LockClaim, p: &Plan) -> LockClaim {
@@ -829,6 +870,36 @@ mod tests {
         let p = run(&c, HolderView::Missing, ContenderView::Untracked, t(31));
         assert_eq!(p.status.phase, Some(Phase::Invalid));
         assert!(conditions::get(&p.status.conditions, INVALID).unwrap().message.contains("does not exist"));
+    }
+
+    #[test]
+    fn a_shared_hold_out_of_reach_of_zookeeper_ends_lost_before_the_session_could_expire() {
+        let c = claim(spec());
+        let held = ContenderState::Held { fencing_token: 7 };
+        let c = with_status(c.clone(), &run(&c, HolderView::NotRequested, tracked(held), t(1)));
+        let asked = ContenderState::RevokeRequested { reason: "connection lost".into(), fencing_token: Some(7) };
+        let out = |contender: ContenderView, now: Timestamp, admitting: bool| {
+            let spec = validate(&c).unwrap();
+            let (holder, hold_until) = (HolderView::NotRequested, Some(t(5)));
+            plan(Inputs { claim: &c, spec: &spec, holder, contender, admitting, anchor_verdict: None, hold_until, now })
+        };
+        // Asked to let go, still Held: looked at again by the deadline, not after the grace.
+        let p = out(tracked(asked.clone()), t(2), true);
+        assert_eq!(p.status.phase, Some(Phase::Held));
+        assert!(conditions::is_true(&p.status.conditions, REVOKE_REQUESTED));
+        assert!(p.requeue_after.is_some_and(|d| d <= Duration::from_millis(3_100)), "{:?}", p.requeue_after);
+        // By the deadline it is final, whatever the engine says, and before re-anchoring too.
+        for contender in [tracked(asked), ContenderView::Untracked] {
+            for admitting in [true, false] {
+                let p = out(contender.clone(), t(5), admitting);
+                assert_eq!(p.status.phase, Some(Phase::Lost), "{contender:?} admitting {admitting}");
+                assert_eq!(conditions::get(&p.status.conditions, FINISHED).unwrap().reason, "ConnectionLost");
+                assert!(p.release);
+            }
+        }
+        // While the session is being replaced, the 1 s look keeps the deadline if it is nearer.
+        let p = out(ContenderView::Untracked, t(4) + Duration::from_millis(500), false);
+        assert!(p.requeue_after.is_some_and(|d| d < Duration::from_secs(1)), "{:?}", p.requeue_after);
     }
 
     #[test]

@@ -171,6 +171,7 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
         contender,
         admitting: admitting_before && admitting(),
         anchor_verdict: ctx.registry.verdict(uid),
+        hold_until: hold_until(ctx, &parts, now),
         now,
     };
     let view = (admitting(), contender_view(ctx, &parts).await);
@@ -382,6 +383,16 @@ async fn holder_view(
 fn deleted_by_another(view: &ContenderView) -> bool {
     let lost = ContenderState::Lost { why: crate::zk::LostReason::DeletedByOther };
     matches!(view, ContenderView::Tracked { parts, .. } if parts.iter().any(|p| p.state == lost))
+}
+
+/// While ZooKeeper is out of reach: by when the claim must be ended, if it holds a lock that
+/// others share (the earliest of its parts'; see `LockEngine::hold_deadline`), on the clock
+/// the plan reads.
+fn hold_until(ctx: &Context, parts: &[Part], now: Timestamp) -> Option<Timestamp> {
+    let deadline = parts.iter().filter_map(|p| ctx.engine.hold_deadline(&p.id)).min()?;
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    // A span no clock can add is no deadline worth keeping: the hold ends now.
+    Some(now.checked_add(left).unwrap_or(now))
 }
 
 /// The claim's contenders in the engine (one per lock), each with the claim it waits for named.

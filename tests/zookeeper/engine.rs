@@ -5,7 +5,7 @@ use crate::support;
 
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::*;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -572,7 +572,17 @@ async fn a_dropped_connection_asks_holders_of_foreign_shared_locks_to_let_go() {
     assert_eq!(state.fencing_token(), Some(token), "still the holder until it releases: {state:?}");
     disconnected(&mut events).await;
     assert!(matches!(in_ours.state(), ContenderState::Held { .. }), "a zklock-only hold is not disturbed");
+    // The shared hold must end before the session (20 s) can expire on the server: at most
+    // the session less the detection (5 s at most here) and the margin (2 s) from now.
+    let left = engine.hold_deadline(&in_shared.id).expect("a deadline for the shared hold") - Instant::now();
+    assert!(left <= Duration::from_secs(13), "{left:?}");
+    assert_eq!(engine.hold_deadline(&in_ours.id), None, "a zklock-only hold has no deadline");
     proxy.set_blackhole(false);
+    within("the engine to report the reconnection", async {
+        while !matches!(events.recv().await, Some(EngineEvent::Session(SessionEvent::Reconnected))) {}
+    })
+    .await;
+    assert_eq!(engine.hold_deadline(&in_shared.id), None, "the session lives: its grace period applies");
     // Sticky: the request stands after the connection comes back, and the zklock-only hold is
     // untouched.
     let request = in_shared.state();

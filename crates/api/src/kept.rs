@@ -82,7 +82,7 @@ enum Word {
 }
 
 /// Condition statuses, and the types and reasons `controller::plan` writes.
-const KNOWN_WORDS: [&str; 20] = [
+const KNOWN_WORDS: [&str; 21] = [
     "True",
     "False",
     "Unknown",
@@ -96,6 +96,7 @@ const KNOWN_WORDS: [&str; 20] = [
     "Revoked",
     "Expired",
     "ClaimDeleted",
+    "ConnectionLost",
     "HolderGone",
     "HolderPodNotFound",
     "InvalidSpec",

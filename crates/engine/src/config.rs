@@ -1,6 +1,6 @@
 //! How the engine reaches ZooKeeper.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use zookeeper_client as zk;
 
@@ -82,7 +82,7 @@ impl ZkConfig {
     pub async fn connect(&self) -> Result<zk::Client, Error> {
         let mut connector = zk::Client::connector()
             .with_session_timeout(self.session_timeout)
-            .with_connection_timeout(self.session_timeout.min(Duration::from_secs(5)))
+            .with_connection_timeout(connection_timeout(self.session_timeout))
             .with_fail_eagerly();
         if let Some(auth) = &self.digest_auth {
             connector = connector.with_auth("digest", auth.as_bytes());
@@ -169,6 +169,32 @@ pub fn digest_id(user_password: &str) -> String {
     format!("{user}:{}", base64::engine::general_purpose::STANDARD.encode(hash))
 }
 
+/// How long the client waits for any answer from a server before it calls the connection lost:
+/// 2/5 of the session timeout (zookeeper-client's own default), at most 5 s. Short enough that a
+/// lost connection is noticed while most of the session is still left on the server: holders
+/// of locks that others share must be ended before it can expire there (see
+/// [`hold_deadline_after`]).
+pub fn connection_timeout(session_timeout: Duration) -> Duration {
+    (session_timeout * 2 / 5).min(Duration::from_secs(5))
+}
+
+/// The moment by which a holder of a lock others share must be ended, for a connection found
+/// lost at `detected` in a session whose negotiated timeout is `session_timeout`.
+///
+/// The server expires the session `session_timeout` after the last request it received from
+/// us, and that request was answered no later than the last byte we read; the client calls the
+/// connection lost at most the connection timeout plus one of its ticks (1/8 of it) after that
+/// last byte: counted with 1/4 to spare. So the server cannot expire the session, and so no
+/// other client can be granted the lock, before `detected + session_timeout - detection`; the
+/// margin (a tenth of the session, at least 1 s) covers the final status write and the round
+/// trip of that last request.
+pub fn hold_deadline_after(detected: Instant, session_timeout: Duration) -> Instant {
+    let detection = connection_timeout(session_timeout) * 5 / 4;
+    let margin = (session_timeout / 10).max(Duration::from_secs(1));
+    let left = session_timeout.saturating_sub(detection).saturating_sub(margin);
+    detected + left
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,5 +227,24 @@ mod tests {
         assert_eq!(config.directory_acls()[1].permission(), contend);
         config.digest_auth = None;
         assert_eq!(config.directory_acls(), zk::Acls::anyone_all().to_vec());
+    }
+
+    #[test]
+    fn holders_of_shared_locks_are_ended_before_the_session_can_expire_on_the_server() {
+        let at = Instant::now();
+        let left = |session: u64| hold_deadline_after(at, Duration::from_secs(session)) - at;
+        // The chart's 10 s: lost at most 5 s after the last byte read, 1 s to write.
+        assert_eq!(connection_timeout(Duration::from_secs(10)), Duration::from_secs(4));
+        assert_eq!(left(10), Duration::from_secs(4));
+        // The chaos suite's 4 s sessions: 2 s to detect, 1 s to write, 1 s left.
+        assert_eq!(left(4), Duration::from_secs(1));
+        // Long sessions: detected within 6.25 s, 3 s to spare.
+        assert_eq!(left(30), Duration::from_millis(20_750));
+        for ms in (1_000..120_000).step_by(250) {
+            let session = Duration::from_millis(ms);
+            let detection = connection_timeout(session) + connection_timeout(session) / 8;
+            let deadline = hold_deadline_after(at, session) - at;
+            assert!(deadline + detection < session, "{session:?}: ended after the session could expire");
+        }
     }
 }

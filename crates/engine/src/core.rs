@@ -37,6 +37,18 @@ pub(super) struct Core {
     /// The root this engine serves and for which installation (see [`super::root`]): taken
     /// again in every new session.
     pub root: Mutex<Option<(super::Layout, super::Installation, String)>>,
+    /// Holders of locks others share, asked to let go when the connection dropped, and the
+    /// moment by which they must be ended (see [`Core::suspend_shared_holds`]).
+    pub suspended: Mutex<Option<Suspension>>,
+}
+
+/// Holds that cannot be proven while ZooKeeper is out of reach.
+pub(super) struct Suspension {
+    pub session_id: i64,
+    /// Before this, the session cannot have expired on the server (see
+    /// [`super::config::hold_deadline_after`]).
+    pub deadline: Instant,
+    pub ids: HashSet<Arc<str>>,
 }
 
 /// The session in which new contenders may join queues, and the locks of it that are still to
@@ -80,6 +92,7 @@ impl Core {
             fence: Fence::default(),
             idle_directories: Mutex::new(HashMap::new()),
             root: Mutex::new(None),
+            suspended: Mutex::new(None),
         }
     }
 
@@ -193,18 +206,61 @@ impl Core {
     /// holders of `ClusterLock`s other clusters share (another cluster's waiter is granted the
     /// moment our session expires); in locks of this cluster's zklock alone nobody else can be
     /// granted, and holders keep the lock.
+    ///
+    /// Asking is not enough: another client is granted the moment the session expires on the
+    /// server, and a holder that still reads `Held` then is a second holder in the API. So the
+    /// suspension also records by when those holders must be ended (their final status written
+    /// through the Kubernetes API, which needs no ZooKeeper): before the session can have
+    /// expired, counted from the last byte the client can have read ([`Self::hold_deadline`]).
     pub fn suspend_shared_holds(&self, session_id: i64) {
+        let detected = Instant::now();
+        let negotiated = self
+            .session
+            .lock()
+            .as_ref()
+            .filter(|c| c.session_id().0 == session_id)
+            .map_or(self.config.session_timeout, |c| c.session_timeout());
+        let mut ids = HashSet::new();
         let mut book = self.book.lock();
         let Book { contenders, locks, .. } = &mut *book;
         for (id, member) in contenders.iter_mut() {
             let held = matches!(member.decision, Some(Decision::Held));
             let shared = locks.get(&member.lock).is_some_and(|q| q.foreign) || self.is_shared_lock(&member.lock);
-            if member.session_id == session_id && held && member.revoke.is_none() && shared {
-                let before = member.state();
-                member.revoke = Some(CONNECTION_LOST.to_string());
-                self.publish(id, &before, member.state());
+            if member.session_id == session_id && held && shared {
+                ids.insert(id.clone());
+                if member.revoke.is_none() {
+                    let before = member.state();
+                    member.revoke = Some(CONNECTION_LOST.to_string());
+                    self.publish(id, &before, member.state());
+                }
             }
         }
+        drop(book);
+        let mut suspended = self.suspended.lock();
+        // A second drop in the same session without a reconnection in between cannot happen; a
+        // drop after a reconnection counts afresh, and holds suspended before stay so.
+        let earlier = suspended.take().filter(|s| s.session_id == session_id);
+        let deadline = super::config::hold_deadline_after(detected, negotiated);
+        let deadline = earlier.as_ref().map_or(deadline, |s| s.deadline.min(deadline));
+        ids.extend(earlier.into_iter().flat_map(|s| s.ids));
+        *suspended = Some(Suspension { session_id, deadline, ids });
+    }
+
+    /// The connection of `session_id` is back: the session lives, and so do its nodes; the holds
+    /// it suspended stay asked to let go (their grace period runs as for any revocation), but
+    /// need not be ended before the session could expire.
+    pub fn resume_holds(&self, session_id: i64) {
+        let mut suspended = self.suspended.lock();
+        if suspended.as_ref().is_some_and(|s| s.session_id == session_id) {
+            *suspended = None;
+        }
+    }
+
+    /// The moment by which contender `id`'s hold must be ended, while ZooKeeper is out of
+    /// reach and it holds a lock others share (see [`Self::suspend_shared_holds`]). Kept after
+    /// the session is lost, until a new session is made: the claim must end all the same.
+    pub fn hold_deadline(&self, id: &str) -> Option<Instant> {
+        self.suspended.lock().as_ref().filter(|s| s.ids.contains(id)).map(|s| s.deadline)
     }
 }
 

@@ -147,6 +147,8 @@ impl LockEngine {
         }
         let session_id = client.session_id().0;
         let states = client.state_watcher();
+        // The holds suspended in an earlier session are judged by re-anchoring in this one.
+        self.core.suspended.lock().take();
         let old = self.core.session.lock().replace(client);
         if let Some(old) = old {
             self.core.lose_session(old.session_id().0);
@@ -154,6 +156,14 @@ impl LockEngine {
         tokio::spawn(session::monitor_session(Arc::downgrade(&self.core), states, session_id));
         self.core.emit(EngineEvent::Session(SessionEvent::Connected { session_id }));
         Ok(())
+    }
+
+    /// While ZooKeeper is out of reach: the moment by which contender `id`, a holder of a lock
+    /// that other clients or clusters share, must be ended (its final status written) — before
+    /// the session can expire on the server and another client be granted. `None` for every
+    /// other contender, and once the connection is back.
+    pub fn hold_deadline(&self, id: &str) -> Option<std::time::Instant> {
+        self.core.hold_deadline(id)
     }
 
     /// The session timeout asked for (the server may have negotiated another).

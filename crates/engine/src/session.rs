@@ -206,6 +206,7 @@ pub(super) async fn monitor_session(core: Weak<Core>, mut states: zk::StateWatch
                 core.emit(EngineEvent::Session(SessionEvent::Disconnected))
             }
             zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                core.resume_holds(session_id);
                 core.emit(EngineEvent::Session(SessionEvent::Reconnected))
             }
             // Expired, closed or refused: the session is over. (The client reports Expired by
