@@ -155,6 +155,12 @@ impl KeptClaim {
         conditions.iter().find(|c| c.type_.as_str() == type_).map(|c| &*c.message)
     }
 
+    /// Whether the claim has condition `type_` with status True.
+    pub fn condition_true(&self, type_: &str) -> bool {
+        let conditions = self.status.as_ref().map(|s| &s.conditions[..]).unwrap_or_default();
+        conditions.iter().any(|c| c.type_.as_str() == type_ && c.status.as_str() == "True")
+    }
+
     /// The whole claim again, for planning (the dropped metadata is never read).
     pub fn to_claim(&self) -> LockClaim {
         self.clone().into()

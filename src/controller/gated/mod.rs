@@ -27,7 +27,7 @@ use serde_json::json;
 use tracing::Instrument;
 
 pub use arrivals::Arrivals;
-use plan::{PodPlan, Report, Step, GATE};
+use plan::{Known, PodPlan, Report, Step, GATE};
 pub use pod::KeptPod;
 use pod::CONDITION;
 
@@ -94,18 +94,35 @@ pub async fn reconcile(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, E
     apply(pod, ctx).instrument(span).await
 }
 
+/// Whether this term has judged claim `uid`'s hold (see [`Known::judged`]): no verdict of a
+/// re-anchoring pass on it, every lock of it admitting in this session (a pass judging it has
+/// ended: verdicts are recorded before a judged lock admits), and, with leader election, its
+/// status written by this term (the walk's stamp or the grant itself).
+fn judged_hold(ctx: &Context, uid: &str) -> bool {
+    ctx.registry.verdict(uid).is_none()
+        && (ctx.epoch().is_none() || ctx.registry.written(uid))
+        && ctx
+            .registry
+            .lock_paths(uid)
+            .is_some_and(|locks| !locks.is_empty() && ctx.engine.admitting_in(locks.iter().map(|lock| &**lock)))
+}
+
 async fn apply(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
     let claim = ctx.claim(pod.namespace(), pod.name());
-    let known_held = claim
-        .as_ref()
-        .and_then(|c| c.metadata.uid.as_deref())
-        .is_some_and(|uid| ctx.registry.known_phase(uid) == Some(Phase::Held));
-    let PodPlan { step, mut report } = plan::plan(&pod, claim.as_deref(), known_held);
+    let known = claim.as_ref().and_then(|c| c.metadata.uid.as_deref()).map_or_else(Known::default, |uid| Known {
+        held: ctx.registry.known_phase(uid) == Some(Phase::Held),
+        judged: judged_hold(&ctx, uid),
+        epoch: ctx.epoch(),
+    });
+    let PodPlan { step, mut report } = plan::plan(&pod, claim.as_deref(), known);
     if !matches!(step, Step::Create { .. }) {
         leave(&ctx, pod.uid());
     }
     let action = match step {
         Step::Nothing => Action::await_change(),
+        // The claim's next write (the walk's stamp, a verdict's Lost, a revocation) triggers
+        // the pod too; a later session's pass may end without one.
+        Step::Recheck => Action::requeue(Duration::from_secs(1)),
         Step::Create { locks, claim } => {
             let locks = locks.iter().map(|l| ctx.lock_path(pod.namespace(), l)).collect();
             let (turn, overtaken) = ctx.arrivals.lock().may_create(locks, &pod);

@@ -12,8 +12,10 @@ use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::pod::KeptPod;
-use crate::api::conditions::FINISHED;
-use crate::api::{check_lock_name, Holder, KeptClaim, LockClaim, LockClaimSpec, LockRef, Phase, MAX_LOCKS};
+use crate::api::conditions::{FINISHED, REVOKE_REQUESTED};
+use crate::api::{
+    check_lock_name, Holder, KeptClaim, LockClaim, LockClaimSpec, LockRef, Phase, MAX_LOCKS, REVOKE_ANNOTATION,
+};
 use crate::recipe::Mode;
 
 /// The scheduling gate that holds a pod back until it holds its lock.
@@ -27,6 +29,22 @@ pub const ACQUIRE_TIMEOUT: &str = "zklock.io/acquire-timeout-seconds";
 
 const KNOWN: [&str; 3] = [LOCK, MODE, ACQUIRE_TIMEOUT];
 const MAX_TIMEOUT_SECONDS: i64 = 31_536_000;
+
+/// What the operator itself knows of the pod's claim besides the watch's copy (read by the
+/// caller from the registry and the engine, so that the plan stays pure).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Known {
+    /// Its own last word on the claim is Held (`Registry::known_phase`): a copy from the watch
+    /// may be older than the operator's own later write, so both must say Held.
+    pub held: bool,
+    /// This term judged that hold: no re-anchoring verdict on it (`Registry::verdict`), its
+    /// locks admit in this session (no pass is judging it), and this term wrote its status
+    /// (`Registry::written`; there is no stamp without leader election). A Held an earlier
+    /// leader or session left may still end `Lost`: no pod starts under it.
+    pub judged: bool,
+    /// This term's leader epoch (`Context::epoch`), which the copy must carry.
+    pub epoch: Option<i64>,
+}
 
 /// What the pod's annotations ask for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,6 +80,9 @@ pub enum Step {
     Ungate {
         index: usize,
     },
+    /// Held, but not (yet) by a judgement of this term, or being revoked: the gate stays; look
+    /// again soon (a later session's pass may end without a write that would wake the pod).
+    Recheck,
 }
 
 /// The condition the pod should carry, and whether a change to it is worth a Warning event.
@@ -208,10 +229,9 @@ pub fn owner_pod(claim: &KeptClaim) -> Option<&OwnerReference> {
     claim.metadata.owner_references.iter().flatten().find(|o| o.kind == "Pod" && o.api_version == "v1")
 }
 
-/// What to do for `pod`, given the claim of the same name (if the claim watch has one) and
-/// whether the operator itself last wrote that claim Held (a copy from the watch may be older
-/// than the operator's own later write: both must say Held before the gate goes).
-pub fn plan(pod: &KeptPod, claim: Option<&KeptClaim>, known_held: bool) -> PodPlan {
+/// What to do for `pod`, given the claim of the same name (if the claim watch has one) and what
+/// the operator knows of that claim itself (see [`Known`]).
+pub fn plan(pod: &KeptPod, claim: Option<&KeptClaim>, known: Known) -> PodPlan {
     let finished = matches!(pod.phase.as_deref(), Some("Succeeded" | "Failed"));
     if pod.metadata.deletion_timestamp.is_some() || finished {
         return PodPlan::nothing();
@@ -222,7 +242,7 @@ pub fn plan(pod: &KeptPod, claim: Option<&KeptClaim>, known_held: bool) -> PodPl
     let asks = gate.is_some() || pod.annotation(LOCK).is_some();
     match claim {
         Some(claim) => match owner_pod(claim) {
-            Some(owner) if owner.uid == pod.uid() => for_own_claim(pod, claim, gate, known_held),
+            Some(owner) if owner.uid == pod.uid() => for_own_claim(pod, claim, gate, known),
             // Made for an earlier pod of this name, which is gone (this pod has the name now),
             // and this one asks for a lock: its own claim needs the name. A claim owned by a pod
             // of another name was not made for a gated pod: somebody else's, left alone.
@@ -261,11 +281,12 @@ pub fn plan(pod: &KeptPod, claim: Option<&KeptClaim>, known_held: bool) -> PodPl
     }
 }
 
-fn for_own_claim(pod: &KeptPod, claim: &KeptClaim, gate: Option<usize>, known_held: bool) -> PodPlan {
+fn for_own_claim(pod: &KeptPod, claim: &KeptClaim, gate: Option<usize>, known: Known) -> PodPlan {
     let lock = &claim.spec.lock_label();
     let name = pod.name();
     match claim.phase() {
-        Some(Phase::Held) if known_held => {
+        // A pod whose gate is gone runs already: only its condition is kept.
+        Some(Phase::Held) if known.held && (gate.is_none() || judged_here(claim, known)) => {
             let tokens: Vec<String> = claim
                 .lock_statuses()
                 .iter()
@@ -281,6 +302,9 @@ fn for_own_claim(pod: &KeptPod, claim: &KeptClaim, gate: Option<usize>, known_he
             let step = gate.map_or(Step::Nothing, |index| Step::Ungate { index });
             PodPlan { step, report: Some(report) }
         }
+        // Not judged by this term (a verdict may still end it Lost), or being revoked: a pod
+        // starts only under a Held that nobody is taking back (docs/design.md: gated pods).
+        Some(Phase::Held) if known.held => PodPlan { step: Step::Recheck, report: Some(waiting(pod, lock)) },
         // The pod had the lock and ran; how its claim ended since is the claim's story.
         Some(phase) if phase.is_terminal() && pod.condition.as_ref().is_some_and(|c| c.status == "True") => {
             PodPlan::nothing()
@@ -297,6 +321,15 @@ fn for_own_claim(pod: &KeptPod, claim: &KeptClaim, gate: Option<usize>, known_he
         }
         _ => PodPlan::report(waiting(pod, lock)),
     }
+}
+
+/// Whether the claim's Held is one this term judged (see [`Known::judged`]), carried by the
+/// copy at hand, and nobody is taking it back (a revocation asked for, by annotation or in the
+/// znode, ends the hold after its grace: the pod would start only to be told to stop).
+fn judged_here(claim: &KeptClaim, known: Known) -> bool {
+    let revoking = claim.condition_true(REVOKE_REQUESTED)
+        || claim.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(REVOKE_ANNOTATION));
+    known.judged && (known.epoch.is_none() || claim.leader_epoch() == known.epoch) && !revoking
 }
 
 fn waiting(pod: &KeptPod, lock: &str) -> Report {
@@ -347,10 +380,14 @@ mod tests {
         claim.status = phase.map(|phase| crate::api::LockClaimStatus {
             phase: Some(phase),
             fencing_token: Some("42".into()),
+            leader_epoch: Some(7),
             ..Default::default()
         });
         claim.into()
     }
+
+    /// Held, as the operator knows it, by a judgement of this term (epoch 7).
+    const JUDGED: Known = Known { held: true, judged: true, epoch: Some(7) };
 
     fn gated(annotations: Value) -> KeptPod {
         pod(annotations, &["example.com/other", GATE], None)
@@ -359,7 +396,7 @@ mod tests {
     #[test]
     fn a_gated_pod_gets_a_claim_named_and_owned_as_the_pod_with_its_lock_mode_and_timeout() {
         let p = gated(json!({LOCK: "db", MODE: "Shared", ACQUIRE_TIMEOUT: "600"}));
-        let plan = plan(&p, None, false);
+        let plan = plan(&p, None, Known::default());
         let Step::Create { locks, claim } = plan.step else { panic!("{plan:?}") };
         assert_eq!(locks, ["db"]);
         assert_eq!(claim.metadata.name.as_deref(), Some("job-abc"));
@@ -393,7 +430,7 @@ mod tests {
     }
 
     fn plan_of(p: &KeptPod) -> PodPlan {
-        plan(p, None, false)
+        plan(p, None, Known::default())
     }
 
     #[test]
@@ -427,30 +464,70 @@ mod tests {
     fn the_gate_goes_when_the_claim_is_held_and_the_operator_knows_it() {
         let p = gated(json!({ LOCK: "db" }));
         let held = claim_of(&p, Some(Phase::Held));
-        let stale = plan(&p, Some(&held), false);
+        let stale = plan(&p, Some(&held), Known::default());
         assert_eq!(stale.step, Step::Nothing, "a Held copy the operator has not written (or has since changed)");
-        let go = plan(&p, Some(&held), true);
+        let go = plan(&p, Some(&held), JUDGED);
         assert_eq!(go.step, Step::Ungate { index: 1 }, "only zklock's gate, at its index");
         let report = go.report.unwrap();
         assert!(report.acquired && report.message.contains("fencing token 42"), "{report:?}");
         let ungated = pod(json!({ LOCK: "db" }), &["example.com/other"], None);
-        assert_eq!(plan(&ungated, Some(&held), true).step, Step::Nothing, "gate gone: only the condition");
-        let waiting = plan(&p, Some(&claim_of(&p, Some(Phase::Waiting))), false);
+        assert_eq!(plan(&ungated, Some(&held), JUDGED).step, Step::Nothing, "gate gone: only the condition");
+        let waiting = plan(&p, Some(&claim_of(&p, Some(Phase::Waiting))), Known::default());
         assert_eq!((waiting.step, waiting.report.unwrap().reason), (Step::Nothing, "Waiting"));
+    }
+
+    /// A Held whose claim is as `edit` leaves it.
+    fn held_as(p: &KeptPod, edit: impl FnOnce(&mut LockClaim)) -> KeptClaim {
+        let mut claim = claim_of(p, Some(Phase::Held)).to_claim();
+        edit(&mut claim);
+        claim.into()
+    }
+
+    #[test]
+    fn a_pod_starts_only_under_a_held_this_term_judged_and_nobody_takes_back() {
+        let p = gated(json!({ LOCK: "db" }));
+        let mine = claim_of(&p, Some(Phase::Held));
+        assert_eq!(plan(&p, Some(&mine), JUDGED).step, Step::Ungate { index: 1 });
+        // An earlier leader's grant, before this term wrote the claim, or with a re-anchoring
+        // verdict pending, or while a pass judges its locks: it may still end Lost.
+        let unjudged = plan(&p, Some(&mine), Known { judged: false, ..JUDGED });
+        assert_eq!((unjudged.step, unjudged.report.unwrap().reason), (Step::Recheck, "Waiting"));
+        let earlier = held_as(&p, |c| c.status.as_mut().unwrap().leader_epoch = Some(6));
+        assert_eq!(plan(&p, Some(&earlier), JUDGED).step, Step::Recheck, "the copy must carry this term's write");
+        assert_eq!(
+            plan(&p, Some(&earlier), Known { epoch: None, ..JUDGED }).step,
+            Step::Ungate { index: 1 },
+            "without leader election there is no epoch to carry"
+        );
+        // Asked to let go (in the znode, by another client, or by the annotation): not started.
+        let asked = held_as(&p, |c| {
+            let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+            let conditions = &mut c.status.as_mut().unwrap().conditions;
+            crate::api::conditions::set(conditions, REVOKE_REQUESTED, true, "RevokeRequested", "drain", None, &at);
+        });
+        assert_eq!(plan(&p, Some(&asked), JUDGED).step, Step::Recheck, "revoke requested");
+        let annotated = held_as(&p, |c| {
+            c.metadata.annotations = Some([(REVOKE_ANNOTATION.to_string(), "drain".to_string())].into());
+        });
+        assert_eq!(plan(&p, Some(&annotated), JUDGED).step, Step::Recheck, "revocation annotated");
+        // A pod that runs already is left alone, whatever this term knows.
+        let ran = pod(json!({ LOCK: "db" }), &[], Some(("True", "Acquired")));
+        let shown = plan(&ran, Some(&earlier), Known { judged: false, ..JUDGED });
+        assert_eq!((shown.step, shown.report.unwrap().reason), (Step::Nothing, "Acquired"));
     }
 
     #[test]
     fn a_claim_that_ends_before_the_grant_keeps_the_pod_gated_and_says_why() {
         let p = gated(json!({ LOCK: "db" }));
         for phase in [Phase::Expired, Phase::Revoked, Phase::Invalid, Phase::Lost, Phase::Released] {
-            let plan = plan(&p, Some(&claim_of(&p, Some(phase))), false);
+            let plan = plan(&p, Some(&claim_of(&p, Some(phase))), Known::default());
             assert_eq!(plan.step, Step::Nothing, "{phase:?}: not ungated");
             let report = plan.report.unwrap();
             assert!(report.warning && report.message.contains(&format!("ended {phase:?}")), "{report:?}");
         }
         let ran = pod(json!({ LOCK: "db" }), &[], Some(("True", "Acquired")));
-        assert_eq!(plan(&ran, Some(&claim_of(&ran, Some(Phase::Released))), false), PodPlan::nothing());
-        assert_eq!(plan(&ran, None, false), PodPlan::nothing(), "claim deleted after the pod ran");
+        assert_eq!(plan(&ran, Some(&claim_of(&ran, Some(Phase::Released))), Known::default()), PodPlan::nothing());
+        assert_eq!(plan(&ran, None, Known::default()), PodPlan::nothing(), "claim deleted after the pod ran");
     }
 
     #[test]
@@ -458,20 +535,20 @@ mod tests {
         let p = gated(json!({ LOCK: "db" }));
         let mut earlier = claim_of(&p, Some(Phase::Released));
         earlier.metadata.owner_references.as_mut().unwrap()[0].uid = "pod-0".into();
-        assert_eq!(plan(&p, Some(&earlier), false).step, Step::DeleteStale { uid: "claim-1".into() });
+        assert_eq!(plan(&p, Some(&earlier), Known::default()).step, Step::DeleteStale { uid: "claim-1".into() });
         let mut users = claim_of(&p, Some(Phase::Held));
         users.metadata.owner_references = None;
-        let report = plan(&p, Some(&users), true).report.unwrap();
+        let report = plan(&p, Some(&users), JUDGED).report.unwrap();
         assert_eq!((report.reason, report.warning), ("ClaimNameTaken", true));
         // Owned by a pod of another name: not a gated pod's claim, never deleted.
         let mut other_pods = claim_of(&p, Some(Phase::Held));
         let owner = &mut other_pods.metadata.owner_references.as_mut().unwrap()[0];
         (owner.name, owner.uid) = ("somebody-else".into(), "pod-9".into());
-        let report = plan(&p, Some(&other_pods), true).report.unwrap();
+        let report = plan(&p, Some(&other_pods), JUDGED).report.unwrap();
         assert_eq!(report.reason, "ClaimNameTaken");
         // A pod that asks for no lock deletes nobody's claim, whatever its owner.
         let plain = pod(json!({}), &[], None);
-        assert_eq!(plan(&plain, Some(&earlier), false), PodPlan::nothing());
+        assert_eq!(plan(&plain, Some(&earlier), Known::default()), PodPlan::nothing());
     }
 
     #[test]
