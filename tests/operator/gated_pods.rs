@@ -396,3 +396,59 @@ async fn the_annotation_alone_gates_a_pod_where_the_gate_policy_is_installed() {
     finish(&env, "first").await;
     wait_pod(&env, "second", "ungated from the lock once first finished", |p| gates(p) == ["example.com/quota"]).await;
 }
+
+/// A gated pod whose claim was granted, but whose gate had not gone yet when the operator's
+/// session was lost, in a lock a Curator client uses: the next session judges the claim `Lost`,
+/// and the pod is never started — not even by a retry of the gate's removal while that `Lost`
+/// is still being written (issue 53: a pod starts only under a Held its term has judged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_hold_is_judged_lost_before_its_gate_went_is_never_started() {
+    use zklock_testkit::api_proxy::{ApiProxy, Matcher};
+    let mut zk = zklock_testkit::ZkServer::start();
+    let env = Env::with_zk(zk.chroot().await).await;
+    let proxy = ApiProxy::start(zklock_testkit::kube::kubeconfig()).await;
+    let op = Operator::start_proxied_with_zk(&env, &proxy, &env.zk, &["--zk-session-timeout", "2s"]);
+    let pod_path = format!("/namespaces/{}/pods/z-job", env.ns);
+    let ungate = proxy.hold_next(Matcher { method: "PATCH", path_contains: pod_path, status: Some(false) });
+    gated_pod(&env, "z-job", json!({ "zklock.io/lock": "shared-with-java" }), &[GATE]).await;
+    let claim = env.wait_phase("z-job", Phase::Held).await;
+    assert!(ungate.caught(PATIENCE).await, "the operator removes the gate");
+    // The claim's next status write is held too: until it lands, the operator's own last word
+    // on the claim is Held.
+    let claim_path = format!("/namespaces/{}/lockclaims/z-job", env.ns);
+    let ended = proxy.hold_next(Matcher { method: "PATCH", path_contains: claim_path, status: Some(true) });
+    // A Curator-style contender (persistent: it outlives the outage), then the session is lost.
+    let dir = claim.status.unwrap().znode.unwrap().rsplit_once('/').unwrap().0.to_string();
+    let raw = zookeeper_client::Client::connect(&env.zk).await.unwrap();
+    let options = zookeeper_client::CreateMode::PersistentSequential.with_acls(zookeeper_client::Acls::anyone_all());
+    raw.create(&format!("{dir}/_c_0d1e-lock-"), b"10.0.0.7", &options).await.unwrap();
+    drop(raw);
+    zk.kill();
+    until("the operator's session to end", || async { op.metric("zklock_zookeeper_sessions_lost_total").await >= 1.0 })
+        .await;
+    zk.resume();
+    assert!(ended.caught(PATIENCE).await, "the next session ends the claim");
+    // The held removal of the gate gives up (no answer within 10 s); the pod is looked at again.
+    until("the held gate removal to time out", || async {
+        op.metric("zklock_reconcile_errors_total{error=\"timeout\"").await >= 1.0
+    })
+    .await;
+    let looked = op.metric("zklock_gated_pod_reconciles_total").await;
+    until("the gated pod to be looked at twice more", || async {
+        op.metric("zklock_gated_pod_reconciles_total").await >= looked + 2.0
+    })
+    .await;
+    let pod = env.pods.get("z-job").await.unwrap();
+    assert_eq!(gates(&pod), [GATE], "not started under a Held this term judged Lost: {:?}", lock_condition(&pod));
+    ended.deliver(PATIENCE).await;
+    let c = env.wait_phase("z-job", Phase::Lost).await;
+    // Judged by the new session (or, had the engine known the lock shared already, ended
+    // while ZooKeeper was out of reach).
+    let why = condition(&c, zklock::api::conditions::FINISHED).unwrap().1;
+    assert!(["SessionLost", "ConnectionLost"].contains(&why.as_str()), "{why}");
+    let pod = wait_pod(&env, "z-job", "told its claim ended Lost", |p| reason(p).as_deref() == Some("Lost")).await;
+    assert_eq!(gates(&pod), [GATE]);
+    env.history.check();
+    // A hold dropped sends its request on: the first removal of the gate must never land.
+    std::mem::forget(ungate);
+}

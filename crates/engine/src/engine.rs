@@ -166,6 +166,12 @@ impl LockEngine {
         self.core.hold_deadline(id)
     }
 
+    /// Whether ZooKeeper is out of reach: the connection dropped and neither came back nor was
+    /// replaced by a new session. No hold can be confirmed meanwhile.
+    pub fn out_of_reach(&self) -> bool {
+        self.core.suspended.lock().is_some()
+    }
+
     /// The session timeout asked for (the server may have negotiated another).
     pub fn session_timeout(&self) -> std::time::Duration {
         self.core.config.session_timeout

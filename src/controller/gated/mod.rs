@@ -97,9 +97,11 @@ pub async fn reconcile(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, E
 /// Whether this term has judged claim `uid`'s hold (see [`Known::judged`]): no verdict of a
 /// re-anchoring pass on it, every lock of it admitting in this session (a pass judging it has
 /// ended: verdicts are recorded before a judged lock admits), and, with leader election, its
-/// status written by this term (the walk's stamp or the grant itself).
+/// status written by this term (the walk's stamp or the grant itself); and ZooKeeper within
+/// reach (out of it, a hold in a lock others share is about to end `Lost`).
 fn judged_hold(ctx: &Context, uid: &str) -> bool {
-    ctx.registry.verdict(uid).is_none()
+    !ctx.engine.out_of_reach()
+        && ctx.registry.verdict(uid).is_none()
         && (ctx.epoch().is_none() || ctx.registry.written(uid))
         && ctx
             .registry
