@@ -26,6 +26,13 @@ pub fn cleaned_up(claim: &KeptClaim) -> bool {
     claim.metadata.deletion_timestamp.is_some() && !claim.finalizers().iter().any(|f| f == FINALIZER)
 }
 
+/// Whether re-anchoring takes a directory the scan found with nodes of earlier sessions: a
+/// `ClusterLock`'s (listed with no namespace: claims of every served namespace queue there)
+/// always, a namespace's only if it is served (`--watch-namespace`; none named: all).
+fn served_directory(served: &[String], namespace: &str) -> bool {
+    namespace.is_empty() || served.is_empty() || served.iter().any(|n| n == namespace)
+}
+
 /// A live claim in one of its locks: the claim, its part there, and the node it recorded.
 type Live = (Arc<KeptClaim>, Part, Option<String>);
 
@@ -64,8 +71,10 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
         let phase = recorded_phase(ctx, &claim);
         let live = matches!(phase, Some(Phase::Held | Phase::Waiting));
         if claim.unreadable.is_some() {
-            // Its spec or status cannot be read: it keeps the nodes its status records.
-            if live {
+            // Its spec or status cannot be read: a holder keeps the nodes its status records; a
+            // waiter's are not made again (the pass deletes them with the directory's stale
+            // nodes), or once first they would hold the lock for ever.
+            if super::unreadable::keeps_nodes(phase) {
                 for (part, node) in super::unreadable::recorded_parts(&claim, &uid) {
                     locks.entry(part.lock.clone()).or_default().push((claim.clone(), part, Some(node)));
                 }
@@ -103,7 +112,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     // Directories that hold nodes of earlier sessions but no live claim any more: their stale
     // nodes must go too, or new claims would queue behind them until the old session expires.
     for (namespace, path) in ctx.engine.directories_with_nodes(&ctx.layout).await? {
-        if ctx.namespaces.is_empty() || ctx.namespaces.contains(&namespace) {
+        if served_directory(&ctx.namespaces, &namespace) {
             locks.entry(path).or_default();
         }
     }
@@ -230,4 +239,18 @@ async fn reanchor_lock(ctx: &Context, path: String, mut claims: Vec<Live>) -> Re
     }
     tracing::info!(lock = %path, claims = anchored.contenders.len(), foreign = anchored.foreign_seen, "re-anchored");
     Ok(verdicts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::served_directory;
+
+    #[test]
+    fn cluster_lock_directories_are_re_anchored_whatever_namespaces_are_served() {
+        let served = ["shop".to_string()];
+        assert!(served_directory(&served, ""), "a ClusterLock's directory");
+        assert!(served_directory(&served, "shop"));
+        assert!(!served_directory(&served, "ci"), "a namespace not served is left alone");
+        assert!(served_directory(&[], "ci") && served_directory(&[], ""));
+    }
 }

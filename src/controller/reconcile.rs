@@ -49,7 +49,7 @@ pub async fn reconcile(uid: Uid, claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Re
         match event {
             // Planned from the whole claim again (the store keeps a compact copy).
             Finalizer::Apply(claim) => match claim.unreadable.as_deref() {
-                Some(why) => super::unreadable::report(&claim, why, &ctx).await,
+                Some(why) => super::unreadable::report(&uid, &claim, why, &ctx).await,
                 None => apply(&uid, claim.to_claim(), &ctx).await,
             },
             Finalizer::Cleanup(claim) => {

@@ -1,25 +1,38 @@
 //! Claims the operator cannot read as `LockClaim`s (a field of the wrong type, an object stored
 //! under another version of the schema: see `api::KeptClaim::unreadable`). Such a claim is
-//! reported and left as it is, in the API and in ZooKeeper: what it holds it keeps (a holder
-//! whose claim cannot be read may still be working), what it waits for it keeps waiting for.
-//! Its deletion is read all the same, and releases what the engine tracks of it. Every other
-//! claim goes on.
+//! reported and its status left as it is: what it holds it keeps (a holder whose claim cannot
+//! be read may still be working); a claim that only waits gives its place up at once (nobody
+//! works under a waiter, and its node, once first, would hold the lock for ever), and is
+//! queued again at the back once fixed. Its deletion is read all the same, and releases what
+//! the engine tracks of it. Every other claim goes on.
 
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use super::parts::{self, Part};
 use super::{Context, Error};
-use crate::api::KeptClaim;
+use crate::api::{KeptClaim, Phase};
+
+/// Whether a claim that cannot be read keeps its nodes: only one recorded Held (the operator's
+/// own last word first, so a grant reserved or in flight counts: `anchor::recorded_phase`).
+pub fn keeps_nodes(phase: Option<Phase>) -> bool {
+    phase == Some(Phase::Held)
+}
 
 /// One Warning event per change of the claim (a reconcile runs only when it changes), with
 /// what to fix.
-pub async fn report(claim: &KeptClaim, why: &str, ctx: &Context) -> Result<Action, Error> {
+pub async fn report(uid: &str, claim: &KeptClaim, why: &str, ctx: &Context) -> Result<Action, Error> {
     let name = claim.name_any();
+    if !keeps_nodes(super::anchor::recorded_phase(ctx, claim)) {
+        // Waiting, or queued and not written yet: its nodes go. Fixed, it queues again at the
+        // back ("Requeued"): it never held anything.
+        release(uid, ctx).await?;
+    }
     tracing::warn!(claim = %name, namespace = claim.namespace().unwrap_or_default(), %why, "cannot read this claim; it is left as it is");
     let note = format!(
-        "the operator cannot read this claim ({why}); it is left as it is (what it holds it keeps, and it keeps \
-         its place in its queue) until it is fixed to the LockClaim schema or deleted"
+        "the operator cannot read this claim ({why}); it is left as it is (what it holds it keeps; a claim that \
+         only waited leaves its queue and is queued again at the back once fixed) until it is fixed to the \
+         LockClaim schema or deleted"
     );
     let reference = claim.object_ref(&());
     let published = ctx.write("publish_event", ctx.events.publish(&reference, true, "Unreadable", &note)).await;
@@ -39,7 +52,7 @@ pub async fn release(uid: &str, ctx: &Context) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-/// The parts a claim that cannot be read holds or waits for, as its status records them: each
+/// The parts a claim that cannot be read holds, as its status records them: each
 /// recorded node names its lock (its directory), the contender (the claim's UID, or a part of
 /// it) and the mode. Re-anchoring keeps them: a new term must not hand on a lock whose holder's
 /// claim it cannot read. Nothing, where the status cannot be read either or records no node.

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::registry::Seen;
 use super::{Context, Uid};
-use crate::api::{KeptClaim, Phase};
+use crate::api::KeptClaim;
 use crate::recipe::Mode;
 
 /// The claims of one scope, as the process's watch delivers them to this term (see `feed`),
@@ -102,9 +102,9 @@ fn first_seen(ctx: &Context, claim: &KeptClaim) {
     let locks: Vec<(String, bool)> = if claim.unreadable.is_some() {
         // What it asks for cannot be read: it is never enqueued, and waits at no gate. Known
         // all the same (a claim the registry does not know is taken for gone, and its nodes
-        // released), with the locks its status records it holds or waits for.
-        let live = matches!(phase, Some(Phase::Held | Phase::Waiting));
-        let recorded = if live { super::unreadable::recorded_parts(claim, &uid) } else { vec![] };
+        // released), with the locks its status records it holds (a waiter gives its place up).
+        let keeps = super::unreadable::keeps_nodes(phase);
+        let recorded = if keeps { super::unreadable::recorded_parts(claim, &uid) } else { vec![] };
         recorded.iter().map(|(part, _)| (part.lock.clone(), part.mode == Mode::Exclusive)).collect()
     } else {
         claim

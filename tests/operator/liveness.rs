@@ -492,6 +492,120 @@ async fn a_claim_the_operator_cannot_read_fails_alone_and_keeps_what_it_holds() 
     assert_eq!(op.metric("zklock_leader").await, 1.0, "the operator leads throughout");
 }
 
+/// An unreadable waiter (issue 53): a claim made unreadable while it waited kept its node, which
+/// once first held the lock for ever (nobody could write the claim Held); and a new term made
+/// its node again. Now only a holder keeps what it has: a waiter gives its place up, in a term
+/// and across a new one, and once fixed queues again at the back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_waiter_gives_its_place_up_and_blocks_nobody() {
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::{ApiResource, DynamicObject};
+    // A control plane of its own (loosening the CRD where another test watches claims expires
+    // that test's watches).
+    let kubeconfig = zklock_testkit::kube::private_control_plane("loose-claim-schema-waiter");
+    let env = Env::on(kubeconfig, zklock_testkit::ZkServer::shared().chroot().await, true).await;
+    loosen_claim_schema(&env).await;
+    let resource = ApiResource::erase::<zklock::api::LockClaim>(&());
+    let raw: kube::Api<DynamicObject> = kube::Api::namespaced_with(env.client.clone(), &env.ns, &resource);
+    let mut op = e2e_support::Operator::start(&env, &["--manage-crds=false"]);
+    for lock in ["in-term", "new-term"] {
+        let n = if lock == "in-term" { 1 } else { 2 };
+        env.claim(&format!("h{n}"), lock, json!({})).await;
+        env.wait_phase(&format!("h{n}"), Phase::Held).await;
+        for name in [format!("w{n}"), format!("t{n}")] {
+            env.claim(&name, lock, json!({})).await;
+            env.wait_phase(&name, Phase::Waiting).await;
+        }
+    }
+    let first_node = env.wait_phase("w1", Phase::Waiting).await.status.and_then(|s| s.znode);
+    let wrong = json!({ "spec": { "holder": "not-a-pod-reference" } });
+    let make_unreadable = |name: &'static str| {
+        let (raw, wrong) = (raw.clone(), wrong.clone());
+        async move {
+            until(&format!("the looser schema to take {name}'s wrong field"), || async {
+                raw.patch(name, &PatchParams::default(), &Patch::Merge(&wrong)).await.is_ok()
+            })
+            .await;
+        }
+    };
+
+    // In a term: w1 is reported, and gives its place up; h1 leaves, and t1 is granted.
+    make_unreadable("w1").await;
+    let events: kube::Api<Event> = kube::Api::namespaced(env.client.clone(), &env.ns);
+    until("an Unreadable Warning event on w1", || async {
+        let listed = events.list(&Default::default()).await.map(|l| l.items).unwrap_or_default();
+        listed.iter().any(|e| {
+            e.reason.as_deref() == Some("Unreadable")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("w1")
+        })
+    })
+    .await;
+    env.delete_claim("h1").await;
+    env.wait_phase("t1", Phase::Held).await;
+    let w1 = raw.get("w1").await.expect("read w1 untyped");
+    assert_eq!(w1.data["status"]["phase"], "Waiting", "its status is left as it is");
+
+    // Across a new term: w2 is made unreadable while no operator runs; the next term does not
+    // make its node again, and t2 is granted when h2 leaves.
+    op.kill9();
+    make_unreadable("w2").await;
+    op.restart();
+    env.delete_claim("h2").await;
+    env.wait_phase("t2", Phase::Held).await;
+
+    // Fixed, w1 queues again, behind t1, which held meanwhile.
+    raw.patch("w1", &PatchParams::default(), &Patch::Merge(&json!({ "spec": { "holder": null } })))
+        .await
+        .expect("fix w1");
+    let node = |c: &zklock::api::LockClaim| c.status.as_ref().and_then(|s| s.znode.clone());
+    env.wait("w1", "w1 queued again with a new node", |c| {
+        e2e_support::phase_of(c) == Some(Phase::Waiting) && node(c).is_some() && node(c) != first_node
+    })
+    .await;
+    env.delete_claim("t1").await;
+    env.wait_phase("w1", Phase::Held).await;
+    for name in ["w1", "t2", "w2"] {
+        raw.delete(name, &DeleteParams::default()).await.expect("delete");
+    }
+    for name in ["w1", "t2", "w2"] {
+        until(&format!("{name} to be gone"), || async { matches!(raw.get_opt(name).await, Ok(None)) }).await;
+    }
+    env.history.check();
+}
+
+/// With `--watch-namespace` (every test operator runs with it), re-anchoring left out the
+/// `ClusterLock` directories its scan found holding only an earlier session's nodes (listed with
+/// no namespace), so a new claim there queued behind a node nobody would release until that
+/// session expired (issue 53).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_lock_left_with_only_stale_nodes_is_re_anchored_when_namespaces_are_watched() {
+    let zk = zklock_testkit::ZkServer::start_with_max_session(std::time::Duration::from_secs(40));
+    let env = Env::with_zk(zk.chroot().await).await;
+    let mut op = Operator::start(&env, &["--zk-session-timeout", "40s"]);
+    let name = format!("stale-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let _lock = TestClusterLock::make(&env, &name, TestClusterLock::admitting(&env.ns)).await;
+    let spec = json!({ "clusterLockName": name });
+    env.claim_spec("gone", spec.clone()).await;
+    env.wait_phase("gone", Phase::Held).await;
+    // The leader dies; its detached session, and gone's node, outlive it by 40 s. The claim
+    // leaves the API meanwhile: no live claim is recorded in the ClusterLock any more.
+    op.kill9();
+    let killed = Instant::now();
+    let_go(&env, "gone").await;
+    let _ = env.claims.delete("gone", &DeleteParams::default()).await;
+    env.wait_gone("gone").await;
+    op.restart();
+    env.claim_spec("next", spec).await;
+    env.wait_phase("next", Phase::Held).await;
+    assert!(
+        killed.elapsed() < std::time::Duration::from_secs(35),
+        "next Held only {:?} after the kill: it queued behind the old session's node",
+        killed.elapsed()
+    );
+    env.delete_claim("next").await;
+    env.wait_gone("next").await;
+}
+
 /// The safety net against an event that never came: every claim is reconciled again each
 /// `--resync-period`, for the whole term, in batches of `--max-concurrent-reconciles`; and a
 /// walk over claims that did not change writes nothing (it replaced a requeue per claim, and at
