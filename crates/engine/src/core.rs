@@ -189,6 +189,13 @@ impl Core {
         {
             let mut book = self.book.lock();
             book.lost_sessions.insert(session_id);
+            // The other clusters' declarations were read in that session, after our own
+            // declaration of it stood; that declaration went with it, and they may have changed
+            // unseen: unknown again (the front only) until the next session lists them after
+            // declaring anew (docs/design.md: permits every cluster agrees on).
+            for declared in book.declared.values_mut() {
+                declared.others = None;
+            }
             let ids: Vec<Arc<str>> =
                 book.contenders.iter().filter(|(_, m)| m.session_id == session_id).map(|(id, _)| id.clone()).collect();
             for id in ids {
@@ -295,5 +302,29 @@ impl Drop for WindowGuard<'_> {
         if self.armed {
             self.core.book.lock().close_window(&self.lock, self.start);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recipe::Limit;
+
+    #[test]
+    fn other_clusters_declarations_are_unknown_again_after_a_lost_session() {
+        let core = Core::new(super::super::ZkConfig::new("127.0.0.1:1"), None);
+        let lock: Arc<str> = "/shared/locks/pay".into();
+        let three = Limit::Permits(3.try_into().unwrap());
+        {
+            let mut book = core.book.lock();
+            book.shared_locks = Some("/shared/locks/".into());
+            let mut declared = super::super::declaration::Declared::new(Some(three));
+            declared.others = Some(vec![super::super::Declaration { cluster: "us-2".into(), limit: three }]);
+            book.declared.insert(lock.clone(), declared);
+            assert_eq!(book.limit(&lock), three);
+        }
+        core.lose_session(7);
+        // Another cluster may have lowered its permits unseen: the front only until listed again.
+        assert_eq!(core.book.lock().limit(&lock), Limit::FRONT_ONLY);
     }
 }

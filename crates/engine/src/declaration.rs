@@ -16,6 +16,24 @@ use tokio::sync::Notify;
 
 use crate::recipe::Limit;
 
+/// What one listing of a lock's declarations says: this cluster's own nodes (their names), and
+/// the other clusters' declarations. A node whose name cannot be read (by hand, or by another
+/// version) counts as declaring the front of the queue only, under its own name: ignored, it
+/// could be a smaller limit that every cluster must keep to.
+pub(super) fn read_listing<'a>(children: &'a [String], cluster: &str) -> (Vec<&'a str>, Vec<Declaration>) {
+    let mut ours = vec![];
+    let mut others = vec![];
+    for name in children {
+        match parse(name) {
+            Some((theirs, _, _)) if theirs == cluster => ours.push(name.as_str()),
+            Some((theirs, limit, _)) => others.push(Declaration { cluster: theirs.to_string(), limit }),
+            None => others.push(Declaration { cluster: name.clone(), limit: Limit::FRONT_ONLY }),
+        }
+    }
+    others.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+    (ours, others)
+}
+
 /// One cluster's declaration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Declaration {
@@ -79,6 +97,21 @@ mod tests {
         for odd in ["eu-1.3", "eu-1.0.0000000000001234", "eu-1.3.12", ".3.0000000000001234", "a.b.c.d", "x.3.zz"] {
             assert_eq!(parse(odd), None, "{odd}");
         }
+    }
+
+    #[test]
+    fn a_declaration_that_cannot_be_read_counts_as_the_front_only() {
+        let three = Limit::Permits(3.try_into().unwrap());
+        let children =
+            [node_name("eu-1", three, 1), node_name("us-2", three, 2), "us-3.lots.00000000000000ff".to_string()];
+        let (ours, others) = read_listing(&children, "eu-1");
+        assert_eq!(ours, [children[0].as_str()]);
+        let mut declared = Declared::new(Some(three));
+        declared.others = Some(others);
+        assert_eq!(declared.limit(), Limit::FRONT_ONLY, "an unreadable declaration may be the smallest");
+        let (_, others) = read_listing(&children[..2], "eu-1");
+        declared.others = Some(others);
+        assert_eq!(declared.limit(), three);
     }
 
     #[test]

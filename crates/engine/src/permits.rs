@@ -94,22 +94,13 @@ async fn round(
         retry::idempotent(|| client.get_and_watch_children(dir)).await.map_err(|e| Error::zk("list", dir, e))?;
     let session_id = client.session_id().0;
     let want = own.map(|limit| declaration::node_name(cluster, limit, session_id));
-    let mut stale = vec![];
-    let mut others = vec![];
-    for name in &children {
-        match declaration::parse(name) {
-            Some((theirs, _, _)) if theirs == cluster => {
-                if want.as_ref() != Some(name) {
-                    stale.push(name.as_str());
-                }
-            }
-            Some((theirs, limit, _)) => others.push(Declaration { cluster: theirs.to_string(), limit }),
-            None => tracing::warn!(dir, node = %name, "ignoring a node that is no zklock declaration of permits"),
-        }
+    let (ours, others) = declaration::read_listing(&children, cluster);
+    let stale: Vec<&str> = ours.into_iter().filter(|name| want.as_deref() != Some(*name)).collect();
+    for unread in children.iter().filter(|name| declaration::parse(name).is_none()) {
+        tracing::warn!(dir, node = %unread, "a node that is no zklock declaration of permits: granting the front of the queue only while it stands");
     }
     let missing = want.filter(|w| !children.contains(w));
     if stale.is_empty() && missing.is_none() {
-        others.sort_by(|a, b| a.cluster.cmp(&b.cluster));
         publish(core, lock, others);
         return Ok(Some(watcher));
     }
