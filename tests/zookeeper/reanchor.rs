@@ -216,3 +216,47 @@ async fn a_node_another_roots_zklock_made_is_not_ours_to_re_anchor_away() {
     let (_, state) = &anchored.contenders[0];
     assert!(matches!(state, ContenderState::Waiting { ahead: 1, .. }), "behind their node: {state:?}");
 }
+
+/// Curator makes lock directories as containers, which ZooKeeper removes once empty: a holder's
+/// directory can vanish in a session gap (our node gone with the session, the foreign client's
+/// released), and with it the marker that says foreign clients use it. A directory made after
+/// a recorded contender first queued there counts as shared with foreign clients: the holder
+/// cannot claim continuity (issue 53).
+#[tokio::test]
+async fn a_directory_made_again_since_a_contender_queued_counts_as_used_by_foreign_clients() {
+    const REAPED: &str = "/locks/ns/reaped";
+    let connect = chroot().await;
+    let old = engine(&connect).await;
+    let raw = raw_client(&connect).await;
+    let mut h = enqueue(&old, REAPED, Mode::Exclusive).await;
+    held(&mut h).await;
+    let ticket = old.ticket(&h.id).expect("a ticket");
+    // The session ends with the node; the empty directory is removed (as ZooKeeper reaps a
+    // container), and made again by somebody else, unmarked.
+    drop(old);
+    within("the empty directory to be removed", async {
+        while raw.delete(REAPED, None).await.is_err() {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    raw.create(REAPED, b"", &zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all())).await.unwrap();
+
+    let new = engine(&connect).await;
+    let recorded = Recorded {
+        spec: ContenderSpec {
+            id: h.id.clone().into(),
+            lock: REAPED.into(),
+            mode: Mode::Exclusive,
+            description: "h".into(),
+        },
+        held: true,
+        node: Some(h.node.clone()),
+        ticket: Some(ticket),
+    };
+    let anchored = new.reanchor(REAPED, vec![recorded]).await.unwrap();
+    assert!(anchored.foreign_seen, "nothing recorded in the directory survived its removal");
+    let (marker, _) = raw.get_data(REAPED).await.unwrap();
+    assert_eq!(marker, b"-1", "and it is marked from now on");
+    new.release(&h.id).await.unwrap();
+}

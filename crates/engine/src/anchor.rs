@@ -99,7 +99,13 @@ pub(super) async fn recreate(
         let (stale, others) = owned(client, &named_ours, owner.as_deref()).await?;
         // Another root's nodes in a shared ClusterLock's directory are other clusters' claims;
         // anywhere else they count as a foreign client's.
+        // A directory made after a contender first queued in it was removed and made again
+        // meanwhile (only an empty directory can go: Curator makes lock directories as
+        // containers, which ZooKeeper reaps once empty), and its marker went with it: nothing
+        // recorded there survives, so nobody can prove who held it in the gap.
+        let made_again = contenders.iter().filter_map(|(_, ticket)| *ticket).any(|ticket| ticket < stat.czxid);
         let foreign_seen = DirMarker::parse(&body).foreign_seen
+            || made_again
             || queue.iter().any(|c| c.ours.is_none())
             || (!shared && !others.is_empty());
 
