@@ -4,10 +4,11 @@
 //! `clusterLockName`) would leave the old schema in place, and the API server would refuse or
 //! prune those fields. Server-side apply, with zklock as the field manager, forced: the CRDs are
 //! the operator's. A CRD of a later revision (a newer operator's, during a rollback) is left
-//! alone: taking fields away would prune them from the newer claims on their next write.
+//! alone: taking fields away would prune them from the newer claims on their next write. Each
+//! write is made on the copy it was decided from (two operator versions starting at once race).
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 
 use crate::api::{crd_objects, CRD_REVISION, CRD_REVISION_ANNOTATION};
@@ -20,6 +21,9 @@ pub enum Outcome {
     Newer(u32),
 }
 
+/// How often a CRD that changed between its read and the apply is read again.
+const ATTEMPTS: usize = 5;
+
 /// Applies every CRD of this build unless a later revision is installed; the first failure
 /// stops (the operator goes on with the CRDs as they are, and says so).
 pub async fn apply(client: &kube::Client) -> Result<Vec<(String, Outcome)>, String> {
@@ -27,24 +31,63 @@ pub async fn apply(client: &kube::Client) -> Result<Vec<(String, Outcome)>, Stri
     let mut done = vec![];
     for (_, crd) in crd_objects() {
         let name = crd.name_any();
-        let installed = tokio::time::timeout(crate::controller::API_TIMEOUT, api.get_opt(&name))
-            .await
-            .map_err(|_| format!("reading CRD {name}: no answer within {:?}", crate::controller::API_TIMEOUT))?
-            .map_err(|e| format!("reading CRD {name}: {e}"))?;
-        let revision =
-            installed.as_ref().and_then(|c| c.annotations().get(CRD_REVISION_ANNOTATION)?.parse::<u32>().ok());
-        if let Some(newer) = revision.filter(|r| *r > CRD_REVISION) {
-            done.push((name, Outcome::Newer(newer)));
-            continue;
+        let mut outcome = None;
+        for _ in 0..ATTEMPTS {
+            let installed = within(&format!("reading CRD {name}"), api.get_opt(&name))
+                .await?
+                .map_err(|e| format!("reading CRD {name}: {e}"))?;
+            if let Some(decided) = apply_over(&api, &crd, installed.as_ref()).await? {
+                outcome = Some(decided);
+                break;
+            }
         }
-        let params = PatchParams::apply("zklock").force();
-        tokio::time::timeout(crate::controller::API_TIMEOUT, api.patch(&name, &params, &Patch::Apply(&crd)))
-            .await
-            .map_err(|_| format!("applying CRD {name}: no answer within {:?}", crate::controller::API_TIMEOUT))?
-            .map_err(|e| format!("applying CRD {name}: {e}"))?;
-        done.push((name, Outcome::Applied));
+        let outcome =
+            outcome.ok_or_else(|| format!("applying CRD {name}: it changed under every one of {ATTEMPTS} attempts"))?;
+        done.push((name, outcome));
     }
     Ok(done)
+}
+
+/// Applies `crd` over `installed`, the copy just read, only if that copy is still the one
+/// installed: another operator version (a rollout, a rollback, a second installation, Argo CD)
+/// may apply its own revision between the read and the write, and a later revision must never
+/// be taken back by an earlier one's forced apply. `None`: it changed meanwhile (read again).
+pub async fn apply_over(
+    api: &Api<CustomResourceDefinition>,
+    crd: &CustomResourceDefinition,
+    installed: Option<&CustomResourceDefinition>,
+) -> Result<Option<Outcome>, String> {
+    let name = crd.name_any();
+    let revision = installed.and_then(|c| c.annotations().get(CRD_REVISION_ANNOTATION)?.parse::<u32>().ok());
+    if let Some(newer) = revision.filter(|r| *r > CRD_REVISION) {
+        return Ok(Some(Outcome::Newer(newer)));
+    }
+    let answer = match installed {
+        // Made by nobody yet: a create, which fails if somebody made it meanwhile.
+        None => within(&format!("creating CRD {name}"), api.create(&PostParams::default(), crd)).await?.map(drop),
+        // Server-side apply, forced (the fields are the operator's), on the very copy read: the
+        // API server refuses it (409) if the CRD changed since.
+        Some(installed) => {
+            let mut mine = crd.clone();
+            mine.metadata.resource_version = installed.resource_version();
+            let params = PatchParams::apply("zklock").force();
+            within(&format!("applying CRD {name}"), api.patch(&name, &params, &Patch::Apply(&mine))).await?.map(drop)
+        }
+    };
+    match answer {
+        Ok(()) => Ok(Some(Outcome::Applied)),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+        Err(e) => Err(format!("applying CRD {name}: {e}")),
+    }
+}
+
+/// `f` within the API deadline; `what` names it in the error.
+async fn within<T>(
+    what: &str,
+    f: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<Result<T, kube::Error>, String> {
+    let deadline = crate::controller::API_TIMEOUT;
+    tokio::time::timeout(deadline, f).await.map_err(|_| format!("{what}: no answer within {deadline:?}"))
 }
 
 /// [`apply`], its outcome logged: never fatal (the CRDs as installed may do).

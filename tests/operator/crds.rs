@@ -80,3 +80,33 @@ async fn an_upgraded_operator_brings_an_older_crd_to_its_revision_and_leaves_a_l
     let log = std::fs::read_to_string(&op.log).unwrap_or_default();
     assert!(log.contains("a later revision of this CRD is installed"), "the operator says why:\n{log}");
 }
+
+/// Two operator versions starting at once (a rollout or a rollback; Argo CD applying the
+/// chart's CRDs): each reads the CRD's revision, then applies its own. An apply decided on a
+/// copy that a later revision has replaced since is refused, read again, and the later revision
+/// left alone — never taken back by an earlier version's forced apply (issue 53).
+#[tokio::test]
+async fn an_apply_decided_on_a_copy_replaced_since_by_a_later_revision_takes_nothing_back() {
+    use zklock::operator::crds::{apply, apply_over, Outcome};
+    let kubeconfig = zklock_testkit::kube::private_control_plane("crd-race");
+    let env = Env::on(kubeconfig, zklock_testkit::ZkServer::shared().chroot().await, true).await;
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    let name = "lockclaims.zklock.io";
+    let read_before = crds.get(name).await.expect("the claims' CRD");
+    // A later zklock applies its revision between this version's read and its write.
+    let later = (CRD_REVISION + 1).to_string();
+    replace(&crds, name, |crd| crd["metadata"]["annotations"][CRD_REVISION_ANNOTATION] = json!(later)).await;
+    let mine = zklock::api::crd_objects().into_iter().map(|(_, c)| c).find(|c| c.name_any() == name).unwrap();
+    let answer = apply_over(&crds, &mine, Some(&read_before)).await.expect("an answer");
+    assert_eq!(answer, None, "refused: the CRD changed since it was read");
+    let now = crds.get(name).await.unwrap();
+    assert_eq!(now.annotations().get(CRD_REVISION_ANNOTATION), Some(&later), "the later revision stands");
+    // Read again, it is left alone.
+    let done = apply(&env.client).await.expect("apply");
+    assert!(done.iter().any(|(n, o)| n == name && *o == Outcome::Newer(CRD_REVISION + 1)), "{done:?}");
+    // This test's control plane only: back to this build's revision for nobody after it.
+    replace(&crds, name, |crd| {
+        crd["metadata"]["annotations"][CRD_REVISION_ANNOTATION] = json!(CRD_REVISION.to_string())
+    })
+    .await;
+}
