@@ -43,6 +43,8 @@ const EXPIRY_MARGIN: Duration = Duration::from_millis(5);
 #[derive(Clone, Debug)]
 pub struct Leadership {
     until: watch::Receiver<Option<Instant>>,
+    /// The installation is being removed: its Lease says so (see [`Leadership::draining`]).
+    draining: watch::Receiver<bool>,
 }
 
 impl Leadership {
@@ -50,7 +52,16 @@ impl Leadership {
     pub fn always() -> Self {
         // Far enough to never pass, near enough not to overflow the clock.
         let (_, until) = watch::channel(Some(Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)));
-        Leadership { until }
+        Leadership { until, draining: watch::channel(false).1 }
+    }
+
+    /// Whether the installation is being removed (`helm uninstall` with `deleteClaims`): the
+    /// Lease, read at every renewal, carried [`crate::api::UNINSTALLING_ANNOTATION`] (for the
+    /// rest of the process: restart it if the uninstall is called off). Then no
+    /// claim is made for a gated pod, no gate removed and nothing new granted, so that deleting
+    /// every claim leaves none behind and starts no pod while earlier holders' pods still run.
+    pub fn draining(&self) -> bool {
+        *self.draining.borrow()
     }
 
     pub fn is_leading(&self) -> bool {
@@ -94,6 +105,8 @@ pub struct LeaseLock {
     uid: Option<String>,
     /// How long, by our clock, until the lease seen held by another expires unless renewed.
     expires_in: Option<Duration>,
+    /// Whether the Lease last read carries [`crate::api::UNINSTALLING_ANNOTATION`].
+    draining: watch::Sender<bool>,
 }
 
 impl LeaseLock {
@@ -106,6 +119,7 @@ impl LeaseLock {
             leading: watch::channel(None).0,
             uid: None,
             expires_in: None,
+            draining: watch::channel(false).0,
         }
     }
 
@@ -116,7 +130,7 @@ impl LeaseLock {
 
     /// Whether we lead, as every writer asks it.
     pub fn leadership(&self) -> Leadership {
-        Leadership { until: self.leading.subscribe() }
+        Leadership { until: self.leading.subscribe(), draining: self.draining.subscribe() }
     }
 
     /// One attempt, bounded by [`REQUEST_TIMEOUT`]; a success extends the leadership.
@@ -181,6 +195,15 @@ impl LeaseLock {
             };
         };
         self.uid.clone_from(&lease.metadata.uid);
+        // Read before any renewal is written: a renewal carries the resourceVersion of this
+        // read, so once one lands after the mark was written, this process has seen it. Kept
+        // for the rest of the process (the uninstall step takes the mark away when it is done,
+        // so that the next installation, which finds the same Lease, is not drained).
+        let marked =
+            lease.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(crate::api::UNINSTALLING_ANNOTATION));
+        if marked {
+            self.draining.send_if_modified(|d| !std::mem::replace(d, true));
+        }
         let spec = lease.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.clone().unwrap_or_default();
         let seen_since = self.observe(&spec);

@@ -173,6 +173,11 @@ enum Admin {
         /// How long --delete-claims waits for the operator to release them
         #[arg(long, default_value = "5m", value_parser = zklock::durations::parse_duration)]
         timeout: std::time::Duration,
+        /// Namespace of the operator's leader Lease: with --delete-claims, the Lease is marked
+        /// first, and the operator then makes no claim for a gated pod, removes no gate and
+        /// grants nothing new while the claims are deleted
+        #[arg(long)]
+        lease_namespace: Option<String>,
         #[command(flatten)]
         api: cli::api::ApiArgs,
     },
@@ -231,8 +236,8 @@ async fn run(cli: Cli) -> Result<u8, String> {
         Command::Exec { lock, command } => Ok(cli::lock::exec(lock, command).await),
         Command::Queue { lock, namespace, output, api } => cli::claims::queue(api, namespace, lock, output).await,
         Command::Revoke { claim, namespace, reason, api } => cli::claims::revoke(api, namespace, claim, reason).await,
-        Command::Admin(Admin::BeforeUninstall { namespaces, delete_claims, timeout, api }) => {
-            cli::uninstall::before_uninstall(api, namespaces, delete_claims, timeout).await
+        Command::Admin(Admin::BeforeUninstall { namespaces, delete_claims, timeout, lease_namespace, api }) => {
+            cli::uninstall::before_uninstall(api, namespaces, delete_claims, timeout, lease_namespace).await
         }
         Command::Admin(Admin::ZkQueue { zk_connect, lock, permits }) => {
             cli::zookeeper::queue(zk_connect, &lock, permits).await

@@ -42,11 +42,23 @@ pub async fn before_uninstall(
     namespaces: Vec<String>,
     delete_claims: bool,
     timeout: Duration,
+    lease_namespace: Option<String>,
 ) -> Result<u8, String> {
     let client = api.client().await?;
     let namespaces: Vec<String> = namespaces.into_iter().filter(|n| !n.is_empty()).collect();
+    // With --delete-claims the operator is told first, then the claims are listed: one it made
+    // for a gated pod until it knew is in the list.
+    let lease_namespace = lease_namespace.filter(|_| delete_claims);
+    if let Some(namespace) = &lease_namespace {
+        if !finalized(&client, &namespaces).await?.is_empty() {
+            mark_uninstalling(&client, namespace).await?;
+        }
+    }
     let claims = finalized(&client, &namespaces).await?;
     if claims.is_empty() {
+        if let Some(namespace) = &lease_namespace {
+            unmark(&client, namespace).await;
+        }
         println!("no LockClaim carries {FINALIZER}: nothing keeps the operator");
         return Ok(0);
     }
@@ -62,6 +74,23 @@ pub async fn before_uninstall(
         );
         return Ok(1);
     }
+    let released = delete_and_wait(&client, claims, &namespaces, timeout).await;
+    if let Some(namespace) = &lease_namespace {
+        // The operators that saw the mark keep to it until they stop; the next installation,
+        // which finds the same Lease, must not.
+        unmark(&client, namespace).await;
+    }
+    released
+}
+
+/// Deletes `claims` and waits until the operator has released each, within `timeout`.
+async fn delete_and_wait(
+    client: &kube::Client,
+    claims: Vec<LockClaim>,
+    namespaces: &[String],
+    timeout: Duration,
+) -> Result<u8, String> {
+    let listed: Vec<String> = claims.iter().map(describe).collect();
     println!("deleting {} LockClaim(s) and waiting until the operator has released each:", listed.len());
     for line in &listed {
         println!("  {line}");
@@ -94,13 +123,78 @@ pub async fn before_uninstall(
         }
         Ok(Err(e)) => Err(e),
         Err(_) => {
-            let left: Vec<String> = finalized(&client, &namespaces).await?.iter().map(describe).collect();
+            let left: Vec<String> = finalized(client, namespaces).await?.iter().map(describe).collect();
             Err(format!(
                 "{} LockClaim(s) not released within {timeout:?} (is the operator running and leading?):\n  {}",
                 left.len(),
                 left.join("\n  ")
             ))
         }
+    }
+}
+
+/// Marks the operator's leader Lease as being uninstalled, and waits until the leader has read
+/// the mark: its next renewal is a write tested against the version it read, so a renewal that
+/// lands after the mark was made on a read that had it. From then on the operator makes no claim
+/// for a gated pod, removes no gate and grants nothing new: deleting every claim then leaves
+/// none made again behind (with its finalizer, for ever once the operator is gone), and starts no
+/// pod while the pods of the holders just deleted still run.
+async fn mark_uninstalling(client: &kube::Client, namespace: &str) -> Result<(), String> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Patch, PatchParams};
+    use zklock::api::UNINSTALLING_ANNOTATION;
+    use zklock::operator::LEASE_NAME;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let mark = serde_json::json!({ "metadata": { "annotations": { UNINSTALLING_ANNOTATION: "helm uninstall" } } });
+    let marked = match leases.patch(LEASE_NAME, &PatchParams::default(), &Patch::Merge(&mark)).await {
+        Ok(lease) => lease,
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            println!("no Lease {namespace}/{LEASE_NAME}: no operator has led here");
+            return Ok(());
+        }
+        Err(e) => return Err(format!("mark the Lease {namespace}/{LEASE_NAME}: {}", lease_error(&e))),
+    };
+    let version = marked.resource_version();
+    let deadline = 3 * zklock::leader::LEASE_DURATION;
+    let renewed = await_condition(leases, LEASE_NAME, move |lease: Option<&Lease>| {
+        lease.is_some_and(|l| {
+            l.resource_version() != version
+                && l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).is_some_and(|h| !h.is_empty())
+        })
+    });
+    match tokio::time::timeout(deadline, renewed).await {
+        Ok(Ok(_)) => {
+            println!("the operator knows it is being uninstalled: it grants nothing new and makes no claim");
+            Ok(())
+        }
+        Ok(Err(e)) => Err(format!("watch the Lease {namespace}/{LEASE_NAME}: {e}")),
+        Err(_) => Err(format!(
+            "no operator renewed the Lease {namespace}/{LEASE_NAME} within {deadline:?}: is it running and leading? \
+             Without it the claims cannot be released"
+        )),
+    }
+}
+
+/// Takes the mark of [`mark_uninstalling`] away again.
+async fn unmark(client: &kube::Client, namespace: &str) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Patch, PatchParams};
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let unmark = serde_json::json!({ "metadata": { "annotations": { zklock::api::UNINSTALLING_ANNOTATION: null } } });
+    let name = zklock::operator::LEASE_NAME;
+    match leases.patch(name, &PatchParams::default(), &Patch::Merge(&unmark)).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => eprintln!("zklock: could not take the mark off the Lease {namespace}/{name}: {}", lease_error(&e)),
+    }
+}
+
+fn lease_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => {
+            format!("the Kubernetes API refused: {} (the step needs get, patch, list and watch on leases)", s.message)
+        }
+        other => format!("the Kubernetes API: {other}"),
     }
 }
 

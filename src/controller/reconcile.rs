@@ -211,6 +211,14 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
         enqueued?;
         plan = plan::plan(inputs((admitting(), contender_view(ctx, &parts).await), now));
     }
+    let granting = plan.status.phase == Some(Phase::Held) && ctx.registry.known_phase(uid) != Some(Phase::Held);
+    if granting && claim.status.as_ref().and_then(|s| s.phase) != Some(Phase::Held) && ctx.leadership.draining() {
+        // The installation is being removed and every claim deleted: a grant now would start a
+        // gated pod while the pods of the holders just deleted still run. Its node stays first
+        // in ZooKeeper, unknown to anybody, until its own deletion releases it.
+        tracing::info!("not granted: the installation is being uninstalled");
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
     let mut waited = false;
     while plan.status.phase == Some(Phase::Held) && ctx.registry.known_phase(uid) != Some(Phase::Held) {
         let grant: Vec<(&str, bool, crate::recipe::Limit)> =

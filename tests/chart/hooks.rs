@@ -82,17 +82,65 @@ pub(crate) async fn run_as_rendered(env: &Env, release: &str, release_ns: &str, 
     assert!(text(&out).contains(&named), "the refusal names {named}: {}", text(&out));
     env.wait_phase("left-behind", Phase::Held).await;
 
-    // With uninstall.deleteClaims: the claim is deleted and released by the operator.
+    // Gated pods: one holds (ungated, running), one waits behind it (gated).
+    gated_pod(env, "g-holder").await;
+    env.wait_phase("g-holder", Phase::Held).await;
+    until_gates(env, "g-holder", "ungated", |gates| gates.is_empty()).await;
+    gated_pod(env, "g-next").await;
+    env.wait_phase("g-next", Phase::Waiting).await;
+
+    // With uninstall.deleteClaims: the claims are deleted and released by the operator, which
+    // was told first (the Lease marked): it makes no claim again for the gated pod (one would
+    // outlive the operator with its finalizer), and starts no pod while g-holder still runs.
     let mut delete_sets = sets.to_vec();
     delete_sets.push("uninstall.deleteClaims=true");
     let docs = documents(&render_release(release, release_ns, None, &delete_sets).expect("helm template"));
     let out = within_two_minutes("the pre-delete hook (deleteClaims)", run_hook(env, &docs, "pre-delete")).await;
     assert!(out.status.success(), "deleteClaims: {}", text(&out));
     env.wait_gone("left-behind").await;
+    // Watched for a while (a claim made again comes within milliseconds of the deletion).
+    let watched = std::time::Instant::now();
+    while watched.elapsed() < std::time::Duration::from_secs(3) {
+        let left = env.claims.list(&Default::default()).await.expect("list claims").items;
+        let names: Vec<String> = left.iter().map(kube::ResourceExt::name_any).collect();
+        assert!(names.is_empty(), "claims left behind the uninstall step: {names:?}");
+        let next = env.pods.get("g-next").await.expect("g-next");
+        assert_eq!(gates(&next), ["zklock.io/lock"], "g-next started while g-holder still runs");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    for pod in ["g-holder", "g-next"] {
+        let _ = env.pods.delete(pod, &Default::default()).await;
+    }
 
     // Nothing left: the check passes.
     let out = within_two_minutes("the pre-delete hook, no claims", run_hook(env, &docs, "pre-delete")).await;
     assert!(out.status.success(), "no claims left: {}", text(&out));
+}
+
+/// A pod asking for lock `uninstall-gated` through the scheduling gate.
+async fn gated_pod(env: &Env, name: &str) {
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": { "name": name, "annotations": { "zklock.io/lock": "uninstall-gated" } },
+        "spec": {
+            "schedulerName": "zklock-test-no-scheduler",
+            "schedulingGates": [{ "name": "zklock.io/lock" }],
+            "containers": [{ "name": "main", "image": "busybox:1.36", "command": ["true"] }],
+        },
+    }))
+    .unwrap();
+    env.pods.create(&Default::default(), &pod).await.unwrap_or_else(|e| panic!("create pod {name}: {e}"));
+}
+
+fn gates(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<String> {
+    pod.spec.as_ref().and_then(|s| s.scheduling_gates.clone()).unwrap_or_default().into_iter().map(|g| g.name).collect()
+}
+
+/// Waits until pod `name`'s scheduling gates satisfy `f` (`what` they are, for the failure).
+async fn until_gates(env: &Env, name: &str, what: &str, f: impl Fn(&[String]) -> bool) {
+    crate::e2e_support::until(&format!("pod {name} {what}"), || async {
+        env.pods.get(name).await.is_ok_and(|p| f(&gates(&p)))
+    })
+    .await;
 }
 
 async fn within_two_minutes<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {

@@ -29,6 +29,10 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 pub const FINALIZER: &str = "zklock.io/release";
 /// Annotation a user writes on a claim to request revocation; its value is the reason.
 pub const REVOKE_ANNOTATION: &str = "zklock.io/revoke";
+/// Annotation on the operator's leader Lease while its installation is being removed (`zklock
+/// admin before-uninstall --delete-claims`): no claim is made for a gated pod, no gate removed,
+/// nothing new granted; claims are only released.
+pub const UNINSTALLING_ANNOTATION: &str = "zklock.io/uninstalling";
 /// Annotation a user changes to restart the lease timer of a held claim.
 pub const RENEW_ANNOTATION: &str = "zklock.io/renew";
 /// Prefix of the annotation written on a holder pod when its claim is to be revoked (see

@@ -89,6 +89,11 @@ pub async fn reconcile(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, E
         // Until its locks are re-anchored a claim's Held may still turn out Lost: no gate goes.
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
+    if ctx.leadership.draining() {
+        // Being uninstalled: no claim made (it would outlive the operator with its finalizer),
+        // no gate removed (the claims are being deleted under their pods).
+        return Ok(Action::await_change());
+    }
     ctx.metrics.gated_reconciles.inc();
     let span = tracing::info_span!("gated_pod", pod = pod.name(), namespace = pod.namespace());
     apply(pod, ctx).instrument(span).await
