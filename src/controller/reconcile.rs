@@ -659,14 +659,22 @@ fn tokens(status: &LockClaimStatus, parts: &[Part]) -> Vec<Option<i64>> {
 /// holder granted beside another can come out below (it takes a fresh one, needlessly but
 /// harmlessly); an Exclusive grant waits for every hold it conflicts with, and its token is
 /// above theirs.
+///
+/// In a `ClusterLock` other clusters share, their grants and ends are in no registry here, and
+/// each cluster decides from the same directory states: raised permits granted in two clusters
+/// from one state carried one token, and a grant whose write was held up landed with a token
+/// below a hold another cluster had ended meanwhile. There every attempt of a grant write takes
+/// a token written just before it (one ZooKeeper write per grant): ZooKeeper orders those
+/// writes, so tokens are unique and grow in the order the grants are written, across clusters.
 async fn fresh_tokens(ctx: &Context, parts: &[Part], plan: &mut Plan) -> Result<(), Error> {
     for (i, (part, token)) in parts.iter().zip(tokens(&plan.status, parts)).enumerate() {
         let Some(mut token) = token else { continue };
         // Tokens with permits are each a zxid of their own: an equal one is this grant's own,
         // recorded by an earlier attempt of this write.
-        if token < ctx.registry.highest_token(&part.lock) {
+        let shared = ctx.layout.is_shared_lock(&part.lock);
+        if shared || token < ctx.registry.highest_token(&part.lock) {
             let fresh = ctx.engine.refresh_token(&part.id).await?;
-            tracing::info!(lock = %part.lock, old = token, new = fresh, "a grant takes a fresh fencing token");
+            tracing::debug!(lock = %part.lock, old = token, new = fresh, "a grant takes a fresh fencing token");
             token = fresh;
             match plan.status.locks.get_mut(i).filter(|l| l.lock_name == part.name) {
                 Some(lock) => lock.fencing_token = Some(fresh.to_string()),

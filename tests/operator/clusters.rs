@@ -382,3 +382,46 @@ async fn clusters_that_declare_different_permits_grant_as_the_smallest_allows_an
     a.history.check();
     b.history.check();
 }
+
+/// Raised permits grant in two clusters from the same directory state: each cluster took that
+/// state's token, so two holders carried one token (issue 53). Every grant in a shared
+/// `ClusterLock` now takes a token written just before it: unique, growing in grant order.
+#[tokio::test]
+async fn permits_raised_in_two_clusters_at_once_grant_unique_growing_tokens() {
+    let zk = zklock_testkit::ZkServer::shared().chroot().await;
+    let a = Env::with_zk(zk.clone()).await;
+    let b = Env::on(other_cluster(), zk, true).await;
+    let name = format!("sem-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let with_permits = |ns: &str, permits: u32| {
+        let mut spec = TestClusterLock::admitting(ns);
+        spec["permits"] = json!(permits);
+        spec
+    };
+    let _locks = [
+        TestClusterLock::make(&a, &name, with_permits(&a.ns, 1)).await,
+        TestClusterLock::make(&b, &name, with_permits(&b.ns, 1)).await,
+    ];
+    let _op_a = operator(&a, &a.zk, "a", &[]);
+    let _op_b = operator(&b, &b.zk, "b", &[]);
+    claim(&a, "a1", &name).await;
+    let a1 = a.wait_phase("a1", Phase::Held).await;
+    claim(&b, "b1", &name).await;
+    b.wait("b1", "b1 waiting", |c| waiting_for(c).is_some()).await;
+    claim(&a, "a2", &name).await;
+    a.wait("a2", "a2 waiting", |c| waiting_for(c).is_some()).await;
+    // Both admins raise to 3 at once: b1 and a2 are granted, each by its own cluster.
+    for env in [&a, &b] {
+        let api: Api<ClusterLock> = Api::all(env.client.clone());
+        let patch = kube::api::Patch::Merge(json!({ "spec": { "permits": 3 } }));
+        api.patch(&name, &kube::api::PatchParams::default(), &patch).await.expect("raise the permits");
+    }
+    let b1 = b.wait_phase("b1", Phase::Held).await;
+    let a2 = a.wait_phase("a2", Phase::Held).await;
+    let tokens = [token(&a1), token(&b1), token(&a2)];
+    assert!(tokens[1] != tokens[2], "two holders, one token: {tokens:?}");
+    assert!(tokens[1] > tokens[0] && tokens[2] > tokens[0], "above the first holder's: {tokens:?}");
+    for (env, c) in [(&a, "a1"), (&b, "b1"), (&a, "a2")] {
+        env.delete_claim(c).await;
+        env.wait_gone(c).await;
+    }
+}
