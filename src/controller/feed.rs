@@ -116,11 +116,19 @@ impl ClaimFeeds {
         }
     }
 
-    /// Each scope's store, and its events from now on for the term that begins: first the
-    /// store's content (as a list's), then every change the watch delivers. The term's
-    /// receivers replace any earlier term's.
-    pub fn subscribe(&self) -> Vec<(Store<KeptClaim>, mpsc::UnboundedReceiver<Event>)> {
-        self.scopes.iter().map(|scope| (scope.store.clone(), scope.shared.subscribe(&scope.store))).collect()
+    /// Each scope's store.
+    pub fn stores(&self) -> Vec<Store<KeptClaim>> {
+        self.scopes.iter().map(|scope| scope.store.clone()).collect()
+    }
+
+    /// Each scope's events from now on for the term that begins: first the store's content (as
+    /// a list's), then every change the watch delivers. Taken after the fence and [`Self::sync`]:
+    /// the replay is where the term's registry takes each claim's phase from (the first copy
+    /// it sees), and a replay taken before the fence missed an earlier leader's write that
+    /// landed before it (a Held the ledger never learned). The term's receivers replace any
+    /// earlier term's.
+    pub fn subscribe(&self) -> Vec<mpsc::UnboundedReceiver<Event>> {
+        self.scopes.iter().map(|scope| scope.shared.subscribe(&scope.store)).collect()
     }
 
     /// After the fence: one write to a claim of each scope, awaited on the watch (see the

@@ -483,7 +483,7 @@ pub async fn run(
     let (mut claims, mut triggers, mut pod_triggers, mut scoped) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut locks, mut lock_triggers, mut lock_scoped) = (Vec::new(), Vec::new(), Vec::new());
     let (mut holder_stores, mut holder_writers) = (Vec::new(), Vec::new());
-    for (reader, events) in feeds.subscribe() {
+    for reader in feeds.stores() {
         let (holder_reader, holder_writer) = reflector::store();
         holder_stores.push(holder_reader);
         holder_writers.push(holder_writer);
@@ -492,7 +492,7 @@ pub async fn run(
         claims.push(reader.clone());
         triggers.push(Triggers { one });
         pod_triggers.push(pod);
-        scoped.push((events, reader, one_rx, pod_rx));
+        scoped.push((reader, one_rx, pod_rx));
         let (lock_reader, lock_writer) = reflector::store();
         let (lock, lock_rx) = futures::channel::mpsc::unbounded();
         locks.push(lock_reader.clone());
@@ -559,11 +559,16 @@ pub async fn run(
             _ = shutdown.clone() => return Ok(()),
         }
     }
+    // Only now: every earlier term's write is in the stores, and so in the replay each claim's
+    // first copy in this term's registry comes from (see `feed::ClaimFeeds::subscribe`).
+    let subscribed = feeds.subscribe();
     // Ended when dropped: when this future ends, or is dropped by a deposed leader (which
     // aborts the reconciles in flight with their controller).
     let mut controllers = JoinSet::new();
     let apis = ctx.watched::<holders::HolderPod>().into_iter().zip(ctx.watched()).zip(holder_writers);
-    for ((events, reader, one_rx, pod_rx), ((pod_api, gated_api), holder_writer)) in scoped.into_iter().zip(apis) {
+    for (((reader, one_rx, pod_rx), events), ((pod_api, gated_api), holder_writer)) in
+        scoped.into_iter().zip(subscribed).zip(apis)
+    {
         let pods_ctx = ctx.clone();
         let holder_pods = holders::watch(ctx.clone(), pod_api, holder_writer);
         let controller = Controller::for_shared_stream(watch::claims(ctx.clone(), events), reader)

@@ -1213,3 +1213,62 @@ async fn claims_get_the_finalizer_at_creation_from_the_policy_or_else_from_the_o
     env.history.await_gone("by-operator").await;
     env.history.check();
 }
+
+/// A deposed leader's grant that lands after the next leader listed the claims but before its
+/// fence was raised: the next term's registry took the claim's phase from a replay made before
+/// that write (Waiting), so re-anchoring did not judge it as a holder, and in a lock a foreign
+/// client uses it stayed Held instead of ending Lost (issue 53). The replay is now taken after
+/// the fence and the sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leaders_grant_landing_before_the_fence_is_judged_by_the_next_terms_re_anchoring() {
+    use zklock_testkit::api_proxy::{ApiProxy, Matcher};
+    if !epoch_policy() {
+        panic!("this test holds the next leader's fence: it needs the epoch policy (the project's control plane)");
+    }
+    let env = Env::new().await;
+    let (p1, p2) = (
+        ApiProxy::start(zklock_testkit::kube::kubeconfig()).await,
+        ApiProxy::start(zklock_testkit::kube::kubeconfig()).await,
+    );
+    let mut first = Operator::start_proxied(&env, &p1, &[]);
+    until("the first replica to lead", || async { first.metric("zklock_leader").await == 1.0 }).await;
+    let second = Operator::start_proxied(&env, &p2, &[]);
+    env.claim("a", "foreign", json!({})).await;
+    let a = env.wait_phase("a", Phase::Held).await;
+    env.claim("b", "foreign", json!({})).await;
+    env.wait_phase("b", Phase::Waiting).await;
+    // The directory is marked as used by a foreign client (as Curator's node once did).
+    let dir = a.status.unwrap().znode.unwrap().rsplit_once('/').unwrap().0.to_string();
+    let raw = zookeeper_client::Client::connect(&env.zk).await.unwrap();
+    raw.set_data(&dir, b"-1", None).await.unwrap();
+    until("the standby to list both claims", || async { second.metric("zklock_claims_watched").await == 2.0 }).await;
+    // The first leader grants b; that write is held, and the first leader dies.
+    let ns = env.ns.clone();
+    let grant = p1.hold_next(Matcher {
+        method: "PATCH",
+        path_contains: format!("/namespaces/{ns}/lockclaims/b/status"),
+        status: Some(true),
+    });
+    env.delete_claim("a").await;
+    assert!(grant.caught(PATIENCE).await, "the first leader grants b");
+    let first_epoch = env.claims.get("b").await.unwrap().status.and_then(|s| s.leader_epoch);
+    first.kill9();
+    // The second leader's fence is held; the old grant lands meanwhile.
+    let raise = p2.hold_next(Matcher {
+        method: "PATCH",
+        path_contains: format!("/namespaces/{ns}/configmaps/{}", zklock::api::epoch_policy::EPOCH_PARAM),
+        status: None,
+    });
+    assert!(raise.caught(PATIENCE).await, "the second leader raises the fence");
+    assert_eq!(grant.deliver(PATIENCE).await, Some(200), "the deposed leader's grant lands before the fence");
+    env.wait("b", "b Held by the first term", |c| {
+        phase_of(c) == Some(Phase::Held) && c.status.as_ref().and_then(|s| s.leader_epoch) == first_epoch
+    })
+    .await;
+    raise.deliver(PATIENCE).await;
+    // A holder in a lock a foreign client uses cannot prove it kept the lock across the change.
+    let b = env.wait_phase("b", Phase::Lost).await;
+    assert_eq!(condition(&b, conditions::FINISHED).unwrap().1, "SessionLost");
+    env.history.check();
+    drop(second);
+}
