@@ -185,3 +185,63 @@ async fn each_cluster_grants_as_the_smallest_declared_permits_allow_while_that_c
     until_limit(&ea, &lock, three, "cluster b's operators gone").await;
     assert!(matches!(w2.state(), ContenderState::Held { .. }), "a lower limit took nothing away: {:?}", w2.state());
 }
+
+/// A re-anchoring done again in the same session (a pass retried, or a split multi-op retried
+/// after a partial commit) found the node its first attempt made at the back for a displaced
+/// holder, took it for the holder's place and kept the holder Held beside the other cluster's;
+/// registering it then deleted it as a duplicate (issue 53). A holder's place is the node its
+/// status names.
+#[tokio::test]
+async fn a_re_anchoring_done_again_in_its_session_keeps_a_displaced_holder_displaced_and_its_node() {
+    let connect = chroot().await;
+    let raw = raw_client(&connect).await;
+    let (a, b) = (layout("/a", "a"), layout("/b", "b"));
+    let lock = a.cluster_lock("pay-again");
+    let old_a = cluster_engine(&connect, &a, "a").await;
+    let eb = cluster_engine(&connect, &b, "b").await;
+    let mut h = enqueue(&old_a, &lock, Mode::Exclusive).await;
+    held(&mut h).await;
+    let mut wb = enqueue(&eb, &lock, Mode::Exclusive).await;
+    drop(old_a);
+    held(&mut wb).await;
+
+    let new_a = cluster_engine(&connect, &a, "a").await;
+    let first = new_a.reanchor(&lock, vec![recorded(&h, &lock, true)]).await.unwrap();
+    assert_eq!(first.displaced, [h.id.clone().into()]);
+    let made = new_a.node(&h.id).expect("h's node at the back");
+    let again = new_a.reanchor(&lock, vec![recorded(&h, &lock, true)]).await.unwrap();
+    assert_eq!(again.displaced, [h.id.clone().into()], "still displaced: its place is gone");
+    let (_, state) = &again.contenders[0];
+    assert!(matches!(state, ContenderState::Waiting { ahead: 1, .. }), "behind b's holder: {state:?}");
+    assert!(raw.check_stat(&made).await.unwrap().is_some(), "its node is not deleted as a duplicate of itself");
+    assert_eq!(children(&raw, &lock).await.len(), 2);
+    assert!(wb.state().is_held());
+}
+
+/// The node an earlier re-anchoring (a leader deposed during its pass, its session alive) made
+/// at the back for a displaced holder is no place of that holder's for the next leader.
+#[tokio::test]
+async fn a_node_an_earlier_re_anchoring_made_behind_another_cluster_is_no_holders_place() {
+    let connect = chroot().await;
+    let (a, b) = (layout("/a", "a"), layout("/b", "b"));
+    let lock = a.cluster_lock("pay-behind");
+    let old_a = cluster_engine(&connect, &a, "a").await;
+    let eb = cluster_engine(&connect, &b, "b").await;
+    let mut h = enqueue(&old_a, &lock, Mode::Exclusive).await;
+    held(&mut h).await;
+    let mut wb = enqueue(&eb, &lock, Mode::Exclusive).await;
+    drop(old_a);
+    held(&mut wb).await;
+
+    let first_a = cluster_engine(&connect, &a, "a").await;
+    let first = first_a.reanchor(&lock, vec![recorded(&h, &lock, true)]).await.unwrap();
+    assert_eq!(first.displaced, [h.id.clone().into()]);
+    // The next leader, while the first's session (and its node at the back) still lives.
+    let next_a = cluster_engine(&connect, &a, "a").await;
+    let next = next_a.reanchor(&lock, vec![recorded(&h, &lock, true)]).await.unwrap();
+    assert_eq!(next.displaced, [h.id.clone().into()], "a node made at the back is no place");
+    let (_, state) = &next.contenders[0];
+    assert!(matches!(state, ContenderState::Waiting { ahead: 1, .. }), "behind b's holder: {state:?}");
+    assert!(wb.state().is_held());
+    drop(first_a);
+}

@@ -368,6 +368,12 @@ impl LockEngine {
             }
         }
         self.follow_declarations(lock_path);
+        // Where each recorded holder's place is: the node its status names.
+        let places: std::collections::HashMap<Arc<str>, String> = contenders
+            .iter()
+            .filter(|r| r.held)
+            .filter_map(|r| Some((r.spec.id.clone(), ops::node_name(r.node.as_deref()?).to_string())))
+            .collect();
         let (contenders, held): (Vec<(ContenderSpec, Option<i64>)>, Vec<bool>) =
             anchor::queue_order(contenders).into_iter().map(|(spec, held, ticket)| ((spec, ticket), held)).unzip();
         let client = self.core.client()?;
@@ -395,6 +401,11 @@ impl LockEngine {
             .zip(held)
             .zip(created.kept)
             .map(|((((spec, ticket), name), held), kept)| {
+                // A holder's place is the node its status names: a node of its id under another
+                // name was made anew, behind whoever went first (by an earlier attempt of this
+                // re-anchoring after a partial commit, or by an earlier session's), and taking it
+                // for the place kept a displaced holder Held beside another cluster's.
+                let kept = kept && (!held || places.get(&spec.id).is_some_and(|place| *place == name));
                 if held && shared && !kept {
                     displaced.push(spec.id.clone());
                 }

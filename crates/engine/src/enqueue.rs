@@ -48,8 +48,12 @@ pub(super) fn register(
             return Err(Error::SessionLost);
         }
         for Made { spec, name, keeps_hold, ticket } in nodes {
-            if book.contenders.contains_key(&*spec.id) {
-                extra.push(format!("{lock_path}/{name}"));
+            if let Some(member) = book.contenders.get(&*spec.id) {
+                // A second node of a contender already tracked is a duplicate, to be deleted;
+                // its own node (replaced in place, so of the same name) is not.
+                if member.lock != *lock_path || *member.name != *name {
+                    extra.push(format!("{lock_path}/{name}"));
+                }
                 registered.push((spec.id.clone(), None));
                 continue;
             }
