@@ -7,7 +7,7 @@ use crate::support;
 
 use support::*;
 use zklock::recipe::Mode;
-use zklock::zk::{ContenderSpec, ContenderState, Error, Installation, Layout, Recorded};
+use zklock::zk::{ContenderSpec, ContenderState, Error, Installation, Layout, Recorded, ZkConfig};
 
 fn layout(own: &str, cluster: &str) -> Layout {
     Layout::new(own).unwrap().with_shared_root("/shared", cluster).unwrap()
@@ -244,4 +244,29 @@ async fn a_node_an_earlier_re_anchoring_made_behind_another_cluster_is_no_holder
     assert!(matches!(state, ContenderState::Waiting { ahead: 1, .. }), "behind b's holder: {state:?}");
     assert!(wb.state().is_held());
     drop(first_a);
+}
+
+/// Clusters sharing a root with other ZooKeeper credentials: the first one's ACLs shut the
+/// other out of every directory it made (marker, permits, cluster names), and every leader
+/// change of the second ended its holders Lost. The second is refused at start instead, the ACL
+/// and the fix named (issue 53).
+#[tokio::test]
+async fn a_cluster_with_other_credentials_than_the_shared_roots_is_refused_at_start_naming_the_acl() {
+    let connect = chroot().await;
+    let with_auth = |auth: &str| {
+        let mut config = ZkConfig::new(connect.clone()).with_session_timeout(std::time::Duration::from_secs(4));
+        config.digest_auth = Some(auth.into());
+        config
+    };
+    let mine = |name: &str| Installation { installation: name.into(), holder: format!("{name}-replica") };
+    let a = Engine::connect(with_auth("zklock:first")).await.unwrap();
+    a.take_root(&layout("/a", "a"), mine("a")).await.expect("the first cluster makes the shared root");
+    let b = Engine::connect(with_auth("zklock:second")).await.unwrap();
+    let refused = b.take_root(&layout("/b", "b"), mine("b")).await.expect_err("other credentials");
+    assert!(matches!(refused, Error::SharedRootCredentials { .. }), "{refused}");
+    let message = refused.to_string();
+    assert!(message.contains("digest:zklock:") && message.contains("the same --zk-auth identity"), "{message}");
+    // The same credentials are welcome.
+    let c = Engine::connect(with_auth("zklock:first")).await.unwrap();
+    c.take_root(&layout("/c", "c"), mine("c")).await.expect("the same identity");
 }

@@ -777,6 +777,17 @@ async fn take_cluster_name(
     root_id: &str,
 ) -> Result<(), Error> {
     let (Some(path), Some(cluster)) = (layout.cluster_node(), layout.cluster()) else { return Ok(()) };
+    if let Some(shared) = layout.shared_root() {
+        match retry::idempotent(|| client.get_acl(shared)).await {
+            Ok((acls, _)) if !super::acl::lets_us_write(&acls, config) => {
+                let acl: Vec<String> =
+                    acls.iter().map(|a| format!("{}:{}:{:?}", a.scheme(), a.id(), a.permission())).collect();
+                return Err(Error::SharedRootCredentials { shared: shared.into(), acl: acl.join(", ") });
+            }
+            Ok(_) | Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(Error::zk("get ACL", shared, e)),
+        }
+    }
     let mine = root::ClusterName { cluster: cluster.into(), root: layout.root().into(), root_id: root_id.into() };
     match root::take_cluster_name(client, config, &path, &mine).await {
         Ok(Ok(())) => Ok(()),

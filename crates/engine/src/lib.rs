@@ -91,6 +91,13 @@ pub enum Error {
          clusterName)"
     )]
     ClusterNameInUse { cluster: String, shared: String, other_root: String },
+    #[error(
+        "the shared root {shared} was made by an operator with other ZooKeeper credentials (its ACL: {acl}), so this \
+         one could not keep the directories of ClusterLocks there (their foreign-client marker, permits, cluster \
+         name): every leader change would end its holders Lost. Give every cluster sharing the root the same \
+         --zk-auth identity (the chart's zookeeper.auth secret), or a shared root of their own"
+    )]
+    SharedRootCredentials { shared: String, acl: String },
 }
 
 impl Error {
@@ -106,7 +113,7 @@ impl Error {
     pub fn ends_session(&self) -> bool {
         match self {
             Error::SessionLost | Error::NotAdmitted | Error::Fenced { .. } | Error::Connect { .. } => true,
-            Error::RootInUse { .. } | Error::ClusterNameInUse { .. } => true,
+            Error::RootInUse { .. } | Error::ClusterNameInUse { .. } | Error::SharedRootCredentials { .. } => true,
             Error::ConnectTls { .. } | Error::Tls(_) => true,
             Error::ZooKeeper { source, .. } => retry::is_session_end(source) || retry::is_unknown_outcome(source),
             Error::BadContenderId(_) | Error::BadLockPath(_) | Error::UnknownContender(_) => false,
@@ -125,6 +132,7 @@ impl Error {
             Error::Fenced { .. } => "fenced",
             Error::RootInUse { .. } => "root_in_use",
             Error::ClusterNameInUse { .. } => "cluster_name_in_use",
+            Error::SharedRootCredentials { .. } => "shared_root_credentials",
         }
     }
 }
