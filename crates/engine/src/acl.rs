@@ -28,9 +28,6 @@ pub(super) async fn protect(client: &zk::Client, config: &super::ZkConfig, path:
     }
 }
 
-/// Whether `current` grants the world (and, when contenders are `listed`, any digest identity)
-/// a permission `wanted` does not grant it. Other schemes (a foreign client's own `ip` or `x509`
-/// entries) are left to their owners.
 /// Whether `acls` let this engine write (data, children, ACL) where they stand: our identity, or
 /// the world, has every permission. Where clusters sharing a root use other credentials, the
 /// first one's ACLs shut the others out of every directory it made.
@@ -43,6 +40,9 @@ pub(super) fn lets_us_write(acls: &[zk::Acl], config: &super::ZkConfig) -> bool 
     })
 }
 
+/// Whether `current` grants the world (and, when contenders are `listed`, any digest identity)
+/// a permission `wanted` does not grant it. Other schemes (a foreign client's own `ip` or `x509`
+/// entries) are left to their owners.
 fn grants_more(current: &[zk::Acl], wanted: &[zk::Acl], listed: bool) -> bool {
     let granted = |scheme: &str, id: &str| {
         wanted
