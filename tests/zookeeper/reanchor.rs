@@ -234,12 +234,11 @@ async fn a_directory_made_again_since_a_contender_queued_counts_as_used_by_forei
     // The session ends with the node; the empty directory is removed (as ZooKeeper reaps a
     // container), and made again by somebody else, unmarked.
     drop(old);
-    within("the empty directory to be removed", async {
-        while raw.delete(REAPED, None).await.is_err() {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    let node = format!("{REAPED}/{}", h.node.rsplit('/').next().unwrap());
+    if let (Some(_), gone) = raw.check_and_watch_stat(&node).await.unwrap() {
+        within("h's node to go with its session", gone.changed()).await;
+    }
+    raw.delete(REAPED, None).await.unwrap();
     raw.create(REAPED, b"", &zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all())).await.unwrap();
 
     let new = engine(&connect).await;

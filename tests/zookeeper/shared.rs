@@ -83,20 +83,27 @@ async fn a_new_session_of_one_cluster_keeps_its_places_and_the_other_clusters_wa
     assert!(a_token > b_token, "{a_token} after {b_token}");
 }
 
+/// Cluster a's holder `h` of ClusterLock `name`, cluster b's waiter `wb` behind it; then cluster
+/// a is gone long enough for its session to end, and b is granted. Answers a's layout, the lock,
+/// `h` as recorded, b's engine (kept alive) and `wb`, now held.
+async fn displaced_holder(connect: &str, name: &str) -> (Layout, String, Contender, Engine, Contender) {
+    let (a, b) = (layout("/a", "a"), layout("/b", "b"));
+    let lock = a.cluster_lock(name);
+    let old_a = cluster_engine(connect, &a, "a").await;
+    let eb = cluster_engine(connect, &b, "b").await;
+    let mut h = enqueue(&old_a, &lock, Mode::Exclusive).await;
+    held(&mut h).await;
+    let mut wb = enqueue(&eb, &lock, Mode::Exclusive).await;
+    drop(old_a);
+    held(&mut wb).await;
+    (a, lock, h, eb, wb)
+}
+
 #[tokio::test]
 async fn a_holder_whose_node_went_with_its_session_is_displaced_and_the_other_cluster_goes_first() {
     let connect = chroot().await;
     let raw = raw_client(&connect).await;
-    let (a, b) = (layout("/a", "a"), layout("/b", "b"));
-    let lock = a.cluster_lock("pay");
-    let old_a = cluster_engine(&connect, &a, "a").await;
-    let eb = cluster_engine(&connect, &b, "b").await;
-    let mut h = enqueue(&old_a, &lock, Mode::Exclusive).await;
-    held(&mut h).await;
-    let mut wb = enqueue(&eb, &lock, Mode::Exclusive).await;
-    // Cluster a is gone long enough for its session to end: b is granted.
-    drop(old_a);
-    held(&mut wb).await;
+    let (a, lock, h, _eb, _wb) = displaced_holder(&connect, "pay").await;
 
     let new_a = cluster_engine(&connect, &a, "a").await;
     let anchored = new_a.reanchor(&lock, vec![recorded(&h, &lock, true)]).await.unwrap();
@@ -195,15 +202,7 @@ async fn each_cluster_grants_as_the_smallest_declared_permits_allow_while_that_c
 async fn a_re_anchoring_done_again_in_its_session_keeps_a_displaced_holder_displaced_and_its_node() {
     let connect = chroot().await;
     let raw = raw_client(&connect).await;
-    let (a, b) = (layout("/a", "a"), layout("/b", "b"));
-    let lock = a.cluster_lock("pay-again");
-    let old_a = cluster_engine(&connect, &a, "a").await;
-    let eb = cluster_engine(&connect, &b, "b").await;
-    let mut h = enqueue(&old_a, &lock, Mode::Exclusive).await;
-    held(&mut h).await;
-    let mut wb = enqueue(&eb, &lock, Mode::Exclusive).await;
-    drop(old_a);
-    held(&mut wb).await;
+    let (a, lock, h, _eb, wb) = displaced_holder(&connect, "pay-again").await;
 
     let new_a = cluster_engine(&connect, &a, "a").await;
     let first = new_a.reanchor(&lock, vec![recorded(&h, &lock, true)]).await.unwrap();
@@ -223,15 +222,7 @@ async fn a_re_anchoring_done_again_in_its_session_keeps_a_displaced_holder_displ
 #[tokio::test]
 async fn a_node_an_earlier_re_anchoring_made_behind_another_cluster_is_no_holders_place() {
     let connect = chroot().await;
-    let (a, b) = (layout("/a", "a"), layout("/b", "b"));
-    let lock = a.cluster_lock("pay-behind");
-    let old_a = cluster_engine(&connect, &a, "a").await;
-    let eb = cluster_engine(&connect, &b, "b").await;
-    let mut h = enqueue(&old_a, &lock, Mode::Exclusive).await;
-    held(&mut h).await;
-    let mut wb = enqueue(&eb, &lock, Mode::Exclusive).await;
-    drop(old_a);
-    held(&mut wb).await;
+    let (a, lock, h, _eb, wb) = displaced_holder(&connect, "pay-behind").await;
 
     let first_a = cluster_engine(&connect, &a, "a").await;
     let first = first_a.reanchor(&lock, vec![recorded(&h, &lock, true)]).await.unwrap();
