@@ -193,6 +193,27 @@ enum Admin {
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         permits: Option<u32>,
     },
+    /// Raise the token base in ZooKeeper so that every fencing token, ticket and leader epoch
+    /// from now on is above a token floor: after moving to a new ensemble (or restoring or
+    /// wiping its data) where clusters share ClusterLocks. Stop every sharing cluster's
+    /// operator first; N is the highest `data.floor` of their ConfigMaps zklock-token-floor
+    RaiseTokenBase {
+        /// ZooKeeper connect string: HOST:PORT[,HOST:PORT...][/chroot]
+        #[arg(long, env = "ZKLOCK_ZK_CONNECT")]
+        zk_connect: String,
+        /// The operator's --zk-auth (digest:USER:PASS), where it uses credentials
+        #[arg(long, env = "ZKLOCK_ZK_AUTH")]
+        zk_auth: Option<String>,
+        /// The operator's --zk-root
+        #[arg(long, default_value = "/zklock")]
+        zk_root: String,
+        /// The operators' shared root (--zk-cluster-root), where ClusterLocks are shared
+        #[arg(long)]
+        zk_cluster_root: Option<String>,
+        /// Every number handed out from now on is above this (the highest token floor)
+        #[arg(long, value_name = "N")]
+        above: i64,
+    },
     /// Ask the holder of a lock node to let go, by writing a revocation request into its data
     /// (also a foreign client's node).
     ZkRevoke {
@@ -241,6 +262,10 @@ async fn run(cli: Cli) -> Result<u8, String> {
         }
         Command::Admin(Admin::ZkQueue { zk_connect, lock, permits }) => {
             cli::zookeeper::queue(zk_connect, &lock, permits).await
+        }
+        Command::Admin(Admin::RaiseTokenBase { zk_connect, zk_auth, zk_root, zk_cluster_root, above }) => {
+            let zk_auth = zk_auth.map(|a| a.strip_prefix("digest:").unwrap_or(&a).to_string());
+            cli::zookeeper::raise_token_base(zk_connect, zk_auth, &zk_root, zk_cluster_root.as_deref(), above).await
         }
         Command::Admin(Admin::ZkRevoke { zk_connect, node, reason }) => {
             cli::zookeeper::revoke(zk_connect, &node, &reason).await

@@ -26,6 +26,9 @@ pub enum Error {
     Malformed(&'static str),
     #[error("{call}: {source}")]
     Write { call: &'static str, source: kube::Error },
+    /// The token floor cannot be kept (see `token_floor`): nothing is handed out.
+    #[error("the token floor: {0}")]
+    TokenFloor(String),
     #[error("not the leader any more: no write")]
     NotLeading,
     /// The API server's fence for this leader's term could not be set up (docs/design.md: fencing).
@@ -69,6 +72,7 @@ impl Error {
             Error::Malformed(_) => "malformed".into(),
             Error::Write { call, .. } => (*call).into(),
             Error::NotLeading => "not_leading".into(),
+            Error::TokenFloor(_) => "token_floor".into(),
             Error::StatusRefused(_) => "status_conflict".into(),
             Error::OutdatedCopy => "outdated_copy".into(),
             Error::ApiFence(_) => "api_fence".into(),

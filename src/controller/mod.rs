@@ -26,6 +26,7 @@ mod reconcile;
 pub mod registry;
 pub mod supervisor;
 mod throttle;
+pub mod token_floor;
 mod unreadable;
 mod watch;
 
@@ -115,6 +116,8 @@ pub struct Context {
     leadership: Leadership,
     /// This term's fence in the API server, if the admission policy is used (docs/design.md: fencing).
     fence: Option<api_fence::Fence>,
+    /// Covers every number a status carries before it is written (see `token_floor`).
+    token_floor: Arc<token_floor::TokenFloor>,
 }
 
 struct Triggers {
@@ -450,6 +453,8 @@ pub struct Setup {
     pub epoch_param: Option<EpochParam>,
     /// The claims, watched for the life of the process (see `feed`).
     pub feeds: Arc<feed::ClaimFeeds>,
+    /// Above every number this installation hands out (see `token_floor`).
+    pub token_floor: Arc<token_floor::TokenFloor>,
 }
 
 /// Runs the controller until `shutdown` completes, then lets the running reconciles finish.
@@ -475,6 +480,7 @@ pub async fn run(
         leadership,
         epoch_param,
         feeds,
+        token_floor,
     } = setup;
     let scopes = namespaces.len().max(1);
     let (orphans, orphans_rx) = mpsc::unbounded_channel();
@@ -536,6 +542,7 @@ pub async fn run(
         paced: Default::default(),
         leadership,
         fence: epoch_param.clone().zip(engine_epoch).map(|(param, mine)| api_fence::Fence::new(param, mine)),
+        token_floor,
     });
 
     // Scrapes read this term's waiters (the term's end lets go of them: see operator.rs).

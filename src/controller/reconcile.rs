@@ -455,6 +455,19 @@ async fn contender_view(ctx: &Context, parts: &[Part]) -> ContenderView {
     ContenderView::Tracked { state, parts: views, waiting_for }
 }
 
+/// The highest of the numbers out of ZooKeeper a status hands out: fencing tokens, ticket,
+/// leader epoch.
+fn highest_number(status: &LockClaimStatus) -> i64 {
+    let parse = |s: Option<&String>| s.and_then(|s| s.parse::<i64>().ok());
+    let tokens = status.locks.iter().map(|l| parse(l.fencing_token.as_ref()));
+    [parse(status.fencing_token.as_ref()), parse(status.ticket.as_ref()), status.leader_epoch]
+        .into_iter()
+        .chain(tokens)
+        .flatten()
+        .max()
+        .unwrap_or(0)
+}
+
 async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mut plan: Plan) -> Result<Action, Error> {
     let unchanged =
         plan.cleanup && claim.status.as_ref().map_or(plan.status == Default::default(), |s| *s == plan.status);
@@ -486,6 +499,9 @@ async fn execute(claim: &LockClaim, ctx: &Context, uid: &str, parts: &[Part], mu
         fresh_tokens(ctx, parts, &mut plan).await?;
     }
     if plan.status != before {
+        // Tokens never go back, also across a ZooKeeper whose data are made anew: what this
+        // status hands out is below the floor kept in the API before it is written.
+        ctx.token_floor.cover(highest_number(&plan.status)).await?;
         fenced_here(claim, ctx, uid, &namespace, &name).await?;
         // The answer is read as the store reads a claim: only what is kept is decoded.
         let api: Api<KeptClaim> = Api::namespaced(ctx.client.clone(), &namespace);

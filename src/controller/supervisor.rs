@@ -132,6 +132,7 @@ pub async fn connect(
     layout: &Layout,
     installation: Installation,
     leadership: &Leadership,
+    floor: &super::token_floor::TokenFloor,
 ) -> Result<(LockEngine, mpsc::UnboundedReceiver<EngineEvent>), Error> {
     let (engine, events) = LockEngine::connect_with_events(config.clone()).await?;
     // The root first: a leader of another installation is refused before it takes anything.
@@ -148,7 +149,12 @@ pub async fn connect(
     if !leadership.is_leading() {
         return Err(Error::NotLeading);
     }
-    tracing::info!(epoch, path = %layout.epoch(), "took the leader epoch");
+    // Every number of the term (its epoch first) above every one handed out before it, also
+    // when ZooKeeper's data were made anew meanwhile; then the floor reserved ahead of them.
+    let base = engine.take_token_base(layout, floor.reserved()).await?;
+    let epoch = engine.epoch().unwrap_or(epoch);
+    floor.cover(epoch).await?;
+    tracing::info!(epoch, base, path = %layout.epoch(), "took the leader epoch");
     Ok((engine, events))
 }
 

@@ -136,9 +136,15 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
             holder: options.identity.clone(),
         };
         let served = async {
-            let (engine, events) = supervisor::connect(&options.zk, &options.layout, installation, &leadership)
-                .await
-                .map_err(Ended::Connect)?;
+            let token_floor = Arc::new(
+                crate::controller::token_floor::TokenFloor::read(&client, &lease_namespace)
+                    .await
+                    .map_err(Ended::Connect)?,
+            );
+            let (engine, events) =
+                supervisor::connect(&options.zk, &options.layout, installation, &leadership, &token_floor)
+                    .await
+                    .map_err(Ended::Connect)?;
             metrics.engine.follow(Some(engine.clone()));
             let setup = crate::controller::Setup {
                 client: client.clone(),
@@ -154,6 +160,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
                 leadership: leadership.clone(),
                 epoch_param,
                 feeds: feeds.clone(),
+                token_floor,
             };
             let mut fenced = engine.fenced();
             let serving = engine.clone();

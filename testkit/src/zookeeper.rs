@@ -167,6 +167,16 @@ impl ZkServer {
         );
     }
 
+    /// Makes the stopped server's data anew (as a new ensemble, or a wiped volume, would have
+    /// them): its snapshots and transaction logs go, its configuration stays.
+    pub fn wipe(&mut self) {
+        assert!(self.process.is_none(), "stop the server at {} before wiping its data", self.connect);
+        let data = self.dir.join("version-2");
+        if data.exists() {
+            std::fs::remove_dir_all(&data).unwrap_or_else(|e| panic!("cannot wipe {}: {e}", data.display()));
+        }
+    }
+
     /// The data directory (holds `zoo.cfg` and `zookeeper.log`).
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -14,3 +14,4 @@ mod job_story;
 mod liveness;
 mod lock_commands;
 mod several_locks;
+mod tokens;

@@ -36,9 +36,11 @@ const OPS_PER_MULTI: usize = 1000;
 pub(super) fn queue_order(mut recorded: Vec<Recorded>) -> Vec<(ContenderSpec, bool, Option<i64>)> {
     let sequence = |r: &Recorded| r.node.as_deref().map(node_name).and_then(recipe::parse_child).map(|c| c.sequence);
     let base = recipe::wrap_base(recorded.iter().filter(|r| r.ticket.is_none()).filter_map(sequence));
+    // Tickets of an ensemble whose data were made anew since are below 0 here (see
+    // `LockEngine::reanchor`): they keep their order among themselves.
     let key = |r: &Recorded| match (r.ticket, sequence(r)) {
-        (None, Some(sequence)) => (0, recipe::queue_key(sequence, base)),
-        (Some(ticket), _) => (1, u64::try_from(ticket).unwrap_or(0)),
+        (None, Some(sequence)) => (0, i128::from(recipe::queue_key(sequence, base))),
+        (Some(ticket), _) => (1, i128::from(ticket)),
         (None, None) => (2, 0),
     };
     recorded.sort_by_key(|r| (!r.held, key(r)));

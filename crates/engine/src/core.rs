@@ -40,6 +40,9 @@ pub(super) struct Core {
     /// Holders of locks others share, asked to let go when the connection dropped, and the
     /// moment by which they must be ended (see [`Core::suspend_shared_holds`]).
     pub suspended: Mutex<Option<Suspension>>,
+    /// What every zxid this engine hands out is raised by (see [`super::token_base`]): set
+    /// once, before the engine's first grant, and 0 for an engine that never takes one.
+    pub token_base: std::sync::atomic::AtomicI64,
 }
 
 /// Holds that cannot be proven while ZooKeeper is out of reach.
@@ -93,7 +96,13 @@ impl Core {
             idle_directories: Mutex::new(HashMap::new()),
             root: Mutex::new(None),
             suspended: Mutex::new(None),
+            token_base: std::sync::atomic::AtomicI64::new(0),
         }
+    }
+
+    /// What this engine's zxids are raised by when handed out (see [`super::token_base`]).
+    pub fn token_base(&self) -> i64 {
+        self.token_base.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The id of the root this engine serves, if it took one: what its nodes carry as owner.

@@ -32,6 +32,7 @@ use super::root::{self, Installation};
 use super::rounds;
 use super::session;
 use super::stats::{Stats, StatsSnapshot};
+use super::token_base;
 use super::Layout;
 use super::{Error, ZkConfig};
 use crate::recipe::{self, Decision, Limit};
@@ -144,6 +145,7 @@ impl LockEngine {
         if let Some((root, mine, id)) = root {
             take_root(&client, &self.core.config, &root, &mine).await?;
             take_cluster_name(&client, &self.core.config, &root, &id).await?;
+            self.zxids_not_behind(&client, &root).await?;
         }
         let session_id = client.session_id().0;
         let states = client.state_watcher();
@@ -155,6 +157,30 @@ impl LockEngine {
         }
         tokio::spawn(session::monitor_session(Arc::downgrade(&self.core), states, session_id));
         self.core.emit(EngineEvent::Session(SessionEvent::Connected { session_id }));
+        Ok(())
+    }
+
+    /// In a new session of a term: ZooKeeper's zxids must not be behind the tokens the term
+    /// handed out (its data restored from a snapshot taken since, with the leader epoch as it
+    /// was then): every token from now on could repeat one handed out. Then the engine turns
+    /// fenced, and the next term raises the token base above the floor kept outside ZooKeeper.
+    /// The zxid of now is a write's: the installation node written back as it is.
+    async fn zxids_not_behind(&self, client: &zk::Client, root: &Layout) -> Result<(), Error> {
+        let handed = self.core.book.lock().locks.values().map(|q| q.last_token).max().unwrap_or(0);
+        if self.core.fence.epoch().is_none() || handed == 0 {
+            return Ok(());
+        }
+        let path = root.installation();
+        let (data, stat) =
+            retry::idempotent(|| client.get_data(&path)).await.map_err(|e| Error::zk("get", &path, e))?;
+        let now =
+            client.set_data(&path, &data, Some(stat.version)).await.map_err(|e| Error::zk("set", &path, e))?.mzxid;
+        let ensemble = now + self.core.token_base();
+        if ensemble <= handed {
+            tracing::error!(handed, ensemble, "ZooKeeper's zxids went back below the tokens this term handed out (its data were restored); stepping down");
+            self.core.fence.superseded();
+            return Err(Error::TokensBehindFloor { path: root.token_base(), floor: handed, ensemble });
+        }
         Ok(())
     }
 
@@ -222,11 +248,44 @@ impl LockEngine {
         Ok(token)
     }
 
-    /// The token of the leader epoch this engine took, if it took one: the zxid of the bump,
-    /// which no other leader's term shares. The controller stamps it into the statuses it
-    /// writes, so that a deposed leader's status writes fail too (docs/design.md: fencing).
+    /// The token of the leader epoch this engine took, if it took one: the zxid of the bump
+    /// (raised by the token base), which no other leader's term shares. The controller stamps
+    /// it into the statuses it writes, so that a deposed leader's status writes fail too
+    /// (docs/design.md: fencing).
     pub fn epoch(&self) -> Option<i64> {
-        self.core.fence.epoch().map(|e| e.token)
+        self.core.fence.epoch().map(|e| e.token + self.core.token_base())
+    }
+
+    /// Takes the token base of `layout` (see [`super::token_base`]) for this term, whose
+    /// numbers must all be above `floor`, kept where it survives the ensemble: made where it
+    /// is missing; raised where this leader alone hands out tokens from it (an unshared root);
+    /// refused ([`Error::TokensBehindFloor`]) where clusters share it. Call it after
+    /// [`LockEngine::take_epoch`], before anything is enqueued; every fencing token, ticket and
+    /// epoch the engine answers from then on is raised by the base. Answers the base.
+    pub async fn take_token_base(&self, layout: &Layout, floor: i64) -> Result<i64, Error> {
+        let client = self.core.client()?;
+        let epoch = self.core.fence.epoch().map(|e| e.token).ok_or_else(|| {
+            Error::zk("token base", &layout.token_base(), zk::Error::BadArguments(&"take the leader epoch first"))
+        })?;
+        let may_raise = layout.shared_root().is_none();
+        let path = layout.token_base();
+        let base =
+            token_base::take(&client, &self.core.config, &self.core.fence, &path, floor, epoch, may_raise).await?;
+        self.core.token_base.store(base, std::sync::atomic::Ordering::SeqCst);
+        Ok(base)
+    }
+
+    /// Raises the token base at `path` so that every number handed out from now on is above
+    /// `above` (see [`super::token_base::raise`]): for an administrator moving to a new
+    /// ensemble, with every operator sharing the base stopped. Answers the base.
+    pub async fn raise_token_base(&self, path: &str, above: i64) -> Result<i64, Error> {
+        let client = self.core.client()?;
+        token_base::raise(&client, &self.core.config, path, above).await
+    }
+
+    /// The token base this engine took (0 before, or without one).
+    pub fn token_base(&self) -> i64 {
+        self.core.token_base()
     }
 
     /// Whether this engine's leader epoch is still the latest, by a read of the epoch node; the
@@ -273,7 +332,10 @@ impl LockEngine {
     /// enqueue, which orders it in its queues whatever session made its node. Its owner records
     /// it and gives it back when the contender is re-anchored (see [`Recorded`]).
     pub fn ticket(&self, id: &str) -> Option<i64> {
-        self.core.book.lock().contenders.get(id).map(|m| m.ticket).filter(|t| *t > 0)
+        // 0: none known. Below 0: a ticket of an ensemble whose data were made anew since,
+        // which the base maps below every zxid of this one (see `reanchor`).
+        let ticket = self.core.book.lock().contenders.get(id).map(|m| m.ticket).filter(|t| *t != 0)?;
+        Some(ticket + self.core.token_base())
     }
 
     /// The full path of contender `id`'s node (the node it had, if lost), if the engine tracks it.
@@ -368,6 +430,12 @@ impl LockEngine {
             }
         }
         self.follow_declarations(lock_path);
+        // Tickets are handed out raised by the token base; here they are compared with zxids.
+        let base = self.core.token_base();
+        let contenders: Vec<Recorded> = contenders
+            .into_iter()
+            .map(|r| Recorded { ticket: r.ticket.map(|t| t.saturating_sub(base)), ..r })
+            .collect();
         // Where each recorded holder's place is: the node its status names.
         let places: std::collections::HashMap<Arc<str>, String> = contenders
             .iter()
@@ -730,7 +798,7 @@ impl LockEngine {
             let (body, stat) =
                 retry::idempotent(|| client.get_data(&path)).await.map_err(|e| Error::zk("get", &path, e))?;
             match retry::idempotent(|| self.core.fence.set_data_stat(&client, &path, &body, stat.version)).await {
-                Ok(stat) => break stat.mzxid,
+                Ok(stat) => break stat.mzxid + self.core.token_base(),
                 // A revocation request written meanwhile: write it back too.
                 Err(zk::Error::BadVersion) => continue,
                 Err(e) => return Err(Error::zk("set", &path, e)),

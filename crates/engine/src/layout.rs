@@ -5,6 +5,9 @@
 //! - `id`: the root's own id, made once by the first installation that served it and read by
 //!   every one that serves it after (see [`super::root::id`]); zklock's nodes carry it;
 //! - `leader-epoch`: the leader epoch, its version (see [`super::fence`]);
+//! - `token-base`: what every zxid zklock hands out is raised by, so that tokens never go back
+//!   when the ensemble's data are made anew (see [`super::token_base`]); in the shared root
+//!   instead when there is one, since ClusterLock tokens are compared across clusters;
 //! - `locks/<namespace>/<lock>`: one directory per lock, its contenders' nodes in it, its data
 //!   the marker of foreign use (see [`super::data::DirMarker`]);
 //! - `cluster-locks/<lock>`: the directories of `ClusterLock`s, when no shared root is named.
@@ -43,6 +46,7 @@ const LOCKS: &str = "locks";
 const CLUSTER_LOCKS: &str = "cluster-locks";
 const CLUSTERS: &str = "clusters";
 const PERMITS: &str = "permits";
+const TOKEN_BASE: &str = "token-base";
 
 fn check_root(root: &str) -> Result<(), String> {
     let segments_ok = root.split('/').skip(1).all(|s| !s.is_empty() && s != "." && s != "..");
@@ -152,6 +156,12 @@ impl Layout {
         format!("{}/{EPOCH}", self.root)
     }
 
+    /// The node holding the token base (see [`super::token_base`]): one per ensemble as far as
+    /// tokens are compared, so in the shared root when `ClusterLock`s are shared.
+    pub fn token_base(&self) -> String {
+        format!("{}/{TOKEN_BASE}", self.shared_root().unwrap_or(&self.root))
+    }
+
     /// The parent of every namespace's lock directories.
     pub fn locks(&self) -> String {
         format!("{}/{LOCKS}", self.root)
@@ -174,6 +184,7 @@ mod tests {
         assert_eq!(layout.id(), "/zklock/id");
         assert_eq!(layout.epoch(), "/zklock/leader-epoch");
         assert_eq!(layout.lock("shop", "db"), "/zklock/locks/shop/db");
+        assert_eq!(layout.token_base(), "/zklock/token-base");
         assert_eq!(Layout::new("/a/b").unwrap().lock("n", "l"), "/a/b/locks/n/l");
         for bad in ["/", "zklock", "/zklock/", "/a//b", "", "/a/../b"] {
             assert!(Layout::new(bad).is_err_and(|e| e.contains("like /zklock")), "{bad:?}");
@@ -190,6 +201,7 @@ mod tests {
         let eu = Layout::new("/zklock-eu").unwrap().with_shared_root("/zklock-shared", "eu-1").unwrap();
         assert_eq!(eu.cluster_lock("pay"), "/zklock-shared/locks/pay");
         assert_eq!(eu.cluster_node().as_deref(), Some("/zklock-shared/clusters/eu-1"));
+        assert_eq!(eu.token_base(), "/zklock-shared/token-base", "one base wherever tokens are compared");
         assert_eq!((eu.cluster(), eu.shared_root()), (Some("eu-1"), Some("/zklock-shared")));
         assert!(eu.is_shared_lock("/zklock-shared/locks/pay"));
         assert_eq!(eu.permits_of("/zklock-shared/locks/pay").as_deref(), Some("/zklock-shared/permits/pay"));

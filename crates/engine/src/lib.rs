@@ -40,6 +40,7 @@ mod root;
 mod rounds;
 mod session;
 mod stats;
+pub mod token_base;
 
 pub use config::{digest_id, Contenders, TlsPem, ZkConfig};
 pub use contender::{
@@ -98,6 +99,16 @@ pub enum Error {
          --zk-auth identity (the chart's zookeeper.auth secret), or a shared root of their own"
     )]
     SharedRootCredentials { shared: String, acl: String },
+    #[error(
+        "ZooKeeper's zxids, raised by the token base at {path}, reach {ensemble} only, below the token floor {floor} \
+         kept in the Kubernetes API (ConfigMap zklock-token-floor): the ensemble's data were made anew, and its base \
+         is shared with other clusters, so this operator may not raise it alone. Stop the operator of every cluster \
+         sharing the root, run `zklock admin raise-token-base --above N` with N the highest floor among them, then \
+         start them again (docs/operations.md: moving to a new ensemble)"
+    )]
+    TokensBehindFloor { path: String, floor: i64, ensemble: i64 },
+    #[error("the token base {path} cannot be read: {why}; write the base it should hold with `zklock admin raise-token-base`")]
+    TokenBase { path: String, why: String },
 }
 
 impl Error {
@@ -114,6 +125,7 @@ impl Error {
         match self {
             Error::SessionLost | Error::NotAdmitted | Error::Fenced { .. } | Error::Connect { .. } => true,
             Error::RootInUse { .. } | Error::ClusterNameInUse { .. } | Error::SharedRootCredentials { .. } => true,
+            Error::TokensBehindFloor { .. } | Error::TokenBase { .. } => true,
             Error::ConnectTls { .. } | Error::Tls(_) => true,
             Error::ZooKeeper { source, .. } => retry::is_session_end(source) || retry::is_unknown_outcome(source),
             Error::BadContenderId(_) | Error::BadLockPath(_) | Error::UnknownContender(_) => false,
@@ -133,6 +145,8 @@ impl Error {
             Error::RootInUse { .. } => "root_in_use",
             Error::ClusterNameInUse { .. } => "cluster_name_in_use",
             Error::SharedRootCredentials { .. } => "shared_root_credentials",
+            Error::TokensBehindFloor { .. } => "tokens_behind_floor",
+            Error::TokenBase { .. } => "token_base",
         }
     }
 }

@@ -148,6 +148,8 @@ fn apply(core: &Arc<Core>, lock_path: &str, read: Read, children: &[String]) -> 
     let Some(q) = locks.get_mut(lock_path) else { return false };
     let mut missing = vec![];
     let mut to_stamp = vec![];
+    // Tokens are handed out raised by it (see `token_base`).
+    let token_base = core.token_base();
     // In queue order, so that the grants of one read take their tokens in the queue's order.
     let base = recipe::wrap_base(queue.iter().map(|c| c.sequence));
     let mut ids: Vec<(u64, Arc<str>)> =
@@ -185,7 +187,9 @@ fn apply(core: &Arc<Core>, lock_path: &str, read: Read, children: &[String]) -> 
                 continue;
             }
             Decision::Held
-                if member.fencing_token == 0 && matches!(limit, Limit::Permits(_)) && pzxid <= q.last_token =>
+                if member.fencing_token == 0
+                    && matches!(limit, Limit::Permits(_))
+                    && pzxid + token_base <= q.last_token =>
             {
                 // With permits, one read can grant several contenders, and a raise of the
                 // permits grants from a read that shows no change: this read's zxid is taken.
@@ -203,8 +207,8 @@ fn apply(core: &Arc<Core>, lock_path: &str, read: Read, children: &[String]) -> 
                 // sent after the node was made (`reads_before`), so the pzxid it answers is at
                 // least the node's czxid; granted at once, the two are equal. Shared holders of
                 // a mutex granted together share it, as they share the lock.
-                member.fencing_token = pzxid;
-                q.last_token = q.last_token.max(pzxid);
+                member.fencing_token = pzxid + token_base;
+                q.last_token = q.last_token.max(pzxid + token_base);
             }
             _ => {}
         }
@@ -258,7 +262,7 @@ async fn stamp(core: Weak<Core>, id: Arc<str>, path: String) {
             strong.fence.set_data_stat(&client, &path, &body, stat.version).await
         };
         let zxid = match written.await {
-            Ok(stat) => stat.mzxid,
+            Ok(stat) => stat.mzxid + strong.token_base(),
             Err(zk::Error::BadVersion) => continue,
             Err(e) => {
                 if !(retry::is_session_end(&e) || e == zk::Error::NoNode) {
