@@ -151,9 +151,9 @@ pub async fn connect(
     }
     // Every number of the term (its epoch first) above every one handed out before it, also
     // when ZooKeeper's data were made anew meanwhile; then the floor reserved ahead of them.
-    let base = engine.take_token_base(layout, floor.reserved()).await?;
+    let base = engine.take_token_base(layout, floor.reserved(), floor.last_epoch()).await?;
     let epoch = engine.epoch().unwrap_or(epoch);
-    floor.cover(epoch).await?;
+    floor.begin_term(epoch).await?;
     tracing::info!(epoch, base, path = %layout.epoch(), "took the leader epoch");
     Ok((engine, events))
 }

@@ -18,13 +18,17 @@ use crate::zk::token_base::FLOOR_RESERVE;
 /// The ConfigMap's name (in the operator's namespace) and the key holding the floor.
 pub const FLOOR_CONFIGMAP: &str = "zklock-token-floor";
 pub const FLOOR_KEY: &str = "floor";
+/// The epoch of the last term: a term whose epoch is not above it finds ZooKeeper went back.
+pub const EPOCH_KEY: &str = "epoch";
 
 pub struct TokenFloor {
     api: Api<ConfigMap>,
     /// The floor as last read or written: every number up to it may be handed out.
     reserved: AtomicI64,
-    /// One raise at a time.
-    raising: tokio::sync::Mutex<()>,
+    /// The epoch of the last term, as read when this one began.
+    last_epoch: i64,
+    /// One write at a time.
+    writing: tokio::sync::Mutex<()>,
 }
 
 async fn timed<T>(call: &'static str, f: impl std::future::Future<Output = kube::Result<T>>) -> Result<T, Error> {
@@ -34,17 +38,22 @@ async fn timed<T>(call: &'static str, f: impl std::future::Future<Output = kube:
         .map_err(|source| Error::Write { call, source })
 }
 
-fn parse(map: &ConfigMap) -> Result<i64, Error> {
-    let value = map.data.as_ref().and_then(|d| d.get(FLOOR_KEY));
-    match value.map(|v| v.trim().parse::<i64>()) {
-        Some(Ok(floor)) if floor >= 0 => Ok(floor),
-        // Rubbish is never replaced by a guess: a lower floor would let tokens go back.
-        _ => Err(Error::TokenFloor(format!(
-            "ConfigMap {FLOOR_CONFIGMAP} holds {value:?} in data.{FLOOR_KEY}, not a number of 0 or more: write the \
-             highest fencing token, ticket or leader epoch this installation has handed out there (or delete the \
-             ConfigMap if ZooKeeper's data were never made anew since its first start)"
-        ))),
-    }
+/// What the ConfigMap holds: (floor, epoch of the last term).
+fn parse(map: &ConfigMap) -> Result<(i64, i64), Error> {
+    let number = |key: &str, missing: Option<i64>| {
+        let value = map.data.as_ref().and_then(|d| d.get(key));
+        match value.map(|v| v.trim().parse::<i64>()) {
+            Some(Ok(n)) if n >= 0 => Ok(n),
+            None if missing.is_some() => Ok(missing.unwrap_or_default()),
+            // Rubbish is never replaced by a guess: a lower floor would let tokens go back.
+            _ => Err(Error::TokenFloor(format!(
+                "ConfigMap {FLOOR_CONFIGMAP} holds {value:?} in data.{key}, not a number of 0 or more: write the \
+                 highest fencing token, ticket or leader epoch this installation has handed out there (or delete \
+                 the ConfigMap if ZooKeeper's data were never made anew since its first start)"
+            ))),
+        }
+    };
+    Ok((number(FLOOR_KEY, None)?, number(EPOCH_KEY, Some(0))?))
 }
 
 impl TokenFloor {
@@ -52,33 +61,55 @@ impl TokenFloor {
     /// handed out nothing since it began keeping one).
     pub async fn read(client: &kube::Client, namespace: &str) -> Result<TokenFloor, Error> {
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-        let floor = match timed("get_token_floor", api.get_opt(FLOOR_CONFIGMAP)).await? {
+        let (floor, last_epoch) = match timed("get_token_floor", api.get_opt(FLOOR_CONFIGMAP)).await? {
             Some(map) => parse(&map)?,
-            None => 0,
+            None => (0, 0),
         };
-        Ok(TokenFloor { api, reserved: AtomicI64::new(floor), raising: Default::default() })
+        Ok(TokenFloor { api, reserved: AtomicI64::new(floor), last_epoch, writing: Default::default() })
     }
 
-    /// The floor: every number handed out from now on must be above it.
+    /// The floor: every number handed out from now on must be above it where ZooKeeper's
+    /// zxids went back.
     pub fn reserved(&self) -> i64 {
         self.reserved.load(Ordering::SeqCst)
     }
 
+    /// The epoch of the last term: this term's must be above it, else ZooKeeper's zxids went
+    /// back.
+    pub fn last_epoch(&self) -> i64 {
+        self.last_epoch
+    }
+
+    /// Records this term's `epoch`, with the floor reserved `FLOOR_RESERVE` above it.
+    pub async fn begin_term(&self, epoch: i64) -> Result<(), Error> {
+        self.write(epoch, Some(epoch)).await
+    }
+
     /// Makes sure the floor covers `value` before it is handed out: at once when it does,
-    /// else by raising it `FLOOR_RESERVE` above `value` (a write tested against the version
-    /// read, so that no two writers lower each other's).
+    /// else by raising it `FLOOR_RESERVE` above `value`.
     pub async fn cover(&self, value: i64) -> Result<(), Error> {
         if value <= self.reserved() {
             return Ok(());
         }
-        let _one = self.raising.lock().await;
+        self.write(value, None).await
+    }
+
+    /// Raises the floor over `value` (and the epoch to `epoch`), with writes tested against
+    /// the version read, so that no two writers lower each other's.
+    async fn write(&self, value: i64, epoch: Option<i64>) -> Result<(), Error> {
+        let _one = self.writing.lock().await;
         loop {
-            if value <= self.reserved() {
+            let found = timed("get_token_floor", self.api.get_opt(FLOOR_CONFIGMAP)).await?;
+            let (found_floor, found_epoch) = found.as_ref().map(parse).transpose()?.unwrap_or((0, 0));
+            let floor = if found_floor >= value { found_floor } else { value.saturating_add(FLOOR_RESERVE) };
+            let new_epoch = epoch.map_or(found_epoch, |e| e.max(found_epoch));
+            if found.is_some() && (floor, new_epoch) == (found_floor, found_epoch) {
+                self.reserved.fetch_max(floor, Ordering::SeqCst);
                 return Ok(());
             }
-            let wanted = value.saturating_add(FLOOR_RESERVE);
-            let data = json!({ FLOOR_KEY: wanted.to_string() });
-            let write = match timed("get_token_floor", self.api.get_opt(FLOOR_CONFIGMAP)).await? {
+            let data: std::collections::BTreeMap<String, String> =
+                [(FLOOR_KEY.to_string(), floor.to_string()), (EPOCH_KEY.to_string(), new_epoch.to_string())].into();
+            let write = match found {
                 None => {
                     let fresh = ConfigMap {
                         metadata: ObjectMeta {
@@ -86,17 +117,12 @@ impl TokenFloor {
                             labels: Some([("app.kubernetes.io/part-of".to_string(), "zklock".to_string())].into()),
                             ..ObjectMeta::default()
                         },
-                        data: Some([(FLOOR_KEY.to_string(), wanted.to_string())].into()),
+                        data: Some(data),
                         ..ConfigMap::default()
                     };
                     tokio::time::timeout(API_TIMEOUT, self.api.create(&PostParams::default(), &fresh)).await
                 }
                 Some(map) => {
-                    let found = parse(&map)?;
-                    if found >= value {
-                        self.reserved.fetch_max(found, Ordering::SeqCst);
-                        continue;
-                    }
                     let version = map.metadata.resource_version.clone().unwrap_or_default();
                     let patch = json!({ "metadata": { "resourceVersion": version }, "data": data });
                     let patch = Patch::Merge(&patch);
@@ -104,11 +130,14 @@ impl TokenFloor {
                         .await
                 }
             };
-            let written = write.map_err(|_| Error::Timeout { call: "raise_token_floor" })?;
-            match written {
+            match write.map_err(|_| Error::Timeout { call: "raise_token_floor" })? {
                 Ok(_) => {
-                    tracing::info!(floor = wanted, "reserved fencing tokens ahead in the API (the token floor)");
-                    self.reserved.fetch_max(wanted, Ordering::SeqCst);
+                    tracing::info!(
+                        floor,
+                        epoch = new_epoch,
+                        "reserved fencing tokens ahead in the API (the token floor)"
+                    );
+                    self.reserved.fetch_max(floor, Ordering::SeqCst);
                     return Ok(());
                 }
                 // Another writer came first: read again.

@@ -12,3 +12,4 @@ mod ensemble;
 mod kazoo_interop;
 mod reanchor;
 mod shared;
+mod token_base;

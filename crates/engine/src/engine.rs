@@ -256,21 +256,23 @@ impl LockEngine {
         self.core.fence.epoch().map(|e| e.token + self.core.token_base())
     }
 
-    /// Takes the token base of `layout` (see [`super::token_base`]) for this term, whose
-    /// numbers must all be above `floor`, kept where it survives the ensemble: made where it
-    /// is missing; raised where this leader alone hands out tokens from it (an unshared root);
-    /// refused ([`Error::TokensBehindFloor`]) where clusters share it. Call it after
-    /// [`LockEngine::take_epoch`], before anything is enqueued; every fencing token, ticket and
-    /// epoch the engine answers from then on is raised by the base. Answers the base.
-    pub async fn take_token_base(&self, layout: &Layout, floor: i64) -> Result<i64, Error> {
+    /// Takes the token base of `layout` (see [`super::token_base`]) for this term, given what
+    /// is kept where it survives the ensemble: `floor`, above every number handed out, and
+    /// `last`, the epoch of the last term. Made where it is missing; where ZooKeeper's zxids
+    /// went back below `last`, raised above the floor where this leader alone hands out
+    /// tokens from it (an unshared root), refused ([`Error::TokensBehindFloor`]) where clusters
+    /// share it. Call it after [`LockEngine::take_epoch`], before anything is enqueued; every
+    /// fencing token, ticket and epoch the engine answers from then on is raised by the base.
+    /// Answers the base.
+    pub async fn take_token_base(&self, layout: &Layout, floor: i64, last: i64) -> Result<i64, Error> {
         let client = self.core.client()?;
         let epoch = self.core.fence.epoch().map(|e| e.token).ok_or_else(|| {
             Error::zk("token base", &layout.token_base(), zk::Error::BadArguments(&"take the leader epoch first"))
         })?;
         let may_raise = layout.shared_root().is_none();
         let path = layout.token_base();
-        let base =
-            token_base::take(&client, &self.core.config, &self.core.fence, &path, floor, epoch, may_raise).await?;
+        let base = token_base::take(&client, &self.core.config, &self.core.fence, &path, floor, last, epoch, may_raise)
+            .await?;
         self.core.token_base.store(base, std::sync::atomic::Ordering::SeqCst);
         Ok(base)
     }

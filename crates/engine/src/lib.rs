@@ -100,9 +100,9 @@ pub enum Error {
     )]
     SharedRootCredentials { shared: String, acl: String },
     #[error(
-        "ZooKeeper's zxids, raised by the token base at {path}, reach {ensemble} only, below the token floor {floor} \
-         kept in the Kubernetes API (ConfigMap zklock-token-floor): the ensemble's data were made anew, and its base \
-         is shared with other clusters, so this operator may not raise it alone. Stop the operator of every cluster \
+        "ZooKeeper's zxids, raised by the token base at {path}, reach {ensemble} only, not above {floor}, handed out \
+         before (the Kubernetes API keeps it: ConfigMap zklock-token-floor): the ensemble's data were made anew, and \
+         its base is shared with other clusters, so this operator may not raise it alone. Stop the operator of every cluster \
          sharing the root, run `zklock admin raise-token-base --above N` with N the highest floor among them, then \
          start them again (docs/operations.md: moving to a new ensemble)"
     )]

@@ -3,9 +3,10 @@
 //! made anew (a restored snapshot, a new ensemble, a wiped volume): every guarded resource
 //! would then refuse the next holder, and a recorded ticket would order a claim wrongly.
 //! So each of them is handed out raised by a *base*, kept in ZooKeeper (`token-base`, see
-//! [`super::Layout::token_base`]), and the caller keeps a *floor* where it survives the
-//! ensemble (the Kubernetes API): above every number handed out, reserved ahead. A term
-//! starts only once `base + zxid` is above the floor for every zxid it will see.
+//! [`super::Layout::token_base`]), and the caller keeps, where it survives the ensemble (the
+//! Kubernetes API), a *floor* above every number handed out (reserved ahead) and the last
+//! term's epoch. A term starts only once `base + zxid` is above that epoch; where the
+//! ensemble went back, the base puts every zxid from then on above the floor.
 //!
 //! The base only changes while nobody hands tokens out with the old one: it is made where it
 //! is missing (a new ensemble), raised by the one leader of an unshared root at its term's
@@ -38,15 +39,21 @@ fn parse(path: &str, data: &[u8]) -> Result<i64, Error> {
     })
 }
 
-/// The base at `path` for a term whose first zxid is `zxid` (its epoch's), the floor kept
-/// outside ZooKeeper being `floor`: made if missing; raised if it would not put `zxid` above
-/// the floor and `may_raise` (this leader alone hands tokens out from this base), else refused.
+/// The base at `path` for a term whose first zxid is `zxid` (its epoch's), given what is kept
+/// outside ZooKeeper: `floor`, above every number handed out (reserved ahead), and `last`, the
+/// epoch of the last term. Made if missing (above the floor). Kept while it puts `zxid` above
+/// `last`: the ensemble went on from where the last term left it (its zxids are below the
+/// floor, which is reserved ahead). Else ZooKeeper's zxids went back (its data restored):
+/// raised above the floor if `may_raise` (this leader alone hands tokens out from this base),
+/// else refused.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn take(
     client: &zk::Client,
     config: &ZkConfig,
     fence: &Fence,
     path: &str,
     floor: i64,
+    last: i64,
     zxid: i64,
     may_raise: bool,
 ) -> Result<i64, Error> {
@@ -70,13 +77,13 @@ pub(super) async fn take(
             Err(e) => return Err(zkerr("get", e)),
             Ok((data, stat)) => {
                 let base = parse(path, &data)?;
-                if base.saturating_add(zxid) > floor {
+                if base.saturating_add(zxid) > last {
                     return Ok(base);
                 }
                 if !may_raise {
                     return Err(Error::TokensBehindFloor {
                         path: path.to_string(),
-                        floor,
+                        floor: last,
                         ensemble: base.saturating_add(zxid),
                     });
                 }
