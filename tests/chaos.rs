@@ -36,9 +36,21 @@
 //! leader's holder reads Held until its next leader ends it Lost, after the other cluster was
 //! granted; `tests/operator/clusters.rs` judges it with sessions that outlast a takeover.
 //!
+//! Both clusters also run gated pods (a scheduling gate the operator removes on grant): a pod
+//! seen ungated while its claim had no Held record, or after its claim ended, counts as a
+//! violation (`pods_started_without_held`). The second cluster's faults include cutting every
+//! one of its replicas off from ZooKeeper while their API stays reachable. The merged history
+//! of the `ClusterLock` in both clusters is measured for two holders at once
+//! (`longest_overlap_of_two_holders`), told apart from an overlap right after a leader's death
+//! (its holder reads Held until the next leader ends it; docs/operations.md asks for sessions
+//! that outlast a takeover where clusters share locks); in the `chart` profile it must be 0.
+//!
+//! `ZKLOCK_CHAOS_PROFILE` picks the timings: `fast` (default: 4 s sessions) or `chart` (the
+//! chart's defaults: 10 s sessions, 10 s lease, a SIGTERM'd replica killed after 30 s).
 //! `ZKLOCK_CHAOS_MINUTES` sets the length (default 3, the test command's run); it prints one
-//! summary line starting with `chaos:`. A 30-minute run:
-//! `ZKLOCK_CHAOS_MINUTES=30 cargo test --release --test chaos -- --nocapture`.
+//! summary line starting with `chaos:`. 30-minute runs:
+//! `ZKLOCK_CHAOS_MINUTES=30 cargo test --release --test chaos -- --nocapture`, and the same with
+//! `ZKLOCK_CHAOS_PROFILE=chart`.
 
 mod e2e_support;
 
@@ -65,16 +77,41 @@ const SEVERAL: [&str; 5] = ["x0", "x1", "x2", "s0", "p0"];
 /// `p0` has a `Lock` object: a semaphore of this many permits.
 const PERMITS: usize = 2;
 const WORKERS: usize = 6;
-/// The operators' ZooKeeper session timeout: short, so that a partition expires it quickly.
-const SESSION_TIMEOUT: Duration = Duration::from_secs(4);
+/// The timings the operators run with (`ZKLOCK_CHAOS_PROFILE`): `fast` (the default, the test
+/// command's run), or `chart`, the chart's defaults (session 10 s, lease 10 s, 30 s between a
+/// SIGTERM and a kill).
+#[derive(Clone, Copy, Debug)]
+struct Profile {
+    name: &'static str,
+    /// The operators' ZooKeeper session timeout.
+    session: Duration,
+    /// How long a SIGTERM'd replica has before it is killed (the pod's termination grace).
+    stop_grace: Duration,
+}
+
+fn profile() -> Profile {
+    static PROFILE: std::sync::OnceLock<Profile> = std::sync::OnceLock::new();
+    *PROFILE.get_or_init(|| match std::env::var("ZKLOCK_CHAOS_PROFILE").as_deref() {
+        Ok("chart") => Profile { name: "chart", session: Duration::from_secs(10), stop_grace: Duration::from_secs(30) },
+        Ok("fast") | Err(_) => Profile { name: "fast", session: Duration::from_secs(4), stop_grace: LIVENESS },
+        Ok(other) => panic!("ZKLOCK_CHAOS_PROFILE={other}: use fast or chart"),
+    })
+}
+
+/// The operators' ZooKeeper session timeout: in the fast profile short, so that a partition
+/// expires it quickly.
+fn session_timeout() -> Duration {
+    profile().session
+}
 /// How long a stopped or hung leader stays so: longer than its lease (10 s).
 const OUTAGE: Duration = Duration::from_secs(12);
 /// A claim not Held or final after this long waits forever, as far as the suite is concerned.
 const LIVENESS: Duration = Duration::from_secs(90);
 /// The longest a claim may stay non-final while its lock is free in ZooKeeper, or its blocker
 /// gone (docs/development.md, the chaos suite): lease duration + session timeout + 5 s.
-const STALL_BOUND: Duration =
-    Duration::from_secs(zklock::leader::LEASE_DURATION.as_secs() + SESSION_TIMEOUT.as_secs() + 5);
+fn stall_bound() -> Duration {
+    zklock::leader::LEASE_DURATION + session_timeout() + Duration::from_secs(5)
+}
 /// The finalizer of another party some of the workload's claims carry (deleted while they wait).
 const OTHER_FINALIZER: &str = "chaos.zklock.io/keep";
 /// The root the two clusters share their `ClusterLock` on (docs/design.md: ClusterLocks).
@@ -114,6 +151,10 @@ enum Fault {
     /// Every replica stopped with SIGTERM and started again, one after the other, the leader
     /// last (a rollout).
     RollingRestart,
+    /// Every replica of the second cluster cut off from ZooKeeper, its API path fine, for two
+    /// session timeouts: its ClusterLock holder must be ended before the first cluster is
+    /// granted.
+    ZkCutCluster,
 }
 
 /// In this order first (a 3-minute run meets about the first nine), then at random.
@@ -181,7 +222,7 @@ async fn chaos() {
             zk.push(Proxy::start(server.addr()).await);
         }
         let connect = zk.iter().map(|p| p.connect_string("")).collect::<Vec<_>>().join(",") + &chroot;
-        let timeout = format!("{}s", SESSION_TIMEOUT.as_secs());
+        let timeout = format!("{}s", session_timeout().as_secs());
         let args = ["--zk-session-timeout", &timeout, "--zk-cluster-root", SHARED_ROOT, "--cluster-name", "a"];
         let operator = Operator::start_proxied_with_zk(&env, &api, &connect, &args);
         replicas.push(Replica { operator, api, zk });
@@ -210,7 +251,7 @@ async fn chaos() {
             zk.push(Proxy::start(server.addr()).await);
         }
         let connect = zk.iter().map(|p| p.connect_string("")).collect::<Vec<_>>().join(",") + &chroot;
-        let timeout = format!("{}s", SESSION_TIMEOUT.as_secs());
+        let timeout = format!("{}s", session_timeout().as_secs());
         let args = [
             "--zk-session-timeout",
             &timeout,
@@ -262,7 +303,21 @@ async fn chaos() {
     }
     // The second cluster's faults, beside the first's: its leader killed, or cut off from
     // ZooKeeper long enough for its session to expire.
+    // When a leader of either cluster died (kill -9, SIGSTOP past its lease): its ClusterLock
+    // holder reads Held until the next leader ends it, and the other cluster may be granted
+    // once its session expired meanwhile (docs/operations.md: sessions that outlast a
+    // takeover), so an overlap right after one is told apart.
+    let a_deaths: Arc<std::sync::Mutex<Vec<Instant>>> = Default::default();
+    let b_deaths: Arc<std::sync::Mutex<Vec<Instant>>> = Default::default();
+    // Gated pods in both clusters, and when each was seen ungated.
+    let ungated: [Ungated; 2] = Default::default();
+    for (c, env) in [env.clone(), env_b.clone()].into_iter().enumerate() {
+        let (claims_made, ungated) = (claims_made.clone(), ungated[c].clone());
+        let seed = seed.wrapping_add(53 + c as u64 * 911) | 1;
+        workers.spawn(async move { gated_work(&env, c, Rng(seed), deadline, &claims_made, &ungated).await });
+    }
     let b_faults = {
+        let b_deaths = b_deaths.clone();
         let seed = seed.wrapping_add(31) | 1;
         tokio::spawn(async move {
             let mut rng = Rng(seed);
@@ -270,15 +325,27 @@ async fn chaos() {
             while Instant::now() + OUTAGE < deadline {
                 tokio::time::sleep(Duration::from_secs(8 + rng.below(12))).await;
                 let Some(i) = leader(&replicas_b).await else { continue };
-                let fault = if rng.below(2) == 0 { Fault::Kill9 } else { Fault::ZkPartition };
+                let fault = [Fault::Kill9, Fault::ZkPartition, Fault::ZkCutCluster][rng.below(3) as usize];
                 eprintln!("chaos: {:>6.1}s cluster b: {fault:?} on replica {i}", started.elapsed().as_secs_f64());
                 match fault {
-                    Fault::Kill9 => replicas_b[i].operator.restart(),
+                    Fault::Kill9 => {
+                        b_deaths.lock().unwrap().push(Instant::now());
+                        replicas_b[i].operator.restart()
+                    }
+                    Fault::ZkCutCluster => {
+                        for proxy in replicas_b.iter().flat_map(|r| &r.zk) {
+                            proxy.set_blackhole(true);
+                        }
+                        tokio::time::sleep(session_timeout() * 2).await;
+                        for proxy in replicas_b.iter().flat_map(|r| &r.zk) {
+                            proxy.set_blackhole(false);
+                        }
+                    }
                     _ => {
                         for proxy in &replicas_b[i].zk {
                             proxy.set_blackhole(true);
                         }
-                        tokio::time::sleep(SESSION_TIMEOUT * 2).await;
+                        tokio::time::sleep(session_timeout() * 2).await;
                         for proxy in &replicas_b[i].zk {
                             proxy.set_blackhole(false);
                         }
@@ -332,6 +399,9 @@ async fn chaos() {
             started.elapsed().as_secs_f64(),
             held_back.as_secs_f64()
         );
+        if matches!(fault, Fault::Kill9 | Fault::SigStop) {
+            a_deaths.lock().unwrap().push(Instant::now());
+        }
         if fault == Fault::RollingRestart {
             rolling_restart(&mut replicas, i).await;
         } else {
@@ -410,6 +480,18 @@ async fn chaos() {
         .map(|w| format!("{} ({}) after {} ({})", w[1].0, w[1].1, w[0].0, w[0].1))
         .collect();
     let checked_b = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| env_b.history.check()));
+    let deaths = [a_deaths.lock().unwrap().clone(), b_deaths.lock().unwrap().clone()];
+    let overlap = merged_overlap(&records, &records_b, &cluster_label, &deaths);
+    let mut pods_ungated = 0;
+    let mut started_without_held = vec![];
+    for (c, history) in [&records, &records_b].into_iter().enumerate() {
+        for (pod, at) in ungated[c].lock().unwrap().iter() {
+            pods_ungated += 1;
+            if let Some(why) = started_without_a_hold(history, pod, *at) {
+                started_without_held.push(format!("{}/{pod}: {why}", ['a', 'b'][c]));
+            }
+        }
+    }
     let lost_foreign = records.iter().filter(|r| r.phase == Some(Phase::Lost) && r.lock == FOREIGN_LOCK).count();
     let mut locks_of: HashMap<&str, HashSet<&str>> = HashMap::new();
     for r in &records {
@@ -424,7 +506,9 @@ async fn chaos() {
         + token_violations.len()
         + lost.len()
         + stuck.len()
-        + clients_left_holding.len();
+        + clients_left_holding.len()
+        + started_without_held.len()
+        + usize::from(profile().name == "chart" && overlap.unexcused > Duration::ZERO);
     let faults: Vec<String> = injected.iter().map(|(f, n)| format!("{f:?}={n}")).collect();
     let semaphore_most = env.history.most_held_at_once("p0");
     let behind_gone = longest_wait_behind_gone_holder(&env.history, started);
@@ -432,22 +516,29 @@ async fn chaos() {
     eprintln!(
         "chaos: minutes={minutes_run:.1} faults: {} faults_held_back={faults_held_back} CliKilled={cli_killed} \
          claims={} grants={grants} transitions={} \
-         violations={violations} leaked_znodes={} longest_stall={:.1}s ({}; bound {STALL_BOUND:?}) \
+         violations={violations} leaked_znodes={} longest_stall={:.1}s ({}; bound {:?}) \
          longest_wait_behind_gone_holder={:.1}s ({}) p0_most_held_at_once={semaphore_most} cli_clients={cli_runs} \
          f0_lost={lost_foreign} claims_over_several_locks={over_several} cluster_b_claims={} cluster_b_faults={b_injected} \
-         cluster_lock_grants={} (a {}, b {})",
+         cluster_lock_grants={} (a {}, b {}) profile={} longest_overlap_of_two_holders={:.1}s \
+         (after a leader's death {:.1}s{}) pods_ungated={pods_ungated} pods_started_without_held={}",
         faults.join(" "),
         names.len(),
         records.len(),
         leaked.len(),
         stalls.longest.as_secs_f64(),
         stalls.which,
+        stall_bound(),
         behind_gone.0.as_secs_f64(),
         behind_gone.1,
         records_b.iter().map(|r| r.uid.as_str()).collect::<HashSet<_>>().len(),
         cluster_grants.len(),
         cluster_grants.iter().filter(|g| g.2 == 'a').count(),
         cluster_grants.iter().filter(|g| g.2 == 'b').count(),
+        profile().name,
+        overlap.unexcused.as_secs_f64(),
+        overlap.after_death.as_secs_f64(),
+        overlap.which.as_deref().map(|w| format!("; {w}")).unwrap_or_default(),
+        started_without_held.len(),
     );
     eprintln!("chaos: claims made by the workload: {}", claims_made.load(Ordering::SeqCst));
     let logs: Vec<String> = replicas.iter().chain(&replicas_b).map(|r| r.operator.log.display().to_string()).collect();
@@ -472,16 +563,27 @@ async fn chaos() {
             eprintln!("chaos: the records of the claims that turned Lost: {of_lost:#?}");
         }
         assert!(lost.is_empty(), "holders of zklock-only locks turned Lost: {lost:?}");
+        assert!(started_without_held.is_empty(), "gated pods started without a Held claim: {started_without_held:?}");
+        assert!(pods_ungated > 0, "gated pods were started");
+        if profile().name == "chart" {
+            assert_eq!(
+                overlap.unexcused,
+                Duration::ZERO,
+                "two holders of {cluster_label} at once in the merged history: {:?}",
+                overlap.which
+            );
+        }
         assert!(
             clients_left_holding.is_empty(),
             "claims of killed clients held after their pod went: {clients_left_holding:?}"
         );
         assert!(stuck.is_empty(), "claims neither Held nor final after {LIVENESS:?}: {stuck:?}");
         assert!(
-            stalls.longest <= STALL_BOUND,
-            "a claim stayed non-final for {:?} while it could be served ({}): more than {STALL_BOUND:?}",
+            stalls.longest <= stall_bound(),
+            "a claim stayed non-final for {:?} while it could be served ({}): more than {:?}",
             stalls.longest,
-            stalls.which
+            stalls.which,
+            stall_bound()
         );
         assert!(leaked.is_empty(), "znodes left behind: {leaked:?}");
         assert!(semaphore_most >= PERMITS, "p0, a semaphore of {PERMITS} permits, never had that many holders at once");
@@ -615,7 +717,7 @@ async fn inject(fault: Fault, replica: &mut Replica, chaos: &mut Chaos<'_>) {
                 proxy.set_blackhole(true);
             }
             // The client gives the session up after 7/5 of its timeout; the server sooner.
-            tokio::time::sleep(SESSION_TIMEOUT * 2).await;
+            tokio::time::sleep(session_timeout() * 2).await;
             for proxy in &replica.zk {
                 proxy.set_blackhole(false);
             }
@@ -625,7 +727,7 @@ async fn inject(fault: Fault, replica: &mut Replica, chaos: &mut Chaos<'_>) {
             for proxy in &replica.zk {
                 proxy.set_blackhole(true);
             }
-            tokio::time::sleep(SESSION_TIMEOUT * 4).await;
+            tokio::time::sleep(session_timeout() * 4).await;
             for proxy in &replica.zk {
                 proxy.set_blackhole(false);
             }
@@ -675,6 +777,7 @@ async fn inject(fault: Fault, replica: &mut Replica, chaos: &mut Chaos<'_>) {
             eprintln!("chaos: the held finalizer patch was answered {answer:?}");
         }
         Fault::RollingRestart => unreachable!("handled with every replica: see rolling_restart"),
+        Fault::ZkCutCluster => unreachable!("the second cluster's: see b_faults"),
         Fault::ForeignNode => {
             // kazoo's Semaphore lease looks like this: a plain child, holding ahead of everybody.
             let client = zookeeper_client::Client::connect(&chaos.env.zk).await.expect("connect to ZooKeeper");
@@ -695,8 +798,9 @@ async fn inject(fault: Fault, replica: &mut Replica, chaos: &mut Chaos<'_>) {
 async fn rolling_restart(replicas: &mut [Replica], leader: usize) {
     let order = (0..replicas.len()).filter(|i| *i != leader).chain([leader]);
     for i in order {
-        let stopped = replicas[i].operator.terminate_within(LIVENESS);
-        assert!(stopped.is_some(), "replica {i} did not stop within {LIVENESS:?} of its SIGTERM");
+        // As the kubelet does: killed once the termination grace is over.
+        let stopped = replicas[i].operator.terminate_within(profile().stop_grace);
+        assert!(stopped.is_some(), "replica {i} did not stop within {:?} of its SIGTERM", profile().stop_grace);
         replicas[i].operator.restart();
         let operator = &replicas[i].operator;
         within("a restarted replica to be ready", async {
@@ -1038,7 +1142,7 @@ async fn leaked_znodes(ensemble: &Ensemble, chroot: &str, namespace: &str, clust
     let client = zookeeper_client::Client::connect(&format!("{}{chroot}", ensemble.connect())).await.expect("connect");
     let dir = format!("/zklock/locks/{namespace}");
     // Nodes of replicas killed or cut off live until their (detached) session times out.
-    let settle = Instant::now() + SESSION_TIMEOUT * 3;
+    let settle = Instant::now() + session_timeout() * 3;
     loop {
         let mut leaked = vec![];
         let mut dirs: Vec<String> =
@@ -1098,4 +1202,163 @@ fn longest_wait_behind_gone_holder(history: &History, started: Instant) -> (Dura
         }
     }
     longest
+}
+
+/// Gated pods of one cluster, by name, and when each was seen without its gate.
+type Ungated = Arc<std::sync::Mutex<Vec<(String, Instant)>>>;
+
+/// Gated pods on lock `g0`, one after the other: made with the operator's scheduling gate, seen
+/// ungated (or given up on after their acquire timeout), held a moment, deleted.
+async fn gated_work(env: &Env, cluster: usize, mut rng: Rng, deadline: Instant, made: &AtomicUsize, seen: &Ungated) {
+    use k8s_openapi::api::core::v1::Pod;
+    let mut i = 0;
+    while Instant::now() < deadline {
+        i += 1;
+        let name = format!("g{cluster}-{i}");
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": { "name": name, "annotations": {
+                "zklock.io/lock": "g0", "zklock.io/acquire-timeout-seconds": "20" } },
+            "spec": {
+                "schedulerName": "zklock-chaos-no-scheduler",
+                "schedulingGates": [{ "name": "zklock.io/lock" }],
+                "containers": [{ "name": "main", "image": "busybox:1.36", "command": ["true"] }],
+            },
+        }))
+        .expect("a gated pod");
+        if env.pods.create(&PostParams::default(), &pod).await.is_err() {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        made.fetch_add(1, Ordering::SeqCst);
+        let ungated = |p: Option<&Pod>| {
+            p.is_some_and(|p| {
+                let gates = p.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref());
+                !gates.is_some_and(|g| g.iter().any(|g| g.name == "zklock.io/lock"))
+            })
+        };
+        let waited = kube::runtime::wait::await_condition(env.pods.clone(), &name, ungated);
+        // Its acquire timeout, and then some: a pod still gated by then is given up on.
+        if let Ok(Ok(Some(_))) = tokio::time::timeout(Duration::from_secs(40), waited).await {
+            seen.lock().unwrap().push((name.clone(), Instant::now()));
+            tokio::time::sleep(Duration::from_millis(100 + rng.below(500))).await;
+        }
+        let _ = env.pods.delete(&name, &DeleteParams::default().grace_period(0)).await;
+        tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
+    }
+}
+
+/// Why pod `pod`, seen ungated at `at`, started without its claim (named as the pod) held: no
+/// Held record of the claim by then (with 2 s for the two watches' order), or a final one before.
+fn started_without_a_hold(records: &[Record], pod: &str, at: Instant) -> Option<String> {
+    let of_claim: Vec<&Record> = records.iter().filter(|r| r.name == pod).collect();
+    if let Some(ended) = of_claim.iter().find(|r| r.at < at && r.phase.is_some_and(Phase::is_terminal)) {
+        return Some(format!("ungated after its claim ended {:?} ({:?})", ended.phase, ended.why));
+    }
+    let held = of_claim.iter().any(|r| r.phase == Some(Phase::Held) && r.at <= at + Duration::from_secs(2));
+    (!held).then(|| format!("no Held record by then: {:?}", of_claim.iter().map(|r| r.phase).collect::<Vec<_>>()))
+}
+
+/// The longest time two claims of the two clusters read Held at once on mutex `lock`, in the
+/// merged history (the two watches' delivery times): `after_death` where a leader of the
+/// cluster of the one granted first died shortly before, `unexcused` otherwise.
+struct Overlap {
+    unexcused: Duration,
+    after_death: Duration,
+    which: Option<String>,
+}
+
+fn merged_overlap(a: &[Record], b: &[Record], lock: &str, deaths: &[Vec<Instant>; 2]) -> Overlap {
+    let now = Instant::now();
+    // (cluster, claim, held from, held until)
+    let mut holds: Vec<(usize, String, Instant, Instant)> = vec![];
+    for (c, records) in [a, b].into_iter().enumerate() {
+        let mut open: HashMap<&str, (Instant, &str)> = HashMap::new();
+        for r in records.iter().filter(|r| r.lock == lock) {
+            let holding = r.phase == Some(Phase::Held) && !r.gone;
+            match (open.get(r.uid.as_str()), holding) {
+                (None, true) => {
+                    open.insert(&r.uid, (r.at, &r.name));
+                }
+                (Some(&(from, name)), false) => {
+                    holds.push((c, name.to_string(), from, r.at));
+                    open.remove(r.uid.as_str());
+                }
+                _ => {}
+            }
+        }
+        holds.extend(open.into_values().map(|(from, name)| (c, name.to_string(), from, now)));
+    }
+    // A takeover's span: the lease, a session, and the new term's start.
+    let span = zklock::leader::LEASE_DURATION + session_timeout() + Duration::from_secs(10);
+    let mut overlap = Overlap { unexcused: Duration::ZERO, after_death: Duration::ZERO, which: None };
+    for (i, x) in holds.iter().enumerate() {
+        for y in holds.iter().skip(i + 1).filter(|y| y.0 != x.0) {
+            let (from, until) = (x.2.max(y.2), x.3.min(y.3));
+            let Some(length) = until.checked_duration_since(from).filter(|d| !d.is_zero()) else { continue };
+            let first = if x.2 <= y.2 { x } else { y };
+            let died = deaths[first.0].iter().any(|d| *d <= from && from.duration_since(*d) <= span);
+            let what =
+                format!("{}/{} and {}/{} Held at once for {length:.1?}", ['a', 'b'][x.0], x.1, ['a', 'b'][y.0], y.1);
+            if died {
+                overlap.after_death = overlap.after_death.max(length);
+            } else if length > overlap.unexcused {
+                overlap.unexcused = length;
+                overlap.which = Some(what);
+            }
+        }
+    }
+    overlap
+}
+
+#[cfg(test)]
+mod checks {
+    use super::*;
+
+    fn record(name: &str, phase: Phase, at: Instant) -> Record {
+        Record {
+            at,
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            lock: "cluster/c0".into(),
+            exclusive: true,
+            phase: Some(phase),
+            held_condition: phase == Phase::Held,
+            finished_condition: phase.is_terminal(),
+            fencing: None,
+            leader_epoch: None,
+            why: None,
+            deleting: false,
+            gone: false,
+        }
+    }
+
+    #[test]
+    fn two_holders_in_two_clusters_at_once_are_an_overlap_unless_a_leader_just_died() {
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        let a = [record("h", Phase::Held, t), record("h", Phase::Lost, t + s(5))];
+        let b = [record("n", Phase::Held, t + s(3)), record("n", Phase::Released, t + s(8))];
+        let overlap = merged_overlap(&a, &b, "cluster/c0", &[vec![], vec![]]);
+        assert_eq!(overlap.unexcused, s(2));
+        assert!(overlap.which.is_some_and(|w| w.contains("a/h and b/n")));
+        let overlap = merged_overlap(&a, &b, "cluster/c0", &[vec![t + s(1)], vec![]]);
+        assert_eq!((overlap.unexcused, overlap.after_death), (Duration::ZERO, s(2)), "a's leader died first");
+        let b = [record("n", Phase::Held, t + s(5)), record("n", Phase::Released, t + s(8))];
+        assert_eq!(
+            merged_overlap(&a, &b, "cluster/c0", &[vec![], vec![]]).unexcused,
+            Duration::ZERO,
+            "one after the other"
+        );
+    }
+
+    #[test]
+    fn a_pod_ungated_without_a_held_claim_or_after_it_ended_is_found() {
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        let held = [record("p", Phase::Waiting, t), record("p", Phase::Held, t + s(1))];
+        assert_eq!(started_without_a_hold(&held, "p", t + s(1)), None);
+        assert!(started_without_a_hold(&held[..1], "p", t + s(1)).is_some(), "never Held");
+        let lost = [record("p", Phase::Held, t), record("p", Phase::Lost, t + s(1))];
+        assert!(started_without_a_hold(&lost, "p", t + s(2)).is_some(), "ungated after its claim was Lost");
+    }
 }
