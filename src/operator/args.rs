@@ -31,6 +31,15 @@ pub struct RunArgs {
     /// File holding digest:USER:PASS (e.g. a mounted Secret)
     #[arg(long, env = "ZKLOCK_ZK_AUTH_FILE")]
     zk_auth_file: Option<std::path::PathBuf>,
+    /// Earlier credentials of the operator (digest:USER:PASS), while they are rotated out: the
+    /// operator authenticates with them too and names them in every ACL it writes beside
+    /// --zk-auth, and takes over every node made under them. Drop them once every replica runs
+    /// with the new --zk-auth (docs/operations.md: rotating ZooKeeper credentials)
+    #[arg(long, env = "ZKLOCK_ZK_PREVIOUS_AUTH", value_delimiter = ',', value_parser = parse_digest)]
+    zk_previous_auth: Vec<String>,
+    /// File holding earlier credentials digest:USER:PASS (e.g. a key of the mounted Secret)
+    #[arg(long, env = "ZKLOCK_ZK_PREVIOUS_AUTH_FILE")]
+    zk_previous_auth_file: Option<std::path::PathBuf>,
     /// Which other ZooKeeper clients may make and delete nodes in lock directories (Curator's
     /// and kazoo's recipes do): `anyone` (open, as ZooKeeper's recipes expect), or `listed`: only
     /// those that authenticate with a --zk-contender-auth-file credential; every other client may
@@ -107,6 +116,17 @@ impl RunArgs {
             }
             (None, None) => None,
         };
+        zk.previous_auth = self.zk_previous_auth;
+        if let Some(file) = &self.zk_previous_auth_file {
+            let previous = read(file, "--zk-previous-auth-file")?;
+            // An empty key: no rotation under way (the chart mounts the key either way).
+            if !previous.trim().is_empty() {
+                zk.previous_auth.push(parse_digest(&previous).map_err(|e| format!("{}: {e}", file.display()))?);
+            }
+        }
+        if !zk.previous_auth.is_empty() && zk.digest_auth.is_none() {
+            return Err("--zk-previous-auth needs --zk-auth or --zk-auth-file: the credentials rotated to".into());
+        }
         zk.contenders = match self.zk_contenders.as_str() {
             "listed" if zk.digest_auth.is_none() => {
                 return Err("--zk-contenders listed needs --zk-auth or --zk-auth-file: without credentials \

@@ -117,3 +117,88 @@ async fn with_listed_contenders_only_they_contend_and_nobody_else_may_delete_a_n
         assert!(held.state().is_held(), "{} lost the lock", held.id);
     }
 }
+
+/// docs/operations.md: rotating ZooKeeper credentials — the operator's and a listed contender's,
+/// by the documented steps: add the new identity beside the old (`previous_auth`), roll, drop
+/// the old. Nobody is locked out on the way, and the old identities are out at the end.
+#[tokio::test]
+async fn rotating_the_operators_and_a_contenders_credentials_as_documented_locks_nobody_out() {
+    use zklock::zk::{Contenders, Error, Installation, Layout};
+    const OLD: &str = "zklock:old-pw";
+    const NEW: &str = "zklock:new-pw";
+    const PEER_OLD: &str = "curator:old-pw";
+    const PEER_NEW: &str = "curator:new-pw";
+    let connect = chroot().await;
+    let layout = Layout::new("/zklock").unwrap();
+    let term = |own: &'static str, previous: &[&'static str], peers: &[&'static str]| {
+        let mut config = ZkConfig::new(connect.clone()).with_session_timeout(Duration::from_secs(4));
+        config.digest_auth = Some(own.into());
+        config.previous_auth = previous.iter().map(|p| p.to_string()).collect();
+        config.contenders = Contenders::Listed(peers.iter().map(|p| p.to_string()).collect());
+        let layout = layout.clone();
+        async move {
+            let engine = Engine::connect(config).await?;
+            let mine = Installation { installation: "rotating".into(), holder: own.into() };
+            engine.take_root(&layout, mine).await?;
+            engine.take_epoch(&layout.epoch(), own).await?;
+            engine.take_token_base(&layout, 0, 0).await?;
+            engine.admit();
+            Ok::<Engine, Error>(engine)
+        }
+    };
+    let dir = layout.lock("ns", "l");
+    let identity = |credentials: &str| zklock::zk::digest_id(credentials);
+    let acl_of = |client: &zkc::Client, path: String| {
+        let client = client.clone();
+        async move {
+            let (acl, _) = client.get_acl(&path).await.unwrap_or_else(|e| panic!("ACL of {path}: {e}"));
+            acl.iter().map(|a| (a.id().to_string(), a.permission())).collect::<Vec<_>>()
+        }
+    };
+
+    let first = term(OLD, &[], &[PEER_OLD]).await.expect("the first term, under the old credentials");
+    let mut holder = enqueue(&first, &dir, Mode::Exclusive).await;
+    support::held(&mut holder).await;
+    let peer = client_as(&connect, PEER_OLD).await;
+    let contender = zkc::CreateMode::EphemeralSequential.with_acls(zkc::Acls::anyone_all());
+    let (_, sequence) = peer.create(&format!("{dir}/_c_peer-lock-"), b"", &contender).await.unwrap();
+    let peer_node = format!("{dir}/_c_peer-lock-{sequence}");
+    drop(first);
+
+    // The new credential alone: locked out of the root the old one made, and told how to rotate.
+    let refused = term(NEW, &[], &[PEER_OLD]).await.err().expect("the new credential alone is refused");
+    assert!(matches!(refused, Error::RootCredentials { .. }), "{refused}");
+    assert!(refused.to_string().contains("--zk-previous-auth"), "{refused}");
+
+    // 1. Add: the new credential with the old one as previous; the new contender listed too.
+    let second = term(NEW, &[OLD], &[PEER_OLD, PEER_NEW]).await.expect("the term adding the new credential");
+    // Digest identities show only to a client that may change the ACL (others see `user:x`).
+    let observer = client_as(&connect, NEW).await;
+    for path in [layout.root().to_string(), layout.epoch(), layout.token_base(), dir.clone()] {
+        let acl = acl_of(&observer, path.clone()).await;
+        for who in [identity(NEW), identity(OLD)] {
+            assert!(acl.iter().any(|(id, p)| *id == who && *p == zkc::Permission::ALL), "{path}: {who} in {acl:?}");
+        }
+    }
+    // The contenders roll meanwhile: one still in its session under the old credential lets go
+    // of the node it holds, one under the new credential contends.
+    peer.delete(&peer_node, None).await.expect("a contender under the old credential deletes its own node");
+    let peer_rotated = client_as(&connect, PEER_NEW).await;
+    let (_, sequence) = peer_rotated.create(&format!("{dir}/_c_peer-lock-"), b"", &contender).await.unwrap();
+    peer_rotated.delete(&format!("{dir}/_c_peer-lock-{sequence}"), None).await.expect("the rotated contender");
+    drop((peer, second));
+
+    // 2. Drop the old ones.
+    let third = term(NEW, &[], &[PEER_NEW]).await.expect("the term under the new credentials alone");
+    for path in [layout.root().to_string(), layout.epoch(), dir.clone()] {
+        let acl = acl_of(&observer, path.clone()).await;
+        assert!(!acl.iter().any(|(id, _)| *id == identity(OLD) || *id == identity(PEER_OLD)), "{path}: {acl:?}");
+    }
+    let old = client_as(&connect, OLD).await;
+    assert_eq!(old.set_data(&layout.epoch(), b"x", None).await.err(), Some(zkc::Error::NoAuth), "the old identity");
+    let old_peer = client_as(&connect, PEER_OLD).await;
+    let made = old_peer.create(&format!("{dir}/_c_x-lock-"), b"", &contender).await;
+    assert_eq!(made.err(), Some(zkc::Error::NoAuth), "the old contender identity still contends");
+    let mut next = enqueue(&third, &dir, Mode::Exclusive).await;
+    support::held(&mut next).await;
+}

@@ -8,17 +8,30 @@ use zookeeper_client as zk;
 use super::config::Contenders;
 use super::retry;
 
-/// With credentials, makes sure that nobody is granted on `path` more than `wanted` grants them:
-/// `wanted` replaces an ACL that lets the world (or, with listed contenders, an identity not
-/// listed) do more. A directory made by another client, or by an earlier zklock without
-/// credentials, may be open to all.
+/// With credentials, makes sure that nobody is granted on `path` more than `wanted` grants them,
+/// and that those `wanted` names are granted what it gives them: `wanted` replaces an ACL that
+/// lets the world (or, with listed contenders, an identity not listed; or an identity of
+/// zklock's own that was rotated out) do more, or that misses one of ours (a new credential,
+/// a contender listed since). A directory made by another client, or by an earlier zklock
+/// without credentials, may be open to all.
 pub(super) async fn protect(client: &zk::Client, config: &super::ZkConfig, path: &str, wanted: &[zk::Acl]) {
     if config.digest_auth.is_none() {
         return;
     }
     let Ok((current, stat)) = retry::idempotent(|| client.get_acl(path)).await else { return };
-    let listed = matches!(config.contenders, Contenders::Listed(_));
-    if !grants_more(&current, wanted, listed) {
+    protect_read(client, config, path, wanted, &current, &stat).await;
+}
+
+/// [`protect`] with the ACL and stat already read.
+async fn protect_read(
+    client: &zk::Client,
+    config: &super::ZkConfig,
+    path: &str,
+    wanted: &[zk::Acl],
+    current: &[zk::Acl],
+    stat: &zk::Stat,
+) {
+    if !needs_change(current, wanted, config) {
         return;
     }
     match retry::idempotent(|| client.set_acl(path, &zk::Acls::new(wanted), Some(stat.aversion))).await {
@@ -32,12 +45,96 @@ pub(super) async fn protect(client: &zk::Client, config: &super::ZkConfig, path:
 /// the world, has every permission. Where clusters sharing a root use other credentials, the
 /// first one's ACLs shut the others out of every directory it made.
 pub(super) fn lets_us_write(acls: &[zk::Acl], config: &super::ZkConfig) -> bool {
-    let ours = config.digest_auth.as_deref().map(super::digest_id);
+    let ours: Vec<String> =
+        config.digest_auth.iter().chain(&config.previous_auth).map(|a| super::digest_id(a)).collect();
     acls.iter().any(|a| {
         a.permission() == zk::Permission::ALL
             && ((a.scheme() == "world" && a.id() == "anyone")
-                || (a.scheme() == "digest" && ours.as_deref() == Some(a.id())))
+                || (a.scheme() == "digest" && ours.iter().any(|o| o == a.id())))
     })
+}
+
+/// Whether `current` must be replaced by `wanted` (see [`protect`]).
+fn needs_change(current: &[zk::Acl], wanted: &[zk::Acl], config: &super::ZkConfig) -> bool {
+    let listed = matches!(config.contenders, Contenders::Listed(_));
+    grants_more(current, wanted, listed) || misses(current, wanted) || rotated_out(current, wanted)
+}
+
+/// Whether an identity or the world `wanted` names is granted less by `current`.
+fn misses(current: &[zk::Acl], wanted: &[zk::Acl]) -> bool {
+    wanted.iter().any(|w| {
+        let granted = current
+            .iter()
+            .filter(|c| c.scheme() == w.scheme() && c.id() == w.id())
+            .fold(zk::Permission::NONE, |all, c| all | c.permission());
+        !granted.has(w.permission())
+    })
+}
+
+/// Whether `current` lets a digest identity that `wanted` does not name change the ACL: only
+/// zklock's own identity holds ADMIN on its nodes (contenders create and delete at most), so
+/// such an identity is one of zklock's that was rotated out.
+fn rotated_out(current: &[zk::Acl], wanted: &[zk::Acl]) -> bool {
+    current.iter().any(|c| {
+        c.scheme() == "digest"
+            && c.permission().has(zk::Permission::ADMIN)
+            && !wanted.iter().any(|w| w.scheme() == "digest" && w.id() == c.id())
+    })
+}
+
+/// After a change of credentials (a new identity, a previous one added or dropped, contenders
+/// listed or no longer): every persistent node of the root (and of the shared root) is given
+/// the ACL its kind wants, so that nothing made under a rotated identity locks the operator
+/// out, or lets the rotated identity in. The root's own ACL tells whether anything changed since
+/// the last walk: it is set last, so that a walk cut short is done again by the next term.
+pub(super) async fn take_over(client: &zk::Client, config: &super::ZkConfig, layout: &super::Layout) {
+    if config.digest_auth.is_none() {
+        return;
+    }
+    for root in std::iter::once(layout.root()).chain(layout.shared_root()) {
+        let Ok((current, stat)) = retry::idempotent(|| client.get_acl(root)).await else { continue };
+        let wanted = config.parent_acls();
+        if !needs_change(&current, &wanted, config) {
+            continue;
+        }
+        tracing::info!(root, "the ZooKeeper credentials changed: taking every node of the root over");
+        walk_below(client, config, layout, root).await;
+        protect_read(client, config, root, &wanted, &current, &stat).await;
+    }
+}
+
+/// What each node below a root is, for its ACL.
+fn wanted_for(config: &super::ZkConfig, layout: &super::Layout, path: &str) -> (Vec<zk::Acl>, bool) {
+    let under = |parent: &str, depth: usize| {
+        path.strip_prefix(parent)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .is_some_and(|rest| rest.split('/').count() == depth)
+    };
+    let directory = under(&layout.locks(), 2) || under(&layout.cluster_locks(), 1);
+    let leaf = [layout.id(), layout.epoch(), layout.token_base()].iter().any(|p| p == path);
+    match (directory, leaf) {
+        (true, _) => (config.directory_acls(), false),
+        (_, true) => (config.node_acls(), false),
+        // Parents: the root's subdirectories, each namespace's, the permits'.
+        _ => (config.parent_acls(), true),
+    }
+}
+
+async fn walk_below(client: &zk::Client, config: &super::ZkConfig, layout: &super::Layout, path: &str) {
+    let Ok(children) = retry::idempotent(|| client.list_children(path)).await else { return };
+    for child in children {
+        let full = format!("{path}/{child}");
+        let Ok((current, stat)) = retry::idempotent(|| client.get_acl(&full)).await else { continue };
+        // Ephemeral nodes go with their session, and a new term makes its own anew.
+        if stat.ephemeral_owner != 0 {
+            continue;
+        }
+        let (wanted, parent) = wanted_for(config, layout, &full);
+        if parent {
+            Box::pin(walk_below(client, config, layout, &full)).await;
+        }
+        protect_read(client, config, &full, &wanted, &current, &stat).await;
+    }
 }
 
 /// Whether `current` grants the world (and, when contenders are `listed`, any digest identity)
@@ -83,5 +180,20 @@ mod tests {
         assert!(grants_more(&wanted, &closed, true), "the world may contend where only peers should");
         assert!(grants_more(&other, &closed, true), "an identity no longer listed (a rotated credential)");
         assert!(!grants_more(&[acl(P::ALL, "x509", "CN=a")], &closed, true), "other schemes are not judged");
+    }
+
+    #[test]
+    fn an_acl_missing_one_of_ours_or_letting_a_rotated_identity_administer_is_changed() {
+        use zk::Permission as P;
+        let contend = P::READ | P::CREATE | P::DELETE;
+        let old = acl(P::ALL, "digest", "zklock:old");
+        let wanted = [acl(P::ALL, "digest", "zklock:new"), old.clone(), acl(contend, "world", "anyone")];
+        let made_before = [old.clone(), acl(contend, "world", "anyone")];
+        assert!(misses(&made_before, &wanted), "the new identity is not named yet");
+        assert!(!misses(&wanted, &wanted));
+        let after = [acl(P::ALL, "digest", "zklock:new"), acl(contend, "world", "anyone")];
+        assert!(rotated_out(&wanted, &after), "the old identity may still change the ACL");
+        assert!(!rotated_out(&[acl(contend, "digest", "curator:c")], &after), "a contender administers nothing");
+        assert!(!rotated_out(&after, &after));
     }
 }

@@ -16,6 +16,11 @@ pub struct ZkConfig {
     /// Digest credentials `user:password`. With them, contender nodes get the ACL
     /// "creator all, world read" so that other clients can see the queue but not tamper with it.
     pub digest_auth: Option<String>,
+    /// Earlier digest credentials, while they are rotated out (docs/operations.md: rotating
+    /// credentials): the session authenticates with them too, and every ACL the engine writes
+    /// names them beside `digest_auth`, so that replicas not yet rolled keep writing, and every
+    /// node made under them is taken over (see [`super::acl::walk`]).
+    pub previous_auth: Vec<String>,
     /// Which other ZooKeeper clients may contend in lock directories (needs `digest_auth` to
     /// close them: ZooKeeper has no identity to grant to otherwise).
     pub contenders: Contenders,
@@ -59,6 +64,7 @@ impl ZkConfig {
             connect: connect.into(),
             session_timeout: Duration::from_secs(10),
             digest_auth: None,
+            previous_auth: vec![],
             contenders: Contenders::Anyone,
             tls: None,
             detached: false,
@@ -84,7 +90,7 @@ impl ZkConfig {
             .with_session_timeout(self.session_timeout)
             .with_connection_timeout(connection_timeout(self.session_timeout))
             .with_fail_eagerly();
-        if let Some(auth) = &self.digest_auth {
+        for auth in self.digest_auth.iter().chain(&self.previous_auth) {
             connector = connector.with_auth("digest", auth.as_bytes());
         }
         if self.detached {
@@ -130,6 +136,9 @@ impl ZkConfig {
         let Some(own) = &self.digest_auth else { return zk::Acls::anyone_all().to_vec() };
         let own = digest_id(own);
         let mut acls = vec![zk::Acl::new(zk::Permission::ALL, zk::AuthId::new("digest", &own))];
+        for previous in self.previous_auth.iter().map(|p| digest_id(p)).filter(|p| *p != own) {
+            acls.push(zk::Acl::new(zk::Permission::ALL, zk::AuthId::new("digest", &previous)));
+        }
         match &self.contenders {
             Contenders::Anyone => acls.push(zk::Acl::new(contend, zk::AuthId::anyone())),
             Contenders::Listed(peers) => {

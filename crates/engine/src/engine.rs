@@ -216,7 +216,10 @@ impl LockEngine {
     /// one (see [`super::root`]): refused while another installation's leader serves it.
     pub async fn take_root(&self, layout: &Layout, mine: Installation) -> Result<(), Error> {
         let client = self.core.client()?;
+        own_root_writable(&client, &self.core.config, layout.root()).await?;
         take_root(&client, &self.core.config, layout, &mine).await?;
+        // After a change of credentials, before anything under the root is written.
+        crate::acl::take_over(&client, &self.core.config, layout).await;
         let id = root::id(&client, &self.core.config, layout).await.map_err(|e| Error::zk("get", &layout.id(), e))?;
         take_cluster_name(&client, &self.core.config, layout, &id).await?;
         *self.core.root.lock() = Some((layout.clone(), mine, id));
@@ -840,6 +843,23 @@ impl LockEngine {
 }
 
 /// With a shared root: takes this cluster's name there, for the root with id `root_id`.
+/// A root made under other credentials than every one this engine authenticates with locks it
+/// out of its epoch node for good: refused at once, naming the fix.
+async fn own_root_writable(client: &zk::Client, config: &ZkConfig, root: &str) -> Result<(), Error> {
+    if config.digest_auth.is_none() {
+        return Ok(());
+    }
+    match retry::idempotent(|| client.get_acl(root)).await {
+        Ok((acls, _)) if !crate::acl::lets_us_write(&acls, config) => {
+            let acl: Vec<String> =
+                acls.iter().map(|a| format!("{}:{}:{:?}", a.scheme(), a.id(), a.permission())).collect();
+            Err(Error::RootCredentials { root: root.into(), acl: acl.join(", ") })
+        }
+        Ok(_) | Err(zk::Error::NoNode) => Ok(()),
+        Err(e) => Err(Error::zk("get ACL", root, e)),
+    }
+}
+
 async fn take_cluster_name(
     client: &zk::Client,
     config: &ZkConfig,

@@ -107,6 +107,13 @@ pub enum Error {
          start them again (docs/operations.md: moving to a new ensemble)"
     )]
     TokensBehindFloor { path: String, floor: i64, ensemble: i64 },
+    #[error(
+        "the root {root} was made under other ZooKeeper credentials than this operator's (its ACL: {acl}), so it \
+         could never write its leader epoch there: when rotating the operator's credentials, run with the old ones \
+         as --zk-previous-auth (the chart's zookeeper.auth.previousKey) until every node is taken over, then \
+         without (docs/operations.md: rotating ZooKeeper credentials)"
+    )]
+    RootCredentials { root: String, acl: String },
     #[error("the token base {path} cannot be read: {why}; write the base it should hold with `zklock admin raise-token-base`")]
     TokenBase { path: String, why: String },
 }
@@ -125,7 +132,7 @@ impl Error {
         match self {
             Error::SessionLost | Error::NotAdmitted | Error::Fenced { .. } | Error::Connect { .. } => true,
             Error::RootInUse { .. } | Error::ClusterNameInUse { .. } | Error::SharedRootCredentials { .. } => true,
-            Error::TokensBehindFloor { .. } | Error::TokenBase { .. } => true,
+            Error::TokensBehindFloor { .. } | Error::TokenBase { .. } | Error::RootCredentials { .. } => true,
             Error::ConnectTls { .. } | Error::Tls(_) => true,
             Error::ZooKeeper { source, .. } => retry::is_session_end(source) || retry::is_unknown_outcome(source),
             Error::BadContenderId(_) | Error::BadLockPath(_) | Error::UnknownContender(_) => false,
@@ -147,6 +154,7 @@ impl Error {
             Error::SharedRootCredentials { .. } => "shared_root_credentials",
             Error::TokensBehindFloor { .. } => "tokens_behind_floor",
             Error::TokenBase { .. } => "token_base",
+            Error::RootCredentials { .. } => "root_credentials",
         }
     }
 }
