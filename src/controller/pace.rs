@@ -79,12 +79,13 @@ async fn walk(ctx: &Context, batch: usize) {
     // The store's own copies, not references cloned out of them: 8 bytes a claim while the walk
     // lasts (a copy replaced meanwhile is let go of when its batch is asked for).
     let mut claims: Vec<Arc<KeptClaim>> = ctx.claims.iter().flat_map(|store| store.state()).collect();
-    claims.sort_by_key(|claim| urgency(claim));
+    claims.sort_by_cached_key(|claim| urgency(claim));
     let total = claims.len();
     let started = std::time::Instant::now();
     let mut claims = claims.into_iter();
     loop {
-        let chunk: Vec<Arc<KeptClaim>> = claims.by_ref().take(batch).collect();
+        // A claim deleted since the snapshot has no reconcile to wait for.
+        let chunk: Vec<Arc<KeptClaim>> = claims.by_ref().filter(|claim| in_store(ctx, claim)).take(batch).collect();
         if chunk.is_empty() {
             break;
         }
@@ -109,14 +110,75 @@ async fn walk(ctx: &Context, batch: usize) {
     tracing::info!(claims = total, took = ?started.elapsed(), "reconciled every claim once");
 }
 
+/// Whether `claim` is still in its store (this copy or a newer one).
+fn in_store(ctx: &Context, claim: &KeptClaim) -> bool {
+    let object = ObjectRef::from_obj(claim);
+    ctx.claims.iter().any(|store| store.get(&object).is_some_and(|c| c.uid() == claim.uid()))
+}
+
 /// The order of the walk: claims being deleted first (a lock waits for their release), then
-/// those not yet queued (made while nobody served them), then the rest (their stamp only).
-fn urgency(claim: &KeptClaim) -> u8 {
+/// those not yet queued (made while nobody served them), then the rest (their stamp only), the
+/// nearest deadline first (a lease that runs out, an acquire timeout): an earlier term had a
+/// requeue waiting for it, and this term's is set by the claim's first reconcile. (A claim's
+/// holder pod deleted meanwhile reconciles it at once: see `Registry::first_seen`.)
+fn urgency(claim: &KeptClaim) -> (u8, i64) {
     if claim.metadata.deletion_timestamp.is_some() {
-        0
+        (0, 0)
     } else if !matches!(claim.phase(), Some(Phase::Held | Phase::Waiting)) {
-        1
+        (1, 0)
     } else {
-        2
+        (2, deadline(claim).unwrap_or(i64::MAX))
+    }
+}
+
+/// When the claim's phase runs out by itself, in seconds: its lease while Held, its acquire
+/// timeout while Waiting.
+fn deadline(claim: &KeptClaim) -> Option<i64> {
+    match claim.phase() {
+        Some(Phase::Held) => claim.lease_expires_at(),
+        Some(Phase::Waiting) => {
+            let created = claim.metadata.creation_timestamp.as_ref()?.0.as_second();
+            created.checked_add(claim.spec.acquire_timeout_seconds?)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(name: &str, spec: serde_json::Value, status: serde_json::Value, deleting: bool) -> KeptClaim {
+        let mut metadata = serde_json::json!({
+            "name": name, "namespace": "ns", "uid": name, "creationTimestamp": "2026-11-28T09:00:00Z" });
+        if deleting {
+            metadata["deletionTimestamp"] = "2026-11-28T09:30:00Z".into();
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "LockClaim", "metadata": metadata, "spec": spec, "status": status
+        }))
+        .unwrap_or_else(|e| panic!("claim {name}: {e}"))
+    }
+
+    #[test]
+    fn the_walk_takes_deletions_then_new_claims_then_the_nearest_deadline_first() {
+        let lock = serde_json::json!({ "lockName": "l" });
+        let held = |expires: &str| serde_json::json!({ "phase": "Held", "leaseExpiresAt": expires });
+        let mut claims = [
+            claim("held-no-lease", lock.clone(), serde_json::json!({ "phase": "Held" }), false),
+            claim("held-late", lock.clone(), held("2026-11-28T11:00:00Z"), false),
+            claim(
+                "waiting-30s",
+                serde_json::json!({ "lockName": "l", "acquireTimeoutSeconds": 30 }),
+                serde_json::json!({ "phase": "Waiting" }),
+                false,
+            ),
+            claim("new", lock.clone(), serde_json::json!({}), false),
+            claim("held-soon", lock.clone(), held("2026-11-28T09:10:00Z"), false),
+            claim("deleting", lock.clone(), serde_json::json!({ "phase": "Held" }), true),
+        ];
+        claims.sort_by_cached_key(urgency);
+        let order: Vec<&str> = claims.iter().map(|c| c.metadata.name.as_deref().unwrap_or_default()).collect();
+        assert_eq!(order, ["deleting", "new", "waiting-30s", "held-soon", "held-late", "held-no-lease"]);
     }
 }

@@ -24,6 +24,9 @@ pub struct Seen<'a> {
     pub namespace: &'a str,
     /// Its locks (paths), each with whether it wants it exclusively.
     pub locks: &'a [(String, bool)],
+    /// The holder pod it names, if any: from its first sight on, that pod's deletion
+    /// reconciles it (a new term's walk may reach it last).
+    pub pod: Option<&'a str>,
 }
 
 /// How long a release waits in the registry for the grant that ends its handoff.
@@ -335,9 +338,15 @@ impl Registry {
     /// (`pending`) joins its locks' admission gates at once, so that claims created after it
     /// wait for it even before its first reconcile asks to enqueue.
     pub fn first_seen(&self, uid: &Uid, seen_as: Seen<'_>, created: i64, phase: Option<Phase>) {
-        let Seen { name, namespace, locks } = seen_as;
+        let Seen { name, namespace, locks, pod } = seen_as;
         let mut inner = self.lock();
         let Some(seen) = inner.enter(uid, name, namespace, locks) else { return };
+        if let Some(pod) = pod {
+            inner.by_pod.entry((namespace.to_string(), pod.to_string())).or_default().insert(uid.clone());
+            if let Some(claim) = inner.claims.get_mut(uid) {
+                claim.pod = Some(pod.into());
+            }
+        }
         // Known from the start, so that a grant made before this claim's first reconcile (after
         // a restart, say) still sees a recorded holder.
         inner.set_phase(uid, phase);
@@ -546,11 +555,22 @@ mod tests {
     use crate::recipe::Limit;
 
     fn seen(locks: &[(String, bool)]) -> Seen<'_> {
-        Seen { name: "c", namespace: "ns", locks }
+        Seen { name: "c", namespace: "ns", locks, pod: None }
     }
 
     fn one(lock: &str, exclusive: bool) -> Vec<(String, bool)> {
         vec![(lock.to_string(), exclusive)]
+    }
+
+    #[test]
+    fn a_holder_pods_claims_are_known_from_their_first_sight_before_any_reconcile() {
+        let r = Registry::default();
+        let uid: Uid = "a".into();
+        let seen = Seen { name: "ca", namespace: "ns", locks: &one("/l", true), pod: Some("worker-0") };
+        r.first_seen(&uid, seen, 1, Some(Phase::Held));
+        assert_eq!(r.claims_of_pod("ns", "worker-0"), ["a"], "the pod's deletion reconciles it at once");
+        assert_eq!(r.claims_with_holders(), ["a"]);
+        assert!(r.claims_of_pod("other", "worker-0").is_empty());
     }
 
     #[test]
@@ -564,8 +584,8 @@ mod tests {
         };
         let both = vec![("/l".to_string(), true), ("/m".to_string(), false)];
         let (a, b): (Uid, Uid) = ("a".into(), "b".into());
-        r.first_seen(&a, Seen { name: "ca", namespace: "ns", locks: &one("/l", true) }, 1, None);
-        r.first_seen(&b, Seen { name: "cb", namespace: "ns", locks: &both }, 2, None);
+        r.first_seen(&a, Seen { name: "ca", namespace: "ns", locks: &one("/l", true), pod: None }, 1, None);
+        r.first_seen(&b, Seen { name: "cb", namespace: "ns", locks: &both, pod: None }, 2, None);
         assert_eq!((of("/l"), of("/m")), (vec!["ns/ca".to_string(), "ns/cb".to_string()], vec!["ns/cb".to_string()]));
         r.observe(&b, "cb", "ns", &one("/m", false), None);
         assert_eq!(

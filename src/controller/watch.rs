@@ -115,7 +115,8 @@ fn first_seen(ctx: &Context, claim: &KeptClaim) {
             .collect()
     };
     let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
-    ctx.registry.first_seen(&uid, Seen { name, namespace, locks: &locks }, created, phase);
+    let pod = claim.spec.holder.as_ref().map(|h| h.pod_name.as_str()).filter(|_| claim.unreadable.is_none());
+    ctx.registry.first_seen(&uid, Seen { name, namespace, locks: &locks, pod }, created, phase);
 }
 
 /// The claims a pod holds, as the controller's objects.

@@ -144,6 +144,11 @@ impl KeptClaim {
         self.status.as_ref().and_then(|s| s.held.as_ref()?.fencing_token.as_deref())
     }
 
+    /// When the hold's lease runs out (`status.leaseExpiresAt`), in seconds since the epoch.
+    pub fn lease_expires_at(&self) -> Option<i64> {
+        self.status.as_ref().and_then(|s| s.held.as_ref()?.lease_expires_at.as_ref()).map(|t| t.0.as_second())
+    }
+
     /// Where a claim over several locks stands in each, as its status records it.
     pub fn lock_statuses(&self) -> &[ClaimLockStatus] {
         self.status.as_ref().map(|s| &s.locks[..]).unwrap_or_default()
