@@ -15,7 +15,8 @@
 //! 1,000 `Lock` objects of two permits and ten claims each, or `--status-locks N`: their status
 //! settled, named after a grant on a quiet lock, and refreshed on busy locks; `failover`:
 //! the leader stopped gracefully and then killed under 2,000 and 10,000 queued claims, or
-//! `--failover-claims N`; `scale`, run only when asked for: 10,000 claims or `--scale-claims N`,
+//! `--failover-claims N`, and each time 20 holder pods deleted the moment the new leader leads
+//! (their locks' next claims Held, p50/p99: the pod path in a term's first second); `scale`, run only when asked for: 10,000 claims or `--scale-claims N`,
 //! 100 per namespace and 10 per lock, served by one operator for every namespace — queued,
 //! memory, a fresh operator's start (listed, leading, ready, every claim re-stamped, the API
 //! server's CPU), the handoff beside its floor; one size per run, alone on the run's control
