@@ -145,7 +145,12 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     // the order its status records), so they are re-anchored `REANCHOR_CONCURRENCY` at a time:
     // one after the other, 1,000 locks took 5.5 s of a leader change in which nothing is granted.
     let asked = &asked;
-    let passes: Vec<Result<Vec<(String, String)>, Error>> = futures::stream::iter(locks)
+    // A claim that asks for something while the pass runs (its holder pod deleted, say) has
+    // its lock taken next, not in its place in the pass: at 10,000 claims the pass lasts
+    // seconds.
+    let queue = parking_lot::Mutex::new(PassQueue::new(locks));
+    let next = futures::stream::poll_fn(|_| std::task::Poll::Ready(queue.lock().next(ctx)));
+    let passes: Vec<Result<Vec<(String, String)>, Error>> = next
         .map(|(path, claims)| async move {
             let verdicts = reanchor_lock(ctx, path.clone(), claims).await?;
             if verdicts.is_empty() && ctx.engine.session_id() == Some(session) {
@@ -175,6 +180,39 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     }
     ctx.engine.admit();
     Ok(())
+}
+
+/// The locks a re-anchoring pass has yet to take, in order, and which those are.
+struct PassQueue {
+    order: std::collections::VecDeque<(String, Vec<Live>)>,
+    left: std::collections::HashSet<String>,
+}
+
+impl PassQueue {
+    fn new(locks: Vec<(String, Vec<Live>)>) -> Self {
+        let left = locks.iter().map(|(path, _)| path.clone()).collect();
+        PassQueue { order: locks.into(), left }
+    }
+
+    /// The next lock: one where a claim waits as deferred (see `Context::serves_reconcile`)
+    /// first, else the next in order.
+    fn next(&mut self, ctx: &Context) -> Option<(String, Vec<Live>)> {
+        let wanted: Vec<std::sync::Arc<str>> = {
+            let deferred = ctx.deferred.lock();
+            deferred.iter().filter_map(|uid| ctx.registry.lock_paths(uid)).flatten().collect()
+        };
+        let taken = match wanted.iter().find(|path| self.left.contains(&path[..])) {
+            Some(path) => {
+                let i = self.order.iter().position(|(p, _)| p.as_str() == &path[..])?;
+                self.order.remove(i)
+            }
+            None => self.order.pop_front(),
+        };
+        if let Some((path, _)) = &taken {
+            self.left.remove(path);
+        }
+        taken
+    }
 }
 
 /// Locks re-anchored at once: as many as claims are reconciled at once by default.

@@ -108,6 +108,25 @@ impl HolderPods {
         HolderPods { stores, gone: Mutex::default() }
     }
 
+    /// Whether the holder pod `namespace/name` of a claim bound to `expected` may be gone: seen
+    /// deleted, or not in a store that has listed every pod (absent, or another pod of its
+    /// name). Before the list is in, only its deletion seen tells (the list's end looks at
+    /// every claim with a holder again: see [`watch`]).
+    pub fn may_be_gone(&self, namespace: &str, name: &str, expected: Option<&str>) -> bool {
+        use futures::FutureExt;
+        match self.proven(namespace, name, expected) {
+            Some(HolderView::Present { .. } | HolderView::NotRequested) => false,
+            Some(HolderView::Missing) => true,
+            None => {
+                expected.is_some()
+                    && self
+                        .stores
+                        .iter()
+                        .all(|store| store.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok()))
+            }
+        }
+    }
+
     /// What the store proves about `namespace/name` for a claim bound to `expected`.
     pub fn proven(&self, namespace: &str, name: &str, expected: Option<&str>) -> Option<HolderView> {
         let key = ObjectRef::new(name).within(namespace);

@@ -352,7 +352,9 @@ impl Context {
         if self.anchored() {
             return true;
         }
-        let asks = anchor::asks(claim, anchor::recorded_phase(self, claim));
+        // A holder whose pod may be gone asks for its release: served as soon as its locks are,
+        // not after the walk (which takes Held claims last).
+        let asks = anchor::asks(claim, anchor::recorded_phase(self, claim)) || self.holder_may_be_gone(claim);
         if asks {
             self.deferred.lock().insert(uid.clone());
         }
@@ -361,6 +363,14 @@ impl Context {
             self.deferred.lock().remove(uid);
         }
         serves
+    }
+
+    /// Whether `claim` names a holder pod that may be gone (see `HolderPods::may_be_gone`).
+    pub(super) fn holder_may_be_gone(&self, claim: &KeptClaim) -> bool {
+        let (Some(holder), Some(namespace)) = (claim.spec.holder.as_ref(), claim.metadata.namespace.as_deref()) else {
+            return false;
+        };
+        self.holder_pods.may_be_gone(namespace, &holder.pod_name, claim.holder_uid())
     }
 
     /// Asks again for the reconciles turned away (see [`Context::serves_reconcile`]) of claims

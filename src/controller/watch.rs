@@ -117,6 +117,12 @@ fn first_seen(ctx: &Context, claim: &KeptClaim) {
     let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
     let pod = claim.spec.holder.as_ref().map(|h| h.pod_name.as_str()).filter(|_| claim.unreadable.is_none());
     ctx.registry.first_seen(&uid, Seen { name, namespace, locks: &locks, pod }, created, phase);
+    // Its holder pod's deletion may have come before the claim did (a new term's pod watch
+    // lists before its claims are replayed): then nothing else would reconcile it before the
+    // walk reaches it.
+    if pod.is_some() && ctx.holder_may_be_gone(claim) {
+        ctx.trigger(&uid);
+    }
 }
 
 /// The claims a pod holds, as the controller's objects.

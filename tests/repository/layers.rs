@@ -20,6 +20,7 @@ const ZK_LAYERS: &[&str] = &[
     "book",
     "acl",
     "fence",
+    "token_base",
     "core", // shared
     "ops",  // the ZooKeeper operations
     "root", // the installation that owns the root

@@ -144,6 +144,11 @@ impl KeptClaim {
         self.status.as_ref().and_then(|s| s.held.as_ref()?.fencing_token.as_deref())
     }
 
+    /// The UID of the holder pod the claim bound to (`status.holderUID`), if it did.
+    pub fn holder_uid(&self) -> Option<&str> {
+        self.status.as_ref().and_then(|s| s.held.as_ref()?.holder_uid.as_deref())
+    }
+
     /// When the hold's lease runs out (`status.leaseExpiresAt`), in seconds since the epoch.
     pub fn lease_expires_at(&self) -> Option<i64> {
         self.status.as_ref().and_then(|s| s.held.as_ref()?.lease_expires_at.as_ref()).map(|t| t.0.as_second())

@@ -6,7 +6,8 @@
 //!    `data` (what nodes and directories hold), `contender` (what the engine tells), `config`,
 //!    `retry`, `stats`, `declaration` (the permits each cluster declares for a shared
 //!    `ClusterLock`), `book` (the bookkeeping, pure), `acl` (who may change our nodes), `fence`
-//!    (the leader epoch every write is guarded by) and `core` (the session, the book and the
+//!    (the leader epoch every write is guarded by), `token_base` (what every zxid handed out
+//!    is raised by, so that tokens never go back) and `core` (the session, the book and the
 //!    fence, as the tasks share them);
 //! 2. `ops`: the ZooKeeper operations, each retried through connection loss and guarded, and
 //!    `root` (the one installation that serves the root);
