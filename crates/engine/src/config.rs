@@ -19,7 +19,7 @@ pub struct ZkConfig {
     /// Earlier digest credentials, while they are rotated out (docs/operations.md: rotating
     /// credentials): the session authenticates with them too, and every ACL the engine writes
     /// names them beside `digest_auth`, so that replicas not yet rolled keep writing, and every
-    /// node made under them is taken over (see [`super::acl::walk`]).
+    /// node made under them is taken over (see `acl::take_over`).
     pub previous_auth: Vec<String>,
     /// Which other ZooKeeper clients may contend in lock directories (needs `digest_auth` to
     /// close them: ZooKeeper has no identity to grant to otherwise).

@@ -179,7 +179,7 @@ impl LockEngine {
         if ensemble <= handed {
             tracing::error!(handed, ensemble, "ZooKeeper's zxids went back below the tokens this term handed out (its data were restored); stepping down");
             self.core.fence.superseded();
-            return Err(Error::TokensBehindFloor { path: root.token_base(), floor: handed, ensemble });
+            return Err(Error::ZxidsWentBack { handed, ensemble });
         }
         Ok(())
     }

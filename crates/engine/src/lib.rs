@@ -115,6 +115,11 @@ pub enum Error {
          without (docs/operations.md: rotating ZooKeeper credentials)"
     )]
     RootCredentials { root: String, acl: String },
+    #[error(
+        "ZooKeeper's zxids went back below the tokens this term handed out ({ensemble} now, {handed} handed out): its \
+         data were restored from an older snapshot; the next term raises the token base above the token floor"
+    )]
+    ZxidsWentBack { handed: i64, ensemble: i64 },
     #[error("the token base {path} cannot be read: {why}; write the base it should hold with `zklock admin raise-token-base`")]
     TokenBase { path: String, why: String },
 }
@@ -134,6 +139,7 @@ impl Error {
             Error::SessionLost | Error::NotAdmitted | Error::Fenced { .. } | Error::Connect { .. } => true,
             Error::RootInUse { .. } | Error::ClusterNameInUse { .. } | Error::SharedRootCredentials { .. } => true,
             Error::TokensBehindFloor { .. } | Error::TokenBase { .. } | Error::RootCredentials { .. } => true,
+            Error::ZxidsWentBack { .. } => true,
             Error::ConnectTls { .. } | Error::Tls(_) => true,
             Error::ZooKeeper { source, .. } => retry::is_session_end(source) || retry::is_unknown_outcome(source),
             Error::BadContenderId(_) | Error::BadLockPath(_) | Error::UnknownContender(_) => false,
@@ -156,6 +162,7 @@ impl Error {
             Error::TokensBehindFloor { .. } => "tokens_behind_floor",
             Error::TokenBase { .. } => "token_base",
             Error::RootCredentials { .. } => "root_credentials",
+            Error::ZxidsWentBack { .. } => "zxids_went_back",
         }
     }
 }
