@@ -404,10 +404,13 @@ async fn the_annotation_alone_gates_a_pod_where_the_gate_policy_is_installed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_whose_hold_is_judged_lost_before_its_gate_went_is_never_started() {
     use zklock_testkit::api_proxy::{ApiProxy, Matcher};
-    let mut zk = zklock_testkit::ZkServer::start();
+    let zk = zklock_testkit::ZkServer::start();
     let env = Env::with_zk(zk.chroot().await).await;
+    let chroot = &env.zk[env.zk.find('/').expect("a chroot")..];
+    let cut = zklock_testkit::proxy::Proxy::start(zk.addr()).await;
     let proxy = ApiProxy::start(zklock_testkit::kube::kubeconfig()).await;
-    let op = Operator::start_proxied_with_zk(&env, &proxy, &env.zk, &["--zk-session-timeout", "2s"]);
+    let op =
+        Operator::start_proxied_with_zk(&env, &proxy, &cut.connect_string(chroot), &["--zk-session-timeout", "2s"]);
     let pod_path = format!("/namespaces/{}/pods/z-job", env.ns);
     let ungate = proxy.hold_next(Matcher { method: "PATCH", path_contains: pod_path, status: Some(false) });
     gated_pod(&env, "z-job", json!({ "zklock.io/lock": "shared-with-java" }), &[GATE]).await;
@@ -417,16 +420,22 @@ async fn a_pod_whose_hold_is_judged_lost_before_its_gate_went_is_never_started()
     // on the claim is Held.
     let claim_path = format!("/namespaces/{}/lockclaims/z-job", env.ns);
     let ended = proxy.hold_next(Matcher { method: "PATCH", path_contains: claim_path, status: Some(true) });
-    // A Curator-style contender (persistent: it outlives the outage), then the session is lost.
-    let dir = claim.status.unwrap().znode.unwrap().rsplit_once('/').unwrap().0.to_string();
+    // The operator is cut off from ZooKeeper; meanwhile a Curator-style contender queues
+    // (persistent: it outlives the outage), unheard, and the operator's session expires.
+    let node = claim.status.unwrap().znode.unwrap();
+    let dir = node.rsplit_once('/').unwrap().0.to_string();
+    cut.set_blackhole(true);
     let raw = zookeeper_client::Client::connect(&env.zk).await.unwrap();
     let options = zookeeper_client::CreateMode::PersistentSequential.with_acls(zookeeper_client::Acls::anyone_all());
     raw.create(&format!("{dir}/_c_0d1e-lock-"), b"10.0.0.7", &options).await.unwrap();
+    until("the operator's session to expire on the server (its node gone)", || async {
+        raw.check_stat(&node).await.is_ok_and(|stat| stat.is_none())
+    })
+    .await;
     drop(raw);
-    zk.kill();
+    cut.set_blackhole(false);
     until("the operator's session to end", || async { op.metric("zklock_zookeeper_sessions_lost_total").await >= 1.0 })
         .await;
-    zk.resume();
     assert!(ended.caught(PATIENCE).await, "the next session ends the claim");
     // The held removal of the gate gives up (no answer within 10 s); the pod is looked at again.
     until("the held gate removal to time out", || async {

@@ -159,6 +159,7 @@ impl Member {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum NodeEvent {
+    Created,
     Deleted,
     DataChanged,
 }

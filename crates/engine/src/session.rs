@@ -1,4 +1,4 @@
-//! Following the session: its recursive watches (node deletions and data changes in lock
+//! Following the session: its recursive watches (nodes made and deleted, data changes in lock
 //! directories), its state (disconnected, back, ended), and the sweeper of idle directories.
 //!
 //! Persistent watches are not caught up after a reconnection (ZOOKEEPER-4698): on every
@@ -83,6 +83,18 @@ impl Core {
                 .filter(|id| contenders.get(&***id).is_some_and(|m| *m.name == *name && m.session_id == session_id))
                 .cloned();
             match event {
+                // A foreign client queued here: the lock counts as shared from now on (a
+                // dropped connection ends its holders before the session could expire; a new
+                // session cannot claim continuity), so the next round reads it and marks the
+                // directory. Unheard, the node went unnoticed until a deletion woke a round,
+                // and a client that queued behind a long hold and left in a gap left no trace
+                // (found by the model: crates/model, rule SeeForeignCreates).
+                NodeEvent::Created => {
+                    let ours = recipe::parse_child(name).is_some_and(|c| c.ours.is_some());
+                    if !ours && !q.foreign && q.request_evaluation() {
+                        evaluate_lock = Some(lock_key.clone());
+                    }
+                }
                 NodeEvent::DataChanged => {
                     if let Some(id) = own {
                         Stats::bump(&self.stats.own_node_notifications);
@@ -144,7 +156,7 @@ impl Core {
     }
 }
 
-/// Follows one recursive watch: node deletions and data changes in every lock directory below
+/// Follows one recursive watch: nodes made and deleted and data changes in every lock directory below
 /// `parent`, and the session's comings and goings.
 async fn dispatch(
     core: Weak<Core>,
@@ -188,6 +200,7 @@ async fn dispatch(
                 }
                 _ => {}
             },
+            zk::EventType::NodeCreated => strong.on_node_event(session_id, &event.path, NodeEvent::Created),
             zk::EventType::NodeDeleted => strong.on_node_event(session_id, &event.path, NodeEvent::Deleted),
             zk::EventType::NodeDataChanged => strong.on_node_event(session_id, &event.path, NodeEvent::DataChanged),
             _ => {}

@@ -34,12 +34,16 @@ pub struct ZklockModel {
     pub scenario: Scenario,
     pub rules: Rules,
     pub deep: bool,
+    /// Lets a foreign client first queue while no zklock session watches the directory: beyond
+    /// the continuity rule's premise (DESIGN.md §3: "only zklock claims of this operator use a
+    /// lock path" unless a foreign node was ever seen), where the checker shows what happens.
+    pub unwatched_foreign: bool,
     pub(crate) zk_writes_late: bool,
 }
 
 impl ZklockModel {
     pub fn new(scenario: Scenario, rules: Rules, deep: bool) -> Self {
-        ZklockModel { scenario, rules, deep, zk_writes_late: scenario.zk_writes_late() }
+        ZklockModel { scenario, rules, deep, unwatched_foreign: false, zk_writes_late: scenario.zk_writes_late() }
     }
 }
 
@@ -81,7 +85,8 @@ pub struct Report {
 impl Report {
     /// The safety and liveness properties that failed (reachable examples left out).
     pub fn violated(&self) -> Vec<&'static str> {
-        let failing = [MUTUAL_EXCLUSION, HELD_HOLDS, POD_UNDER_HOLD, TOKENS_GROW, DEPOSED_CHANGES_NOTHING, NO_WAIT_FOR_EVER];
+        let failing =
+            [MUTUAL_EXCLUSION, HELD_HOLDS, POD_UNDER_HOLD, TOKENS_GROW, DEPOSED_CHANGES_NOTHING, NO_WAIT_FOR_EVER];
         self.discoveries.iter().map(|(name, _)| *name).filter(|n| failing.contains(n)).collect()
     }
 
@@ -93,8 +98,8 @@ impl Report {
 /// Walks every state of `scenario` reachable under `rules`, breadth first, on `threads`
 /// threads. With `until`, it looks for a shortest state that breaks that property instead:
 /// walks bounded at one step more each time, until one is found (or the whole space is walked).
-pub fn check(scenario: Scenario, rules: Rules, deep: bool, threads: usize, until: Option<&'static str>) -> Report {
-    let model = ZklockModel::new(scenario, rules, deep);
+pub fn check(model: ZklockModel, threads: usize, until: Option<&'static str>) -> Report {
+    let (scenario, rules) = (model.scenario, model.rules);
     let started = Instant::now();
     let walk = |depth: Option<usize>| {
         let checker = model.clone().checker().threads(threads);
@@ -148,5 +153,6 @@ pub fn shown_by(rule: Rule) -> (Scenario, &'static str) {
         Rule::FreshTokens => (Scenario::Permits, TOKENS_GROW),
         Rule::StatusBeforeRelease => (Scenario::Clusters, MUTUAL_EXCLUSION),
         Rule::SkipFinishedClaims => (Scenario::Ghost, NO_WAIT_FOR_EVER),
+        Rule::SeeForeignCreates => (Scenario::ForeignArrives, HELD_HOLDS),
     }
 }

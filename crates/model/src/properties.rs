@@ -22,7 +22,7 @@ pub(crate) fn all() -> Vec<Property<ZklockModel>> {
         Property::always(TOKENS_GROW, |_, s: &State| !s.history.token_not_growing),
         Property::always(DEPOSED_CHANGES_NOTHING, |_, s: &State| !s.history.deposed_write_landed),
         Property::always(NO_WAIT_FOR_EVER, no_wait_for_ever),
-        Property::sometimes("a claim is granted", |_, s: &State| granted(s)),
+        Property::sometimes("a claim is granted or kept", |_, s: &State| granted(s)),
         Property::sometimes("a leader change completes", |_, s: &State| {
             s.clusters.iter().any(|c| c.leader.as_ref().is_some_and(|t| t.epoch > 1 && s.answerable(0)))
         }),
@@ -46,8 +46,10 @@ fn held_holds(s: &State) -> bool {
         .all(|k| s.clusters[k as usize].claims.iter().all(|c| c.phase != Phase::Held || !c.taken_over))
 }
 
+/// A grant the walk made (a token beyond the first state's), a hold a new term kept, or a pod
+/// started.
 fn granted(s: &State) -> bool {
-    s.clusters.iter().any(|c| c.claims.iter().any(|c| c.phase == Phase::Held && c.token > 1))
+    s.clusters.iter().any(|c| c.claims.iter().any(|c| c.phase == Phase::Held && (c.token > 1 || c.epoch > 1)))
         || s.clusters.iter().any(|c| c.claims.iter().any(|c| c.pod == Pod::Running))
 }
 
@@ -58,9 +60,8 @@ fn no_wait_for_ever(m: &ZklockModel, s: &State) -> bool {
     let mut next = vec![];
     m.actions(s, &mut next);
     let quiet = next.is_empty();
-    let served = (0..s.clusters.len() as u8).all(|k| {
-        s.answerable(k) && s.clusters[k as usize].leader.as_ref().is_some_and(|t| t.link == Link::Up)
-    });
+    let served = (0..s.clusters.len() as u8)
+        .all(|k| s.answerable(k) && s.clusters[k as usize].leader.as_ref().is_some_and(|t| t.link == Link::Up));
     if !quiet || !served {
         return true;
     }

@@ -38,10 +38,14 @@ pub enum Rule {
     /// A deleted claim whose cleanup is over (its node gone, only another party's finalizer
     /// keeps the object) is not re-anchored by a new term.
     SkipFinishedClaims,
+    /// A foreign node's creation in a lock directory is heard on the session's watch and marks
+    /// the directory at once, so that the lock counts as shared from then on (the serve bound
+    /// and the continuity rule apply), not only once a later read happens to list it.
+    SeeForeignCreates,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 10] = [
+    pub const ALL: [Rule; 11] = [
         Rule::ZkEpochGuard,
         Rule::EpochPolicy,
         Rule::ReplayAfterFence,
@@ -52,6 +56,7 @@ impl Rule {
         Rule::FreshTokens,
         Rule::StatusBeforeRelease,
         Rule::SkipFinishedClaims,
+        Rule::SeeForeignCreates,
     ];
 
     /// The functions that implement the rule, as `(file, function name)` from the workspace's
@@ -60,7 +65,9 @@ impl Rule {
         match self {
             Rule::ZkEpochGuard => &[("crates/engine/src/fence.rs", "writer"), ("crates/engine/src/fence.rs", "commit")],
             Rule::EpochPolicy => &[("src/controller/api_fence.rs", "raise"), ("src/controller/api_fence.rs", "prove")],
-            Rule::ReplayAfterFence => &[("src/controller/feed.rs", "subscribe"), ("src/controller/registry.rs", "first_seen")],
+            Rule::ReplayAfterFence => {
+                &[("src/controller/feed.rs", "subscribe"), ("src/controller/registry.rs", "first_seen")]
+            }
             Rule::Continuity => &[
                 ("crates/engine/src/anchor.rs", "recreate"),
                 ("src/controller/anchor.rs", "reanchor_lock"),
@@ -72,10 +79,15 @@ impl Rule {
                 ("crates/engine/src/core.rs", "suspend_shared_holds"),
                 ("src/controller/plan.rs", "out_of_reach"),
             ],
-            Rule::JudgedHold => &[("src/controller/gated/mod.rs", "judged_hold"), ("src/controller/gated/plan.rs", "judged_here")],
+            Rule::JudgedHold => {
+                &[("src/controller/gated/mod.rs", "judged_hold"), ("src/controller/gated/plan.rs", "judged_here")]
+            }
             Rule::FreshTokens => &[("src/controller/reconcile.rs", "fresh_tokens")],
-            Rule::StatusBeforeRelease => &[("src/controller/plan.rs", "deleted"), ("src/controller/reconcile.rs", "cleanup")],
+            Rule::StatusBeforeRelease => {
+                &[("src/controller/plan.rs", "deleted"), ("src/controller/reconcile.rs", "cleanup")]
+            }
             Rule::SkipFinishedClaims => &[("src/controller/anchor.rs", "cleaned_up")],
+            Rule::SeeForeignCreates => &[("crates/engine/src/session.rs", "on_node_event")],
         }
     }
 
@@ -94,6 +106,9 @@ impl Rule {
             Rule::FreshTokens => "permits raised in two clusters at once grant two holders one token",
             Rule::StatusBeforeRelease => "a holder's node deleted before its final status: the next is Held beside it",
             Rule::SkipFinishedClaims => "the ghost waiter: a deleted waiter re-anchored by a new term blocks its lock",
+            Rule::SeeForeignCreates => {
+                "a foreign client queued behind a holder goes unheard: a cut-off operator keeps the holder Held past its session"
+            }
         }
     }
 }

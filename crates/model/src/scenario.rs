@@ -5,6 +5,10 @@
 use crate::state::{Claim, Cluster, Foreign, History, Link, Owner, Phase, Pod, Stage, State, Term, Zk};
 use crate::step::Action;
 
+/// A cluster's claims as `(phase, deletable, pod)`, and its bounds: terms that may begin,
+/// crashes, cuts, late writes.
+type ClusterSpec = (Vec<(Phase, bool, Pod)>, [u8; 4]);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Scenario {
     /// One cluster and a Curator client on one lock; claim `c0` has a gated pod; the leader
@@ -18,14 +22,19 @@ pub enum Scenario {
     /// One cluster: `h` holds, `k` and `n` wait; `k` may be deleted while another finalizer
     /// keeps it; the leader may crash and one more term begin.
     Ghost,
+    /// One cluster: `c0` holds a lock only zklock has used so far; a Curator client may come
+    /// and queue behind it at any time; the leader may crash or be cut off, and one more term
+    /// may begin.
+    ForeignArrives,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 4] = [Scenario::Foreign, Scenario::Clusters, Scenario::Permits, Scenario::Ghost];
+    pub const ALL: [Scenario; 5] =
+        [Scenario::Foreign, Scenario::Clusters, Scenario::Permits, Scenario::Ghost, Scenario::ForeignArrives];
 
     fn claim_names(self) -> &'static [&'static [&'static str]] {
         match self {
-            Scenario::Foreign => &[&["c0"]],
+            Scenario::Foreign | Scenario::ForeignArrives => &[&["c0"]],
             Scenario::Clusters | Scenario::Permits => &[&["a0"], &["b0"]],
             Scenario::Ghost => &[&["h", "k", "n"]],
         }
@@ -34,14 +43,17 @@ impl Scenario {
     /// The scenario's first state; `deep` allows one more of every fault.
     pub fn init(self, deep: bool) -> State {
         let more = u8::from(deep);
-        let mut zk = Zk { nodes: vec![], next_seq: 0, zxid: 0, pzxid: 0, sessions: vec![], epochs: vec![], marked: false };
+        let mut zk =
+            Zk { nodes: vec![], next_seq: 0, zxid: 0, pzxid: 0, sessions: vec![], epochs: vec![], marked: false };
         let mut clusters = vec![];
         let mut foreign = Foreign::Absent;
         let limit = 1;
         let mut raise_to = None;
         // Each cluster's first term, already serving: (its claims as (phase, deletable, pod), bounds).
-        let specs: Vec<(Vec<(Phase, bool, Pod)>, [u8; 4])> = match self {
-            Scenario::Foreign => vec![(vec![(Phase::Waiting, more > 0, Pod::Gated)], [1 + more, 1 + more, 1, 1 + more])],
+        let specs: Vec<ClusterSpec> = match self {
+            Scenario::Foreign => {
+                vec![(vec![(Phase::Waiting, more > 0, Pod::Gated)], [1 + more, 1 + more, 1, 1 + more])]
+            }
             Scenario::Clusters => vec![
                 (vec![(Phase::Held, true, Pod::None)], [1 + more, 1 + more, 1, more]),
                 (vec![(Phase::Waiting, true, Pod::None)], [more, more, 0, 0]),
@@ -49,12 +61,17 @@ impl Scenario {
             Scenario::Permits => {
                 raise_to = Some(2);
                 vec![
+                    (vec![(Phase::Waiting, more > 0, Pod::None)], [1 + more, 1 + more, 0, 0]),
                     (vec![(Phase::Waiting, more > 0, Pod::None)], [more, more, 0, 0]),
-                    (vec![(Phase::Waiting, more > 0, Pod::None)], [0, 0, 0, 0]),
                 ]
             }
+            Scenario::ForeignArrives => vec![(vec![(Phase::Held, more > 0, Pod::None)], [1 + more, 1 + more, 1, 0])],
             Scenario::Ghost => vec![(
-                vec![(Phase::Held, true, Pod::None), (Phase::Waiting, true, Pod::None), (Phase::Waiting, more > 0, Pod::None)],
+                vec![
+                    (Phase::Held, true, Pod::None),
+                    (Phase::Waiting, true, Pod::None),
+                    (Phase::Waiting, more > 0, Pod::None),
+                ],
                 [1 + more, 1 + more, more, 0],
             )],
         };
@@ -93,6 +110,9 @@ impl Scenario {
                 last_token: max_token,
             });
         }
+        if self == Scenario::ForeignArrives {
+            foreign = Foreign::Idle;
+        }
         if self == Scenario::Foreign {
             // A Curator client queued behind `c0`, seen by the serving term (the marker).
             let session = zk.new_session();
@@ -126,6 +146,7 @@ impl Scenario {
             Action::Cut(k) => format!("Cut({})", c(k)),
             Action::Tick(k) => format!("Tick({})", c(k)),
             Action::Reconnect(k) => format!("Reconnect({})", c(k)),
+            Action::ForeignEnqueue => "ForeignEnqueue".into(),
             Action::ForeignAcquire => "ForeignAcquire".into(),
             Action::ForeignRelease => "ForeignRelease".into(),
             Action::Delete(k, i) => format!("Delete({})", n(k, i)),

@@ -17,6 +17,7 @@ pub enum Action {
     Tick(u8),
     Reconnect(u8),
     // A foreign (Curator, kazoo) client.
+    ForeignEnqueue,
     ForeignAcquire,
     ForeignRelease,
     // Users.
@@ -58,14 +59,18 @@ impl ZklockModel {
         for (session, alive) in s.zk.sessions.iter().enumerate() {
             let session = session as u8;
             let foreign = matches!(s.foreign, Foreign::Queued { session: f, .. } | Foreign::Holding { session: f, .. } if f == session);
-            let used = s.clusters.iter().any(|c| {
-                c.leader.as_ref().is_some_and(|t| t.session == session && t.link != Link::PastTimeout)
-            });
+            let used = s
+                .clusters
+                .iter()
+                .any(|c| c.leader.as_ref().is_some_and(|t| t.session == session && t.link != Link::PastTimeout));
             if *alive && !foreign && !used {
                 out.push(Action::Expire(session));
             }
         }
         match s.foreign {
+            // Unless the model is told otherwise, a foreign client first queues while a zklock
+            // session watches the directory (the continuity rule's premise; see `unwatched_foreign`).
+            Foreign::Idle if self.unwatched_foreign || self.watcher(s).is_some() => out.push(Action::ForeignEnqueue),
             Foreign::Queued { seq, .. } if s.zk.within(seq, 1) => out.push(Action::ForeignAcquire),
             Foreign::Holding { .. } => out.push(Action::ForeignRelease),
             _ => {}
@@ -151,10 +156,26 @@ impl ZklockModel {
         }
     }
 
+    /// A cluster whose term watches the directory now: connected, its session alive, its
+    /// nodes re-made there (the session's watch on the lock's parent is set before).
+    fn watcher(&self, s: &State) -> Option<u8> {
+        (0..s.clusters.len() as u8).find(|&k| {
+            s.clusters[k as usize]
+                .leader
+                .as_ref()
+                .is_some_and(|t| t.link == Link::Up && s.zk.sessions[t.session as usize] && t.stage >= Stage::Anchoring)
+        })
+    }
+
     /// The claims of cluster `k` that read `Held` in a lock others decide on too.
     fn shared_holders<'a>(&self, s: &'a State, k: u8) -> impl Iterator<Item = usize> + 'a {
         let shared = s.shared();
-        s.clusters[k as usize].claims.iter().enumerate().filter(move |(_, c)| shared && c.phase == Phase::Held).map(|(i, _)| i)
+        s.clusters[k as usize]
+            .claims
+            .iter()
+            .enumerate()
+            .filter(move |(_, c)| shared && c.phase == Phase::Held)
+            .map(|(i, _)| i)
     }
 
     /// Whether a cut operator must act before its session may expire: with the serve bound, its
@@ -191,7 +212,9 @@ impl ZklockModel {
         match s.zk.node_of(k, i) {
             // A final claim's node, or a deleted claim's: released (the final status first).
             Some(n) => {
-                ((claim.deleted && !claim.cleaned_up) || claim.phase.is_final()) && !status_first && n.session == t.session
+                ((claim.deleted && !claim.cleaned_up) || claim.phase.is_final())
+                    && !status_first
+                    && n.session == t.session
             }
             // A deleted claim without a node: only its finalizer is left to take off.
             None => claim.deleted && !claim.cleaned_up && claim.phase != Phase::Held,
@@ -238,6 +261,14 @@ impl ZklockModel {
             }
             Action::Reconnect(k) => s.clusters[k as usize].leader.as_mut()?.link = Link::Up,
             Action::GiveUp(k) => s.clusters[k as usize].leader = None,
+            Action::ForeignEnqueue => {
+                let session = s.zk.new_session();
+                let seq = s.zk.create(Owner::Foreign, session);
+                s.foreign = Foreign::Queued { seq, session };
+                if self.on(Rule::SeeForeignCreates) && self.watcher(&s).is_some() {
+                    s.zk.marked = true;
+                }
+            }
             Action::ForeignAcquire => {
                 if let Foreign::Queued { seq, session } = s.foreign {
                     s.foreign = Foreign::Holding { seq, session };
@@ -289,6 +320,7 @@ impl ZklockModel {
                 let epoch = s.clusters[k as usize].leader.as_ref()?.epoch;
                 let seq = s.zk.node_of(k, i)?.seq;
                 land_grant(&mut s, k, i, epoch, token, Some(seq));
+                listed(&mut s);
                 let rv = s.clusters[k as usize].claims[i as usize].rv;
                 let t = s.clusters[k as usize].leader.as_mut()?;
                 t.view.as_mut()?[i as usize] = (Phase::Held, rv);
@@ -348,6 +380,7 @@ impl ZklockModel {
                 if let Some(n) = s.zk.node_of(k, i) {
                     let seq = n.seq;
                     s.zk.delete(seq);
+                    listed(&mut s);
                 }
                 finish_cleanup(&mut s, k, i);
             }
@@ -384,13 +417,12 @@ impl ZklockModel {
                 None => kept.push(s.zk.create(owner, t.session)),
             }
         }
-        let stale: Vec<u8> = s
-            .zk
-            .nodes
-            .iter()
-            .filter(|n| matches!(n.owner, Owner::Claim { cluster, .. } if cluster == k) && !kept.contains(&n.seq))
-            .map(|n| n.seq)
-            .collect();
+        let stale: Vec<u8> =
+            s.zk.nodes
+                .iter()
+                .filter(|n| matches!(n.owner, Owner::Claim { cluster, .. } if cluster == k) && !kept.contains(&n.seq))
+                .map(|n| n.seq)
+                .collect();
         for seq in stale {
             s.zk.delete(seq);
         }
@@ -406,9 +438,8 @@ impl ZklockModel {
     fn to_anchor(&self, s: &State, k: u8, t: &Term) -> Option<Vec<u8>> {
         let view = t.view.as_ref()?;
         let claims = &s.clusters[k as usize].claims;
-        let recorded = |i: usize| {
-            !view[i].0.is_final() && !(self.on(Rule::SkipFinishedClaims) && claims[i].cleaned_up)
-        };
+        let skipped = |i: usize| self.on(Rule::SkipFinishedClaims) && claims[i].cleaned_up;
+        let recorded = |i: usize| !view[i].0.is_final() && !skipped(i);
         let mut order: Vec<u8> = (0..claims.len()).filter(|&i| recorded(i)).map(|i| i as u8).collect();
         order.sort_by_key(|&i| view[i as usize].0 != Phase::Held);
         Some(order)
@@ -466,6 +497,13 @@ impl ZklockModel {
         }
         s.clusters[k as usize].leader.as_mut()?.stage = Stage::Anchored;
         Some(())
+    }
+}
+
+/// A round read the directory's children: a foreign node among them marks it.
+fn listed(s: &mut State) {
+    if s.zk.foreign_node().is_some() {
+        s.zk.marked = true;
     }
 }
 
