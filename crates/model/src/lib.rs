@@ -33,17 +33,28 @@ pub use step::Action;
 pub struct ZklockModel {
     pub scenario: Scenario,
     pub rules: Rules,
-    pub deep: bool,
+    /// How many more of every fault than the scenario's first bounds the walk allows.
+    pub more: u8,
     /// Lets a foreign client first queue while no zklock session watches the directory: beyond
     /// the continuity rule's premise (DESIGN.md §3: "only zklock claims of this operator use a
     /// lock path" unless a foreign node was ever seen), where the checker shows what happens.
     pub unwatched_foreign: bool,
+    /// Removes a gated pod's gate on the answer of its claim's grant (in the same step), instead
+    /// of in a step of its own once the `Held` is seen.
+    pub ungate_on_answer: bool,
     pub(crate) zk_writes_late: bool,
 }
 
 impl ZklockModel {
-    pub fn new(scenario: Scenario, rules: Rules, deep: bool) -> Self {
-        ZklockModel { scenario, rules, deep, unwatched_foreign: false, zk_writes_late: scenario.zk_writes_late() }
+    pub fn new(scenario: Scenario, rules: Rules, more: u8) -> Self {
+        ZklockModel {
+            scenario,
+            rules,
+            more,
+            unwatched_foreign: false,
+            ungate_on_answer: false,
+            zk_writes_late: scenario.zk_writes_late(),
+        }
     }
 }
 
@@ -52,7 +63,7 @@ impl Model for ZklockModel {
     type Action = Action;
 
     fn init_states(&self) -> Vec<State> {
-        vec![self.scenario.init(self.deep)]
+        vec![self.scenario.init(self.more)]
     }
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {

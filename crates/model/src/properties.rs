@@ -53,13 +53,16 @@ fn granted(s: &State) -> bool {
         || s.clusters.iter().any(|c| c.claims.iter().any(|c| c.pod == Pod::Running))
 }
 
-/// Liveness where the model ends: in a state with nothing left to do, with every cluster
-/// served and in reach of ZooKeeper, every live claim is Held or final, or waits behind a
-/// holder that is live.
+/// Liveness under fairness: in a state where the system has nothing left to do — every step
+/// left is one the environment may never take (a user's deletion or edit, a crash, a cut, a new
+/// foreign contender) — with every cluster served and in reach of ZooKeeper, every live claim is
+/// Held or final, or waits behind a holder that is live. (Steps the system takes in time are
+/// assumed to come: a session of a process that is gone expires, a late write lands or is
+/// refused, a term begins where one may, a foreign holder lets go.)
 fn no_wait_for_ever(m: &ZklockModel, s: &State) -> bool {
     let mut next = vec![];
     m.actions(s, &mut next);
-    let quiet = next.is_empty();
+    let quiet = next.iter().all(|a| a.environment());
     let served = (0..s.clusters.len() as u8)
         .all(|k| s.answerable(k) && s.clusters[k as usize].leader.as_ref().is_some_and(|t| t.link == Link::Up));
     if !quiet || !served {

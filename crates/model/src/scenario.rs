@@ -40,9 +40,9 @@ impl Scenario {
         }
     }
 
-    /// The scenario's first state; `deep` allows one more of every fault.
-    pub fn init(self, deep: bool) -> State {
-        let more = u8::from(deep);
+    /// The scenario's first state; `more` allows that many more of every fault (a crash, a term,
+    /// a cut, a late write, a deletion).
+    pub fn init(self, more: u8) -> State {
         let mut zk =
             Zk { nodes: vec![], next_seq: 0, zxid: 0, pzxid: 0, sessions: vec![], epochs: vec![], marked: false };
         let mut clusters = vec![];

@@ -46,6 +46,24 @@ pub enum Action {
     Ungate(u8, u8),
 }
 
+impl Action {
+    /// A step the environment may take or never take (a user's, a fault); every other step is
+    /// the system's, which fairness says comes in time once it is possible.
+    pub fn environment(&self) -> bool {
+        matches!(
+            self,
+            Action::Delete(..)
+                | Action::Raise
+                | Action::Crash(_)
+                | Action::Cut(_)
+                | Action::Reconnect(_)
+                | Action::GrantThenCrash(..)
+                | Action::ZkWriteThenStall(..)
+                | Action::ForeignEnqueue
+        )
+    }
+}
+
 fn serving(t: &Term, s: &State) -> bool {
     t.stage == Stage::Anchored && t.link == Link::Up && s.zk.sessions[t.session as usize]
 }
@@ -324,6 +342,9 @@ impl ZklockModel {
                 let rv = s.clusters[k as usize].claims[i as usize].rv;
                 let t = s.clusters[k as usize].leader.as_mut()?;
                 t.view.as_mut()?[i as usize] = (Phase::Held, rv);
+                if self.ungate_on_answer && self.may_ungate(&s, k, i) {
+                    ungate(&mut s, k, i);
+                }
             }
             Action::GrantThenCrash(k, i) => {
                 let token = self.token(&mut s, k);
@@ -384,15 +405,7 @@ impl ZklockModel {
                 }
                 finish_cleanup(&mut s, k, i);
             }
-            Action::Ungate(k, i) => {
-                let holds = s.clusters[k as usize].claims[i as usize].phase == Phase::Held
-                    && !s.clusters[k as usize].claims[i as usize].taken_over
-                    && s.zk.node_of(k, i).is_some_and(|n| s.zk.within(n.seq, s.limit));
-                if !holds {
-                    s.history.pod_started_without_hold = true;
-                }
-                s.clusters[k as usize].claims[i as usize].pod = Pod::Running;
-            }
+            Action::Ungate(k, i) => ungate(&mut s, k, i),
         }
         settle(&mut s);
         Some(s)
@@ -498,6 +511,18 @@ impl ZklockModel {
         s.clusters[k as usize].leader.as_mut()?.stage = Stage::Anchored;
         Some(())
     }
+}
+
+/// The gate goes: the pod runs (the history notes a start while its claim did not hold).
+fn ungate(s: &mut State, k: u8, i: u8) {
+    let claim = &s.clusters[k as usize].claims[i as usize];
+    let holds = claim.phase == Phase::Held
+        && !claim.taken_over
+        && s.zk.node_of(k, i).is_some_and(|n| s.zk.within(n.seq, s.limit));
+    if !holds {
+        s.history.pod_started_without_hold = true;
+    }
+    s.clusters[k as usize].claims[i as usize].pod = Pod::Running;
 }
 
 /// A round read the directory's children: a foreign node among them marks it.
