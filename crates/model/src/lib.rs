@@ -161,6 +161,7 @@ pub fn shown_by(rule: Rule) -> (Scenario, &'static str) {
         Rule::PlaceIsRecordedNode => (Scenario::Clusters, HELD_HOLDS),
         Rule::ServeBound => (Scenario::Clusters, MUTUAL_EXCLUSION),
         Rule::JudgedHold => (Scenario::Foreign, POD_UNDER_HOLD),
+        Rule::NoGateWhileRevoked => (Scenario::Foreign, POD_UNDER_HOLD),
         Rule::FreshTokens => (Scenario::Permits, TOKENS_GROW),
         Rule::StatusBeforeRelease => (Scenario::Clusters, MUTUAL_EXCLUSION),
         Rule::SkipFinishedClaims => (Scenario::Ghost, NO_WAIT_FOR_EVER),

@@ -9,7 +9,7 @@ use crate::ZklockModel;
 
 pub const MUTUAL_EXCLUSION: &str = "at most the permits are Held in the merged API history of every cluster";
 pub const HELD_HOLDS: &str = "a Held a live term answers for holds the lock in ZooKeeper";
-pub const POD_UNDER_HOLD: &str = "a gated pod starts only while its claim holds the lock";
+pub const POD_UNDER_HOLD: &str = "a gated pod starts only while its claim holds the lock and nobody takes it back";
 pub const TOKENS_GROW: &str = "fencing tokens are unique and grow in grant order across clusters";
 pub const DEPOSED_CHANGES_NOTHING: &str = "a deposed term changes nothing";
 pub const NO_WAIT_FOR_EVER: &str = "no claim waits for ever behind a free lock";

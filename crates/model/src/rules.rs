@@ -30,6 +30,9 @@ pub enum Rule {
     /// A gated pod's gate goes only under a `Held` this term judged (re-anchored, stamped with
     /// its epoch, ZooKeeper within reach).
     JudgedHold,
+    /// A gated pod's gate stays while its holder is asked to let go (a revocation asked for, by
+    /// annotation or in the znode): the pod would start only to be told to stop.
+    NoGateWhileRevoked,
     /// A grant in a lock other clusters share takes a token written to ZooKeeper just before
     /// its status write, instead of the directory's last change.
     FreshTokens,
@@ -45,7 +48,7 @@ pub enum Rule {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 11] = [
+    pub const ALL: [Rule; 12] = [
         Rule::ZkEpochGuard,
         Rule::EpochPolicy,
         Rule::ReplayAfterFence,
@@ -53,6 +56,7 @@ impl Rule {
         Rule::PlaceIsRecordedNode,
         Rule::ServeBound,
         Rule::JudgedHold,
+        Rule::NoGateWhileRevoked,
         Rule::FreshTokens,
         Rule::StatusBeforeRelease,
         Rule::SkipFinishedClaims,
@@ -82,6 +86,7 @@ impl Rule {
             Rule::JudgedHold => {
                 &[("src/controller/gated/mod.rs", "judged_hold"), ("src/controller/gated/plan.rs", "judged_here")]
             }
+            Rule::NoGateWhileRevoked => &[("src/controller/gated/plan.rs", "judged_here")],
             Rule::FreshTokens => &[("src/controller/reconcile.rs", "fresh_tokens")],
             Rule::StatusBeforeRelease => {
                 &[("src/controller/plan.rs", "deleted"), ("src/controller/reconcile.rs", "cleanup")]
@@ -103,6 +108,7 @@ impl Rule {
             }
             Rule::ServeBound => "a cluster cut off from ZooKeeper keeps its holder Held while another cluster is granted",
             Rule::JudgedHold => "a new term ungates a gated pod whose claim it then judges Lost",
+            Rule::NoGateWhileRevoked => "a gated pod whose claim is asked to let go is started only to be told to stop",
             Rule::FreshTokens => "permits raised in two clusters at once grant two holders one token",
             Rule::StatusBeforeRelease => "a holder's node deleted before its final status: the next is Held beside it",
             Rule::SkipFinishedClaims => "the ghost waiter: a deleted waiter re-anchored by a new term blocks its lock",

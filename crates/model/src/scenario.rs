@@ -93,6 +93,8 @@ impl Scenario {
                     deleted: false,
                     cleaned_up: false,
                     deletable,
+                    revocable: pod == Pod::Gated,
+                    revoke: false,
                     pod,
                     taken_over: false,
                 });
@@ -150,6 +152,8 @@ impl Scenario {
             Action::ForeignAcquire => "ForeignAcquire".into(),
             Action::ForeignRelease => "ForeignRelease".into(),
             Action::Delete(k, i) => format!("Delete({})", n(k, i)),
+            Action::Revoke(k, i) => format!("Revoke({})", n(k, i)),
+            Action::RevokeGrace(k, i) => format!("RevokeGrace({})", n(k, i)),
             Action::Raise => "Raise".into(),
             Action::Crash(k) => format!("Crash({})", c(k)),
             Action::GiveUp(k) => format!("GiveUp({})", c(k)),

@@ -132,6 +132,9 @@ pub struct Claim {
     pub cleaned_up: bool,
     /// The user may delete it in this scenario.
     pub deletable: bool,
+    /// The user may ask for its revocation in this scenario, and has (`zklock.io/revoke`).
+    pub revocable: bool,
+    pub revoke: bool,
     pub pod: Pod,
     /// History: since its last grant landed, somebody else (a foreign client, another cluster)
     /// was among the holders in ZooKeeper while its own node was not.

@@ -22,6 +22,8 @@ pub enum Action {
     ForeignRelease,
     // Users.
     Delete(u8, u8),
+    /// The user asks a holder to let go (the `zklock.io/revoke` annotation).
+    Revoke(u8, u8),
     /// The lock's permits raised in every cluster at once.
     Raise,
     // Each cluster's operator.
@@ -41,6 +43,8 @@ pub enum Action {
     LandLate(u8),
     /// A cut operator past its serve bound ends its holders of shared locks through the API.
     EndShared(u8),
+    /// A revoked holder's grace runs out: its final status (`Revoked`), then its node goes.
+    RevokeGrace(u8, u8),
     ReleaseStatus(u8, u8),
     ReleaseNode(u8, u8),
     Ungate(u8, u8),
@@ -53,6 +57,7 @@ impl Action {
         matches!(
             self,
             Action::Delete(..)
+                | Action::Revoke(..)
                 | Action::Raise
                 | Action::Crash(_)
                 | Action::Cut(_)
@@ -101,6 +106,9 @@ impl ZklockModel {
             for (i, claim) in c.claims.iter().enumerate() {
                 if claim.deletable && !claim.deleted {
                     out.push(Action::Delete(k, i as u8));
+                }
+                if claim.revocable && !claim.revoke && claim.live() && claim.phase == Phase::Held {
+                    out.push(Action::Revoke(k, i as u8));
                 }
             }
             if c.late.is_some() {
@@ -151,6 +159,10 @@ impl ZklockModel {
                         out.push(Action::GrantThenCrash(k, i));
                     }
                 }
+                let claim = &c.claims[i as usize];
+                if serving(t, s) && claim.revoke && claim.phase == Phase::Held {
+                    out.push(Action::RevokeGrace(k, i));
+                }
                 if self.may_release_status(s, k, i) {
                     out.push(Action::ReleaseStatus(k, i));
                 }
@@ -160,7 +172,6 @@ impl ZklockModel {
                 if self.may_ungate(s, k, i) {
                     out.push(Action::Ungate(k, i));
                 }
-                let claim = &c.claims[i as usize];
                 if self.zk_writes_late
                     && serving(t, s)
                     && c.lates_left > 0
@@ -246,11 +257,9 @@ impl ZklockModel {
         if claim.pod != Pod::Gated || claim.phase != Phase::Held {
             return false;
         }
-        if self.on(Rule::JudgedHold) {
-            serving(t, s) && claim.epoch == t.epoch && claim.live()
-        } else {
-            true
-        }
+        let revoked = self.on(Rule::NoGateWhileRevoked) && claim.revoke;
+        let judged = !self.on(Rule::JudgedHold) || (serving(t, s) && claim.epoch == t.epoch && claim.live());
+        judged && !revoked
     }
 
     /// The token of a grant decided now in cluster `k`.
@@ -299,6 +308,8 @@ impl ZklockModel {
                 }
             }
             Action::Delete(k, i) => s.clusters[k as usize].claims[i as usize].deleted = true,
+            Action::Revoke(k, i) => s.clusters[k as usize].claims[i as usize].revoke = true,
+            Action::RevokeGrace(k, i) => write_status(&mut s, k, i, Phase::Released),
             Action::Raise => s.limit = s.raise_to.take()?,
             Action::Crash(k) => {
                 let c = &mut s.clusters[k as usize];
@@ -513,10 +524,12 @@ impl ZklockModel {
     }
 }
 
-/// The gate goes: the pod runs (the history notes a start while its claim did not hold).
+/// The gate goes: the pod runs (the history notes a start while its claim did not hold, or
+/// while its holder was asked to let go: it would start only to be told to stop).
 fn ungate(s: &mut State, k: u8, i: u8) {
     let claim = &s.clusters[k as usize].claims[i as usize];
     let holds = claim.phase == Phase::Held
+        && !claim.revoke
         && !claim.taken_over
         && s.zk.node_of(k, i).is_some_and(|n| s.zk.within(n.seq, s.limit));
     if !holds {

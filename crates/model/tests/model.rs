@@ -92,6 +92,11 @@ fn without_the_judged_hold_a_pod_starts_under_a_hold_the_new_term_ends() {
 }
 
 #[test]
+fn without_the_revocation_check_a_pod_starts_only_to_be_told_to_stop() {
+    hole_found(Rule::NoGateWhileRevoked);
+}
+
+#[test]
 fn without_fresh_tokens_permits_raised_in_two_clusters_grant_one_token_twice() {
     hole_found(Rule::FreshTokens);
 }
