@@ -704,15 +704,12 @@ async fn a_foreign_client_queued_behind_a_holder_is_heard_and_a_cut_off_operator
     let raw = zookeeper_client::Client::connect(&env.zk).await.unwrap();
     let options = zookeeper_client::CreateMode::EphemeralSequential.with_acls(zookeeper_client::Acls::anyone_all());
     raw.create(&format!("{dir}/_c_0d1e-lock-"), b"10.0.0.7", &options).await.unwrap();
-    // The operator marks a directory it has seen a foreign node in ("-1", see the user guide).
-    // Waited for with a deadline, not required: the assertion below is the point.
-    let heard_by = Instant::now() + std::time::Duration::from_secs(5);
-    let mut heard = false;
-    while !heard && Instant::now() < heard_by {
-        heard = raw.get_data(&dir).await.is_ok_and(|(data, _)| data == b"-1");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    eprintln!("the foreign node heard (directory marked) within 5 s: {heard}");
+    // Heard: the operator marks a directory it has seen a foreign node in ("-1", see the user
+    // guide). Before, nothing marked it until a deletion woke a read.
+    until("the operator to hear the foreign node and mark its directory", || async {
+        raw.get_data(&dir).await.is_ok_and(|(data, _)| data == b"-1")
+    })
+    .await;
 
     cut.set_blackhole(true);
     until("the operator's session to expire and the foreign client to come first", || async {

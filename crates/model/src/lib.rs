@@ -42,19 +42,11 @@ pub struct ZklockModel {
     /// Removes a gated pod's gate on the answer of its claim's grant (in the same step), instead
     /// of in a step of its own once the `Held` is seen.
     pub ungate_on_answer: bool,
-    pub(crate) zk_writes_late: bool,
 }
 
 impl ZklockModel {
     pub fn new(scenario: Scenario, rules: Rules, more: u8) -> Self {
-        ZklockModel {
-            scenario,
-            rules,
-            more,
-            unwatched_foreign: false,
-            ungate_on_answer: false,
-            zk_writes_late: scenario.zk_writes_late(),
-        }
+        ZklockModel { scenario, rules, more, unwatched_foreign: false, ungate_on_answer: false }
     }
 }
 

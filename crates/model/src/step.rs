@@ -172,7 +172,7 @@ impl ZklockModel {
                 if self.may_ungate(s, k, i) {
                     out.push(Action::Ungate(k, i));
                 }
-                if self.zk_writes_late
+                if self.scenario.zk_writes_late()
                     && serving(t, s)
                     && c.lates_left > 0
                     && c.late.is_none()

@@ -21,13 +21,17 @@ fn print(report: &Report) {
     );
 }
 
+/// Each property that failed, with its counterexample.
+fn violations(report: &Report) -> Vec<String> {
+    report.violated().into_iter().map(|p| format!("{p}: {}", report.trace(p).unwrap_or_default())).collect()
+}
+
 #[test]
 fn every_property_holds_in_every_scenario_with_every_rule_on() {
     for scenario in Scenario::ALL {
         let report = check(ZklockModel::new(scenario, Rules::all(), 0), THREADS, None);
         print(&report);
-        let violated: Vec<String> =
-            report.violated().into_iter().map(|p| format!("{p}: {}", report.trace(p).unwrap_or_default())).collect();
+        let violated = violations(&report);
         assert!(violated.is_empty(), "{scenario:?}: {violated:#?}");
         // A model that never grants or never changes leaders would pass vacuously.
         assert!(report.trace("a claim is granted or kept").is_some(), "{scenario:?} never grants or keeps a claim");
@@ -178,8 +182,7 @@ fn every_property_holds_in_the_deep_walk_with_every_rule_on() {
     for scenario in Scenario::ALL {
         let report = check(ZklockModel::new(scenario, Rules::all(), 1), THREADS, None);
         print(&report);
-        let violated: Vec<String> =
-            report.violated().into_iter().map(|p| format!("{p}: {}", report.trace(p).unwrap_or_default())).collect();
+        let violated = violations(&report);
         assert!(violated.is_empty(), "{scenario:?} (deep): {violated:#?}");
     }
 }
