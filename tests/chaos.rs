@@ -1083,7 +1083,7 @@ async fn sample_stalls(
             let limit = zklock::recipe::Limit::default();
             let holds = |name: &str| zklock::recipe::decide_in(&queue, name, limit) == zklock::recipe::Decision::Held;
             let claim_of =
-                |c: &zklock::recipe::Child| c.ours.map(|(id, _)| zklock::controller::parts::claim_of(id).to_string());
+                |c: &zklock::recipe::Child| c.ours.map(|(id, _)| zklock::controller::claim_of(id).to_string());
             // A holder whose claim is gone holds nobody up for long: it counts as gone.
             let live_holder =
                 queue.iter().filter(|c| holds(c.name)).any(|c| claim_of(c).is_none_or(|uid| alive(&uid, lock)));

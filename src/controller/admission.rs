@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use super::Uid;
+use super::base::Uid;
 
 /// How long a claim that was reconciled holds back the claims created after it.
 pub const PATIENCE: Duration = Duration::from_secs(5);

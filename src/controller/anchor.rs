@@ -8,23 +8,11 @@ use std::sync::Arc;
 use futures::StreamExt;
 use kube::ResourceExt;
 
-use super::parts::{self, Part};
-use super::{Context, Error};
-use crate::api::{validate_spec, KeptClaim, Phase, FINALIZER};
+use super::base::ids::{self, Part};
+use super::base::{claim_facts, Error};
+use super::context::Context;
+use crate::api::{validate_spec, KeptClaim, Phase};
 use crate::zk::{ContenderSpec, ContenderState, LostReason, Recorded};
-
-/// The claim's phase as last recorded: the operator's own last write is newer than any copy
-/// the watch may not have delivered yet.
-pub(super) fn recorded_phase(ctx: &Context, claim: &KeptClaim) -> Option<Phase> {
-    claim.uid().and_then(|uid| ctx.registry.known_phase(&uid)).or(claim.phase())
-}
-
-/// A claim deleted whose cleanup is over: its deletion is under way and the operator's
-/// finalizer is no longer on it (another finalizer, or foreground deletion, keeps the object).
-/// kube-runtime's finalizer helper never hands such a claim to a reconcile again.
-pub fn cleaned_up(claim: &KeptClaim) -> bool {
-    claim.metadata.deletion_timestamp.is_some() && !claim.finalizers().iter().any(|f| f == FINALIZER)
-}
 
 /// Whether re-anchoring takes a directory the scan found with nodes of earlier sessions: a
 /// `ClusterLock`'s (listed with no namespace: claims of every served namespace queue there)
@@ -35,16 +23,6 @@ fn served_directory(served: &[String], namespace: &str) -> bool {
 
 /// A live claim in one of its locks: the claim, its part there, and the node it recorded.
 type Live = (Arc<KeptClaim>, Part, Option<String>);
-
-/// Whether a claim asks for something now: it is being deleted, is new (or pending), or its
-/// holder is asked to let go. Its locks are re-anchored first and its claims served as soon as
-/// they are (docs/design.md: re-anchoring), so that a leader change holds up no grant behind the
-/// re-anchoring of locks where nothing is asked.
-pub(super) fn asks(claim: &KeptClaim, phase: Option<Phase>) -> bool {
-    claim.metadata.deletion_timestamp.is_some()
-        || matches!(phase, None | Some(Phase::Pending))
-        || claim.annotations().contains_key(crate::api::REVOKE_ANNOTATION)
-}
 
 /// Re-anchors every lock from the claims the watches listed (they must have listed them once).
 /// A claim over several locks is re-anchored in each of them, as one contender per lock; in
@@ -62,28 +40,28 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     let mut asked: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for claim in ctx.claims.iter().flat_map(|store| store.state()) {
         let (Some(namespace), Some(uid)) = (claim.namespace(), claim.uid()) else { continue };
-        if cleaned_up(&claim) {
+        if claim_facts::cleaned_up(&claim) {
             // Deleted, and its cleanup is done (our finalizer went; another keeps the object):
             // it holds nothing and waits for nothing, in this term too. Neither its node nor a
             // stamp is awaited: no reconcile of it will ever run again to make or give them.
             continue;
         }
-        let phase = recorded_phase(ctx, &claim);
+        let phase = ctx.registry.recorded_phase(&claim);
         let live = matches!(phase, Some(Phase::Held | Phase::Waiting));
         if claim.unreadable.is_some() {
             // Its spec or status cannot be read: a holder keeps the nodes its status records; a
             // waiter's are not made again (the pass deletes them with the directory's stale
             // nodes), or once first they would hold the lock for ever.
-            if super::unreadable::keeps_nodes(phase) {
-                for (part, node) in super::unreadable::recorded_parts(&claim, &uid) {
+            if claim_facts::keeps_nodes(phase) {
+                for (part, node) in claim_facts::recorded_parts(&claim, &uid) {
                     locks.entry(part.lock.clone()).or_default().push((claim.clone(), part, Some(node)));
                 }
             }
             continue;
         }
         let Ok(spec) = validate_spec(&claim.spec, &namespace) else { continue };
-        if asks(&claim, phase) && !phase.is_some_and(Phase::is_terminal) {
-            for part in parts::of(ctx, &namespace, &ctx.shared_uid(&uid), &spec) {
+        if claim_facts::asks(&claim, phase) && !phase.is_some_and(Phase::is_terminal) {
+            for part in ids::parts_of(&ctx.layout, &namespace, &ctx.shared_uid(&uid), &spec) {
                 asked.entry(part.lock).or_default().push(uid.clone());
             }
         }
@@ -99,7 +77,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
         // Claims being deleted too: a holder keeps the lock until its cleanup has written its
         // final status (the next claim must not be Held before).
         if live {
-            for (i, part) in parts::of(ctx, &namespace, &uid, &spec).into_iter().enumerate() {
+            for (i, part) in ids::parts_of(&ctx.layout, &namespace, &uid, &spec).into_iter().enumerate() {
                 let node = if spec.several {
                     claim.lock_statuses().get(i).filter(|l| l.lock_name == part.name).and_then(|l| l.znode.clone())
                 } else {
@@ -112,7 +90,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     // Directories that hold nodes of earlier sessions but no live claim any more: their stale
     // nodes must go too, or new claims would queue behind them until the old session expires.
     for (namespace, path) in ctx.engine.directories_with_nodes(&ctx.layout).await? {
-        if served_directory(&ctx.namespaces, &namespace) {
+        if served_directory(ctx.scopes.namespaces(), &namespace) {
             locks.entry(path).or_default();
         }
     }
@@ -120,7 +98,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     // lock from now on (none of our nodes is there, no live claim is recorded there).
     let (session, todo) = ctx.engine.begin_reanchoring(locks.keys().cloned())?;
     locks.retain(|path, _| todo.contains(path));
-    ctx.reanchoring.store(true, std::sync::atomic::Ordering::SeqCst);
+    ctx.serving.begin_reanchoring();
     for uid in asked.iter().filter(|(path, _)| !todo.contains(*path)).flat_map(|(_, uids)| uids) {
         ctx.trigger(uid);
     }
@@ -198,7 +176,7 @@ impl PassQueue {
     /// first, else the next in order.
     fn next(&mut self, ctx: &Context) -> Option<(String, Vec<Live>)> {
         let wanted: Vec<std::sync::Arc<str>> = {
-            let deferred = ctx.deferred.lock();
+            let deferred = ctx.serving.deferred();
             deferred.iter().filter_map(|uid| ctx.registry.lock_paths(uid)).flatten().collect()
         };
         let taken = match wanted.iter().find(|path| self.left.contains(&path[..])) {
@@ -226,7 +204,7 @@ async fn reanchor_lock(ctx: &Context, path: String, mut claims: Vec<Live>) -> Re
     // (neither recorded) keep this order: creation order (the same in every lock: one
     // listing).
     claims.sort_by_key(|(c, _, _)| c.creation_timestamp().map(|t| t.0));
-    let held = |c: &KeptClaim| recorded_phase(ctx, c) == Some(Phase::Held);
+    let held = |c: &KeptClaim| ctx.registry.recorded_phase(c) == Some(Phase::Held);
     let recorded: Vec<Recorded> = claims
         .iter()
         .filter_map(|(c, part, node)| {
@@ -236,7 +214,7 @@ async fn reanchor_lock(ctx: &Context, path: String, mut claims: Vec<Live>) -> Re
                     id: part.id.clone(),
                     lock: path.clone(),
                     mode: part.mode,
-                    description: ctx.describe_claim(&namespace, &c.name_any()),
+                    description: ids::describe_claim(&ctx.layout, &namespace, &c.name_any()),
                 },
                 held: held(c),
                 node: node.clone(),
@@ -273,7 +251,7 @@ async fn reanchor_lock(ctx: &Context, path: String, mut claims: Vec<Live>) -> Re
         } else {
             continue;
         };
-        verdicts.push((parts::claim_of(id).to_string(), why.into()));
+        verdicts.push((ids::claim_of(id).to_string(), why.into()));
     }
     tracing::info!(lock = %path, claims = anchored.contenders.len(), foreign = anchored.foreign_seen, "re-anchored");
     Ok(verdicts)

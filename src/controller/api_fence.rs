@@ -15,7 +15,7 @@ use kube::Api;
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::{Error, API_TIMEOUT};
+use super::base::{Error, API_TIMEOUT};
 use crate::api::epoch_policy::{EPOCH_KEY, EPOCH_REFUSAL, PARAM_MISSING};
 use crate::api::LockClaim;
 use crate::zk::LockEngine;

@@ -9,35 +9,30 @@
 //! No claim is decided before the `ClusterLock`s are listed (they count among the listings
 //! `Context::wait_synced` waits for), for the reason `locks` gives.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Patch, PatchParams};
-use kube::core::{Selector, SelectorExt};
+use kube::core::Selector;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-use super::{Context, Error, API_TIMEOUT};
+use super::base::Error;
+use super::context::Context;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{conditions, ClusterLock, ClusterLockHolder, ClusterLockStatus, ValidSpec, MAX_LISTED_HOLDERS};
+use crate::api::{conditions, ClusterLock, ClusterLockHolder, ClusterLockStatus, MAX_LISTED_HOLDERS};
 use crate::recipe::{self, Decision, Limit};
 use crate::zk::{Declaration, QueueEntry};
 
 /// How often a `ClusterLock`'s status is read again while anybody queues: the other clusters'
 /// claims change it without any event of ours.
 const STATUS_REFRESH: Duration = Duration::from_secs(5);
-/// How long a claim naming a `ClusterLock` this cluster does not have waits for it to appear
-/// (made in the same `kubectl apply`, its watch event may come after the claim's) before it
-/// ends Invalid.
-const MISSING_GRACE: Duration = Duration::from_secs(30);
 /// Queue entries whose owner a status names at most (one read each, then cached).
 const MAX_DESCRIBED: usize = 200;
 
@@ -62,7 +57,7 @@ pub fn objects(
             Ok(watcher::Event::InitDone) => {
                 forget_unlisted(&ctx);
                 if !std::mem::replace(&mut synced, true) {
-                    ctx.unsynced.send_modify(|n| *n = n.saturating_sub(1));
+                    ctx.serving.mark_listed();
                 }
             }
             Ok(watcher::Event::Init) => {}
@@ -76,7 +71,7 @@ pub fn objects(
                      and apply zklock's CRDs (the chart does both); serving every other claim meanwhile"
                 );
                 if !std::mem::replace(&mut synced, true) {
-                    ctx.unsynced.send_modify(|n| *n = n.saturating_sub(1));
+                    ctx.serving.mark_listed();
                 }
             }
             Err(e) => tracing::warn!(error = %e, "watch of ClusterLock objects failed; retrying"),
@@ -97,77 +92,8 @@ fn forget_unlisted(ctx: &Context) {
     }
 }
 
-/// Whether a claim in a namespace may take the cluster locks its spec names.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Admission {
-    Admitted,
-    /// A `ClusterLock` is not in the store yet: look again soon.
-    NotYet,
-    /// The message of the claim's Invalid condition.
-    Refused(String),
-}
-
-/// Whether `ClusterLock` `name` (`None`: this cluster has none of that name) admits a claim of
-/// namespace `namespace` with labels `labels` (pure).
-pub fn admits(
-    name: &str,
-    lock: Option<&ClusterLock>,
-    namespace: &str,
-    labels: &BTreeMap<String, String>,
-) -> Result<(), String> {
-    let Some(lock) = lock else {
-        return Err(format!(
-            "no ClusterLock {name:?} in this cluster: a cluster admin makes it (kubectl get clusterlocks), in every \
-             cluster that shares it"
-        ));
-    };
-    let Some(selector) = &lock.spec.namespace_selector else {
-        return Err(format!(
-            "ClusterLock {name:?} admits no namespace: it has no spec.namespaceSelector (a cluster admin gives one, \
-             {{}} for every namespace)"
-        ));
-    };
-    let selector = Selector::try_from(selector.clone()).map_err(|e| {
-        format!("ClusterLock {name:?} has a spec.namespaceSelector that cannot be read ({e}): a cluster admin fixes it")
-    })?;
-    if selector.matches(labels) {
-        Ok(())
-    } else {
-        Err(format!(
-            "ClusterLock {name:?} does not admit namespace {namespace:?}: its spec.namespaceSelector does not select \
-             it (kubectl get clusterlock {name} -o yaml)"
-        ))
-    }
-}
-
-/// Whether the claim `spec` of `namespace`, created `age` ago, may take its cluster locks: each
-/// must exist in this cluster and select the namespace.
-pub async fn admit(ctx: &Context, namespace: &str, spec: &ValidSpec, age: Duration) -> Result<Admission, Error> {
-    let names: Vec<&str> = spec.cluster_locks().collect();
-    if names.is_empty() {
-        return Ok(Admission::Admitted);
-    }
-    let locks: Vec<Option<Arc<ClusterLock>>> =
-        names.iter().map(|name| ctx.cluster_locks.get(&kube::runtime::reflector::ObjectRef::new(name))).collect();
-    if locks.iter().any(Option::is_none) && age < MISSING_GRACE {
-        return Ok(Admission::NotYet);
-    }
-    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
-    let found = tokio::time::timeout(API_TIMEOUT, namespaces.get_opt(namespace))
-        .await
-        .map_err(|_| Error::Timeout { call: "get_namespace" })?
-        .map_err(|source| Error::Write { call: "get namespace", source })?;
-    let labels = found.map(|n| n.labels().clone()).unwrap_or_default();
-    for (name, lock) in names.iter().zip(&locks) {
-        if let Err(message) = admits(name, lock.as_deref(), namespace, &labels) {
-            return Ok(Admission::Refused(message));
-        }
-    }
-    Ok(Admission::Admitted)
-}
-
 pub async fn reconcile(lock: Arc<ClusterLock>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if !ctx.anchored() {
+    if !ctx.serving.anchored() {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     let name = lock.name_any();
@@ -208,9 +134,9 @@ pub async fn reconcile(lock: Arc<ClusterLock>, ctx: Arc<Context>) -> Result<Acti
     if lock.status.as_ref() == Some(&status) {
         return Ok(again);
     }
-    let api: Api<ClusterLock> = Api::all(ctx.client.clone());
+    let api: Api<ClusterLock> = Api::all(ctx.writer.client().clone());
     let patch = Patch::Merge(json!({ "status": status }));
-    match ctx.write("cluster lock status", api.patch_status(&name, &PatchParams::default(), &patch)).await? {
+    match ctx.writer.write("cluster lock status", api.patch_status(&name, &PatchParams::default(), &patch)).await? {
         Ok(_) => Ok(again),
         // Deleted meanwhile: its watch says so.
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::await_change()),
@@ -359,32 +285,6 @@ mod tests {
             "apiVersion": "zklock.io/v1alpha1", "kind": "ClusterLock", "metadata": { "name": "pay" }, "spec": spec,
         }))
         .unwrap()
-    }
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-    }
-
-    #[test]
-    fn a_namespace_is_admitted_only_by_a_selector_that_selects_it() {
-        let payments = labels(&[("team", "payments"), ("kubernetes.io/metadata.name", "pay")]);
-        assert_eq!(admits("pay", Some(&cluster_lock(Some(json!({})))), "pay", &payments), Ok(()), "{{}}: every one");
-        let team = cluster_lock(Some(json!({ "matchLabels": { "team": "payments" } })));
-        assert_eq!(admits("pay", Some(&team), "pay", &payments), Ok(()));
-        let err = admits("pay", Some(&team), "shop", &labels(&[("team", "shop")])).unwrap_err();
-        assert!(err.contains("ClusterLock \"pay\" does not admit namespace \"shop\""), "{err}");
-        let err = admits("pay", Some(&cluster_lock(None)), "pay", &payments).unwrap_err();
-        assert!(err.contains("admits no namespace"), "{err}");
-        let err = admits("pay", None, "pay", &payments).unwrap_err();
-        assert!(err.contains("no ClusterLock \"pay\" in this cluster"), "{err}");
-        let odd =
-            cluster_lock(Some(json!({ "matchExpressions": [{ "key": "team", "operator": "Near", "values": ["x"] }] })));
-        let err = admits("pay", Some(&odd), "pay", &payments).unwrap_err();
-        assert!(err.contains("cannot be read"), "{err}");
-        let not_in = cluster_lock(Some(
-            json!({ "matchExpressions": [{ "key": "team", "operator": "NotIn", "values": ["shop"] }] }),
-        ));
-        assert_eq!(admits("pay", Some(&not_in), "pay", &payments), Ok(()));
     }
 
     fn entry(name: &str, sequence: u64, mode: Mode) -> QueueEntry {

@@ -24,7 +24,8 @@ use kube::Api;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
 
-use super::{Error, API_TIMEOUT};
+use super::base::scopes::Scopes;
+use super::base::{Error, API_TIMEOUT};
 use crate::api::KeptClaim;
 use crate::metrics::Metrics;
 
@@ -85,8 +86,9 @@ impl ClaimFeeds {
         metrics: Arc<Metrics>,
     ) -> ClaimFeeds {
         let mut tasks = tokio::task::JoinSet::new();
-        let watched = super::Context::scopes_of::<KeptClaim>(watches, namespaces);
-        let requested = super::Context::scopes_of::<KeptClaim>(requests, namespaces);
+        let scopes = Scopes::new(namespaces.to_vec());
+        let watched = scopes.apis::<KeptClaim>(watches);
+        let requested = scopes.apis::<KeptClaim>(requests);
         let writers: Vec<_> = watched.iter().map(|_| reflector::store::<KeptClaim>()).collect();
         let stores: Vec<Store<KeptClaim>> = writers.iter().map(|(store, _)| store.clone()).collect();
         let scopes = watched

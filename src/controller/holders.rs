@@ -12,21 +12,26 @@
 //! whose pod exists, nor bind a claim to a pod that is gone.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use parking_lot::Mutex;
 use serde::Deserialize;
 
-use super::plan::HolderView;
-use super::Context;
 use crate::api::LockClaim;
+
+/// What the API says about the holder pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HolderView {
+    /// The claim names no holder.
+    NotRequested,
+    /// No pod of that name.
+    Missing,
+    /// The pod, with its UID and whether it has finished (Succeeded or Failed).
+    Present { uid: String, finished: Option<String> },
+}
 
 /// A pod as the holder store keeps it: identity and phase, nothing else (the store holds every
 /// pod of the served scopes).
@@ -138,7 +143,7 @@ impl HolderPods {
 
     /// The watch saw `pod` deleted. Kept while a claim names it (`claimed`); the names no
     /// claim names any more are dropped whenever the map has doubled since the last time.
-    fn deleted(&self, pod: &HolderPod, claimed: impl Fn(&(String, String)) -> bool) {
+    pub fn deleted(&self, pod: &HolderPod, claimed: impl Fn(&(String, String)) -> bool) {
         let key = (pod.namespace().unwrap_or_default(), pod.name_any());
         if !claimed(&key) {
             return;
@@ -150,33 +155,6 @@ impl HolderPods {
             gone.pruned_at = gone.uids.len();
         }
     }
-}
-
-/// Every pod of one scope, as [`HolderPod`]s in `writer`'s store: any change to one (or its
-/// deletion) reconciles the claims it holds. After a re-list every claim with a holder is
-/// looked at, in case a deletion was missed in the gap.
-pub fn watch(
-    ctx: Arc<Context>,
-    api: Api<HolderPod>,
-    writer: Writer<HolderPod>,
-) -> impl Stream<Item = Result<HolderPod, watcher::Error>> + Send + 'static {
-    watcher(api, watcher::Config::default().timeout(crate::client::WATCH_TIMEOUT_SECONDS))
-        .default_backoff()
-        .reflect(writer)
-        .inspect(move |event| match event {
-            Ok(watcher::Event::InitDone) => {
-                for uid in ctx.registry.claims_with_holders() {
-                    ctx.trigger(&uid);
-                }
-            }
-            Ok(watcher::Event::Delete(pod)) => {
-                // Before the claims it holds are triggered (downstream): their reconciles see it.
-                ctx.holder_pods.deleted(pod, |(ns, name)| !ctx.registry.claims_of_pod(ns, name).is_empty());
-            }
-            Err(e) => tracing::debug!(error = %e, "pod watch error; the watcher retries"),
-            Ok(_) => {}
-        })
-        .touched_objects()
 }
 
 #[cfg(test)]

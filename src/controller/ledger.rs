@@ -21,7 +21,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::Uid;
+use super::base::Uid;
 use crate::recipe::Limit;
 
 /// Why a grant has to wait.

@@ -22,7 +22,8 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-use super::{Context, Error};
+use super::base::Error;
+use super::context::Context;
 use crate::api::{KeptClaim, Lock, LockStatus, Phase, MAX_LISTED_HOLDERS};
 use crate::recipe::Limit;
 
@@ -52,17 +53,17 @@ pub fn objects(
         .reflect(writer)
         .inspect(move |event| match event {
             Ok(watcher::Event::InitApply(lock) | watcher::Event::Apply(lock)) => {
-                let path = ctx.lock_path(&lock.namespace().unwrap_or_default(), &lock.name_any());
+                let path = ctx.layout.lock(&lock.namespace().unwrap_or_default(), &lock.name_any());
                 ctx.engine.set_limit(&path, Limit::from_permits(Some(lock.spec.permits)));
             }
             Ok(watcher::Event::Delete(lock)) => {
-                let path = ctx.lock_path(&lock.namespace().unwrap_or_default(), &lock.name_any());
+                let path = ctx.layout.lock(&lock.namespace().unwrap_or_default(), &lock.name_any());
                 ctx.engine.set_limit(&path, Limit::Mutex);
             }
             Ok(watcher::Event::InitDone) => {
                 forget_unlisted(&ctx, scope);
                 if !std::mem::replace(&mut synced, true) {
-                    ctx.unsynced.send_modify(|n| *n = n.saturating_sub(1));
+                    ctx.serving.mark_listed();
                 }
             }
             Ok(watcher::Event::Init) => {}
@@ -76,10 +77,10 @@ pub fn objects(
 fn forget_unlisted(ctx: &Context, scope: usize) {
     let Some(store) = ctx.locks.get(scope) else { return };
     let listed: BTreeSet<String> =
-        store.state().iter().map(|l| ctx.lock_path(&l.namespace().unwrap_or_default(), &l.name_any())).collect();
-    let prefix = match ctx.namespaces.get(scope) {
-        Some(namespace) => ctx.lock_path(namespace, ""),
-        None => ctx.lock_path("", "").trim_end_matches('/').to_string(),
+        store.state().iter().map(|l| ctx.layout.lock(&l.namespace().unwrap_or_default(), &l.name_any())).collect();
+    let prefix = match ctx.scopes.namespace(scope) {
+        Some(namespace) => ctx.layout.lock(namespace, ""),
+        None => ctx.layout.lock("", "").trim_end_matches('/').to_string(),
     };
     for (path, _) in ctx.engine.limits() {
         if path.starts_with(&prefix) && !listed.contains(&path) {
@@ -102,13 +103,13 @@ pub fn claim_changed(ctx: &Context, claim: &KeptClaim) {
 }
 
 pub async fn reconcile(lock: Arc<Lock>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if !ctx.anchored() {
+    if !ctx.serving.anchored() {
         // Claims' phases are not judged yet; every claim's first reconcile triggers this again.
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     let namespace = lock.namespace().ok_or(Error::Malformed("a namespace"))?;
     let name = lock.name_any();
-    ctx.engine.set_limit(&ctx.lock_path(&namespace, &name), Limit::from_permits(Some(lock.spec.permits)));
+    ctx.engine.set_limit(&ctx.layout.lock(&namespace, &name), Limit::from_permits(Some(lock.spec.permits)));
     let key = ObjectRef::from_obj(&*lock);
     // Made from memory, so looked at first: only a status with news takes a turn (the event of
     // this operator's own write, for one, has none).
@@ -124,9 +125,9 @@ pub async fn reconcile(lock: Arc<Lock>, ctx: Arc<Context>) -> Result<Action, Err
         return Ok(Action::requeue(wait));
     }
     ctx.lock_refreshes.refreshed(key, Instant::now());
-    let api: Api<Lock> = Api::namespaced(ctx.client.clone(), &namespace);
+    let api: Api<Lock> = Api::namespaced(ctx.writer.client().clone(), &namespace);
     let patch = Patch::Merge(json!({ "status": status }));
-    match ctx.write("lock status", api.patch_status(&name, &PatchParams::default(), &patch)).await? {
+    match ctx.writer.write("lock status", api.patch_status(&name, &PatchParams::default(), &patch)).await? {
         Ok(_) => Ok(Action::await_change()),
         // Deleted meanwhile: its watch says so.
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::await_change()),

@@ -10,14 +10,13 @@
 //! asks for the stamps of its own lock's claims itself (`GrantBlocked::Unstamped`).
 //!
 //! The same walk is the safety net against a lost event: made every `--resync-period`
-//! ([`RESYNC`](super::plan::RESYNC) unless told otherwise) for the whole term, it looks at every
+//! ([`RESYNC`](super::base::settings::RESYNC) unless told otherwise) for the whole term, it looks at every
 //! claim again. It replaces a backstop requeue per claim in kube-runtime's scheduler, which kept
 //! an entry (two copies of the claim's reference, a slab slot, a timer) for every live claim:
 //! some 500 bytes per claim, a sixth of the operator's memory at 10,000 claims
 //! (docs/benchmarks.md, "Memory at scale"), and a burst of every claim's reconcile at once, five
 //! minutes after a restart, where the walk is paced.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,29 +24,11 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tokio::sync::mpsc;
 
-use super::Context;
+use super::context::Context;
 use crate::api::{KeptClaim, Phase};
 
 /// How long one batch may take before the next is asked for all the same.
 const BATCH_BOUND: Duration = Duration::from_secs(10);
-
-/// The claims asked for by the batch being walked, not reconciled since; and who waits for the
-/// batch to be done.
-#[derive(Default)]
-pub(super) struct Paced {
-    pending: parking_lot::Mutex<HashSet<String>>,
-    done: tokio::sync::Notify,
-}
-
-impl Paced {
-    /// Claim `uid` was reconciled (whatever the outcome).
-    pub(super) fn reconciled(&self, uid: &str) {
-        let mut pending = self.pending.lock();
-        if pending.remove(uid) && pending.is_empty() {
-            self.done.notify_waiters();
-        }
-    }
-}
 
 /// Walks every claim served, in batches of `batch`, each time a walk is asked for (walks asked
 /// for during one are made once, after it), and `period` after the last walk ended. Runs for
@@ -60,7 +41,7 @@ pub(super) async fn walks(ctx: Arc<Context>, mut asked: mpsc::UnboundedReceiver<
                 None => return,
             },
             () = tokio::time::sleep(period) => {
-                if !ctx.anchored() {
+                if !ctx.serving.anchored() {
                     // Its reconciles would be turned away: the re-anchoring asks for a walk
                     // when it is done.
                     continue;
@@ -89,24 +70,16 @@ async fn walk(ctx: &Context, batch: usize) {
         if chunk.is_empty() {
             break;
         }
-        *ctx.paced.pending.lock() = chunk.iter().filter_map(|claim| claim.uid()).collect();
+        ctx.serving.walk_batch(chunk.iter().filter_map(|claim| claim.uid()).collect());
         for claim in chunk {
             ctx.trigger_object(ObjectRef::from_obj(&*claim));
         }
-        let done = async {
-            loop {
-                let notified = ctx.paced.done.notified();
-                if ctx.paced.pending.lock().is_empty() {
-                    return;
-                }
-                notified.await;
-            }
-        };
-        if tokio::time::timeout(BATCH_BOUND, done).await.is_err() {
-            tracing::debug!(left = ctx.paced.pending.lock().len(), "a batch of the walk took long; going on");
+        let left = ctx.serving.batch_done(BATCH_BOUND).await;
+        if left > 0 {
+            tracing::debug!(left, "a batch of the walk took long; going on");
         }
     }
-    ctx.paced.pending.lock().clear();
+    ctx.serving.walk_over();
     tracing::info!(claims = total, took = ?started.elapsed(), "reconciled every claim once");
 }
 

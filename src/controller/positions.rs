@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Context;
+use super::context::Context;
 
 /// Waiters whose position is refreshed per lock and round: the front of a long queue is
 /// kept exact, the rest is refreshed as it moves up. Bounds the API writes positions cost.

@@ -13,10 +13,10 @@ use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::admission::{Gates, Overtaken, Turn};
+use super::base::Uid;
 pub use super::ledger::GrantBlocked;
 use super::ledger::{Ledger, Locks, Wanted};
-use super::Uid;
-use crate::api::Phase;
+use crate::api::{KeptClaim, Phase};
 
 /// A claim as the watch first delivers it.
 pub struct Seen<'a> {
@@ -266,6 +266,12 @@ impl Registry {
     /// otherwise is older than the operator's own write.
     pub fn known_phase(&self, uid: &str) -> Option<Phase> {
         self.lock().claims.get(uid).and_then(|c| c.phase)
+    }
+
+    /// The claim's phase as last recorded: the operator's own last write is newer than any copy
+    /// the watch may not have delivered yet.
+    pub fn recorded_phase(&self, claim: &KeptClaim) -> Option<Phase> {
+        kube::ResourceExt::uid(claim).and_then(|uid| self.known_phase(&uid)).or(claim.phase())
     }
 
     /// Reserves a grant: records `uid` as Held in all its locks unless, in one of them (given

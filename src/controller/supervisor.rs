@@ -13,7 +13,9 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::{anchor, Context, Error};
+use super::anchor;
+use super::base::Error;
+use super::context::Context;
 use crate::leader::Leadership;
 use crate::zk::{ContenderState, EngineEvent, Installation, Layout, LockEngine, SessionEvent, ZkConfig};
 
@@ -166,14 +168,13 @@ pub(super) async fn first_anchor(
     term: &Term,
     events: &mut mpsc::UnboundedReceiver<EngineEvent>,
 ) -> Result<VecDeque<EngineEvent>, Error> {
-    ctx.wait_synced().await;
+    ctx.serving.wait_synced().await;
     let started = std::time::Instant::now();
     let mut kept = VecDeque::new();
     while_reanchoring(ctx, events, &mut kept, anchor::reanchor_all(ctx)).await?;
     tracing::info!(took = ?started.elapsed(), "re-anchored every lock; admitting");
-    ctx.anchored.store(true, std::sync::atomic::Ordering::SeqCst);
     // Every claim is reconciled now (the caller's walk): none waits as deferred any more.
-    ctx.deferred.lock().clear();
+    ctx.serving.set_anchored();
     term.set(true);
     Ok(kept)
 }

@@ -12,7 +12,7 @@ use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::Api;
 use serde_json::json;
 
-use super::{Error, API_TIMEOUT};
+use super::base::{Error, API_TIMEOUT};
 use crate::zk::token_base::FLOOR_RESERVE;
 
 /// The ConfigMap's name (in the operator's namespace) and the key holding the floor.

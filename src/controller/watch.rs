@@ -6,13 +6,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::Api;
 use kube::ResourceExt;
 use tokio::sync::mpsc;
 
+use super::base::{claim_facts, ids, Uid};
+use super::context::Context;
+use super::holders::HolderPod;
 use super::registry::Seen;
-use super::{Context, Uid};
 use crate::api::KeptClaim;
 use crate::recipe::Mode;
 
@@ -34,8 +38,8 @@ pub fn claims(
                 // claim at a term's start, would each stand in kube-runtime's scheduler once,
                 // to be turned away, and its tables keep the size they grew to for the rest of
                 // the process (docs/benchmarks.md, "A term's start: triggers").
-                let asks = || super::anchor::asks(&claim, super::anchor::recorded_phase(&ctx, &claim));
-                (ctx.anchored() || asks()).then_some(claim)
+                let asks = || claim_facts::asks(&claim, ctx.registry.recorded_phase(&claim));
+                (ctx.serving.anchored() || asks()).then_some(claim)
             }
             watcher::Event::Apply(claim) => {
                 noted(&ctx, &claim);
@@ -45,7 +49,7 @@ pub fn claims(
                 if let Some(uid) = claim.metadata.uid.as_deref() {
                     ctx.orphan(uid);
                     // Gone from the store: no reconcile of it will run for the walk to wait on.
-                    ctx.paced.reconciled(uid);
+                    ctx.serving.reconciled(uid);
                 }
                 gated_pod_of(&ctx, &claim);
                 super::locks::claim_changed(&ctx, &claim);
@@ -53,7 +57,7 @@ pub fn claims(
             }
             watcher::Event::InitDone => {
                 if !std::mem::replace(&mut synced, true) {
-                    ctx.unsynced.send_modify(|scopes| *scopes = scopes.saturating_sub(1));
+                    ctx.serving.mark_listed();
                 }
                 // Claims kept from before a re-list and not in it left the API unseen.
                 ctx.sweep();
@@ -92,7 +96,7 @@ fn first_seen(ctx: &Context, claim: &KeptClaim) {
         // Known: every later event of the claim (each status write comes back as one) stops here.
         return;
     }
-    if super::anchor::cleaned_up(claim) {
+    if claim_facts::cleaned_up(claim) {
         // Its cleanup is over (another finalizer keeps the object): nothing of it is served, so
         // it waits at no gate and is counted in no lock.
         return;
@@ -103,15 +107,15 @@ fn first_seen(ctx: &Context, claim: &KeptClaim) {
         // What it asks for cannot be read: it is never enqueued, and waits at no gate. Known
         // all the same (a claim the registry does not know is taken for gone, and its nodes
         // released), with the locks its status records it holds (a waiter gives its place up).
-        let keeps = super::unreadable::keeps_nodes(phase);
-        let recorded = if keeps { super::unreadable::recorded_parts(claim, &uid) } else { vec![] };
+        let keeps = claim_facts::keeps_nodes(phase);
+        let recorded = if keeps { claim_facts::recorded_parts(claim, &uid) } else { vec![] };
         recorded.iter().map(|(part, _)| (part.lock.clone(), part.mode == Mode::Exclusive)).collect()
     } else {
         claim
             .spec
             .lock_refs()
             .iter()
-            .filter_map(|l| Some((ctx.path_of_ref(namespace, l)?, l.mode == Mode::Exclusive)))
+            .filter_map(|l| Some((ids::path_of_ref(&ctx.layout, namespace, l)?, l.mode == Mode::Exclusive)))
             .collect()
     };
     let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
@@ -126,7 +130,7 @@ fn first_seen(ctx: &Context, claim: &KeptClaim) {
 }
 
 /// The claims a pod holds, as the controller's objects.
-pub fn claims_of_pod(ctx: &Context, pod: &super::holders::HolderPod) -> Vec<ObjectRef<KeptClaim>> {
+pub fn claims_of_pod(ctx: &Context, pod: &HolderPod) -> Vec<ObjectRef<KeptClaim>> {
     let namespace = pod.namespace().unwrap_or_default();
     ctx.registry.claims_of_pod(&namespace, &pod.name_any()).iter().filter_map(|uid| ctx.object_ref(uid)).collect()
 }
@@ -138,7 +142,7 @@ pub fn claims_of_pod(ctx: &Context, pod: &super::holders::HolderPod) -> Vec<Obje
 pub async fn release_orphans(ctx: Arc<Context>, mut orphans: mpsc::UnboundedReceiver<Uid>) {
     // Before every scope has listed its claims, a claim missing from the stores may simply not
     // be listed yet.
-    ctx.wait_synced().await;
+    ctx.serving.wait_synced().await;
     while let Some(uid) = orphans.recv().await {
         if ctx.is_served(&uid) {
             continue;
@@ -146,7 +150,7 @@ pub async fn release_orphans(ctx: Arc<Context>, mut orphans: mpsc::UnboundedRece
         let parts = ctx.parts_tracked(&uid);
         if !parts.is_empty() {
             tracing::warn!(uid = %uid, "a claim was deleted without its finalizer; releasing its znode");
-            if let Err(error) = ctx.engine.release_group(&super::parts::ids(&parts)).await {
+            if let Err(error) = ctx.engine.release_group(&ids::ids(&parts)).await {
                 tracing::warn!(uid = %uid, %error, "could not release an orphaned znode; retrying");
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 ctx.orphan(&uid);
@@ -156,4 +160,31 @@ pub async fn release_orphans(ctx: Arc<Context>, mut orphans: mpsc::UnboundedRece
         ctx.registry.forget(&uid);
         ctx.metrics.set_phase_counts(&ctx.registry.phase_counts());
     }
+}
+
+/// Every pod of one scope, as [`HolderPod`]s in `writer`'s store: any change to one (or its
+/// deletion) reconciles the claims it holds. After a re-list every claim with a holder is
+/// looked at, in case a deletion was missed in the gap.
+pub fn holder_pods(
+    ctx: Arc<Context>,
+    api: Api<HolderPod>,
+    writer: Writer<HolderPod>,
+) -> impl Stream<Item = Result<HolderPod, watcher::Error>> + Send + 'static {
+    watcher(api, watcher::Config::default().timeout(crate::client::WATCH_TIMEOUT_SECONDS))
+        .default_backoff()
+        .reflect(writer)
+        .inspect(move |event| match event {
+            Ok(watcher::Event::InitDone) => {
+                for uid in ctx.registry.claims_with_holders() {
+                    ctx.trigger(&uid);
+                }
+            }
+            Ok(watcher::Event::Delete(pod)) => {
+                // Before the claims it holds are triggered (downstream): their reconciles see it.
+                ctx.holder_pods.deleted(pod, |(ns, name)| !ctx.registry.claims_of_pod(ns, name).is_empty());
+            }
+            Err(e) => tracing::debug!(error = %e, "pod watch error; the watcher retries"),
+            Ok(_) => {}
+        })
+        .touched_objects()
 }

@@ -1,7 +1,7 @@
 //! The code map holds: the layer crates' manifests allow no import upwards (the compiler does the
 //! rest), the lock engine's files import only files below them (the layers
-//! `crates/engine/src/lib.rs` describes), and the gated pod's plan and pod modules do not import
-//! each other both ways. Read from the sources, so that a new import in the wrong direction
+//! `crates/engine/src/lib.rs` describes), and so do the controller's (the floors
+//! `src/controller/mod.rs` describes). Read from the sources, so that a new import in the wrong direction
 //! fails here with the file and the module it reached for.
 
 use std::collections::BTreeMap;
@@ -115,6 +115,154 @@ fn the_lock_engine_imports_only_downwards() {
     assert!(upwards.is_empty(), "files that use files at or above their layer: {upwards:?}");
 }
 
+/// `src/controller`'s modules in floors, lowest first; a module may use only modules listed
+/// before it (src/controller/mod.rs says what each floor holds).
+const CONTROLLER_LAYERS: &[&[&str]] = &[
+    // 0: vocabulary and the pure cores.
+    &["base", "admission", "ledger", "throttle"],
+    // 1: capabilities, each owning its state.
+    &["api_fence", "token_floor", "events", "writer", "registry", "arrivals", "holders", "serving", "context"],
+    // 2: the pipelines.
+    &["claim", "gated", "locks", "cluster_locks"],
+    // 3: the term's tasks.
+    &["feed", "watch", "anchor", "pace", "positions", "supervisor"],
+    // 4: the wiring of a term.
+    &["term"],
+];
+
+/// The files of the controller's directory modules, lowest first (`mod`, the face, on top).
+const CONTROLLER_DIRECTORIES: &[(&str, &[&str])] = &[
+    ("base", &["error", "ids", "kept_pod", "scopes", "settings", "claim_facts", "mod"]),
+    ("claim", &["plan", "inputs", "guard", "enqueue", "status_write", "effects", "decide", "unreadable", "mod"]),
+    ("gated", &["plan", "mod"]),
+];
+
+/// The modules of `src/controller` that `code` (a file `depth` directories below it: 0 for
+/// `src/controller/x.rs`, 1 for `src/controller/claim/x.rs`) uses, by `crate::controller::` or
+/// by `super::`.
+fn controller_uses(code: &str, depth: usize, modules: &[&str]) -> Vec<String> {
+    let up = "super::".repeat(depth + 1);
+    let mut found: Vec<String> = modules
+        .iter()
+        .filter(|m| {
+            [
+                format!("crate::controller::{m}::"),
+                format!("crate::controller::{m};"),
+                format!("{up}{m}::"),
+                format!("{up}{m};"),
+            ]
+            .iter()
+            .any(|p| code.contains(p.as_str()))
+                || (depth == 0 && braced_uses(code).iter().any(|u| u == *m))
+                || braced_after(code, "use crate::controller::{").iter().any(|u| u == *m)
+        })
+        .map(|m| m.to_string())
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// The first path segments of the `PREFIX a, b::c, …};` lists in `code`.
+fn braced_after(code: &str, prefix: &str) -> Vec<String> {
+    braced_uses(&code.replace(prefix, "use super::{"))
+}
+
+/// A file's code outside comments and tests.
+fn code_of(file: &Path) -> String {
+    let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    text.split("#[cfg(test)]")
+        .next()
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every arrow between the controller's modules: (from, to, upward). `from` is a module, or
+/// `dir/file` inside a directory module.
+fn controller_arrows() -> Vec<(String, String, bool)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/controller");
+    let order: Vec<&str> = CONTROLLER_LAYERS.iter().flat_map(|floor| floor.iter().copied()).collect();
+    let rank = |m: &str| order.iter().position(|o| *o == m);
+    let mut arrows = vec![];
+    for module in &order {
+        let (files, inner): (Vec<(String, std::path::PathBuf)>, &[&str]) = match CONTROLLER_DIRECTORIES
+            .iter()
+            .find(|(d, _)| d == module)
+        {
+            Some((_, inner)) => (
+                inner.iter().map(|f| (format!("{module}/{f}"), root.join(module).join(format!("{f}.rs")))).collect(),
+                inner,
+            ),
+            None => (vec![(module.to_string(), root.join(format!("{module}.rs")))], &[]),
+        };
+        for (name, path) in files {
+            let code = code_of(&path);
+            // A directory's mod.rs is its module: `super::` there is the controller.
+            let depth = usize::from(!inner.is_empty() && !name.ends_with("/mod"));
+            for used in controller_uses(&code, depth, &order) {
+                if used != *module {
+                    arrows.push((name.clone(), used.clone(), rank(&used) >= rank(module)));
+                }
+            }
+            // Inside a directory module: its files by their own order (`mod` may use them all).
+            if let Some(me) = inner.iter().position(|f| *f != "mod" && name.ends_with(&format!("/{f}"))) {
+                let siblings: Vec<&str> = inner.iter().copied().filter(|f| *f != "mod").collect();
+                for used in uses(&path, &siblings) {
+                    let theirs = inner.iter().position(|f| *f == used).unwrap_or(0);
+                    arrows.push((name.clone(), format!("{module}/{used}"), theirs >= me));
+                }
+            }
+        }
+    }
+    arrows
+}
+
+/// The controller's modules import only downwards: a new import in the wrong direction fails
+/// here with the file and what it reached for. Every file has its place in the lists.
+#[test]
+fn the_controller_imports_only_downwards() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/controller");
+    let mut on_disk = vec![];
+    for entry in std::fs::read_dir(&root).unwrap().filter_map(Result::ok) {
+        let path = entry.path();
+        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            for inner in std::fs::read_dir(&path).unwrap().filter_map(Result::ok) {
+                on_disk.push(format!("{stem}/{}", inner.path().file_stem().unwrap().to_string_lossy()));
+            }
+        } else if stem != "mod" {
+            on_disk.push(stem);
+        }
+    }
+    on_disk.sort();
+    let mut listed: Vec<String> = CONTROLLER_LAYERS
+        .iter()
+        .flat_map(|floor| floor.iter())
+        .flat_map(|m| match CONTROLLER_DIRECTORIES.iter().find(|(d, _)| d == m) {
+            Some((_, inner)) => inner.iter().map(|f| format!("{m}/{f}")).collect(),
+            None => vec![m.to_string()],
+        })
+        .collect();
+    listed.sort();
+    assert_eq!(
+        on_disk, listed,
+        "every file of src/controller has its place in CONTROLLER_LAYERS (and its mod.rs says where)"
+    );
+    let arrows = controller_arrows();
+    let upward: Vec<String> = arrows.iter().filter(|a| a.2).map(|(from, to, _)| format!("{from} -> {to}")).collect();
+    println!(
+        "src/controller: {} modules on {} floors, {} arrows between them, {} upward",
+        CONTROLLER_LAYERS.iter().map(|f| f.len()).sum::<usize>(),
+        CONTROLLER_LAYERS.len(),
+        arrows.len(),
+        upward.len()
+    );
+    assert!(upward.is_empty(), "files that use modules at or above their own: {upward:#?}");
+}
+
 /// The direct dependencies a crate of the workspace declares (only those can its code import).
 fn dependencies(krate: &str) -> Vec<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates").join(krate).join("Cargo.toml");
@@ -160,14 +308,6 @@ fn the_layer_crates_allow_no_import_upwards() {
 }
 
 #[test]
-fn the_gated_pods_plan_and_pod_modules_do_not_import_each_other() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/controller/gated");
-    let plan = uses(&dir.join("plan.rs"), &["pod"]);
-    let pod = uses(&dir.join("pod.rs"), &["plan"]);
-    assert!(plan.is_empty() || pod.is_empty(), "plan.rs uses {plan:?} and pod.rs uses {pod:?}: a circle");
-}
-
-#[test]
 fn the_import_reader_sees_imports() {
     // The checks above pass trivially if `uses` finds nothing: it must find these.
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/engine/src");
@@ -175,6 +315,15 @@ fn the_import_reader_sees_imports() {
     for expected in ["core", "enqueue", "ops", "rounds", "session", "anchor", "fence"] {
         assert!(engine.iter().any(|u| u == expected), "engine.rs uses {expected}: {engine:?}");
     }
-    let plan = uses(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src/controller/gated/plan.rs"), &["pod"]);
-    assert_eq!(plan, ["pod"], "gated/plan.rs uses gated/pod.rs");
+    let arrows = controller_arrows();
+    for (from, to) in [
+        ("term", "claim"),
+        ("claim/decide", "claim/plan"),
+        ("claim/mod", "base"),
+        ("context", "registry"),
+        ("gated/mod", "admission"),
+        ("gated/plan", "base"),
+    ] {
+        assert!(arrows.iter().any(|(f, t, _)| f == from && t == to), "{from} uses {to}: {arrows:?}");
+    }
 }

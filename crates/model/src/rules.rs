@@ -75,23 +75,23 @@ impl Rule {
             Rule::Continuity => &[
                 ("crates/engine/src/anchor.rs", "recreate"),
                 ("src/controller/anchor.rs", "reanchor_lock"),
-                ("src/controller/plan.rs", "anchor_verdict"),
+                ("src/controller/claim/plan.rs", "anchor_verdict"),
             ],
             Rule::PlaceIsRecordedNode => &[("crates/engine/src/engine.rs", "reanchor")],
             Rule::ServeBound => &[
                 ("src/controller/supervisor.rs", "serve_bound"),
                 ("crates/engine/src/core.rs", "suspend_shared_holds"),
-                ("src/controller/plan.rs", "out_of_reach"),
+                ("src/controller/claim/plan.rs", "out_of_reach"),
             ],
             Rule::JudgedHold => {
                 &[("src/controller/gated/mod.rs", "judged_hold"), ("src/controller/gated/plan.rs", "judged_here")]
             }
             Rule::NoGateWhileRevoked => &[("src/controller/gated/plan.rs", "judged_here")],
-            Rule::FreshTokens => &[("src/controller/reconcile.rs", "fresh_tokens")],
+            Rule::FreshTokens => &[("src/controller/claim/status_write.rs", "fresh_tokens")],
             Rule::StatusBeforeRelease => {
-                &[("src/controller/plan.rs", "deleted"), ("src/controller/reconcile.rs", "cleanup")]
+                &[("src/controller/claim/plan.rs", "deleted"), ("src/controller/claim/mod.rs", "cleanup")]
             }
-            Rule::SkipFinishedClaims => &[("src/controller/anchor.rs", "cleaned_up")],
+            Rule::SkipFinishedClaims => &[("src/controller/base/claim_facts.rs", "cleaned_up")],
             Rule::SeeForeignCreates => &[("crates/engine/src/session.rs", "on_node_event")],
         }
     }

@@ -7,9 +7,7 @@
 //! operator's own last word on it) → plan (pure) → apply (make the claim, delete a predecessor's,
 //! remove the gate) → report (the pod's condition, and an event when it changes).
 
-mod arrivals;
 pub mod plan;
-mod pod;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -26,13 +24,13 @@ use kube::{Api, Resource};
 use serde_json::json;
 use tracing::Instrument;
 
-pub use arrivals::Arrivals;
 use plan::{Known, PodPlan, Report, Step, GATE};
-pub use pod::KeptPod;
-use pod::CONDITION;
 
 use super::admission::Turn;
-use super::{Context, Error, Uid};
+pub use super::base::kept_pod::KeptPod;
+use super::base::kept_pod::CONDITION;
+use super::base::{Error, Uid};
+use super::context::Context;
 use crate::api::{LockClaim, Phase};
 
 /// The pods of one scope that no node runs yet, kept in `writer`'s store, as the controller's
@@ -71,7 +69,7 @@ pub fn pods(
 /// A gated pod that asks for a lock takes its place at the lock's gate.
 fn arrive(ctx: &Context, pod: &KeptPod) {
     if let (true, Ok(ask)) = (pod.gates.iter().any(|g| g == GATE), plan::read(pod)) {
-        let locks = ask.locks.iter().map(|l| ctx.lock_path(pod.namespace(), l)).collect();
+        let locks = ask.locks.iter().map(|l| ctx.layout.lock(pod.namespace(), l)).collect();
         ctx.arrivals.lock().arrive(locks, pod);
     }
 }
@@ -85,11 +83,11 @@ fn leave(ctx: &Context, uid: &str) {
 
 pub async fn reconcile(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
     let claim_uid = ctx.claim(pod.namespace(), pod.name()).and_then(|c| c.metadata.uid.clone());
-    if !claim_uid.is_some_and(|uid| ctx.serves(&ctx.shared_uid(&uid))) && !ctx.anchored() {
+    if !claim_uid.is_some_and(|uid| ctx.serves(&ctx.shared_uid(&uid))) && !ctx.serving.anchored() {
         // Until its locks are re-anchored a claim's Held may still turn out Lost: no gate goes.
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    if ctx.leadership.draining() {
+    if ctx.writer.leadership().draining() {
         // Being uninstalled: no claim made (it would outlive the operator with its finalizer),
         // no gate removed (the claims are being deleted under their pods).
         return Ok(Action::await_change());
@@ -131,7 +129,7 @@ async fn apply(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
         // the pod too; a later session's pass may end without one.
         Step::Recheck => Action::requeue(Duration::from_secs(1)),
         Step::Create { locks, claim } => {
-            let locks = locks.iter().map(|l| ctx.lock_path(pod.namespace(), l)).collect();
+            let locks = locks.iter().map(|l| ctx.layout.lock(pod.namespace(), l)).collect();
             let (turn, overtaken) = ctx.arrivals.lock().may_create(locks, &pod);
             ctx.metrics.count_overtaken(&overtaken);
             if let Turn::Behind(wait) = turn {
@@ -139,8 +137,8 @@ async fn apply(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
                 // requeue: for when it runs out of patience at the gate instead).
                 return Ok(Action::requeue(wait));
             }
-            let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), pod.namespace());
-            let created = ctx.write("create_claim", api.create(&PostParams::default(), &claim)).await?;
+            let api: Api<LockClaim> = Api::namespaced(ctx.writer.client().clone(), pod.namespace());
+            let created = ctx.writer.write("create_claim", api.create(&PostParams::default(), &claim)).await?;
             leave(&ctx, pod.uid());
             match created {
                 // 409: made already (the watch has not brought it yet).
@@ -155,12 +153,12 @@ async fn apply(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
             Action::await_change()
         }
         Step::DeleteStale { uid } => {
-            let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), pod.namespace());
+            let api: Api<LockClaim> = Api::namespaced(ctx.writer.client().clone(), pod.namespace());
             let only = DeleteParams {
                 preconditions: Some(Preconditions { uid: Some(uid), resource_version: None }),
                 ..DeleteParams::default()
             };
-            match ctx.write("delete_claim", api.delete(pod.name(), &only)).await? {
+            match ctx.writer.write("delete_claim", api.delete(pod.name(), &only)).await? {
                 Ok(_) => tracing::info!("deleted the claim an earlier pod of this name left"),
                 Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
                 Err(source) => return Err(Error::Write { call: "delete_claim", source }),
@@ -193,8 +191,12 @@ async fn ungate(ctx: &Context, pod: &KeptPod, index: usize) -> Result<bool, Erro
         { "op": "remove", "path": path },
     ]))
     .map_err(Error::StatusPatch)?;
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), pod.namespace());
-    match ctx.write("ungate_pod", api.patch(pod.name(), &PatchParams::default(), &Patch::Json::<()>(patch))).await? {
+    let api: Api<Pod> = Api::namespaced(ctx.writer.client().clone(), pod.namespace());
+    match ctx
+        .writer
+        .write("ungate_pod", api.patch(pod.name(), &PatchParams::default(), &Patch::Json::<()>(patch)))
+        .await?
+    {
         Ok(_) => {
             tracing::info!("removed the scheduling gate: the pod holds its lock");
             ctx.metrics.pods_ungated.inc();
@@ -222,8 +224,9 @@ async fn show(ctx: &Context, pod: &KeptPod, report: &Report) -> Result<(), Error
         "type": CONDITION, "status": status, "reason": report.reason, "message": report.message,
         "lastTransitionTime": since,
     }]}});
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), pod.namespace());
+    let api: Api<Pod> = Api::namespaced(ctx.writer.client().clone(), pod.namespace());
     match ctx
+        .writer
         .write("patch_pod_status", api.patch_status(pod.name(), &PatchParams::default(), &Patch::Strategic(patch)))
         .await?
     {
@@ -234,14 +237,8 @@ async fn show(ctx: &Context, pod: &KeptPod, report: &Report) -> Result<(), Error
     if !report.warning {
         return Ok(());
     }
-    let reference = pod.object_ref(&());
-    let published = ctx
-        .write("publish_event", ctx.events.publish(&reference, report.warning, report.reason, &report.message))
-        .await;
-    if let Err(e) = published.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
-        // Events are for people; the condition carries the truth.
-        tracing::info!(error = %e, "could not publish an event");
-    }
+    // Events are for people; the condition carries the truth.
+    ctx.writer.publish(&pod.object_ref(&()), report.warning, report.reason, &report.message).await;
     Ok(())
 }
 

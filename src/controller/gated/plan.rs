@@ -11,11 +11,11 @@
 use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use super::pod::KeptPod;
 use crate::api::conditions::{FINISHED, REVOKE_REQUESTED};
 use crate::api::{
     check_lock_name, Holder, KeptClaim, LockClaim, LockClaimSpec, LockRef, Phase, MAX_LOCKS, REVOKE_ANNOTATION,
 };
+use crate::controller::base::kept_pod::KeptPod;
 use crate::recipe::Mode;
 
 /// The scheduling gate that holds a pod back until it holds its lock.
@@ -356,8 +356,8 @@ fn phase_reason(phase: Phase) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::super::pod::CONDITION;
     use super::*;
+    use crate::controller::base::kept_pod::CONDITION;
     use serde_json::{json, Value};
 
     fn pod(annotations: Value, gates: &[&str], condition: Option<(&str, &str)>) -> KeptPod {

@@ -1,12 +1,17 @@
-//! A claim's parts: one per lock it asks for (docs/user-guide.md: several locks). A claim over one lock
+//! The names the controller speaks in: claim UIDs, a claim's parts (one per lock it asks for) (docs/user-guide.md: several locks). A claim over one lock
 //! (`spec.lockName`) is one contender of the lock engine, named by the claim's UID, as it
 //! always was. A claim over several locks (`spec.locks`) is a group of contenders, one per
 //! lock, named `<uid>-x<index>` (the lock's index in `spec.locks`, which cannot change), made in
 //! one multi-op and released in one: the claim holds when every part does.
 
-use super::{Context, Uid};
-use crate::api::ValidSpec;
+use std::sync::Arc;
+
+use crate::api::{LockRef, ValidSpec};
 use crate::recipe::Mode;
+use crate::zk::Layout;
+
+/// A claim UID, one copy shared by the registry and the engine.
+pub type Uid = Arc<str>;
 
 /// One lock of a claim, as the operator serves it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,12 +30,12 @@ pub struct Part {
 const PART: &str = "-x";
 
 /// The parts of claim `uid` in `namespace`, in the order of its spec.
-pub fn of(ctx: &Context, namespace: &str, uid: &Uid, spec: &ValidSpec) -> Vec<Part> {
+pub fn parts_of(layout: &Layout, namespace: &str, uid: &Uid, spec: &ValidSpec) -> Vec<Part> {
     spec.locks
         .iter()
         .enumerate()
         .map(|(i, lock)| Part {
-            lock: ctx.path_of(namespace, &lock.name, lock.cluster),
+            lock: path_of(layout, namespace, &lock.name, lock.cluster),
             name: lock.label(),
             mode: lock.mode,
             id: if spec.several { format!("{uid}{PART}{i}").into() } else { uid.clone() },
@@ -44,6 +49,35 @@ pub fn claim_of(id: &str) -> &str {
     match id.rsplit_once(PART) {
         Some((uid, index)) if !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) => uid,
         _ => id,
+    }
+}
+
+/// The directory of a claim's lock: one of its namespace, or a `ClusterLock`'s.
+pub fn path_of(layout: &Layout, namespace: &str, name: &str, cluster: bool) -> String {
+    if cluster {
+        layout.cluster_lock(name)
+    } else {
+        layout.lock(namespace, name)
+    }
+}
+
+/// The directory of a lock as a spec names it (not validated: a name that is neither is
+/// `None`).
+pub fn path_of_ref(layout: &Layout, namespace: &str, lock: &LockRef) -> Option<String> {
+    match (&lock.lock_name, &lock.cluster_lock_name) {
+        (Some(name), _) => Some(layout.lock(namespace, name)),
+        (None, Some(name)) => Some(layout.cluster_lock(name)),
+        (None, None) => None,
+    }
+}
+
+/// What a claim's nodes say they stand for (`zkCli get`, and the waitingFor of a claim
+/// behind it in another cluster): `<cluster>/<namespace>/<name>`, or `<namespace>/<name>`
+/// without a cluster name.
+pub fn describe_claim(layout: &Layout, namespace: &str, name: &str) -> String {
+    match layout.cluster() {
+        Some(cluster) => format!("{cluster}/{namespace}/{name}"),
+        None => format!("{namespace}/{name}"),
     }
 }
 

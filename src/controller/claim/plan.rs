@@ -12,24 +12,8 @@ use crate::api::conditions::{self, FINISHED, HELD, INVALID, REVOKE_REQUESTED};
 use crate::api::{ClaimLockStatus, LockClaim, LockClaimStatus, Phase, ValidSpec, RENEW_ANNOTATION, REVOKE_ANNOTATION};
 use crate::zk::{ContenderState, LostReason};
 
-/// How long a claim waits for its holder pod to appear before it is Invalid. Covers a claim
-/// applied together with (or just before) the Job or pod that will hold it.
-pub const HOLDER_APPEAR_WINDOW: Duration = Duration::from_secs(30);
-/// How often every claim is looked at again, as a safety net (the paced walk, see `pace`), unless
-/// the operator is told otherwise (`--resync-period`); and the farthest ahead a claim's own
-/// deadline is scheduled.
-pub const RESYNC: Duration = Duration::from_secs(300);
-
-/// What the API says about the holder pod.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum HolderView {
-    /// The claim names no holder.
-    NotRequested,
-    /// No pod of that name.
-    Missing,
-    /// The pod, with its UID and whether it has finished (Succeeded or Failed).
-    Present { uid: String, finished: Option<String> },
-}
+use crate::controller::base::settings::{HOLDER_APPEAR_WINDOW, RESYNC};
+pub use crate::controller::holders::HolderView;
 
 /// What the lock engine says about the claim's contenders (one per lock).
 #[derive(Clone, Debug, PartialEq, Eq)]

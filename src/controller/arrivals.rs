@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use kube::runtime::reflector::ObjectRef;
 
-use super::KeptPod;
-use crate::controller::admission::{Gates, Overtaken, Place, Turn};
-use crate::controller::Uid;
+use super::admission::{Gates, Overtaken, Place, Turn};
+use super::base::kept_pod::KeptPod;
+use super::base::Uid;
 
 #[derive(Default)]
 pub struct Arrivals {

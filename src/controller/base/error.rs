@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use super::API_TIMEOUT;
+/// Every call to the Kubernetes API gives up after this long (and is retried by the caller).
+pub const API_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How soon a claim whose reconcile failed is looked at again.
 const RETRY: Duration = Duration::from_secs(2);

@@ -1,0 +1,289 @@
+//! What the claims' reconciles, the gated pods', the lock statuses' and the term's tasks share:
+//! the engine, the registry, the stores the watches fill, and the triggers that ask for a
+//! reconcile.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::channel::mpsc::UnboundedSender;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::mpsc;
+
+use super::arrivals::Arrivals;
+use super::base::ids::{claim_of, Part};
+use super::base::kept_pod::KeptPod;
+use super::base::scopes::Scopes;
+use super::base::{claim_facts, Uid};
+use super::registry::Registry;
+use super::serving::Serving;
+use super::writer::ApiWriter;
+use super::{api_fence, holders, throttle, token_floor};
+use crate::api::{ClusterLock, KeptClaim, Lock};
+use crate::metrics::Metrics;
+use crate::zk::{Layout, LockEngine};
+
+/// What every reconcile shares.
+pub struct Context {
+    /// Every request, each with a deadline; writes only while this process leads.
+    pub writer: ApiWriter,
+    /// Watches.
+    pub(super) watch_client: kube::Client,
+    pub engine: LockEngine,
+    /// Where zklock's nodes are in ZooKeeper.
+    pub layout: Layout,
+    /// The namespaces served.
+    pub scopes: Scopes,
+    pub registry: Registry,
+    pub metrics: Arc<Metrics>,
+    /// Time to live after finishing for claims that set none and have no owner.
+    pub default_ttl: Option<Duration>,
+    /// Each scope's claims, as its watch last delivered them (index = scope).
+    pub(super) claims: Vec<Store<KeptClaim>>,
+    /// Each scope's requests to reconcile one claim.
+    pub(super) triggers: Vec<Triggers>,
+    /// Requests to reconcile every claim (see `pace`).
+    pub(super) walks: mpsc::UnboundedSender<()>,
+    /// What of the term is served yet, and the walk's batch in flight.
+    pub serving: Serving,
+    /// Each scope's pods, as this term's watch has them, for the claims' holder pods.
+    pub(super) holder_pods: holders::HolderPods,
+    /// Each scope's requests to reconcile one gated pod.
+    pub(super) pod_triggers: Vec<UnboundedSender<ObjectRef<KeptPod>>>,
+    /// Each scope's `Lock` objects, and requests to refresh one's status.
+    pub(super) locks: Vec<Store<Lock>>,
+    pub(super) lock_triggers: Vec<UnboundedSender<ObjectRef<Lock>>>,
+    /// When each `Lock`'s status was last written (see `throttle`).
+    pub(super) lock_refreshes: throttle::Throttle<ObjectRef<Lock>>,
+    /// The `ClusterLock` objects, and requests to refresh one's status.
+    pub(super) cluster_locks: Store<ClusterLock>,
+    pub(super) cluster_lock_triggers: UnboundedSender<ObjectRef<ClusterLock>>,
+    /// When each `ClusterLock`'s queue was last looked at.
+    pub(super) cluster_lock_refreshes: throttle::Throttle<String>,
+    /// Gated pods waiting to have their claims made, in creation order.
+    pub(super) arrivals: parking_lot::Mutex<Arrivals>,
+    /// Claims that may have left the API with a node still tracked (see `watch::release_orphans`).
+    pub(super) orphans: mpsc::UnboundedSender<Uid>,
+    /// This term's fence in the API server, if the admission policy is used (docs/design.md: fencing).
+    pub(super) fence: Option<api_fence::Fence>,
+    /// Covers every number a status carries before it is written (see `token_floor`).
+    pub(super) token_floor: Arc<token_floor::TokenFloor>,
+}
+
+pub(super) struct Triggers {
+    pub(super) one: UnboundedSender<ObjectRef<KeptClaim>>,
+}
+
+impl Context {
+    /// Whether the engine's session is re-anchored: nothing new is enqueued, and no claim is
+    /// judged by its contender, before. The engine's answer, so that it turns false the moment
+    /// a session ends, before any of its contenders is reported lost.
+    pub fn admitting(&self) -> bool {
+        self.engine.admitting()
+    }
+
+    /// This leader's term (the token of its ZooKeeper leader epoch), stamped into every status
+    /// it writes; none without leader election.
+    pub fn epoch(&self) -> Option<i64> {
+        self.engine.epoch()
+    }
+
+    /// One copy of a claim UID for all the operator's indexes: the registry's or the engine's if
+    /// either has one.
+    pub(super) fn shared_uid(&self, uid: &str) -> Uid {
+        self.registry.key(uid).or_else(|| self.engine.id(uid)).unwrap_or_else(|| uid.into())
+    }
+
+    pub(super) fn object_ref(&self, uid: &str) -> Option<ObjectRef<KeptClaim>> {
+        let (namespace, name) = self.registry.object(uid)?;
+        Some(ObjectRef::new(&name).within(&namespace))
+    }
+
+    /// Claim `uid`'s copy in its scope's store, when the registry knows where to look.
+    pub(super) fn stored(&self, uid: &str) -> Option<Arc<KeptClaim>> {
+        let (namespace, name) = self.registry.object(uid)?;
+        self.claim(&namespace, &name).filter(|c| c.metadata.uid.as_deref() == Some(uid))
+    }
+
+    /// Whether claim `uid`'s copy in its scope's store is being deleted.
+    pub(super) fn is_being_deleted(&self, uid: &str) -> bool {
+        self.stored(uid).is_some_and(|c| c.metadata.deletion_timestamp.is_some())
+    }
+
+    /// Whether claim `uid` is in its scope's store, i.e. in the API as far as its watch knows.
+    pub(super) fn is_served(&self, uid: &str) -> bool {
+        if self.registry.object(uid).is_none() {
+            // Not delivered to this term yet (it may be in the store all the same): only a store
+            // without it proves it gone. A rare path (a claim this term never saw), so a scan.
+            return self.claims.iter().any(|store| store.find(|c| c.metadata.uid.as_deref() == Some(uid)).is_some());
+        }
+        self.stored(uid).is_some()
+    }
+
+    /// The engine's contenders of claim `uid`, whatever its spec says (it may not be readable
+    /// any more): to release them.
+    pub(super) fn parts_tracked(&self, uid: &str) -> Vec<Part> {
+        self.engine
+            .ids()
+            .into_iter()
+            .filter(|id| claim_of(id) == uid)
+            .map(|id| {
+                let node = self.engine.node(&id).unwrap_or_default();
+                let lock = node.rsplit_once('/').map_or_else(String::new, |(dir, _)| dir.to_string());
+                Part { lock, name: String::new(), mode: crate::recipe::Mode::Exclusive, id }
+            })
+            .collect()
+    }
+
+    /// Asks for a reconcile of claim `uid` (or of the claim contender `uid` stands for) soon. A
+    /// claim no watch knows (any more) is looked at by the orphan release instead.
+    pub fn trigger(&self, uid: &str) {
+        let uid = claim_of(uid);
+        let Some(object) = self.object_ref(uid) else {
+            self.orphan(uid);
+            return;
+        };
+        self.trigger_object(object);
+    }
+
+    /// Asks for a reconcile of every claim served, paced (see `pace`).
+    pub fn trigger_all(&self) {
+        // Closed only when the term's tasks have stopped, and this context with them.
+        let _ = self.walks.send(());
+    }
+
+    /// Asks for a reconcile of claim `object` soon.
+    pub(super) fn trigger_object(&self, object: ObjectRef<KeptClaim>) {
+        if let Some(triggers) = self.scopes.of(object.namespace.as_deref()).and_then(|scope| self.triggers.get(scope)) {
+            // Closed only when the controller has stopped, and this context with it.
+            let _ = triggers.one.unbounded_send(object);
+        }
+    }
+
+    /// Asks for a reconcile of gated pod `pod` soon (nothing happens if no watch has it).
+    pub(super) fn trigger_pod(&self, pod: ObjectRef<KeptPod>) {
+        let scope = self.scopes.of(pod.namespace.as_deref());
+        if let Some(triggers) = scope.and_then(|scope| self.pod_triggers.get(scope)) {
+            // Closed only when the controller has stopped.
+            let _ = triggers.unbounded_send(pod);
+        }
+    }
+
+    /// Asks for a status refresh of `ClusterLock` `name`, if its watch has it.
+    pub(super) fn trigger_cluster_lock(&self, name: &str) {
+        let lock = ObjectRef::new(name);
+        if self.cluster_locks.get(&lock).is_some() {
+            // Closed only when the controller has stopped.
+            let _ = self.cluster_lock_triggers.unbounded_send(lock);
+        }
+    }
+
+    pub(super) fn trigger_lock(&self, lock: ObjectRef<Lock>) {
+        let scope = self.scopes.of(lock.namespace.as_deref());
+        let Some(scope) = scope else { return };
+        if self.locks.get(scope).is_some_and(|store| store.get(&lock).is_some()) {
+            if let Some(triggers) = self.lock_triggers.get(scope) {
+                // Closed only when the controller has stopped.
+                let _ = triggers.unbounded_send(lock);
+            }
+        }
+    }
+
+    /// The claims of lock `name` in `namespace` (alone or with other locks), as the claim
+    /// watch last delivered them: those the registry counts in it (see `Registry::claims_of_lock`).
+    pub(super) fn claims_of_lock(&self, namespace: &str, name: &str) -> Vec<Arc<KeptClaim>> {
+        let path = self.layout.lock(namespace, name);
+        self.registry
+            .claims_of_lock(&path)
+            .into_iter()
+            .filter_map(|(namespace, claim)| self.claim(&namespace, &claim))
+            .filter(|c| c.spec.names_lock(name))
+            .collect()
+    }
+
+    /// Claim `name` of `namespace` as its scope's watch last delivered it.
+    pub(super) fn claim(&self, namespace: &str, name: &str) -> Option<Arc<KeptClaim>> {
+        let object = ObjectRef::new(name).within(namespace);
+        self.scopes
+            .of(object.namespace.as_deref())
+            .and_then(|scope| self.claims.get(scope))
+            .and_then(|store| store.get(&object))
+    }
+
+    /// Whether claim `uid` may be reconciled now: every claim once the term's first
+    /// re-anchoring is done; while it runs, a claim the pass has re-anchored every lock of (and
+    /// admitted them: see `anchor::reanchor_all`). Others are reconciled when it is over.
+    pub(super) fn serves(&self, uid: &str) -> bool {
+        if self.serving.anchored() {
+            return true;
+        }
+        self.serving.reanchoring()
+            && self
+                .registry
+                .lock_paths(uid)
+                .is_some_and(|locks| !locks.is_empty() && self.engine.admitting_in(locks.iter().map(|lock| &**lock)))
+    }
+
+    /// [`Context::serves`] for a reconcile of `claim`: one turned away that asks for something
+    /// (see `anchor::asks`: deleted, new, revoked) is noted first, so that the pass, when it
+    /// admits the claim's locks, asks for it again (noted after the check, it could miss an
+    /// admission made in between). The others wait for the walk after the pass: at a term's
+    /// start every claim's reconcile comes once, and they would all stand in the queue again.
+    pub(super) fn serves_reconcile(&self, uid: &Uid, claim: &KeptClaim) -> bool {
+        if self.serving.anchored() {
+            return true;
+        }
+        // A holder whose pod may be gone asks for its release: served as soon as its locks are,
+        // not after the walk (which takes Held claims last).
+        let asks = claim_facts::asks(claim, self.registry.recorded_phase(claim)) || self.holder_may_be_gone(claim);
+        if asks {
+            self.serving.defer(uid);
+        }
+        let serves = self.serves(uid);
+        if serves && asks {
+            self.serving.undefer(uid);
+        }
+        serves
+    }
+
+    /// Whether `claim` names a holder pod that may be gone (see `HolderPods::may_be_gone`).
+    pub(super) fn holder_may_be_gone(&self, claim: &KeptClaim) -> bool {
+        let (Some(holder), Some(namespace)) = (claim.spec.holder.as_ref(), claim.metadata.namespace.as_deref()) else {
+            return false;
+        };
+        self.holder_pods.may_be_gone(namespace, &holder.pod_name, claim.holder_uid())
+    }
+
+    /// Asks again for the reconciles turned away (see [`Context::serves_reconcile`]) of claims
+    /// served now: called by the pass each time it admits a lock.
+    pub(super) fn serve_deferred(&self) {
+        let served = self.serving.take_served(|uid| self.serves(uid));
+        if !served.is_empty() {
+            tracing::debug!(claims = served.len(), "claims that asked meanwhile: their locks are re-anchored");
+        }
+        for uid in served {
+            self.trigger(&uid);
+        }
+    }
+
+    pub(super) fn orphan(&self, uid: &str) {
+        // Closed only when the controller has stopped.
+        let _ = self.orphans.send(self.shared_uid(claim_of(uid)));
+    }
+
+    /// Once every scope has listed its claims (from then on, a claim missing from the stores is
+    /// missing from the API): every claim the registry or the engine knows
+    /// that no store has any more is looked at by the orphan release (deleted while the
+    /// operator started, re-anchored, or while a watch was down).
+    pub(super) fn sweep(&self) {
+        if !self.serving.synced() {
+            return;
+        }
+        let mut known = self.registry.all();
+        known.extend(self.engine.ids().iter().map(|id| claim_of(id).to_string()));
+        for uid in known {
+            if !self.is_served(&uid) {
+                self.orphan(&uid);
+            }
+        }
+    }
+}
