@@ -58,9 +58,13 @@ impl Outcome {
         }
     }
 
-    /// Whether the write was refused (or failed with an error of the request's own).
+    /// Whether the API server refused the write: it did not land, and a grant it carried is
+    /// abandoned unless a read shows that an earlier attempt of it landed. A failure without the
+    /// API server's answer (the connection broke after the request went out, the answer could
+    /// not be read) is no refusal: the write may have landed, and the grant stays reserved until
+    /// a newer write of the claim settles it.
     pub fn refused(&self) -> bool {
-        !matches!(self, Outcome::Landed | Outcome::Unanswered(_))
+        self.settled() && !matches!(self, Outcome::Landed)
     }
 
     /// The reconcile's result for a write that did not land.
@@ -358,5 +362,12 @@ mod tests {
         assert!(matches!(late.into_error("c"), Error::Timeout { .. }));
         let not_leading = Outcome::of::<()>(Err(Error::NotLeading));
         assert_eq!(settled_refused(&not_leading), (false, false));
+
+        // An answer that could not be read: the write landed, or may have.
+        let unreadable = serde_json::from_str::<LockClaimStatus>("{").unwrap_err();
+        let broken = Outcome::of::<()>(Ok(Err(kube::Error::SerdeError(unreadable))));
+        assert!(matches!(broken, Outcome::Failed(_)));
+        assert_eq!(settled_refused(&broken), (false, false), "no refusal: the grant stays reserved");
+        assert!(matches!(broken.into_error("c"), Error::PatchStatus(_)), "the reconcile fails and is retried");
     }
 }
