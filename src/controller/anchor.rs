@@ -38,7 +38,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     let mut locks: BTreeMap<String, Vec<Live>> = BTreeMap::new();
     // Lock path → the claims there that ask for something (see `asks`), live or not.
     let mut asked: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for claim in ctx.claims.iter().flat_map(|store| store.state()) {
+    for claim in ctx.stores.all_claims() {
         let (Some(namespace), Some(uid)) = (claim.namespace(), claim.uid()) else { continue };
         if claim_facts::cleaned_up(&claim) {
             // Deleted, and its cleanup is done (our finalizer went; another keeps the object):

@@ -5,20 +5,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::channel::mpsc::UnboundedSender;
-use kube::runtime::reflector::{ObjectRef, Store};
-use tokio::sync::mpsc;
+use kube::runtime::reflector::ObjectRef;
 
 use super::arrivals::Arrivals;
 use super::base::ids::{claim_of, Part};
-use super::base::kept_pod::KeptPod;
 use super::base::scopes::Scopes;
 use super::base::{claim_facts, Uid};
 use super::registry::Registry;
 use super::serving::Serving;
+use super::stores::Stores;
+use super::triggers::Triggers;
 use super::writer::ApiWriter;
 use super::{api_fence, holders, throttle, token_floor};
-use crate::api::{ClusterLock, KeptClaim, Lock};
+use crate::api::{KeptClaim, Lock};
 use crate::metrics::Metrics;
 use crate::zk::{Layout, LockEngine};
 
@@ -37,40 +36,24 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Time to live after finishing for claims that set none and have no owner.
     pub default_ttl: Option<Duration>,
-    /// Each scope's claims, as its watch last delivered them (index = scope).
-    pub(super) claims: Vec<Store<KeptClaim>>,
-    /// Each scope's requests to reconcile one claim.
-    pub(super) triggers: Vec<Triggers>,
-    /// Requests to reconcile every claim (see `pace`).
-    pub(super) walks: mpsc::UnboundedSender<()>,
+    /// The objects this term's watches keep.
+    pub stores: Stores,
+    /// Requests to reconcile.
+    pub triggers: Triggers,
     /// What of the term is served yet, and the walk's batch in flight.
     pub serving: Serving,
     /// Each scope's pods, as this term's watch has them, for the claims' holder pods.
     pub(super) holder_pods: holders::HolderPods,
-    /// Each scope's requests to reconcile one gated pod.
-    pub(super) pod_triggers: Vec<UnboundedSender<ObjectRef<KeptPod>>>,
-    /// Each scope's `Lock` objects, and requests to refresh one's status.
-    pub(super) locks: Vec<Store<Lock>>,
-    pub(super) lock_triggers: Vec<UnboundedSender<ObjectRef<Lock>>>,
     /// When each `Lock`'s status was last written (see `throttle`).
     pub(super) lock_refreshes: throttle::Throttle<ObjectRef<Lock>>,
-    /// The `ClusterLock` objects, and requests to refresh one's status.
-    pub(super) cluster_locks: Store<ClusterLock>,
-    pub(super) cluster_lock_triggers: UnboundedSender<ObjectRef<ClusterLock>>,
     /// When each `ClusterLock`'s queue was last looked at.
     pub(super) cluster_lock_refreshes: throttle::Throttle<String>,
     /// Gated pods waiting to have their claims made, in creation order.
     pub(super) arrivals: parking_lot::Mutex<Arrivals>,
-    /// Claims that may have left the API with a node still tracked (see `watch::release_orphans`).
-    pub(super) orphans: mpsc::UnboundedSender<Uid>,
     /// This term's fence in the API server, if the admission policy is used (docs/design.md: fencing).
     pub(super) fence: Option<api_fence::Fence>,
     /// Covers every number a status carries before it is written (see `token_floor`).
     pub(super) token_floor: Arc<token_floor::TokenFloor>,
-}
-
-pub(super) struct Triggers {
-    pub(super) one: UnboundedSender<ObjectRef<KeptClaim>>,
 }
 
 impl Context {
@@ -101,7 +84,7 @@ impl Context {
     /// Claim `uid`'s copy in its scope's store, when the registry knows where to look.
     pub(super) fn stored(&self, uid: &str) -> Option<Arc<KeptClaim>> {
         let (namespace, name) = self.registry.object(uid)?;
-        self.claim(&namespace, &name).filter(|c| c.metadata.uid.as_deref() == Some(uid))
+        self.stores.claim(&namespace, &name).filter(|c| c.metadata.uid.as_deref() == Some(uid))
     }
 
     /// Whether claim `uid`'s copy in its scope's store is being deleted.
@@ -114,7 +97,7 @@ impl Context {
         if self.registry.object(uid).is_none() {
             // Not delivered to this term yet (it may be in the store all the same): only a store
             // without it proves it gone. A rare path (a claim this term never saw), so a scan.
-            return self.claims.iter().any(|store| store.find(|c| c.metadata.uid.as_deref() == Some(uid)).is_some());
+            return self.stores.has_uid(uid);
         }
         self.stored(uid).is_some()
     }
@@ -142,49 +125,20 @@ impl Context {
             self.orphan(uid);
             return;
         };
-        self.trigger_object(object);
-    }
-
-    /// Asks for a reconcile of every claim served, paced (see `pace`).
-    pub fn trigger_all(&self) {
-        // Closed only when the term's tasks have stopped, and this context with them.
-        let _ = self.walks.send(());
-    }
-
-    /// Asks for a reconcile of claim `object` soon.
-    pub(super) fn trigger_object(&self, object: ObjectRef<KeptClaim>) {
-        if let Some(triggers) = self.scopes.of(object.namespace.as_deref()).and_then(|scope| self.triggers.get(scope)) {
-            // Closed only when the controller has stopped, and this context with it.
-            let _ = triggers.one.unbounded_send(object);
-        }
-    }
-
-    /// Asks for a reconcile of gated pod `pod` soon (nothing happens if no watch has it).
-    pub(super) fn trigger_pod(&self, pod: ObjectRef<KeptPod>) {
-        let scope = self.scopes.of(pod.namespace.as_deref());
-        if let Some(triggers) = scope.and_then(|scope| self.pod_triggers.get(scope)) {
-            // Closed only when the controller has stopped.
-            let _ = triggers.unbounded_send(pod);
-        }
+        self.triggers.claim(object);
     }
 
     /// Asks for a status refresh of `ClusterLock` `name`, if its watch has it.
     pub(super) fn trigger_cluster_lock(&self, name: &str) {
-        let lock = ObjectRef::new(name);
-        if self.cluster_locks.get(&lock).is_some() {
-            // Closed only when the controller has stopped.
-            let _ = self.cluster_lock_triggers.unbounded_send(lock);
+        if self.stores.cluster_lock(name).is_some() {
+            self.triggers.cluster_lock(name);
         }
     }
 
+    /// Asks for a status refresh of `Lock` `lock`, if its watch has it.
     pub(super) fn trigger_lock(&self, lock: ObjectRef<Lock>) {
-        let scope = self.scopes.of(lock.namespace.as_deref());
-        let Some(scope) = scope else { return };
-        if self.locks.get(scope).is_some_and(|store| store.get(&lock).is_some()) {
-            if let Some(triggers) = self.lock_triggers.get(scope) {
-                // Closed only when the controller has stopped.
-                let _ = triggers.unbounded_send(lock);
-            }
+        if self.stores.has_lock(&lock) {
+            self.triggers.lock(lock);
         }
     }
 
@@ -195,18 +149,9 @@ impl Context {
         self.registry
             .claims_of_lock(&path)
             .into_iter()
-            .filter_map(|(namespace, claim)| self.claim(&namespace, &claim))
+            .filter_map(|(namespace, claim)| self.stores.claim(&namespace, &claim))
             .filter(|c| c.spec.names_lock(name))
             .collect()
-    }
-
-    /// Claim `name` of `namespace` as its scope's watch last delivered it.
-    pub(super) fn claim(&self, namespace: &str, name: &str) -> Option<Arc<KeptClaim>> {
-        let object = ObjectRef::new(name).within(namespace);
-        self.scopes
-            .of(object.namespace.as_deref())
-            .and_then(|scope| self.claims.get(scope))
-            .and_then(|store| store.get(&object))
     }
 
     /// Whether claim `uid` may be reconciled now: every claim once the term's first
@@ -224,7 +169,7 @@ impl Context {
     }
 
     /// [`Context::serves`] for a reconcile of `claim`: one turned away that asks for something
-    /// (see `anchor::asks`: deleted, new, revoked) is noted first, so that the pass, when it
+    /// (see `claim_facts::asks`: deleted, new, revoked) is noted first, so that the pass, when it
     /// admits the claim's locks, asks for it again (noted after the check, it could miss an
     /// admission made in between). The others wait for the walk after the pass: at a term's
     /// start every claim's reconcile comes once, and they would all stand in the queue again.
@@ -266,8 +211,7 @@ impl Context {
     }
 
     pub(super) fn orphan(&self, uid: &str) {
-        // Closed only when the controller has stopped.
-        let _ = self.orphans.send(self.shared_uid(claim_of(uid)));
+        self.triggers.orphan(self.shared_uid(claim_of(uid)));
     }
 
     /// Once every scope has listed its claims (from then on, a claim missing from the stores is

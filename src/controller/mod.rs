@@ -5,11 +5,12 @@
 //! before it on its floor), which `tests/repository/layers.rs` checks (`CONTROLLER_LAYERS`):
 //! 0. vocabulary (`base`) and the pure cores: names, errors, scopes, intervals; the creation-order
 //!    gates (`admission`), the grant ledger (`ledger`), status spacing (`throttle`);
-//! 1. capabilities, each owning its state: the API fence and the token floor, the writer of
-//!    Events, the registry, the holder pods' view, and the `context` that bundles them with the
-//!    stores and the triggers;
-//! 2. the pipelines: a claim's (`reconcile` over the pure `plan`), a gated pod's (`gated`), and
-//!    the `Lock` and `ClusterLock` statuses;
+//! 1. capabilities, each owning its state: the API fence and the token floor, the API `writer`
+//!    (every call with its deadline, Events), the registry, the gated pods' arrivals, the holder
+//!    pods' view, what of the term is served, the watches' `stores`, the `triggers`; the `context`
+//!    that bundles them, and the one error policy (`report`);
+//! 2. the pipelines: a claim's (`claim`, over the pure `claim::plan`), a gated pod's (`gated`), and
+//!    the `Lock` and `ClusterLock` permits and statuses (`status`);
 //! 3. the term's tasks: the claim feed, watches, re-anchoring, the session supervisor, the paced
 //!    walk and the positions' refresh;
 //! 4. the wiring of one leader's term (`term`).
@@ -26,14 +27,16 @@ mod context;
 pub mod events;
 mod holders;
 pub mod registry;
+mod report;
 mod serving;
+mod stores;
 pub mod token_floor;
+mod triggers;
 mod writer;
 // Floor 2: the pipelines.
 pub mod claim;
-pub mod cluster_locks;
 pub mod gated;
-pub mod locks;
+pub mod status;
 // Floor 3: the term's tasks.
 pub mod anchor;
 pub mod feed;

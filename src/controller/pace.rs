@@ -59,7 +59,7 @@ pub(super) async fn walks(ctx: Arc<Context>, mut asked: mpsc::UnboundedReceiver<
 async fn walk(ctx: &Context, batch: usize) {
     // The store's own copies, not references cloned out of them: 8 bytes a claim while the walk
     // lasts (a copy replaced meanwhile is let go of when its batch is asked for).
-    let mut claims: Vec<Arc<KeptClaim>> = ctx.claims.iter().flat_map(|store| store.state()).collect();
+    let mut claims: Vec<Arc<KeptClaim>> = ctx.stores.all_claims().collect();
     claims.sort_by_cached_key(|claim| urgency(claim));
     let total = claims.len();
     let started = std::time::Instant::now();
@@ -72,7 +72,7 @@ async fn walk(ctx: &Context, batch: usize) {
         }
         ctx.serving.walk_batch(chunk.iter().filter_map(|claim| claim.uid()).collect());
         for claim in chunk {
-            ctx.trigger_object(ObjectRef::from_obj(&*claim));
+            ctx.triggers.claim(ObjectRef::from_obj(&*claim));
         }
         let left = ctx.serving.batch_done(BATCH_BOUND).await;
         if left > 0 {
@@ -86,7 +86,7 @@ async fn walk(ctx: &Context, batch: usize) {
 /// Whether `claim` is still in its store (this copy or a newer one).
 fn in_store(ctx: &Context, claim: &KeptClaim) -> bool {
     let object = ObjectRef::from_obj(claim);
-    ctx.claims.iter().any(|store| store.get(&object).is_some_and(|c| c.uid() == claim.uid()))
+    ctx.stores.has_claim(&object, claim.uid().as_deref())
 }
 
 /// The order of the walk: claims being deleted first (a lock waits for their release), then

@@ -345,7 +345,7 @@ fn after_reanchoring(ctx: &Context, events: &mut mpsc::UnboundedReceiver<EngineE
             kept.push_back(event);
         }
     }
-    ctx.trigger_all();
+    ctx.triggers.all();
     kept
 }
 

@@ -15,12 +15,15 @@ use tokio::task::JoinSet;
 use super::base::scopes::Scopes;
 use super::base::settings::{STATUS_INTERVAL, STATUS_SPACING, STATUS_WINDOW};
 use super::base::Error;
-use super::context::{Context, Triggers};
+use super::context::Context;
 use super::serving::Serving;
+use super::status::{cluster_locks, limits_feed, locks};
+use super::stores::Stores;
+use super::triggers::Triggers;
 use super::writer::ApiWriter;
 use super::{
-    api_fence, claim, cluster_locks, events, feed, gated, holders, locks, pace, positions, supervisor, throttle,
-    token_floor, watch, EpochParam, Registry,
+    api_fence, claim, events, feed, gated, holders, pace, positions, report, supervisor, throttle, token_floor, watch,
+    EpochParam, Registry,
 };
 use crate::api::{ClusterLock, Lock};
 use crate::leader::Leadership;
@@ -92,7 +95,7 @@ pub async fn run(
         let (one, one_rx) = futures::channel::mpsc::unbounded();
         let (pod, pod_rx) = futures::channel::mpsc::unbounded();
         claims.push(reader.clone());
-        triggers.push(Triggers { one });
+        triggers.push(one);
         pod_triggers.push(pod);
         scoped.push((reader, one_rx, pod_rx));
         let (lock_reader, lock_writer) = reflector::store();
@@ -110,30 +113,31 @@ pub async fn run(
         watch_client,
         engine,
         layout,
-        scopes,
+        scopes: scopes.clone(),
         registry: Registry::default(),
         metrics,
         default_ttl,
-        claims,
-        triggers,
-        pod_triggers,
+        stores: Stores::new(scopes.clone(), claims, locks, cluster_lock_reader.clone()),
+        triggers: Triggers {
+            scopes: scopes.clone(),
+            claims: triggers,
+            pods: pod_triggers,
+            locks: lock_triggers,
+            cluster_locks: cluster_lock_triggers,
+            walks,
+            orphans,
+        },
         holder_pods: holders::HolderPods::new(holder_stores),
-        locks,
-        lock_triggers,
         lock_refreshes: throttle::Throttle::new(STATUS_WINDOW, STATUS_SPACING, STATUS_INTERVAL),
-        cluster_locks: cluster_lock_reader.clone(),
-        cluster_lock_triggers,
         cluster_lock_refreshes: throttle::Throttle::new(STATUS_WINDOW, STATUS_SPACING, STATUS_INTERVAL),
         arrivals: Default::default(),
-        orphans,
         serving: Serving::new(listings),
-        walks,
         fence: epoch_param.clone().zip(engine_epoch).map(|(param, mine)| api_fence::Fence::new(param, mine)),
         token_floor,
     });
 
     // Scrapes read this term's waiters (the term's end lets go of them: see operator.rs).
-    ctx.metrics.waiters.follow(ctx.claims.clone());
+    ctx.metrics.waiters.follow(ctx.stores.claims().to_vec());
     let shutdown = shutdown.shared();
     // The API server refuses every status write of earlier terms before a single claim is
     // listed: whatever such a write changed before is in the list this term plans from.
@@ -171,7 +175,7 @@ pub async fn run(
             .reconcile_on(one_rx)
             .with_config(Config::default().concurrency(concurrency.max(1)))
             .graceful_shutdown_on(shutdown.clone())
-            .run(claim::reconcile, claim::error_policy, ctx.clone())
+            .run(claim::reconcile, report::error_policy, ctx.clone())
             .for_each(|result| async move { report(result) });
         controllers.spawn(controller);
         let (gated_reader, gated_writer) = reflector::store();
@@ -179,27 +183,30 @@ pub async fn run(
             .reconcile_on(pod_rx)
             .with_config(Config::default().concurrency(concurrency.max(1)))
             .graceful_shutdown_on(shutdown.clone())
-            .run(gated::reconcile, gated::error_policy, ctx.clone())
+            .run(gated::reconcile, report::error_policy, ctx.clone())
             .for_each(|result| async move { report(result) });
         controllers.spawn(gated);
     }
     for (scope, ((writer, reader, lock_rx), api)) in
         lock_scoped.into_iter().zip(ctx.scopes.apis::<Lock>(&ctx.watch_client)).enumerate()
     {
-        let controller = Controller::for_stream(locks::objects(ctx.clone(), scope, api, writer), reader)
+        let directories = locks::directories(&ctx.layout, ctx.scopes.namespace(scope));
+        let feed = limits_feed::feed(ctx.clone(), api, writer, reader.clone(), directories);
+        let controller = Controller::for_stream(feed, reader)
             .reconcile_on(lock_rx)
             .graceful_shutdown_on(shutdown.clone())
-            .run(locks::reconcile, locks::error_policy, ctx.clone())
+            .run(locks::reconcile, report::error_policy, ctx.clone())
             .for_each(|result| async move { report(result) });
         controllers.spawn(controller);
     }
     let api: Api<ClusterLock> = Api::all(ctx.watch_client.clone());
-    let controller =
-        Controller::for_stream(cluster_locks::objects(ctx.clone(), api, cluster_lock_writer), cluster_lock_reader)
-            .reconcile_on(cluster_lock_rx)
-            .graceful_shutdown_on(shutdown.clone())
-            .run(cluster_locks::reconcile, cluster_locks::error_policy, ctx.clone())
-            .for_each(|result| async move { report(result) });
+    let directories = cluster_locks::directories(&ctx.layout);
+    let feed = limits_feed::feed(ctx.clone(), api, cluster_lock_writer, cluster_lock_reader.clone(), directories);
+    let controller = Controller::for_stream(feed, cluster_lock_reader)
+        .reconcile_on(cluster_lock_rx)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(cluster_locks::reconcile, report::error_policy, ctx.clone())
+        .for_each(|result| async move { report(result) });
     controllers.spawn(controller);
     let mut tasks = JoinSet::new();
     tasks.spawn(watch::release_orphans(ctx.clone(), orphans_rx).map(Ok));

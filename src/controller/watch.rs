@@ -52,7 +52,7 @@ pub fn claims(
                     ctx.serving.reconciled(uid);
                 }
                 gated_pod_of(&ctx, &claim);
-                super::locks::claim_changed(&ctx, &claim);
+                super::status::locks::claim_changed(&ctx, &claim);
                 None
             }
             watcher::Event::InitDone => {
@@ -74,14 +74,14 @@ pub fn claims(
 fn noted(ctx: &Context, claim: &KeptClaim) {
     first_seen(ctx, claim);
     gated_pod_of(ctx, claim);
-    super::locks::claim_changed(ctx, claim);
+    super::status::locks::claim_changed(ctx, claim);
 }
 
 /// A change to a claim made for a pod is news for that pod (and for a new pod of its name).
 fn gated_pod_of(ctx: &Context, claim: &KeptClaim) {
     if let (Some(owner), Some(namespace)) = (super::gated::plan::owner_pod(claim), claim.metadata.namespace.as_deref())
     {
-        ctx.trigger_pod(ObjectRef::new(&owner.name).within(namespace));
+        ctx.triggers.pod(ObjectRef::new(&owner.name).within(namespace));
     }
 }
 

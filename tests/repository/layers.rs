@@ -121,9 +121,22 @@ const CONTROLLER_LAYERS: &[&[&str]] = &[
     // 0: vocabulary and the pure cores.
     &["base", "admission", "ledger", "throttle"],
     // 1: capabilities, each owning its state.
-    &["api_fence", "token_floor", "events", "writer", "registry", "arrivals", "holders", "serving", "context"],
+    &[
+        "api_fence",
+        "token_floor",
+        "events",
+        "writer",
+        "registry",
+        "arrivals",
+        "holders",
+        "serving",
+        "stores",
+        "triggers",
+        "context",
+        "report",
+    ],
     // 2: the pipelines.
-    &["claim", "gated", "locks", "cluster_locks"],
+    &["claim", "gated", "status"],
     // 3: the term's tasks.
     &["feed", "watch", "anchor", "pace", "positions", "supervisor"],
     // 4: the wiring of a term.
@@ -135,6 +148,7 @@ const CONTROLLER_DIRECTORIES: &[(&str, &[&str])] = &[
     ("base", &["error", "ids", "kept_pod", "scopes", "settings", "claim_facts", "mod"]),
     ("claim", &["plan", "inputs", "guard", "enqueue", "status_write", "effects", "decide", "unreadable", "mod"]),
     ("gated", &["plan", "mod"]),
+    ("status", &["limits_feed", "locks", "cluster_locks", "mod"]),
 ];
 
 /// The modules of `src/controller` that `code` (a file `depth` directories below it: 0 for

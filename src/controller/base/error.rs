@@ -85,6 +85,12 @@ impl Error {
         }
     }
 
+    /// Whether the error is routine: the copy planned from was older than the object (the
+    /// watch brings the newer one).
+    pub fn is_routine(&self) -> bool {
+        matches!(self, Error::StatusRefused(_) | Error::OutdatedCopy)
+    }
+
     /// When to reconcile the claim again; `None`: not before it changes (nothing else helps).
     pub fn retry_after(&self) -> Option<Duration> {
         match self {

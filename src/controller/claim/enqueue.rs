@@ -9,7 +9,6 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::Timestamp;
 use kube::core::{Selector, SelectorExt};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
 use crate::api::{ClusterLock, LockClaim, Phase, ValidSpec};
@@ -97,8 +96,7 @@ async fn admit(ctx: &Context, namespace: &str, spec: &ValidSpec, age: Duration) 
     if names.is_empty() {
         return Ok(Admission::Admitted);
     }
-    let locks: Vec<Option<Arc<ClusterLock>>> =
-        names.iter().map(|name| ctx.cluster_locks.get(&ObjectRef::new(name))).collect();
+    let locks: Vec<Option<Arc<ClusterLock>>> = names.iter().map(|name| ctx.stores.cluster_lock(name)).collect();
     if locks.iter().any(Option::is_none) && age < MISSING_GRACE {
         return Ok(Admission::NotYet);
     }

@@ -72,19 +72,6 @@ impl Drop for Running<'_> {
     }
 }
 
-pub fn error_policy(claim: Arc<KeptClaim>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabel { error: error.metric_label() }).inc();
-    let name = claim.metadata.name.as_deref().unwrap_or_default();
-    match error {
-        // Routine: the copy planned from was older than the claim.
-        Error::StatusRefused(_) | Error::OutdatedCopy => {
-            tracing::debug!(claim = name, %error, "reconcile met a newer claim")
-        }
-        _ => tracing::warn!(claim = name, %error, "reconcile failed"),
-    }
-    error.retry_after().map_or_else(Action::await_change, Action::requeue)
-}
-
 /// The finalizer helper around the pipeline: a claim being deleted is cleaned up before its
 /// finalizer goes.
 async fn finalized(uid: Uid, claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -230,6 +217,6 @@ async fn cleanup(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, E
     let plan = plan::deleted(&claim, held, kept_by_others || shared, Timestamp::now());
     effects::run(ctx, uid, &parts, &claim, plan).await?;
     tracing::debug!(held, "deleted: released, final status written");
-    // Forgotten (and its locks' grants let go on) once the finalizer is gone: see `reconcile`.
+    // Forgotten (and its locks' grants let go on) once the finalizer is gone: see `finalized`.
     Ok(Action::await_change())
 }

@@ -57,7 +57,7 @@ pub fn pods(
             Ok(watcher::Event::InitDone) => {
                 let next = ctx.arrivals.lock().keep_listed(&std::mem::take(&mut listed));
                 for pod in next {
-                    ctx.trigger_pod(pod);
+                    ctx.triggers.pod(pod);
                 }
             }
             Err(e) => tracing::warn!(error = %e, "watch of unscheduled pods failed; retrying"),
@@ -77,12 +77,12 @@ fn arrive(ctx: &Context, pod: &KeptPod) {
 fn leave(ctx: &Context, uid: &str) {
     let next = ctx.arrivals.lock().leave(uid);
     for pod in next {
-        ctx.trigger_pod(pod);
+        ctx.triggers.pod(pod);
     }
 }
 
 pub async fn reconcile(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let claim_uid = ctx.claim(pod.namespace(), pod.name()).and_then(|c| c.metadata.uid.clone());
+    let claim_uid = ctx.stores.claim(pod.namespace(), pod.name()).and_then(|c| c.metadata.uid.clone());
     if !claim_uid.is_some_and(|uid| ctx.serves(&ctx.shared_uid(&uid))) && !ctx.serving.anchored() {
         // Until its locks are re-anchored a claim's Held may still turn out Lost: no gate goes.
         return Ok(Action::requeue(Duration::from_secs(1)));
@@ -113,7 +113,7 @@ fn judged_hold(ctx: &Context, uid: &str) -> bool {
 }
 
 async fn apply(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let claim = ctx.claim(pod.namespace(), pod.name());
+    let claim = ctx.stores.claim(pod.namespace(), pod.name());
     let known = claim.as_ref().and_then(|c| c.metadata.uid.as_deref()).map_or_else(Known::default, |uid| Known {
         held: ctx.registry.known_phase(uid) == Some(Phase::Held),
         judged: judged_hold(&ctx, uid),
@@ -240,10 +240,4 @@ async fn show(ctx: &Context, pod: &KeptPod, report: &Report) -> Result<(), Error
     // Events are for people; the condition carries the truth.
     ctx.writer.publish(&pod.object_ref(&()), report.warning, report.reason, &report.message).await;
     Ok(())
-}
-
-pub fn error_policy(pod: Arc<KeptPod>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabel { error: error.metric_label() }).inc();
-    tracing::warn!(pod = pod.name(), namespace = pod.namespace(), %error, "gated pod reconcile failed");
-    error.retry_after().map_or_else(Action::await_change, Action::requeue)
 }

@@ -7,28 +7,27 @@
 //! the clusters' permits agree; refreshed while anybody queues or other clusters declare.
 //!
 //! No claim is decided before the `ClusterLock`s are listed (they count among the listings
-//! `Context::wait_synced` waits for), for the reason `locks` gives.
+//! `Serving::wait_synced` waits for: see `limits_feed`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{Stream, StreamExt};
 use kube::api::{Patch, PatchParams};
 use kube::core::Selector;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::store::Writer;
-use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-use super::base::Error;
-use super::context::Context;
+use super::limits_feed::LimitSource;
+use crate::controller::base::settings::NEWER_COPY_BACKSTOP;
+use crate::controller::base::Error;
+use crate::controller::context::Context;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{conditions, ClusterLock, ClusterLockHolder, ClusterLockStatus, MAX_LISTED_HOLDERS};
 use crate::recipe::{self, Decision, Limit};
-use crate::zk::{Declaration, QueueEntry};
+use crate::zk::{Declaration, Layout, LockEngine, QueueEntry};
 
 /// How often a `ClusterLock`'s status is read again while anybody queues: the other clusters'
 /// claims change it without any event of ours.
@@ -36,65 +35,33 @@ const STATUS_REFRESH: Duration = Duration::from_secs(5);
 /// Queue entries whose owner a status names at most (one read each, then cached).
 const MAX_DESCRIBED: usize = 200;
 
-/// The `ClusterLock` objects, kept in `writer`'s store, as the controller's trigger stream.
-pub fn objects(
-    ctx: Arc<Context>,
-    api: Api<ClusterLock>,
-    writer: Writer<ClusterLock>,
-) -> impl Stream<Item = Result<ClusterLock, watcher::Error>> + Send + 'static {
-    let mut synced = false;
-    watcher(api, watcher::Config::default().timeout(crate::client::WATCH_TIMEOUT_SECONDS))
-        .default_backoff()
-        .reflect(writer)
-        .inspect(move |event| match event {
-            Ok(watcher::Event::InitApply(lock) | watcher::Event::Apply(lock)) => {
-                let path = ctx.layout.cluster_lock(&lock.name_any());
-                ctx.engine.declare(&path, Some(Limit::from_permits(lock.spec.permits)));
-            }
-            Ok(watcher::Event::Delete(lock)) => {
-                ctx.engine.declare(&ctx.layout.cluster_lock(&lock.name_any()), None);
-            }
-            Ok(watcher::Event::InitDone) => {
-                forget_unlisted(&ctx);
-                if !std::mem::replace(&mut synced, true) {
-                    ctx.serving.mark_listed();
-                }
-            }
-            Ok(watcher::Event::Init) => {}
-            // Not allowed to list them, or no such kind (the CRD or RBAC of an earlier release):
-            // no ClusterLock can be read, which must not hold up every other claim. Counted as
-            // listed (none); claims that name one end Invalid; the watch goes on trying.
-            Err(watcher::Error::InitialListFailed(kube::Error::Api(s))) if s.code == 403 || s.code == 404 => {
-                tracing::error!(
-                    status = %s.message,
-                    "cannot list ClusterLock objects: grant the operator list and watch on clusterlocks.zklock.io \
-                     and apply zklock's CRDs (the chart does both); serving every other claim meanwhile"
-                );
-                if !std::mem::replace(&mut synced, true) {
-                    ctx.serving.mark_listed();
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "watch of ClusterLock objects failed; retrying"),
-        })
-        .applied_objects()
+impl LimitSource for ClusterLock {
+    const OPTIONAL: bool = true;
+
+    fn directory(&self, layout: &Layout) -> String {
+        layout.cluster_lock(&self.name_any())
+    }
+
+    /// With a shared root this is this cluster's declaration: the lock's limit is where every
+    /// cluster's declaration meets (the engine's `permits`).
+    fn declare(&self, engine: &LockEngine, layout: &Layout) {
+        engine.declare(&self.directory(layout), Some(Limit::from_permits(self.spec.permits)));
+    }
+
+    /// Declared no more: a mutex, where no other cluster shares it.
+    fn undeclare(engine: &LockEngine, path: &str) {
+        engine.declare(path, None);
+    }
 }
 
-/// After a (re-)listing: cluster locks whose object went while the watch was down are declared
-/// no more (mutexes, where no other cluster shares them).
-fn forget_unlisted(ctx: &Context) {
-    let listed: Vec<String> =
-        ctx.cluster_locks.state().iter().map(|l| ctx.layout.cluster_lock(&l.name_any())).collect();
-    let prefix = format!("{}/", ctx.layout.cluster_locks());
-    for (path, _) in ctx.engine.limits() {
-        if path.starts_with(&prefix) && !listed.contains(&path) {
-            ctx.engine.declare(&path, None);
-        }
-    }
+/// The directories of the `ClusterLock`s.
+pub fn directories(layout: &Layout) -> String {
+    format!("{}/", layout.cluster_locks())
 }
 
 pub async fn reconcile(lock: Arc<ClusterLock>, ctx: Arc<Context>) -> Result<Action, Error> {
     if !ctx.serving.anchored() {
-        return Ok(Action::requeue(Duration::from_secs(1)));
+        return Ok(Action::requeue(NEWER_COPY_BACKSTOP));
     }
     let name = lock.name_any();
     let path = ctx.layout.cluster_lock(&name);
@@ -124,7 +91,7 @@ pub async fn reconcile(lock: Arc<ClusterLock>, ctx: Arc<Context>) -> Result<Acti
     // This cluster's holders: their tokens, from their claims.
     let label = format!("{}{name}", crate::api::CLUSTER_LABEL_PREFIX);
     for holder in status.holders.iter_mut().filter(|h| ctx.layout.cluster().unwrap_or_default() == h.cluster) {
-        let Some(claim) = ctx.claim(&holder.namespace, &holder.claim) else { continue };
+        let Some(claim) = ctx.stores.claim(&holder.namespace, &holder.claim) else { continue };
         let several = claim.lock_statuses().iter().find(|l| l.lock_name == label).and_then(|l| l.fencing_token.clone());
         holder.fencing_token = several.or_else(|| claim.fencing_token().map(str::to_string));
     }
@@ -265,10 +232,6 @@ fn agreement(declarations: &[Declaration], limit: Limit) -> (bool, &'static str,
             says(limit)
         ),
     )
-}
-
-pub fn error_policy(lock: Arc<ClusterLock>, error: &Error, ctx: Arc<Context>) -> Action {
-    super::locks::refresh_failed("ClusterLock", &lock.name_any(), error, &ctx)
 }
 
 #[cfg(test)]

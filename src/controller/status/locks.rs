@@ -1,91 +1,49 @@
 //! `Lock` objects: per served scope, a kube-runtime `Controller` over them. Their permits go to
-//! the lock engine as each lock's limit the moment the watch delivers them (every contender of
-//! the lock is decided again: a raise grants at once); their status (permits, holders, queue
+//! the lock engine as each lock's limit the moment the watch delivers them (see `limits_feed`);
+//! their status (permits, holders, queue
 //! length) is refreshed from the claim watch's store, spaced (`throttle`), so that a burst of
 //! handoffs costs at most two status writes; the claims looked at are the lock's own, from the registry's index by
 //! lock path (a scan of the whole store took 6 ms per refresh at 100,000 claims).
 //!
-//! No claim is decided before every scope has listed its `Lock` objects (they count among the
-//! listings `Context::wait_synced` waits for): a lock's first decisions under a mutex's rules
-//! could grant Shared claims beyond its permits.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use futures::{Stream, StreamExt};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-use super::base::Error;
-use super::context::Context;
+use super::limits_feed::LimitSource;
 use crate::api::{KeptClaim, Lock, LockStatus, Phase, MAX_LISTED_HOLDERS};
+use crate::controller::base::settings::NEWER_COPY_BACKSTOP;
+use crate::controller::base::Error;
+use crate::controller::context::Context;
 use crate::recipe::Limit;
+use crate::zk::{Layout, LockEngine};
 
-/// A `Lock`'s status is written this long after the first change of its claims after a quiet
-/// spell (a handoff's release and grant, a few milliseconds apart, make one write) ...
-pub const STATUS_WINDOW: Duration = Duration::from_millis(50);
-/// ... and its writes are at least this far apart, however often its claims change (for a
-/// `ClusterLock`: its looks at the queue) ...
-pub const STATUS_SPACING: Duration = Duration::from_millis(500);
-/// ... and the status writes of all `Lock` objects at least this far apart (at most 50 a second:
-/// when more than 25 locks are busy each one's refreshes come further apart; for
-/// `ClusterLock`s, their looks). A `Lock`'s status is for people and dashboards: it must not
-/// take the API server from the grants.
-pub const STATUS_INTERVAL: Duration = Duration::from_millis(20);
+impl LimitSource for Lock {
+    const OPTIONAL: bool = false;
 
-/// The `Lock` objects of one scope, kept in `writer`'s store, as the controller's trigger
-/// stream; the engine learns every change of permits from here.
-pub fn objects(
-    ctx: Arc<Context>,
-    scope: usize,
-    api: Api<Lock>,
-    writer: Writer<Lock>,
-) -> impl Stream<Item = Result<Lock, watcher::Error>> + Send + 'static {
-    let mut synced = false;
-    watcher(api, watcher::Config::default().timeout(crate::client::WATCH_TIMEOUT_SECONDS))
-        .default_backoff()
-        .reflect(writer)
-        .inspect(move |event| match event {
-            Ok(watcher::Event::InitApply(lock) | watcher::Event::Apply(lock)) => {
-                let path = ctx.layout.lock(&lock.namespace().unwrap_or_default(), &lock.name_any());
-                ctx.engine.set_limit(&path, Limit::from_permits(Some(lock.spec.permits)));
-            }
-            Ok(watcher::Event::Delete(lock)) => {
-                let path = ctx.layout.lock(&lock.namespace().unwrap_or_default(), &lock.name_any());
-                ctx.engine.set_limit(&path, Limit::Mutex);
-            }
-            Ok(watcher::Event::InitDone) => {
-                forget_unlisted(&ctx, scope);
-                if !std::mem::replace(&mut synced, true) {
-                    ctx.serving.mark_listed();
-                }
-            }
-            Ok(watcher::Event::Init) => {}
-            Err(e) => tracing::warn!(error = %e, "watch of Lock objects failed; retrying"),
-        })
-        .applied_objects()
+    fn directory(&self, layout: &Layout) -> String {
+        layout.lock(&self.namespace().unwrap_or_default(), &self.name_any())
+    }
+
+    fn declare(&self, engine: &LockEngine, layout: &Layout) {
+        engine.set_limit(&self.directory(layout), Limit::from_permits(Some(self.spec.permits)));
+    }
+
+    fn undeclare(engine: &LockEngine, path: &str) {
+        engine.set_limit(path, Limit::Mutex);
+    }
 }
 
-/// After a (re-)listing: locks of this scope whose `Lock` object went while the watch was down
-/// are mutexes again.
-fn forget_unlisted(ctx: &Context, scope: usize) {
-    let Some(store) = ctx.locks.get(scope) else { return };
-    let listed: BTreeSet<String> =
-        store.state().iter().map(|l| ctx.layout.lock(&l.namespace().unwrap_or_default(), &l.name_any())).collect();
-    let prefix = match ctx.scopes.namespace(scope) {
-        Some(namespace) => ctx.layout.lock(namespace, ""),
-        None => ctx.layout.lock("", "").trim_end_matches('/').to_string(),
-    };
-    for (path, _) in ctx.engine.limits() {
-        if path.starts_with(&prefix) && !listed.contains(&path) {
-            ctx.engine.set_limit(&path, Limit::Mutex);
-        }
+/// The directories of the `Lock`s a watch of `namespace` (none: all namespaces) covers.
+pub fn directories(layout: &Layout, namespace: Option<&str>) -> String {
+    match namespace {
+        Some(namespace) => layout.lock(namespace, ""),
+        None => layout.lock("", "").trim_end_matches('/').to_string(),
     }
 }
 
@@ -105,7 +63,7 @@ pub fn claim_changed(ctx: &Context, claim: &KeptClaim) {
 pub async fn reconcile(lock: Arc<Lock>, ctx: Arc<Context>) -> Result<Action, Error> {
     if !ctx.serving.anchored() {
         // Claims' phases are not judged yet; every claim's first reconcile triggers this again.
-        return Ok(Action::requeue(Duration::from_secs(1)));
+        return Ok(Action::requeue(NEWER_COPY_BACKSTOP));
     }
     let namespace = lock.namespace().ok_or(Error::Malformed("a namespace"))?;
     let name = lock.name_any();
@@ -167,18 +125,6 @@ pub fn status_of(lock: &Lock, claims: &[Arc<KeptClaim>]) -> LockStatus {
         queue_length: queued,
         observed_generation: lock.metadata.generation,
     }
-}
-
-pub fn error_policy(lock: Arc<Lock>, error: &Error, ctx: Arc<Context>) -> Action {
-    refresh_failed("Lock", &lock.name_any(), error, &ctx)
-}
-
-/// A status refresh of a `Lock` or `ClusterLock` failed: counted, logged, tried again when the
-/// error says.
-pub fn refresh_failed(kind: &str, name: &str, error: &Error, ctx: &Context) -> Action {
-    ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabel { error: error.metric_label() }).inc();
-    tracing::warn!(kind, name, %error, "status refresh failed");
-    error.retry_after().map_or_else(Action::await_change, Action::requeue)
 }
 
 #[cfg(test)]
