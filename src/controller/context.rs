@@ -16,7 +16,7 @@ use super::serving::Serving;
 use super::stores::Stores;
 use super::triggers::Triggers;
 use super::writer::ApiWriter;
-use super::{api_fence, holders, throttle, token_floor};
+use super::{api_fence, holders, token_floor};
 use crate::api::{KeptClaim, Lock};
 use crate::metrics::Metrics;
 use crate::zk::{Layout, LockEngine};
@@ -24,7 +24,7 @@ use crate::zk::{Layout, LockEngine};
 /// What every reconcile shares.
 pub struct Context {
     /// Every request, each with a deadline; writes only while this process leads.
-    pub writer: ApiWriter,
+    pub writer: Arc<ApiWriter>,
     /// Watches.
     pub(super) watch_client: kube::Client,
     pub engine: LockEngine,
@@ -32,28 +32,30 @@ pub struct Context {
     pub layout: Layout,
     /// The namespaces served.
     pub scopes: Scopes,
-    pub registry: Registry,
+    pub registry: Arc<Registry>,
     pub metrics: Arc<Metrics>,
     /// Time to live after finishing for claims that set none and have no owner.
     pub default_ttl: Option<Duration>,
     /// The objects this term's watches keep.
-    pub stores: Stores,
+    pub stores: Arc<Stores>,
     /// Requests to reconcile.
     pub triggers: Triggers,
     /// What of the term is served yet, and the walk's batch in flight.
-    pub serving: Serving,
+    pub serving: Arc<Serving>,
     /// Each scope's pods, as this term's watch has them, for the claims' holder pods.
     pub(super) holder_pods: holders::HolderPods,
-    /// When each `Lock`'s status was last written (see `throttle`).
-    pub(super) lock_refreshes: throttle::Throttle<ObjectRef<Lock>>,
-    /// When each `ClusterLock`'s queue was last looked at.
-    pub(super) cluster_lock_refreshes: throttle::Throttle<String>,
     /// Gated pods waiting to have their claims made, in creation order.
     pub(super) arrivals: parking_lot::Mutex<Arrivals>,
     /// This term's fence in the API server, if the admission policy is used (docs/design.md: fencing).
     pub(super) fence: Option<api_fence::Fence>,
     /// Covers every number a status carries before it is written (see `token_floor`).
     pub(super) token_floor: Arc<token_floor::TokenFloor>,
+}
+
+impl AsRef<Metrics> for Context {
+    fn as_ref(&self) -> &Metrics {
+        &self.metrics
+    }
 }
 
 impl Context {
@@ -140,18 +142,6 @@ impl Context {
         if self.stores.has_lock(&lock) {
             self.triggers.lock(lock);
         }
-    }
-
-    /// The claims of lock `name` in `namespace` (alone or with other locks), as the claim
-    /// watch last delivered them: those the registry counts in it (see `Registry::claims_of_lock`).
-    pub(super) fn claims_of_lock(&self, namespace: &str, name: &str) -> Vec<Arc<KeptClaim>> {
-        let path = self.layout.lock(namespace, name);
-        self.registry
-            .claims_of_lock(&path)
-            .into_iter()
-            .filter_map(|(namespace, claim)| self.stores.claim(&namespace, &claim))
-            .filter(|c| c.spec.names_lock(name))
-            .collect()
     }
 
     /// Whether claim `uid` may be reconciled now: every claim once the term's first

@@ -7,11 +7,16 @@ use kube::runtime::controller::Action;
 use kube::Resource;
 
 use super::base::Error;
-use super::context::Context;
+use crate::metrics::Metrics;
 
-/// The error policy of the four controllers (claims, gated pods, `Lock`s, `ClusterLock`s).
-pub fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabel { error: error.metric_label() }).inc();
+/// The error policy of the four controllers (claims, gated pods, `Lock`s, `ClusterLock`s),
+/// whatever each one's context.
+pub fn error_policy<K, C>(object: Arc<K>, error: &Error, ctx: Arc<C>) -> Action
+where
+    K: Resource<DynamicType = ()>,
+    C: AsRef<Metrics>,
+{
+    (*ctx).as_ref().reconcile_errors.get_or_create(&crate::metrics::ErrorLabel { error: error.metric_label() }).inc();
     let kind = K::kind(&());
     let namespace = object.meta().namespace.as_deref().unwrap_or_default();
     let name = object.meta().name.as_deref().unwrap_or_default();

@@ -19,10 +19,11 @@ use super::context::Context;
 use super::serving::Serving;
 use super::status::{cluster_locks, limits_feed, locks};
 use super::stores::Stores;
+use super::throttle::Throttle;
 use super::triggers::Triggers;
 use super::writer::ApiWriter;
 use super::{
-    api_fence, claim, events, feed, gated, holders, pace, positions, report, supervisor, throttle, token_floor, watch,
+    api_fence, claim, events, feed, gated, holders, pace, positions, report, supervisor, token_floor, watch,
     EpochParam, Registry,
 };
 use crate::api::{ClusterLock, Lock};
@@ -109,15 +110,15 @@ pub async fn run(
     let engine_epoch = engine.epoch();
     let listings = 2 * scopes.count() + 1;
     let ctx = Arc::new(Context {
-        writer: ApiWriter::new(client, leadership, events),
+        writer: Arc::new(ApiWriter::new(client, leadership, events)),
         watch_client,
         engine,
         layout,
         scopes: scopes.clone(),
-        registry: Registry::default(),
+        registry: Arc::new(Registry::default()),
         metrics,
         default_ttl,
-        stores: Stores::new(scopes.clone(), claims, locks, cluster_lock_reader.clone()),
+        stores: Arc::new(Stores::new(scopes.clone(), claims, locks, cluster_lock_reader.clone())),
         triggers: Triggers {
             scopes: scopes.clone(),
             claims: triggers,
@@ -128,10 +129,8 @@ pub async fn run(
             orphans,
         },
         holder_pods: holders::HolderPods::new(holder_stores),
-        lock_refreshes: throttle::Throttle::new(STATUS_WINDOW, STATUS_SPACING, STATUS_INTERVAL),
-        cluster_lock_refreshes: throttle::Throttle::new(STATUS_WINDOW, STATUS_SPACING, STATUS_INTERVAL),
         arrivals: Default::default(),
-        serving: Serving::new(listings),
+        serving: Arc::new(Serving::new(listings)),
         fence: epoch_param.clone().zip(engine_epoch).map(|(param, mine)| api_fence::Fence::new(param, mine)),
         token_floor,
     });
@@ -187,6 +186,26 @@ pub async fn run(
             .for_each(|result| async move { report(result) });
         controllers.spawn(gated);
     }
+    // The status controllers work with what they need only.
+    let lock_ctx = Arc::new(locks::Ctx {
+        engine: ctx.engine.clone(),
+        layout: ctx.layout.clone(),
+        registry: ctx.registry.clone(),
+        stores: ctx.stores.clone(),
+        writer: ctx.writer.clone(),
+        serving: ctx.serving.clone(),
+        metrics: ctx.metrics.clone(),
+        refreshes: Throttle::new(STATUS_WINDOW, STATUS_SPACING, STATUS_INTERVAL),
+    });
+    let cluster_lock_ctx = Arc::new(cluster_locks::Ctx {
+        engine: ctx.engine.clone(),
+        layout: ctx.layout.clone(),
+        stores: ctx.stores.clone(),
+        writer: ctx.writer.clone(),
+        serving: ctx.serving.clone(),
+        metrics: ctx.metrics.clone(),
+        refreshes: Throttle::new(STATUS_WINDOW, STATUS_SPACING, STATUS_INTERVAL),
+    });
     for (scope, ((writer, reader, lock_rx), api)) in
         lock_scoped.into_iter().zip(ctx.scopes.apis::<Lock>(&ctx.watch_client)).enumerate()
     {
@@ -195,7 +214,7 @@ pub async fn run(
         let controller = Controller::for_stream(feed, reader)
             .reconcile_on(lock_rx)
             .graceful_shutdown_on(shutdown.clone())
-            .run(locks::reconcile, report::error_policy, ctx.clone())
+            .run(locks::reconcile, report::error_policy, lock_ctx.clone())
             .for_each(|result| async move { report(result) });
         controllers.spawn(controller);
     }
@@ -205,7 +224,7 @@ pub async fn run(
     let controller = Controller::for_stream(feed, cluster_lock_reader)
         .reconcile_on(cluster_lock_rx)
         .graceful_shutdown_on(shutdown.clone())
-        .run(cluster_locks::reconcile, report::error_policy, ctx.clone())
+        .run(cluster_locks::reconcile, report::error_policy, cluster_lock_ctx)
         .for_each(|result| async move { report(result) });
     controllers.spawn(controller);
     let mut tasks = JoinSet::new();

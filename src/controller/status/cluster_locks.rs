@@ -21,7 +21,11 @@ use serde_json::json;
 use super::limits_feed::LimitSource;
 use crate::controller::base::settings::NEWER_COPY_BACKSTOP;
 use crate::controller::base::Error;
-use crate::controller::context::Context;
+use crate::controller::serving::Serving;
+use crate::controller::stores::Stores;
+use crate::controller::throttle::Throttle;
+use crate::controller::writer::ApiWriter;
+use crate::metrics::Metrics;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -59,19 +63,37 @@ pub fn directories(layout: &Layout) -> String {
     format!("{}/", layout.cluster_locks())
 }
 
-pub async fn reconcile(lock: Arc<ClusterLock>, ctx: Arc<Context>) -> Result<Action, Error> {
+/// What the `ClusterLock` status controller works with.
+pub struct Ctx {
+    pub engine: LockEngine,
+    pub layout: Layout,
+    pub stores: Arc<Stores>,
+    pub writer: Arc<ApiWriter>,
+    pub serving: Arc<Serving>,
+    pub metrics: Arc<Metrics>,
+    /// When each `ClusterLock`'s queue was last looked at (see `throttle`).
+    pub refreshes: Throttle<String>,
+}
+
+impl AsRef<Metrics> for Ctx {
+    fn as_ref(&self) -> &Metrics {
+        &self.metrics
+    }
+}
+
+pub async fn reconcile(lock: Arc<ClusterLock>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     if !ctx.serving.anchored() {
         return Ok(Action::requeue(NEWER_COPY_BACKSTOP));
     }
     let name = lock.name_any();
     let path = ctx.layout.cluster_lock(&name);
     ctx.engine.declare(&path, Some(Limit::from_permits(lock.spec.permits)));
-    if let Some(wait) = ctx.cluster_lock_refreshes.wait(name.clone(), Instant::now()) {
+    if let Some(wait) = ctx.refreshes.wait(name.clone(), Instant::now()) {
         // The queue is read from ZooKeeper: once the window (or the spacing after the last look)
         // is over.
         return Ok(Action::requeue(wait));
     }
-    ctx.cluster_lock_refreshes.refreshed(name.clone(), Instant::now());
+    ctx.refreshes.refreshed(name.clone(), Instant::now());
     let entries = ctx.engine.queue(&path).await?;
     let mut owners = Vec::with_capacity(entries.len().min(MAX_DESCRIBED));
     for entry in entries.iter().take(MAX_DESCRIBED) {

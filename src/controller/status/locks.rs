@@ -20,6 +20,12 @@ use crate::api::{KeptClaim, Lock, LockStatus, Phase, MAX_LISTED_HOLDERS};
 use crate::controller::base::settings::NEWER_COPY_BACKSTOP;
 use crate::controller::base::Error;
 use crate::controller::context::Context;
+use crate::controller::registry::Registry;
+use crate::controller::serving::Serving;
+use crate::controller::stores::Stores;
+use crate::controller::throttle::Throttle;
+use crate::controller::writer::ApiWriter;
+use crate::metrics::Metrics;
 use crate::recipe::Limit;
 use crate::zk::{Layout, LockEngine};
 
@@ -60,7 +66,26 @@ pub fn claim_changed(ctx: &Context, claim: &KeptClaim) {
     }
 }
 
-pub async fn reconcile(lock: Arc<Lock>, ctx: Arc<Context>) -> Result<Action, Error> {
+/// What the `Lock` status controller works with.
+pub struct Ctx {
+    pub engine: LockEngine,
+    pub layout: Layout,
+    pub registry: Arc<Registry>,
+    pub stores: Arc<Stores>,
+    pub writer: Arc<ApiWriter>,
+    pub serving: Arc<Serving>,
+    pub metrics: Arc<Metrics>,
+    /// When each `Lock`'s status was last written (see `throttle`).
+    pub refreshes: Throttle<ObjectRef<Lock>>,
+}
+
+impl AsRef<Metrics> for Ctx {
+    fn as_ref(&self) -> &Metrics {
+        &self.metrics
+    }
+}
+
+pub async fn reconcile(lock: Arc<Lock>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     if !ctx.serving.anchored() {
         // Claims' phases are not judged yet; every claim's first reconcile triggers this again.
         return Ok(Action::requeue(NEWER_COPY_BACKSTOP));
@@ -71,18 +96,18 @@ pub async fn reconcile(lock: Arc<Lock>, ctx: Arc<Context>) -> Result<Action, Err
     let key = ObjectRef::from_obj(&*lock);
     // Made from memory, so looked at first: only a status with news takes a turn (the event of
     // this operator's own write, for one, has none).
-    let status = status_of(&lock, &ctx.claims_of_lock(&namespace, &name));
+    let status = status_of(&lock, &claims_of_lock(&ctx, &namespace, &name));
     if lock.status.as_ref() == Some(&status) {
-        ctx.lock_refreshes.unchanged(&key);
+        ctx.refreshes.unchanged(&key);
         return Ok(Action::await_change());
     }
-    if let Some(wait) = ctx.lock_refreshes.wait(key.clone(), Instant::now()) {
+    if let Some(wait) = ctx.refreshes.wait(key.clone(), Instant::now()) {
         // Once the window (or the spacing after the last write, or its turn) is over, with
         // whatever changed by then: a trigger meanwhile runs this again, and it answers the
         // same, sooner.
         return Ok(Action::requeue(wait));
     }
-    ctx.lock_refreshes.refreshed(key, Instant::now());
+    ctx.refreshes.refreshed(key, Instant::now());
     let api: Api<Lock> = Api::namespaced(ctx.writer.client().clone(), &namespace);
     let patch = Patch::Merge(json!({ "status": status }));
     match ctx.writer.write("lock status", api.patch_status(&name, &PatchParams::default(), &patch)).await? {
@@ -91,6 +116,18 @@ pub async fn reconcile(lock: Arc<Lock>, ctx: Arc<Context>) -> Result<Action, Err
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::await_change()),
         Err(source) => Err(Error::Write { call: "lock status", source }),
     }
+}
+
+/// The claims of lock `name` in `namespace` (alone or with other locks), as the claim
+/// watch last delivered them: those the registry counts in it (see `Registry::claims_of_lock`).
+fn claims_of_lock(ctx: &Ctx, namespace: &str, name: &str) -> Vec<Arc<KeptClaim>> {
+    let path = ctx.layout.lock(namespace, name);
+    ctx.registry
+        .claims_of_lock(&path)
+        .into_iter()
+        .filter_map(|(namespace, claim)| ctx.stores.claim(&namespace, &claim))
+        .filter(|c| c.spec.names_lock(name))
+        .collect()
 }
 
 /// The status a `Lock` shows for its claims (pure).
