@@ -1,7 +1,8 @@
 //! Test support for zklock, shared by the integration tests, examples and benchmarks:
 //! real ZooKeeper servers ([`zookeeper`]), a loopback TCP proxy that injects connection faults
 //! ([`proxy`]), a relay that hangs connections on demand ([`hang`]), Apache Curator peers run
-//! with the system's Java ([`curator`]) and kazoo peers run with the system's Python ([`kazoo`]).
+//! with the system's Java ([`curator`]) and kazoo peers run with the system's Python ([`kazoo`]);
+//! zklock's CRDs and admission policies installed and awaited until in force ([`install`]).
 //!
 //! Nothing here mocks ZooKeeper: when the server cannot be started the harness panics with
 //! what to install, so a missing component fails the run instead of skipping tests.
@@ -10,6 +11,7 @@
 pub mod api_proxy;
 pub mod curator;
 pub mod hang;
+pub mod install;
 pub mod kazoo;
 pub mod kube;
 pub mod proxy;

@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
@@ -335,55 +334,10 @@ pub fn condition(c: &LockClaim, type_: &str) -> Option<(String, String, String)>
     conditions::get(&st.conditions, type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-/// Creates (or updates) the CRDs from `crds/` and waits until they are served. Tests run at
-/// once install them at once: server-side apply, which lets them meet without conflicts.
+/// Creates (or updates) the CRDs from `crds/` and waits until they are served and creatable
+/// (see `zklock_testkit::install::crds`).
 pub async fn install_crd(client: &kube::Client) {
-    for (file, _) in zklock::api::crds() {
-        let name = file.trim_end_matches(".yaml");
-        let text = std::fs::read_to_string(format!("{}/crds/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
-        let crd: CustomResourceDefinition = serde_yaml::from_str(&text).unwrap();
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        let apply = PatchParams::apply("zklock-tests").force();
-        crds.patch(name, &apply, &Patch::Apply(&crd)).await.unwrap_or_else(|e| panic!("apply the CRD {name}: {e}"));
-        let established = await_condition(crds, name, kube::runtime::conditions::is_crd_established());
-        tokio::time::timeout(PATIENCE, established).await.expect("the CRD is not established").expect("watch CRD");
-    }
-    // Established is not yet served: for a moment after a CRD's first install, kube-apiserver
-    // answers its kinds with 503 ("there can be a delay…"), which a user's kubectl, unlike the
-    // operator, does not retry. Nothing announces the end of that moment: ask until served.
-    let served = async {
-        let lists = ListParams::default().limit(1);
-        loop {
-            let claims = Api::<LockClaim>::all(client.clone()).list_metadata(&lists).await;
-            let locks = Api::<zklock::api::Lock>::all(client.clone()).list_metadata(&lists).await;
-            match (claims, locks) {
-                (Ok(_), Ok(_)) => return,
-                (Err(kube::Error::Api(e)), _) | (_, Err(kube::Error::Api(e))) if e.code == 503 || e.code == 404 => {}
-                (Err(e), _) | (_, Err(e)) => panic!("list the new kinds: {e}"),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
-    tokio::time::timeout(PATIENCE, served).await.expect("the CRDs' kinds are not served");
-    // Listed is not yet creatable: admission (the admission policies' matching) resolves kinds
-    // through a mapper of its own, refreshed a little later, and answers a create of the new
-    // kind with 503 ("Resource kind … not found") until then; a user's kubectl does not retry.
-    let creatable = async {
-        let probe: LockClaim = serde_json::from_value(json!({
-            "metadata": { "name": "zklock-tests-probe" }, "spec": { "lockName": "probe" },
-        }))
-        .unwrap();
-        let dry_run = PostParams { dry_run: true, ..PostParams::default() };
-        loop {
-            match Api::<LockClaim>::namespaced(client.clone(), "default").create(&dry_run, &probe).await {
-                Err(kube::Error::Api(e)) if e.code == 503 || e.code == 404 => {}
-                // Made (dry run), or refused for a reason of its own (it exists): admission knows the kind.
-                _ => return,
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
-    tokio::time::timeout(PATIENCE, creatable).await.expect("the CRDs' kinds cannot be created");
+    zklock_testkit::install::crds(client, "zklock-tests").await.unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Whether the tests install the admission policy that refuses a deposed leader's late status
@@ -425,30 +379,18 @@ pub fn finalizer_binding(ns: &str) -> String {
 
 /// The finalizer's admission policy, and binding `name` for `namespaces`.
 pub async fn install_finalizer_policy(client: &kube::Client, name: &str, namespaces: &[String]) {
-    use k8s_openapi::api::admissionregistration::v1::{MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding};
-    use zklock::api::finalizer_policy::{finalizer_policy, finalizer_policy_binding, FINALIZER_POLICY};
-    let apply = PatchParams::apply("zklock-tests").force();
-    let policies: Api<MutatingAdmissionPolicy> = Api::all(client.clone());
-    let policy = finalizer_policy(FINALIZER_POLICY);
-    policies.patch(FINALIZER_POLICY, &apply, &Patch::Apply(&policy)).await.expect("install the finalizer policy");
-    let bindings: Api<MutatingAdmissionPolicyBinding> = Api::all(client.clone());
-    let binding = finalizer_policy_binding(name, FINALIZER_POLICY, namespaces);
-    bindings.patch(name, &apply, &Patch::Apply(&binding)).await.expect("install the finalizer policy's binding");
+    zklock_testkit::install::finalizer_policy(client, "zklock-tests", name, namespaces)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Creates (or updates) the epoch policy and a binding `name` for `namespaces`, whose
 /// parameter lives in `param_namespace`. It returns before the API server enforces them (its
 /// policy cache follows within a second or so): a test that needs the refusal awaits it.
 pub async fn install_epoch_policy(client: &kube::Client, name: &str, param_namespace: &str, namespaces: &[String]) {
-    use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
-    use zklock::api::epoch_policy::{epoch_policy, epoch_policy_binding, EPOCH_PARAM, EPOCH_POLICY};
-    let apply = PatchParams::apply("zklock-tests").force();
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
-    let policy = epoch_policy(EPOCH_POLICY);
-    policies.patch(EPOCH_POLICY, &apply, &Patch::Apply(&policy)).await.expect("install the epoch policy");
-    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    let binding = epoch_policy_binding(name, EPOCH_POLICY, EPOCH_PARAM, param_namespace, namespaces);
-    bindings.patch(name, &apply, &Patch::Apply(&binding)).await.expect("install the epoch policy's binding");
+    zklock_testkit::install::epoch_policy(client, "zklock-tests", name, param_namespace, namespaces)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// The operator as a separate process: the real binary with real flags.
