@@ -67,10 +67,10 @@ impl Outcome {
         self.settled() && !matches!(self, Outcome::Landed)
     }
 
-    /// The reconcile's result for a write that did not land.
-    fn into_error(self, name: &str) -> Error {
-        match self {
-            Outcome::Landed => Error::Malformed("an error for a write that landed"),
+    /// The reconcile's result: on, or the error of a write that did not land.
+    fn into_result(self, name: &str) -> Result<(), Error> {
+        Err(match self {
+            Outcome::Landed => return Ok(()),
             Outcome::Conflict(message) => {
                 tracing::info!(claim = %name, answer = %message, "status write refused; planning again from a newer copy");
                 Error::StatusRefused(message)
@@ -82,7 +82,7 @@ impl Outcome {
             Outcome::ParamMissing(message) => Error::EpochParam(message),
             Outcome::Failed(e) => Error::PatchStatus(e),
             Outcome::Unanswered(e) => e,
-        }
+        })
     }
 }
 
@@ -128,7 +128,6 @@ pub async fn run(
         ctx.registry.abandon_grant(uid, before.phase);
     }
     match outcome {
-        Outcome::Landed => {}
         Outcome::ParamMissing(message) => {
             let Some(fence) = &ctx.fence else { return Err(Error::EpochParam(message)) };
             let repaired = fence.repair(ctx.writer.client(), &ctx.engine, &name, &namespace).await;
@@ -137,7 +136,7 @@ pub async fn run(
                 Err(e) => Error::from(e),
             });
         }
-        refused => return Err(refused.into_error(&name)),
+        outcome => outcome.into_result(&name)?,
     }
     tracing::debug!(phase = ?plan.status.phase, position = ?plan.status.position, "status written");
     ctx.registry.planned_from(uid, version);
@@ -334,22 +333,26 @@ mod tests {
         let landed = Outcome::of::<()>(Ok(Ok(())));
         assert!(matches!(landed, Outcome::Landed));
         assert_eq!(settled_refused(&landed), (true, false));
+        assert!(matches!(landed.into_result("c"), Ok(())));
 
         for code in [409, 422] {
             let conflict = Outcome::of(refused(code, "the object has been modified"));
             assert!(matches!(conflict, Outcome::Conflict(_)), "{code}: {conflict:?}");
             assert_eq!(settled_refused(&conflict), (true, true));
-            assert!(matches!(conflict.into_error("c"), Error::StatusRefused(_)), "planned again from a newer copy");
+            assert!(
+                matches!(conflict.into_result("c"), Err(Error::StatusRefused(_))),
+                "planned again from a newer copy"
+            );
         }
 
         let message = format!("ValidatingAdmissionPolicy denied request: {EPOCH_REFUSAL}");
         let deposed = Outcome::of(refused(403, &message));
         assert!(matches!(deposed, Outcome::EpochRefused(_)), "{deposed:?}");
         assert_eq!(settled_refused(&deposed), (true, true));
-        assert!(matches!(deposed.into_error("c"), Error::NotLeading), "a newer term is in force");
+        assert!(matches!(deposed.into_result("c"), Err(Error::NotLeading)), "a newer term is in force");
         let forbidden = Outcome::of(refused(403, "RBAC: forbidden"));
         assert!(matches!(forbidden, Outcome::Failed(_)), "another 403 is no epoch refusal: {forbidden:?}");
-        assert!(matches!(forbidden.into_error("c"), Error::PatchStatus(_)));
+        assert!(matches!(forbidden.into_result("c"), Err(Error::PatchStatus(_))));
 
         let message = format!("failed to configure binding: {PARAM_MISSING}");
         let missing = Outcome::of(refused(422, &message));
@@ -359,7 +362,7 @@ mod tests {
         let late = Outcome::of::<()>(Err(Error::Timeout { call: "patch_status" }));
         assert!(matches!(late, Outcome::Unanswered(_)));
         assert_eq!(settled_refused(&late), (false, false), "it may still land: the grant stays reserved");
-        assert!(matches!(late.into_error("c"), Error::Timeout { .. }));
+        assert!(matches!(late.into_result("c"), Err(Error::Timeout { .. })));
         let not_leading = Outcome::of::<()>(Err(Error::NotLeading));
         assert_eq!(settled_refused(&not_leading), (false, false));
 
@@ -368,6 +371,6 @@ mod tests {
         let broken = Outcome::of::<()>(Ok(Err(kube::Error::SerdeError(unreadable))));
         assert!(matches!(broken, Outcome::Failed(_)));
         assert_eq!(settled_refused(&broken), (false, false), "no refusal: the grant stays reserved");
-        assert!(matches!(broken.into_error("c"), Error::PatchStatus(_)), "the reconcile fails and is retried");
+        assert!(matches!(broken.into_result("c"), Err(Error::PatchStatus(_))), "the reconcile fails and is retried");
     }
 }
