@@ -1,13 +1,12 @@
-//! What the claims' reconciles, the gated pods', the lock statuses' and the term's tasks share:
-//! the engine, the registry, the stores the watches fill, and the triggers that ask for a
-//! reconcile.
+//! What the claims' reconciles and the term's tasks work with: the engine, the registry, the
+//! stores the watches fill, and the triggers that ask for a reconcile. The gated pods' and the
+//! lock statuses' controllers have contexts of their own, of the same capabilities.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use kube::runtime::reflector::ObjectRef;
 
-use super::arrivals::Arrivals;
 use super::base::ids::{claim_of, Part};
 use super::base::scopes::Scopes;
 use super::base::{claim_facts, Uid};
@@ -21,7 +20,7 @@ use crate::api::{KeptClaim, Lock};
 use crate::metrics::Metrics;
 use crate::zk::{Layout, LockEngine};
 
-/// What every reconcile shares.
+/// What the claims' pipeline and the term's tasks share.
 pub struct Context {
     /// Every request, each with a deadline; writes only while this process leads.
     pub writer: Arc<ApiWriter>,
@@ -39,13 +38,11 @@ pub struct Context {
     /// The objects this term's watches keep.
     pub stores: Arc<Stores>,
     /// Requests to reconcile.
-    pub triggers: Triggers,
+    pub triggers: Arc<Triggers>,
     /// What of the term is served yet, and the walk's batch in flight.
     pub serving: Arc<Serving>,
     /// Each scope's pods, as this term's watch has them, for the claims' holder pods.
     pub(super) holder_pods: holders::HolderPods,
-    /// Gated pods waiting to have their claims made, in creation order.
-    pub(super) arrivals: parking_lot::Mutex<Arrivals>,
     /// This term's fence in the API server, if the admission policy is used (docs/design.md: fencing).
     pub(super) fence: Option<api_fence::Fence>,
     /// Covers every number a status carries before it is written (see `token_floor`).
@@ -75,7 +72,7 @@ impl Context {
     /// One copy of a claim UID for all the operator's indexes: the registry's or the engine's if
     /// either has one.
     pub(super) fn shared_uid(&self, uid: &str) -> Uid {
-        self.registry.key(uid).or_else(|| self.engine.id(uid)).unwrap_or_else(|| uid.into())
+        self.registry.shared_uid(uid, &self.engine)
     }
 
     pub(super) fn object_ref(&self, uid: &str) -> Option<ObjectRef<KeptClaim>> {
@@ -144,18 +141,9 @@ impl Context {
         }
     }
 
-    /// Whether claim `uid` may be reconciled now: every claim once the term's first
-    /// re-anchoring is done; while it runs, a claim the pass has re-anchored every lock of (and
-    /// admitted them: see `anchor::reanchor_all`). Others are reconciled when it is over.
+    /// See [`Serving::serves`].
     pub(super) fn serves(&self, uid: &str) -> bool {
-        if self.serving.anchored() {
-            return true;
-        }
-        self.serving.reanchoring()
-            && self
-                .registry
-                .lock_paths(uid)
-                .is_some_and(|locks| !locks.is_empty() && self.engine.admitting_in(locks.iter().map(|lock| &**lock)))
+        self.serving.serves(uid, &self.registry, &self.engine)
     }
 
     /// [`Context::serves`] for a reconcile of `claim`: one turned away that asks for something

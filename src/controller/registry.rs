@@ -467,6 +467,12 @@ impl Registry {
         self.lock().claims.get_key_value(uid).map(|(key, _)| key.clone())
     }
 
+    /// One copy of a claim UID for all the operator's indexes: the registry's or the engine's if
+    /// either has one.
+    pub fn shared_uid(&self, uid: &str, engine: &crate::zk::LockEngine) -> Uid {
+        self.key(uid).or_else(|| engine.id(uid)).unwrap_or_else(|| uid.into())
+    }
+
     /// Which object claim `uid` is: (namespace, name).
     pub fn object(&self, uid: &str) -> Option<(String, String)> {
         self.lock().claims.get(uid).map(|c| (c.namespace.to_string(), c.name.to_string()))

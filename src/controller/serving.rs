@@ -1,7 +1,7 @@
 //! The term's serving state: which listings are still to come, whether re-anchoring has begun
 //! or is done, the reconciles turned away meanwhile, and the paced walk's batch in flight.
-//! Owned here so that only its methods change it; which claim may be served is decided by the
-//! context, from this and the engine's admission.
+//! Owned here so that only its methods change it; which claim may be served is decided here too,
+//! from this, the claim's locks and the engine's admission.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,6 +10,8 @@ use std::time::Duration;
 use tokio::sync::watch as channel;
 
 use super::base::Uid;
+use super::registry::Registry;
+use crate::zk::LockEngine;
 
 pub struct Serving {
     /// Listings not yet made once: each scope's claims and its `Lock` objects, and the
@@ -70,6 +72,19 @@ impl Serving {
     pub fn set_anchored(&self) {
         self.anchored.store(true, Ordering::SeqCst);
         self.deferred.lock().clear();
+    }
+
+    /// Whether claim `uid` may be reconciled now: every claim once the term's first
+    /// re-anchoring is done; while it runs, a claim the pass has re-anchored every lock of (and
+    /// admitted them: see `anchor::reanchor_all`). Others are reconciled when it is over.
+    pub fn serves(&self, uid: &str, registry: &Registry, engine: &LockEngine) -> bool {
+        if self.anchored() {
+            return true;
+        }
+        self.reanchoring()
+            && registry
+                .lock_paths(uid)
+                .is_some_and(|locks| !locks.is_empty() && engine.admitting_in(locks.iter().map(|lock| &**lock)))
     }
 
     /// Whether a re-anchoring pass began.

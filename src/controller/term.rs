@@ -6,15 +6,17 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use kube::runtime::controller::{Action, Config, Controller, Error as ControllerError};
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::Api;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use super::base::kept_pod::KeptPod;
 use super::base::scopes::Scopes;
 use super::base::settings::{STATUS_INTERVAL, STATUS_SPACING, STATUS_WINDOW};
-use super::base::Error;
+use super::base::{Error, Uid};
 use super::context::Context;
 use super::serving::Serving;
 use super::status::{cluster_locks, limits_feed, locks};
@@ -26,7 +28,7 @@ use super::{
     api_fence, claim, events, feed, gated, holders, pace, positions, report, supervisor, token_floor, watch,
     EpochParam, Registry,
 };
-use crate::api::{ClusterLock, Lock};
+use crate::api::{ClusterLock, KeptClaim, Lock};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::zk::{Layout, LockEngine};
@@ -63,9 +65,73 @@ pub struct Setup {
 pub async fn run(
     setup: Setup,
     engine: LockEngine,
-    engine_events: mpsc::UnboundedReceiver<crate::zk::EngineEvent>,
+    mut engine_events: mpsc::UnboundedReceiver<crate::zk::EngineEvent>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    let (ctx, ends, settings) = build(setup, engine);
+    // Scrapes read this term's waiters (the term's end lets go of them: see operator.rs).
+    ctx.metrics.waiters.follow(ctx.stores.claims().to_vec());
+    let shutdown = shutdown.shared();
+    let Some(()) = until(shutdown.clone(), fence_and_sync(&ctx, &settings.feeds)).await? else { return Ok(()) };
+    // Only now: every earlier term's write is in the stores, and so in the replay each claim's
+    // first copy in this term's registry comes from (see `feed::ClaimFeeds::subscribe`).
+    let subscribed = settings.feeds.subscribe();
+    // Ended when dropped: when this future ends, or is dropped by a deposed leader (which
+    // aborts the reconciles in flight with their controller).
+    let mut controllers = JoinSet::new();
+    let concurrency = Config::default().concurrency(settings.concurrency.max(1));
+    spawn_claims_and_gated(&mut controllers, &ctx, ends.scopes, subscribed, &concurrency, &shutdown);
+    spawn_statuses(&mut controllers, &ctx, ends.locks, ends.cluster_locks, &shutdown);
+    let mut tasks = JoinSet::new();
+    tasks.spawn(watch::release_orphans(ctx.clone(), ends.orphans).map(Ok));
+    let walking = usize::from(settings.concurrency);
+    tasks.spawn(pace::walks(ctx.clone(), ends.walks, walking, settings.resync_period).map(Ok));
+    let (woken, woken_rx) = mpsc::unbounded_channel();
+    ctx.registry.wake_into(woken);
+    tasks.spawn(wake_granted(ctx.clone(), woken_rx));
+    let first = supervisor::first_anchor(&ctx, &settings.term, &mut engine_events);
+    let Some(kept) = until(shutdown.clone(), first).await? else { return Ok(()) };
+    tasks.spawn(supervisor::follow(ctx.clone(), engine_events, kept, settings.term));
+    tasks.spawn(positions::refresh(ctx.clone()).map(Ok));
+    supervise(controllers, tasks, || shutdown.peek().is_some()).await
+}
+
+/// The term's end, as each controller waits for it.
+trait Shutdown: std::future::Future<Output = ()> + Clone + Send + Sync + 'static {}
+impl<S: std::future::Future<Output = ()> + Clone + Send + Sync + 'static> Shutdown for S {}
+
+/// What of the setup is used after the context is built.
+struct Settings {
+    feeds: Arc<feed::ClaimFeeds>,
+    term: supervisor::Term,
+    concurrency: u16,
+    resync_period: Duration,
+}
+
+/// The ends of the term's channels and stores that its controllers and tasks read from or fill
+/// (the other ends are in the context).
+struct Ends {
+    /// Per scope: the claims' store and their trigger stream, the gated pods' triggers, and the
+    /// holder pods' store to fill.
+    scopes: Vec<ScopeEnds>,
+    /// Per scope: the `Lock`s' store, to fill and read, and their trigger stream.
+    locks: Vec<(Writer<Lock>, Store<Lock>, Triggered<Lock>)>,
+    cluster_locks: (Writer<ClusterLock>, Store<ClusterLock>, Triggered<ClusterLock>),
+    orphans: mpsc::UnboundedReceiver<Uid>,
+    walks: mpsc::UnboundedReceiver<()>,
+}
+
+type Triggered<K> = futures::channel::mpsc::UnboundedReceiver<ObjectRef<K>>;
+
+struct ScopeEnds {
+    claims: Store<KeptClaim>,
+    claim_triggers: Triggered<KeptClaim>,
+    pod_triggers: Triggered<KeptPod>,
+    holder_pods: Writer<holders::HolderPod>,
+}
+
+/// The term's context: its stores and the triggers of its controllers, one each per scope.
+fn build(setup: Setup, engine: LockEngine) -> (Arc<Context>, Ends, Settings) {
     let Setup {
         client,
         watch_client,
@@ -85,25 +151,28 @@ pub async fn run(
     let scopes = Scopes::new(namespaces);
     let (orphans, orphans_rx) = mpsc::unbounded_channel();
     let (walks, walks_rx) = mpsc::unbounded_channel();
-    // Per scope: its store, and its triggers (the senders go into the context).
-    let (mut claims, mut triggers, mut pod_triggers, mut scoped) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut locks, mut lock_triggers, mut lock_scoped) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut holder_stores, mut holder_writers) = (Vec::new(), Vec::new());
+    let (mut claims, mut claim_triggers, mut pod_triggers, mut scope_ends) = (vec![], vec![], vec![], vec![]);
+    let (mut locks, mut lock_triggers, mut lock_ends) = (vec![], vec![], vec![]);
+    let mut holder_stores = vec![];
     for reader in feeds.stores() {
         let (holder_reader, holder_writer) = reflector::store();
         holder_stores.push(holder_reader);
-        holder_writers.push(holder_writer);
         let (one, one_rx) = futures::channel::mpsc::unbounded();
         let (pod, pod_rx) = futures::channel::mpsc::unbounded();
         claims.push(reader.clone());
-        triggers.push(one);
+        claim_triggers.push(one);
         pod_triggers.push(pod);
-        scoped.push((reader, one_rx, pod_rx));
+        scope_ends.push(ScopeEnds {
+            claims: reader,
+            claim_triggers: one_rx,
+            pod_triggers: pod_rx,
+            holder_pods: holder_writer,
+        });
         let (lock_reader, lock_writer) = reflector::store();
         let (lock, lock_rx) = futures::channel::mpsc::unbounded();
         locks.push(lock_reader.clone());
         lock_triggers.push(lock);
-        lock_scoped.push((lock_writer, lock_reader, lock_rx));
+        lock_ends.push((lock_writer, lock_reader, lock_rx));
     }
     let (cluster_lock_reader, cluster_lock_writer) = reflector::store();
     let (cluster_lock_triggers, cluster_lock_rx) = futures::channel::mpsc::unbounded();
@@ -119,74 +188,112 @@ pub async fn run(
         metrics,
         default_ttl,
         stores: Arc::new(Stores::new(scopes.clone(), claims, locks, cluster_lock_reader.clone())),
-        triggers: Triggers {
-            scopes: scopes.clone(),
-            claims: triggers,
+        triggers: Arc::new(Triggers {
+            scopes,
+            claims: claim_triggers,
             pods: pod_triggers,
             locks: lock_triggers,
             cluster_locks: cluster_lock_triggers,
             walks,
             orphans,
-        },
+        }),
         holder_pods: holders::HolderPods::new(holder_stores),
-        arrivals: Default::default(),
         serving: Arc::new(Serving::new(listings)),
-        fence: epoch_param.clone().zip(engine_epoch).map(|(param, mine)| api_fence::Fence::new(param, mine)),
+        fence: epoch_param.zip(engine_epoch).map(|(param, mine)| api_fence::Fence::new(param, mine)),
         token_floor,
     });
+    let ends = Ends {
+        scopes: scope_ends,
+        locks: lock_ends,
+        cluster_locks: (cluster_lock_writer, cluster_lock_reader, cluster_lock_rx),
+        orphans: orphans_rx,
+        walks: walks_rx,
+    };
+    (ctx, ends, Settings { feeds, term, concurrency, resync_period })
+}
 
-    // Scrapes read this term's waiters (the term's end lets go of them: see operator.rs).
-    ctx.metrics.waiters.follow(ctx.stores.claims().to_vec());
-    let shutdown = shutdown.shared();
-    // The API server refuses every status write of earlier terms before a single claim is
-    // listed: whatever such a write changed before is in the list this term plans from.
+/// `step`'s result, or `None` when `shutdown` comes first.
+async fn until<T>(
+    shutdown: impl std::future::Future<Output = ()>,
+    step: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<Option<T>, Error> {
+    tokio::select! {
+        done = step => done.map(Some),
+        _ = shutdown => Ok(None),
+    }
+}
+
+/// The API server refuses every status write of earlier terms before a single claim is
+/// listed: whatever such a write changed before is in the list this term plans from. And a term
+/// plans from a state no older than its start, though its store was filled while it stood by
+/// (see `feed`).
+async fn fence_and_sync(ctx: &Context, feeds: &feed::ClaimFeeds) -> Result<(), Error> {
     if let Some(fence) = &ctx.fence {
         ctx.writer.leadership().time_left().ok_or(Error::NotLeading)?;
         let scopes = ctx.scopes.apis::<crate::api::LockClaim>(ctx.writer.client());
-        tokio::select! {
-            raised = api_fence::raise(ctx.writer.client(), fence, &scopes, &ctx.engine) => raised?,
-            _ = shutdown.clone() => return Ok(()),
-        }
+        api_fence::raise(ctx.writer.client(), fence, &scopes, &ctx.engine).await?;
     }
-    // A term plans from a state no older than its start, though its store was filled while it
-    // stood by (see `feed`).
     if let Some(epoch) = ctx.epoch() {
-        tokio::select! {
-            synced = feeds.sync(epoch, ctx.writer.leadership()) => synced?,
-            _ = shutdown.clone() => return Ok(()),
-        }
+        feeds.sync(epoch, ctx.writer.leadership()).await?;
     }
-    // Only now: every earlier term's write is in the stores, and so in the replay each claim's
-    // first copy in this term's registry comes from (see `feed::ClaimFeeds::subscribe`).
-    let subscribed = feeds.subscribe();
-    // Ended when dropped: when this future ends, or is dropped by a deposed leader (which
-    // aborts the reconciles in flight with their controller).
-    let mut controllers = JoinSet::new();
+    Ok(())
+}
+
+/// Per scope, the claims' controller (also reconciling the claims of holder pods the pod watch
+/// sees go) and the gated pods' controller, with a context of its own.
+fn spawn_claims_and_gated<S: Shutdown>(
+    controllers: &mut JoinSet<()>,
+    ctx: &Arc<Context>,
+    scopes: Vec<ScopeEnds>,
+    subscribed: Vec<mpsc::UnboundedReceiver<feed::Event>>,
+    config: &Config,
+    shutdown: &S,
+) {
+    let gated_ctx = Arc::new(gated::Ctx {
+        writer: ctx.writer.clone(),
+        engine: ctx.engine.clone(),
+        layout: ctx.layout.clone(),
+        metrics: ctx.metrics.clone(),
+        registry: ctx.registry.clone(),
+        serving: ctx.serving.clone(),
+        stores: ctx.stores.clone(),
+        triggers: ctx.triggers.clone(),
+        arrivals: Default::default(),
+    });
     let apis = ctx.scopes.apis::<holders::HolderPod>(&ctx.watch_client);
-    let apis = apis.into_iter().zip(ctx.scopes.apis(&ctx.watch_client)).zip(holder_writers);
-    for (((reader, one_rx, pod_rx), events), ((pod_api, gated_api), holder_writer)) in
-        scoped.into_iter().zip(subscribed).zip(apis)
-    {
+    let apis = apis.into_iter().zip(ctx.scopes.apis(&ctx.watch_client));
+    for ((ends, events), (pod_api, gated_api)) in scopes.into_iter().zip(subscribed).zip(apis) {
         let pods_ctx = ctx.clone();
-        let holder_pods = watch::holder_pods(ctx.clone(), pod_api, holder_writer);
-        let controller = Controller::for_shared_stream(watch::claims(ctx.clone(), events), reader)
+        let holder_pods = watch::holder_pods(ctx.clone(), pod_api, ends.holder_pods);
+        let controller = Controller::for_shared_stream(watch::claims(ctx.clone(), events), ends.claims)
             .watches_stream(holder_pods, move |pod| watch::claims_of_pod(&pods_ctx, &pod))
-            .reconcile_on(one_rx)
-            .with_config(Config::default().concurrency(concurrency.max(1)))
+            .reconcile_on(ends.claim_triggers)
+            .with_config(config.clone())
             .graceful_shutdown_on(shutdown.clone())
             .run(claim::reconcile, report::error_policy, ctx.clone())
             .for_each(|result| async move { report(result) });
         controllers.spawn(controller);
         let (gated_reader, gated_writer) = reflector::store();
-        let gated = Controller::for_stream(gated::pods(ctx.clone(), gated_api, gated_writer), gated_reader)
-            .reconcile_on(pod_rx)
-            .with_config(Config::default().concurrency(concurrency.max(1)))
+        let pods = gated::pods(gated_ctx.clone(), gated_api, gated_writer);
+        let gated = Controller::for_stream(pods, gated_reader)
+            .reconcile_on(ends.pod_triggers)
+            .with_config(config.clone())
             .graceful_shutdown_on(shutdown.clone())
-            .run(gated::reconcile, report::error_policy, ctx.clone())
+            .run(gated::reconcile, report::error_policy, gated_ctx.clone())
             .for_each(|result| async move { report(result) });
         controllers.spawn(gated);
     }
-    // The status controllers work with what they need only.
+}
+
+/// The `Lock` statuses' controllers (one per scope) and the `ClusterLock` statuses'
+/// controller, each with a context of what it needs only.
+fn spawn_statuses<S: Shutdown>(
+    controllers: &mut JoinSet<()>,
+    ctx: &Arc<Context>,
+    lock_ends: Vec<(Writer<Lock>, Store<Lock>, Triggered<Lock>)>,
+    cluster_lock_ends: (Writer<ClusterLock>, Store<ClusterLock>, Triggered<ClusterLock>),
+    shutdown: &S,
+) {
     let lock_ctx = Arc::new(locks::Ctx {
         engine: ctx.engine.clone(),
         layout: ctx.layout.clone(),
@@ -207,7 +314,7 @@ pub async fn run(
         refreshes: Throttle::new(STATUS_WINDOW, STATUS_SPACING, STATUS_INTERVAL),
     });
     for (scope, ((writer, reader, lock_rx), api)) in
-        lock_scoped.into_iter().zip(ctx.scopes.apis::<Lock>(&ctx.watch_client)).enumerate()
+        lock_ends.into_iter().zip(ctx.scopes.apis::<Lock>(&ctx.watch_client)).enumerate()
     {
         let directories = locks::directories(&ctx.layout, ctx.scopes.namespace(scope));
         let feed = limits_feed::feed(ctx.clone(), api, writer, reader.clone(), directories);
@@ -218,37 +325,24 @@ pub async fn run(
             .for_each(|result| async move { report(result) });
         controllers.spawn(controller);
     }
+    let (writer, reader, cluster_lock_rx) = cluster_lock_ends;
     let api: Api<ClusterLock> = Api::all(ctx.watch_client.clone());
     let directories = cluster_locks::directories(&ctx.layout);
-    let feed = limits_feed::feed(ctx.clone(), api, cluster_lock_writer, cluster_lock_reader.clone(), directories);
-    let controller = Controller::for_stream(feed, cluster_lock_reader)
+    let feed = limits_feed::feed(ctx.clone(), api, writer, reader.clone(), directories);
+    let controller = Controller::for_stream(feed, reader)
         .reconcile_on(cluster_lock_rx)
         .graceful_shutdown_on(shutdown.clone())
         .run(cluster_locks::reconcile, report::error_policy, cluster_lock_ctx)
         .for_each(|result| async move { report(result) });
     controllers.spawn(controller);
-    let mut tasks = JoinSet::new();
-    tasks.spawn(watch::release_orphans(ctx.clone(), orphans_rx).map(Ok));
-    tasks.spawn(pace::walks(ctx.clone(), walks_rx, usize::from(concurrency), resync_period).map(Ok));
-    let (woken, mut woken_rx) = mpsc::unbounded_channel();
-    ctx.registry.wake_into(woken);
-    let waking = ctx.clone();
-    tasks.spawn(async move {
-        // Claims whose grant waited for another claim's write: that write was made.
-        while let Some(uid) = woken_rx.recv().await {
-            waking.trigger(&uid);
-        }
-        Ok(())
-    });
+}
 
-    let mut engine_events = engine_events;
-    let kept = tokio::select! {
-        anchored = supervisor::first_anchor(&ctx, &term, &mut engine_events) => anchored?,
-        _ = shutdown.clone() => return Ok(()),
-    };
-    tasks.spawn(supervisor::follow(ctx.clone(), engine_events, kept, term));
-    tasks.spawn(positions::refresh(ctx.clone()).map(Ok));
-    supervise(controllers, tasks, || shutdown.peek().is_some()).await
+/// Claims whose grant waited for another claim's write: that write was made.
+async fn wake_granted(ctx: Arc<Context>, mut woken_rx: mpsc::UnboundedReceiver<Uid>) -> Result<(), Error> {
+    while let Some(uid) = woken_rx.recv().await {
+        ctx.trigger(&uid);
+    }
+    Ok(())
 }
 
 /// Waits for the term's controllers and tasks. Every one of them runs for the whole term: one

@@ -3,9 +3,11 @@
 #![allow(clippy::duplicated_attributes)]
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::core::{Selector, SelectorExt};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// A lock every selected namespace of this cluster may claim, and every cluster whose operators
 /// name the same shared ZooKeeper root (docs/user-guide.md: locks across clusters). Cluster-scoped,
@@ -80,4 +82,80 @@ pub struct ClusterLockHolder {
     /// status (the others' are in their own cluster's claims).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing_token: Option<String>,
+}
+
+/// Whether `ClusterLock` `name` (`None`: this cluster has none of that name) admits a claim of
+/// namespace `namespace` with labels `labels` (pure).
+pub fn admits(
+    name: &str,
+    lock: Option<&ClusterLock>,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), String> {
+    let Some(lock) = lock else {
+        return Err(format!(
+            "no ClusterLock {name:?} in this cluster: a cluster admin makes it (kubectl get clusterlocks), in every \
+             cluster that shares it"
+        ));
+    };
+    let Some(selector) = &lock.spec.namespace_selector else {
+        return Err(format!(
+            "ClusterLock {name:?} admits no namespace: it has no spec.namespaceSelector (a cluster admin gives one, \
+             {{}} for every namespace)"
+        ));
+    };
+    let selector = Selector::try_from(selector.clone()).map_err(|e| {
+        format!("ClusterLock {name:?} has a spec.namespaceSelector that cannot be read ({e}): a cluster admin fixes it")
+    })?;
+    if selector.matches(labels) {
+        Ok(())
+    } else {
+        Err(format!(
+            "ClusterLock {name:?} does not admit namespace {namespace:?}: its spec.namespaceSelector does not select \
+             it (kubectl get clusterlock {name} -o yaml)"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cluster_lock(selector: Option<serde_json::Value>) -> ClusterLock {
+        let mut spec = json!({});
+        if let Some(selector) = selector {
+            spec["namespaceSelector"] = selector;
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "ClusterLock", "metadata": { "name": "pay" }, "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn a_namespace_is_admitted_only_by_a_selector_that_selects_it() {
+        let payments = labels(&[("team", "payments"), ("kubernetes.io/metadata.name", "pay")]);
+        assert_eq!(admits("pay", Some(&cluster_lock(Some(json!({})))), "pay", &payments), Ok(()), "{{}}: every one");
+        let team = cluster_lock(Some(json!({ "matchLabels": { "team": "payments" } })));
+        assert_eq!(admits("pay", Some(&team), "pay", &payments), Ok(()));
+        let err = admits("pay", Some(&team), "shop", &labels(&[("team", "shop")])).unwrap_err();
+        assert!(err.contains("ClusterLock \"pay\" does not admit namespace \"shop\""), "{err}");
+        let err = admits("pay", Some(&cluster_lock(None)), "pay", &payments).unwrap_err();
+        assert!(err.contains("admits no namespace"), "{err}");
+        let err = admits("pay", None, "pay", &payments).unwrap_err();
+        assert!(err.contains("no ClusterLock \"pay\" in this cluster"), "{err}");
+        let odd =
+            cluster_lock(Some(json!({ "matchExpressions": [{ "key": "team", "operator": "Near", "values": ["x"] }] })));
+        let err = admits("pay", Some(&odd), "pay", &payments).unwrap_err();
+        assert!(err.contains("cannot be read"), "{err}");
+        let not_in = cluster_lock(Some(
+            json!({ "matchExpressions": [{ "key": "team", "operator": "NotIn", "values": ["shop"] }] }),
+        ));
+        assert_eq!(admits("pay", Some(&not_in), "pay", &payments), Ok(()));
+    }
 }

@@ -17,7 +17,7 @@ pub use claim::{
     ClaimLockStatus, Holder, LockClaim, LockClaimSpec, LockClaimStatus, LockName, LockRef, Phase, CLUSTER_LABEL_PREFIX,
     MAX_LOCKS,
 };
-pub use cluster_lock::{ClusterLock, ClusterLockHolder, ClusterLockSpec, ClusterLockStatus};
+pub use cluster_lock::{admits, ClusterLock, ClusterLockHolder, ClusterLockSpec, ClusterLockStatus};
 pub use epoch_policy::EPOCH_REFUSAL;
 pub use kept::{KeptClaim, KeptStatus};
 pub use lock::{Lock, LockSpec, LockStatus, MAX_LISTED_HOLDERS, MAX_PERMITS};

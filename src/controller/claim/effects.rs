@@ -14,7 +14,6 @@ use super::status_write;
 use crate::api::{pod_revoke_annotation, LockClaim, LockClaimStatus, Phase};
 use crate::controller::base::{ids, Error, Part};
 use crate::controller::context::Context;
-use crate::controller::writer::write_error;
 
 /// One effect of a plan; [`steps`] lists those a plan has, in the order they run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,7 +111,7 @@ async fn annotate_pod(ctx: &Context, claim: &LockClaim, plan: &Plan) {
     let patch = json!({ "metadata": { "annotations": { key: value } } });
     let result =
         ctx.writer.write("annotate_pod", pods.patch(pod, &PatchParams::default(), &Patch::Merge(&patch))).await;
-    if let Some(e) = write_error(result) {
+    if let Some(e) = result.error() {
         // The pod may be gone already; the revocation goes on regardless.
         tracing::info!(pod, error = %e, "could not annotate the holder pod");
     }
@@ -136,10 +135,9 @@ async fn delete_expired(ctx: &Context, uid: &str, claim: &LockClaim) -> Result<A
         preconditions: Some(Preconditions { uid: Some(uid.to_string()), resource_version: None }),
         ..DeleteParams::default()
     };
-    match ctx.writer.write("delete_claim", api.delete(&name, &only_this)).await? {
-        Ok(_) => tracing::info!(claim = %name, "deleted: its time to live after finishing has passed"),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-        Err(source) => return Err(Error::Write { call: "delete_claim", source }),
+    // 404/409: gone already, or another claim of that name.
+    if ctx.writer.write("delete_claim", api.delete(&name, &only_this)).await.expecting(&[404, 409])?.is_some() {
+        tracing::info!(claim = %name, "deleted: its time to live after finishing has passed");
     }
     Ok(Action::await_change())
 }

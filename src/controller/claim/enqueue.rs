@@ -2,16 +2,14 @@
 //! first-time claim only), claims created earlier go first (the creation-order gates, see
 //! `admission`), and then every lock at once in one multi-op.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::Timestamp;
-use kube::core::{Selector, SelectorExt};
 use kube::{Api, ResourceExt};
 
-use crate::api::{ClusterLock, LockClaim, Phase, ValidSpec};
+use crate::api::{admits, ClusterLock, LockClaim, Phase, ValidSpec};
 use crate::controller::admission::Turn;
 use crate::controller::base::{ids, Error, Part, Uid};
 use crate::controller::context::Context;
@@ -56,39 +54,6 @@ pub async fn admit_cluster_locks(
     admit(ctx, &claim.namespace().unwrap_or_default(), spec, age).await
 }
 
-/// Whether `ClusterLock` `name` (`None`: this cluster has none of that name) admits a claim of
-/// namespace `namespace` with labels `labels` (pure).
-pub fn admits(
-    name: &str,
-    lock: Option<&ClusterLock>,
-    namespace: &str,
-    labels: &BTreeMap<String, String>,
-) -> Result<(), String> {
-    let Some(lock) = lock else {
-        return Err(format!(
-            "no ClusterLock {name:?} in this cluster: a cluster admin makes it (kubectl get clusterlocks), in every \
-             cluster that shares it"
-        ));
-    };
-    let Some(selector) = &lock.spec.namespace_selector else {
-        return Err(format!(
-            "ClusterLock {name:?} admits no namespace: it has no spec.namespaceSelector (a cluster admin gives one, \
-             {{}} for every namespace)"
-        ));
-    };
-    let selector = Selector::try_from(selector.clone()).map_err(|e| {
-        format!("ClusterLock {name:?} has a spec.namespaceSelector that cannot be read ({e}): a cluster admin fixes it")
-    })?;
-    if selector.matches(labels) {
-        Ok(())
-    } else {
-        Err(format!(
-            "ClusterLock {name:?} does not admit namespace {namespace:?}: its spec.namespaceSelector does not select \
-             it (kubectl get clusterlock {name} -o yaml)"
-        ))
-    }
-}
-
 /// Whether the claim `spec` of `namespace`, created `age` ago, may take its cluster locks: each
 /// must exist in this cluster and select the namespace.
 async fn admit(ctx: &Context, namespace: &str, spec: &ValidSpec, age: Duration) -> Result<Admission, Error> {
@@ -101,11 +66,7 @@ async fn admit(ctx: &Context, namespace: &str, spec: &ValidSpec, age: Duration) 
         return Ok(Admission::NotYet);
     }
     let namespaces: Api<Namespace> = Api::all(ctx.writer.client().clone());
-    let found = ctx
-        .writer
-        .read("get_namespace", namespaces.get_opt(namespace))
-        .await?
-        .map_err(|source| Error::Write { call: "get namespace", source })?;
+    let found = ctx.writer.read("get_namespace", namespaces.get_opt(namespace)).await.into_result()?;
     let labels = found.map(|n| n.labels().clone()).unwrap_or_default();
     for (name, lock) in names.iter().zip(&locks) {
         if let Err(message) = admits(name, lock.as_deref(), namespace, &labels) {
@@ -146,48 +107,5 @@ pub async fn enqueue(ctx: &Context, uid: &Uid, claim: &LockClaim, parts: &[Part]
 pub fn leave_gates(ctx: &Context, uid: &Uid) {
     for next in ctx.registry.leave_gates(uid) {
         ctx.trigger(&next);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn cluster_lock(selector: Option<serde_json::Value>) -> ClusterLock {
-        let mut spec = json!({});
-        if let Some(selector) = selector {
-            spec["namespaceSelector"] = selector;
-        }
-        serde_json::from_value(json!({
-            "apiVersion": "zklock.io/v1alpha1", "kind": "ClusterLock", "metadata": { "name": "pay" }, "spec": spec,
-        }))
-        .unwrap()
-    }
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-    }
-
-    #[test]
-    fn a_namespace_is_admitted_only_by_a_selector_that_selects_it() {
-        let payments = labels(&[("team", "payments"), ("kubernetes.io/metadata.name", "pay")]);
-        assert_eq!(admits("pay", Some(&cluster_lock(Some(json!({})))), "pay", &payments), Ok(()), "{{}}: every one");
-        let team = cluster_lock(Some(json!({ "matchLabels": { "team": "payments" } })));
-        assert_eq!(admits("pay", Some(&team), "pay", &payments), Ok(()));
-        let err = admits("pay", Some(&team), "shop", &labels(&[("team", "shop")])).unwrap_err();
-        assert!(err.contains("ClusterLock \"pay\" does not admit namespace \"shop\""), "{err}");
-        let err = admits("pay", Some(&cluster_lock(None)), "pay", &payments).unwrap_err();
-        assert!(err.contains("admits no namespace"), "{err}");
-        let err = admits("pay", None, "pay", &payments).unwrap_err();
-        assert!(err.contains("no ClusterLock \"pay\" in this cluster"), "{err}");
-        let odd =
-            cluster_lock(Some(json!({ "matchExpressions": [{ "key": "team", "operator": "Near", "values": ["x"] }] })));
-        let err = admits("pay", Some(&odd), "pay", &payments).unwrap_err();
-        assert!(err.contains("cannot be read"), "{err}");
-        let not_in = cluster_lock(Some(
-            json!({ "matchExpressions": [{ "key": "team", "operator": "NotIn", "values": ["shop"] }] }),
-        ));
-        assert_eq!(admits("pay", Some(&not_in), "pay", &payments), Ok(()));
     }
 }

@@ -12,6 +12,7 @@ use crate::controller::base::ids::{claim_of, Part};
 use crate::controller::base::Error;
 use crate::controller::context::Context;
 use crate::controller::holders;
+use crate::controller::writer::Answer;
 use crate::metrics::SourceLabel;
 use crate::zk::ContenderState;
 
@@ -59,11 +60,13 @@ pub async fn holder_view(
     }
     ctx.metrics.holder_pod_views.get_or_create(&SourceLabel { source: "api" }).inc();
     let pods: Api<Pod> = Api::namespaced(ctx.writer.client().clone(), namespace);
-    let found = ctx
-        .writer
-        .read("get_pod", pods.get_opt(pod))
-        .await?
-        .map_err(|source| Error::GetPod { pod: pod.to_string(), source })?;
+    let found = match ctx.writer.read("get_pod", pods.get_opt(pod)).await {
+        Answer::Done(found) => found,
+        Answer::Refused { status, .. } => {
+            return Err(Error::GetPod { pod: pod.to_string(), source: kube::Error::Api(status) })
+        }
+        Answer::Unanswered(e) => return Err(e),
+    };
     Ok(found.map_or(HolderView::Missing, |p| holders::HolderPod::from(p).view()))
 }
 

@@ -28,34 +28,32 @@ pub enum Outcome {
     ParamMissing(String),
     /// The admission policy refused a term that is over (403; docs/design.md: fencing).
     EpochRefused(String),
-    /// Another refusal, or a failure of the request without an answer of the API server's.
-    Failed(kube::Error),
-    /// No answer within the deadline, or not leading any more: the write may still land.
+    /// Another refusal of the API server's.
+    Refused(kube::Error),
+    /// No answer of the API server's (none within the deadline, not leading any more, the
+    /// connection broke, the answer could not be read): the write may have landed, or may
+    /// still land.
     Unanswered(Error),
 }
 
 impl Outcome {
     pub fn of<T>(answer: Answer<T>) -> Outcome {
         match answer {
-            Ok(Ok(_)) => Outcome::Landed,
-            Ok(Err(kube::Error::Api(s))) if s.message.contains(PARAM_MISSING) => Outcome::ParamMissing(s.message),
-            Ok(Err(kube::Error::Api(s))) if s.code == 409 || s.code == 422 => Outcome::Conflict(s.message),
-            Ok(Err(kube::Error::Api(s))) if s.code == 403 && s.message.contains(EPOCH_REFUSAL) => {
+            Answer::Done(_) => Outcome::Landed,
+            Answer::Refused { status: s, .. } if s.message.contains(PARAM_MISSING) => Outcome::ParamMissing(s.message),
+            Answer::Refused { status: s, .. } if s.code == 409 || s.code == 422 => Outcome::Conflict(s.message),
+            Answer::Refused { status: s, .. } if s.code == 403 && s.message.contains(EPOCH_REFUSAL) => {
                 Outcome::EpochRefused(s.message)
             }
-            Ok(Err(e)) => Outcome::Failed(e),
-            Err(e) => Outcome::Unanswered(e),
+            Answer::Refused { status, .. } => Outcome::Refused(kube::Error::Api(status)),
+            Answer::Unanswered(e) => Outcome::Unanswered(e),
         }
     }
 
     /// Whether the API server answered: this write landed or never will, and a grant written
     /// earlier (tested against the same copy or an older one) cannot land after it.
     pub fn settled(&self) -> bool {
-        match self {
-            Outcome::Landed | Outcome::Conflict(_) | Outcome::ParamMissing(_) | Outcome::EpochRefused(_) => true,
-            Outcome::Failed(e) => matches!(e, kube::Error::Api(_)),
-            Outcome::Unanswered(_) => false,
-        }
+        !matches!(self, Outcome::Unanswered(_))
     }
 
     /// Whether the API server refused the write: it did not land, and a grant it carried is
@@ -80,7 +78,7 @@ impl Outcome {
                 Error::NotLeading
             }
             Outcome::ParamMissing(message) => Error::EpochParam(message),
-            Outcome::Failed(e) => Error::PatchStatus(e),
+            Outcome::Refused(e) => Error::PatchStatus(e),
             Outcome::Unanswered(e) => e,
         })
     }
@@ -182,13 +180,13 @@ async fn grant_landed(ctx: &Context, api: &Api<KeptClaim>, name: &str, uid: &str
         return false;
     }
     match ctx.writer.read("get_claim", api.get_opt(name)).await {
-        Ok(Ok(Some(now))) => {
+        Answer::Done(Some(now)) => {
             now.metadata.uid.as_deref() == Some(uid)
                 && now.phase() == Some(Phase::Held)
                 && now.leader_epoch() == ctx.epoch()
         }
-        Ok(Ok(None)) => false,
-        Ok(Err(_)) | Err(_) => true,
+        Answer::Done(None) => false,
+        Answer::Refused { .. } | Answer::Unanswered(_) => true,
     }
 }
 
@@ -319,7 +317,7 @@ mod tests {
 
     fn refused(code: u16, message: &str) -> Answer<()> {
         let status: kube::core::Status = serde_json::from_value(json!({ "code": code, "message": message })).unwrap();
-        Ok(Err(kube::Error::Api(Box::new(status))))
+        Answer::Refused { call: "patch_status", status: Box::new(status) }
     }
 
     /// (settled: the grant reservation is committed; refused: a grant it carried may be
@@ -330,7 +328,7 @@ mod tests {
 
     #[test]
     fn a_status_writes_answer_is_classified_once_for_the_grant_book_and_the_retry() {
-        let landed = Outcome::of::<()>(Ok(Ok(())));
+        let landed = Outcome::of(Answer::Done(()));
         assert!(matches!(landed, Outcome::Landed));
         assert_eq!(settled_refused(&landed), (true, false));
         assert!(matches!(landed.into_result("c"), Ok(())));
@@ -351,7 +349,8 @@ mod tests {
         assert_eq!(settled_refused(&deposed), (true, true));
         assert!(matches!(deposed.into_result("c"), Err(Error::NotLeading)), "a newer term is in force");
         let forbidden = Outcome::of(refused(403, "RBAC: forbidden"));
-        assert!(matches!(forbidden, Outcome::Failed(_)), "another 403 is no epoch refusal: {forbidden:?}");
+        assert!(matches!(forbidden, Outcome::Refused(_)), "another 403 is no epoch refusal: {forbidden:?}");
+        assert_eq!(settled_refused(&forbidden), (true, true));
         assert!(matches!(forbidden.into_result("c"), Err(Error::PatchStatus(_))));
 
         let message = format!("failed to configure binding: {PARAM_MISSING}");
@@ -359,18 +358,23 @@ mod tests {
         assert!(matches!(missing, Outcome::ParamMissing(_)), "before the 422 of a conflict: {missing:?}");
         assert_eq!(settled_refused(&missing), (true, true));
 
-        let late = Outcome::of::<()>(Err(Error::Timeout { call: "patch_status" }));
+        let late = Outcome::of::<()>(Answer::Unanswered(Error::Timeout { call: "patch_status" }));
         assert!(matches!(late, Outcome::Unanswered(_)));
         assert_eq!(settled_refused(&late), (false, false), "it may still land: the grant stays reserved");
         assert!(matches!(late.into_result("c"), Err(Error::Timeout { .. })));
-        let not_leading = Outcome::of::<()>(Err(Error::NotLeading));
+        let not_leading = Outcome::of::<()>(Answer::Unanswered(Error::NotLeading));
         assert_eq!(settled_refused(&not_leading), (false, false));
 
         // An answer that could not be read: the write landed, or may have.
         let unreadable = serde_json::from_str::<LockClaimStatus>("{").unwrap_err();
-        let broken = Outcome::of::<()>(Ok(Err(kube::Error::SerdeError(unreadable))));
-        assert!(matches!(broken, Outcome::Failed(_)));
+        let source = kube::Error::SerdeError(unreadable);
+        let broken = Outcome::of::<()>(Answer::Unanswered(Error::Write { call: "patch_status", source }));
+        assert!(matches!(broken, Outcome::Unanswered(_)));
         assert_eq!(settled_refused(&broken), (false, false), "no refusal: the grant stays reserved");
-        assert!(matches!(broken.into_result("c"), Err(Error::PatchStatus(_))), "the reconcile fails and is retried");
+        let retried = broken.into_result("c");
+        assert!(
+            matches!(&retried, Err(e @ Error::Write { .. }) if e.metric_label() == "patch_status"),
+            "the reconcile fails and is retried: {retried:?}"
+        );
     }
 }

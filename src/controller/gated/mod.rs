@@ -27,17 +27,47 @@ use tracing::Instrument;
 use plan::{Known, PodPlan, Report, Step, GATE};
 
 use super::admission::Turn;
+use super::arrivals::Arrivals;
 pub use super::base::kept_pod::KeptPod;
 use super::base::kept_pod::CONDITION;
 use super::base::{Error, Uid};
-use super::context::Context;
+use super::registry::Registry;
+use super::serving::Serving;
+use super::stores::Stores;
+use super::triggers::Triggers;
+use super::writer::Answer;
+use super::writer::ApiWriter;
 use crate::api::{LockClaim, Phase};
+use crate::metrics::Metrics;
+use crate::zk::{Layout, LockEngine};
+
+/// What the gated pods' controller works with: the capabilities it shares with the claims'
+/// pipeline, and the pods' own arrivals.
+pub struct Ctx {
+    pub writer: Arc<ApiWriter>,
+    pub engine: LockEngine,
+    pub layout: Layout,
+    pub metrics: Arc<Metrics>,
+    /// Read only: what the claims' pipeline last wrote, and whether this term judged a hold.
+    pub registry: Arc<Registry>,
+    pub serving: Arc<Serving>,
+    pub stores: Arc<Stores>,
+    pub triggers: Arc<Triggers>,
+    /// Gated pods waiting to have their claims made, in creation order.
+    pub arrivals: parking_lot::Mutex<Arrivals>,
+}
+
+impl AsRef<Metrics> for Ctx {
+    fn as_ref(&self) -> &Metrics {
+        &self.metrics
+    }
+}
 
 /// The pods of one scope that no node runs yet, kept in `writer`'s store, as the controller's
 /// trigger stream. A pod with a valid lock request arrives, in the order the watch delivers
 /// pods, at its lock's gate for claim making.
 pub fn pods(
-    ctx: Arc<Context>,
+    ctx: Arc<Ctx>,
     api: Api<KeptPod>,
     writer: Writer<KeptPod>,
 ) -> impl Stream<Item = Result<KeptPod, watcher::Error>> + Send + 'static {
@@ -67,23 +97,24 @@ pub fn pods(
 
 /// The pod leaves its lock's gate for claim making; the next one there may go.
 /// A gated pod that asks for a lock takes its place at the lock's gate.
-fn arrive(ctx: &Context, pod: &KeptPod) {
+fn arrive(ctx: &Ctx, pod: &KeptPod) {
     if let (true, Ok(ask)) = (pod.gates.iter().any(|g| g == GATE), plan::read(pod)) {
         let locks = ask.locks.iter().map(|l| ctx.layout.lock(pod.namespace(), l)).collect();
         ctx.arrivals.lock().arrive(locks, pod);
     }
 }
 
-fn leave(ctx: &Context, uid: &str) {
+fn leave(ctx: &Ctx, uid: &str) {
     let next = ctx.arrivals.lock().leave(uid);
     for pod in next {
         ctx.triggers.pod(pod);
     }
 }
 
-pub async fn reconcile(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(pod: Arc<KeptPod>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let claim_uid = ctx.stores.claim(pod.namespace(), pod.name()).and_then(|c| c.metadata.uid.clone());
-    if !claim_uid.is_some_and(|uid| ctx.serves(&ctx.shared_uid(&uid))) && !ctx.serving.anchored() {
+    let serves = |uid: &str| ctx.serving.serves(&ctx.registry.shared_uid(uid, &ctx.engine), &ctx.registry, &ctx.engine);
+    if !claim_uid.is_some_and(|uid| serves(&uid)) && !ctx.serving.anchored() {
         // Until its locks are re-anchored a claim's Held may still turn out Lost: no gate goes.
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
@@ -102,22 +133,22 @@ pub async fn reconcile(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, E
 /// ended: verdicts are recorded before a judged lock admits), and, with leader election, its
 /// status written by this term (the walk's stamp or the grant itself); and ZooKeeper within
 /// reach (out of it, a hold in a lock others share is about to end `Lost`).
-fn judged_hold(ctx: &Context, uid: &str) -> bool {
+fn judged_hold(ctx: &Ctx, uid: &str) -> bool {
     !ctx.engine.out_of_reach()
         && ctx.registry.verdict(uid).is_none()
-        && (ctx.epoch().is_none() || ctx.registry.written(uid))
+        && (ctx.engine.epoch().is_none() || ctx.registry.written(uid))
         && ctx
             .registry
             .lock_paths(uid)
             .is_some_and(|locks| !locks.is_empty() && ctx.engine.admitting_in(locks.iter().map(|lock| &**lock)))
 }
 
-async fn apply(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
+async fn apply(pod: Arc<KeptPod>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let claim = ctx.stores.claim(pod.namespace(), pod.name());
     let known = claim.as_ref().and_then(|c| c.metadata.uid.as_deref()).map_or_else(Known::default, |uid| Known {
         held: ctx.registry.known_phase(uid) == Some(Phase::Held),
         judged: judged_hold(&ctx, uid),
-        epoch: ctx.epoch(),
+        epoch: ctx.engine.epoch(),
     });
     let PodPlan { step, mut report } = plan::plan(&pod, claim.as_deref(), known);
     if !matches!(step, Step::Create { .. }) {
@@ -138,17 +169,23 @@ async fn apply(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
                 return Ok(Action::requeue(wait));
             }
             let api: Api<LockClaim> = Api::namespaced(ctx.writer.client().clone(), pod.namespace());
-            let created = ctx.writer.write("create_claim", api.create(&PostParams::default(), &claim)).await?;
+            let created = ctx.writer.write("create_claim", api.create(&PostParams::default(), &claim)).await;
+            if let Answer::Unanswered(e) = created {
+                // It may have been made: the retry's answer (409 then) lets the pod's place go.
+                return Err(e);
+            }
             leave(&ctx, pod.uid());
             match created {
-                // 409: made already (the watch has not brought it yet).
-                Ok(_) => tracing::info!(lock = %claim.spec.lock_label(), "made a claim for the gated pod"),
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => {
-                    let message = format!("the LockClaim for this pod was refused: {}", s.message);
+                Answer::Refused { status, .. } if status.code == 422 || status.code == 400 => {
+                    let message = format!("the LockClaim for this pod was refused: {}", status.message);
                     report = Some(Report { acquired: false, reason: "ClaimRefused", message, warning: true });
                 }
-                Err(source) => return Err(Error::Write { call: "create_claim", source }),
+                // 409: made already (the watch has not brought it yet).
+                created => {
+                    if created.expecting(&[409])?.is_some() {
+                        tracing::info!(lock = %claim.spec.lock_label(), "made a claim for the gated pod");
+                    }
+                }
             }
             Action::await_change()
         }
@@ -158,10 +195,9 @@ async fn apply(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
                 preconditions: Some(Preconditions { uid: Some(uid), resource_version: None }),
                 ..DeleteParams::default()
             };
-            match ctx.writer.write("delete_claim", api.delete(pod.name(), &only)).await? {
-                Ok(_) => tracing::info!("deleted the claim an earlier pod of this name left"),
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                Err(source) => return Err(Error::Write { call: "delete_claim", source }),
+            // 404/409: gone already, or another claim of that name.
+            if ctx.writer.write("delete_claim", api.delete(pod.name(), &only)).await.expecting(&[404, 409])?.is_some() {
+                tracing::info!("deleted the claim an earlier pod of this name left");
             }
             // Its deletion (the finalizer releases its node first) comes back as a watch event.
             Action::requeue(Duration::from_secs(5))
@@ -183,7 +219,7 @@ async fn apply(pod: Arc<KeptPod>, ctx: Arc<Context>) -> Result<Action, Error> {
 /// Removes zklock's gate, by a JSON patch that first tests the pod's UID and the gate's name at
 /// that index: a stale copy, or a gate list changed since, fails the test instead of removing
 /// another gate (the API server refuses to add gates back). False: the test failed.
-async fn ungate(ctx: &Context, pod: &KeptPod, index: usize) -> Result<bool, Error> {
+async fn ungate(ctx: &Ctx, pod: &KeptPod, index: usize) -> Result<bool, Error> {
     let path = format!("/spec/schedulingGates/{index}");
     let patch: json_patch::Patch = serde_json::from_value(json!([
         { "op": "test", "path": "/metadata/uid", "value": pod.uid() },
@@ -192,28 +228,22 @@ async fn ungate(ctx: &Context, pod: &KeptPod, index: usize) -> Result<bool, Erro
     ]))
     .map_err(Error::StatusPatch)?;
     let api: Api<Pod> = Api::namespaced(ctx.writer.client().clone(), pod.namespace());
-    match ctx
-        .writer
-        .write("ungate_pod", api.patch(pod.name(), &PatchParams::default(), &Patch::Json::<()>(patch)))
-        .await?
-    {
-        Ok(_) => {
-            tracing::info!("removed the scheduling gate: the pod holds its lock");
-            ctx.metrics.pods_ungated.inc();
-            Ok(true)
-        }
-        Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 || s.code == 404 => {
-            tracing::debug!(answer = %s.message, "gate removal refused; looking again");
-            Ok(false)
-        }
-        Err(source) => Err(Error::Write { call: "ungate_pod", source }),
+    let removed =
+        ctx.writer.write("ungate_pod", api.patch(pod.name(), &PatchParams::default(), &Patch::Json::<()>(patch))).await;
+    // 422/409/404: the test failed, or the pod is gone.
+    if removed.expecting(&[422, 409, 404])?.is_none() {
+        tracing::debug!("gate removal refused; looking again");
+        return Ok(false);
     }
+    tracing::info!("removed the scheduling gate: the pod holds its lock");
+    ctx.metrics.pods_ungated.inc();
+    Ok(true)
 }
 
 /// Writes the pod's condition (a strategic merge patch: other conditions stay), and a problem
 /// also as a Warning event. Waiting and Acquired are not events: the claim has its own, and a
 /// handoff costs one write fewer.
-async fn show(ctx: &Context, pod: &KeptPod, report: &Report) -> Result<(), Error> {
+async fn show(ctx: &Ctx, pod: &KeptPod, report: &Report) -> Result<(), Error> {
     let status = if report.acquired { "True" } else { "False" };
     let since = match &pod.condition {
         Some(c) if c.status == status => c.last_transition_time.clone(),
@@ -225,14 +255,13 @@ async fn show(ctx: &Context, pod: &KeptPod, report: &Report) -> Result<(), Error
         "lastTransitionTime": since,
     }]}});
     let api: Api<Pod> = Api::namespaced(ctx.writer.client().clone(), pod.namespace());
-    match ctx
+    let written = ctx
         .writer
         .write("patch_pod_status", api.patch_status(pod.name(), &PatchParams::default(), &Patch::Strategic(patch)))
-        .await?
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-        Err(source) => return Err(Error::Write { call: "patch_pod_status", source }),
+        .await;
+    if written.expecting(&[404])?.is_none() {
+        // The pod is gone.
+        return Ok(());
     }
     if !report.warning {
         return Ok(());

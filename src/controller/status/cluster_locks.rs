@@ -125,11 +125,12 @@ pub async fn reconcile(lock: Arc<ClusterLock>, ctx: Arc<Ctx>) -> Result<Action, 
     }
     let api: Api<ClusterLock> = Api::all(ctx.writer.client().clone());
     let patch = Patch::Merge(json!({ "status": status }));
-    match ctx.writer.write("cluster lock status", api.patch_status(&name, &PatchParams::default(), &patch)).await? {
-        Ok(_) => Ok(again),
+    let written =
+        ctx.writer.write("cluster lock status", api.patch_status(&name, &PatchParams::default(), &patch)).await;
+    match written.expecting(&[404])? {
+        Some(_) => Ok(again),
         // Deleted meanwhile: its watch says so.
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::await_change()),
-        Err(source) => Err(Error::Write { call: "cluster lock status", source }),
+        None => Ok(Action::await_change()),
     }
 }
 

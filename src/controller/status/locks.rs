@@ -110,12 +110,12 @@ pub async fn reconcile(lock: Arc<Lock>, ctx: Arc<Ctx>) -> Result<Action, Error> 
     ctx.refreshes.refreshed(key, Instant::now());
     let api: Api<Lock> = Api::namespaced(ctx.writer.client().clone(), &namespace);
     let patch = Patch::Merge(json!({ "status": status }));
-    match ctx.writer.write("lock status", api.patch_status(&name, &PatchParams::default(), &patch)).await? {
-        Ok(_) => Ok(Action::await_change()),
-        // Deleted meanwhile: its watch says so.
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::await_change()),
-        Err(source) => Err(Error::Write { call: "lock status", source }),
-    }
+    // 404: deleted meanwhile; its watch says so.
+    ctx.writer
+        .write("lock status", api.patch_status(&name, &PatchParams::default(), &patch))
+        .await
+        .expecting(&[404])?;
+    Ok(Action::await_change())
 }
 
 /// The claims of lock `name` in `namespace` (alone or with other locks), as the claim
