@@ -148,6 +148,7 @@ const CONTROLLER_DIRECTORIES: &[(&str, &[&str])] = &[
     ("base", &["error", "ids", "kept_pod", "scopes", "settings", "claim_facts", "mod"]),
     ("claim", &["plan", "inputs", "guard", "enqueue", "status_write", "effects", "decide", "unreadable", "mod"]),
     ("gated", &["plan", "mod"]),
+    ("registry", &["book", "mod"]),
     ("status", &["limits_feed", "locks", "cluster_locks", "mod"]),
 ];
 

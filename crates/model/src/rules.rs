@@ -70,7 +70,7 @@ impl Rule {
             Rule::ZkEpochGuard => &[("crates/engine/src/fence.rs", "writer"), ("crates/engine/src/fence.rs", "commit")],
             Rule::EpochPolicy => &[("src/controller/api_fence.rs", "raise"), ("src/controller/api_fence.rs", "prove")],
             Rule::ReplayAfterFence => {
-                &[("src/controller/feed.rs", "subscribe"), ("src/controller/registry.rs", "first_seen")]
+                &[("src/controller/feed.rs", "subscribe"), ("src/controller/registry/mod.rs", "first_seen")]
             }
             Rule::Continuity => &[
                 ("crates/engine/src/anchor.rs", "recreate"),

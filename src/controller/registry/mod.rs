@@ -1,10 +1,12 @@
 //! What the operator remembers about the claims it serves, in memory and small, under one lock:
-//! the index of claims (which object a contender id, a claim UID, belongs to, which claims a pod
-//! holds, each claim's last written phase, the verdicts of re-anchoring), the admission gates
-//! (`super::admission`) and the grant ledger (`super::ledger`: every rule about who may be
-//! written Held). Everything here can be rebuilt from the API and ZooKeeper; it is never the
+//! the claims' index here (which object a contender id, a claim UID, belongs to, which claims a
+//! pod holds or a lock has), the admission gates (`super::admission`), and the grant book
+//! ([`book`]: each claim's last written phase, stamp and verdict, and the grant ledger,
+//! `super::ledger`, with every rule about who may be written Held). Everything here can be rebuilt from the API and ZooKeeper; it is never the
 //! source of truth for who holds a lock. A claim over several locks is one entry here, with all
 //! its locks.
+
+mod book;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -15,8 +17,9 @@ use std::time::{Duration, Instant};
 use super::admission::{Gates, Overtaken, Turn};
 use super::base::Uid;
 pub use super::ledger::GrantBlocked;
-use super::ledger::{Ledger, Locks, Wanted};
-use crate::api::{KeptClaim, Phase};
+use super::ledger::Locks;
+use crate::api::Phase;
+use book::{Book, Grant};
 
 /// A claim as the watch first delivers it.
 pub struct Seen<'a> {
@@ -50,16 +53,11 @@ struct Inner {
     /// Lock path → the claims naming it. A `Lock`'s status is made from these: a scan of its
     /// scope's store instead took 6 ms at 100,000 claims, at every refresh of every `Lock`.
     by_lock: HashMap<Arc<str>, HashSet<Uid>>,
-    /// Lock path → when its last holder let go (for the handoff histogram).
-    released_at: HashMap<String, Instant>,
     next_seen: u64,
     /// The admission gates of the locks (see [`super::admission`]).
     gates: Gates,
-    /// Claims per recorded phase, kept as phases change (the claims metric), so that no
-    /// reconcile has to count all claims.
-    counts: HashMap<Phase, i64>,
-    /// Who may be written Held: see [`super::ledger`].
-    ledger: Ledger,
+    /// Who may be written Held, and what the grants' writes left: see [`book`].
+    book: Book,
 }
 
 struct Claim {
@@ -68,21 +66,11 @@ struct Claim {
     /// Empty until the claim is validated.
     locks: Locks,
     pod: Option<Box<str>>,
-    /// The phase last written by the operator, or the one the claim had when first seen.
-    phase: Option<Phase>,
     /// The order in which the claim watch first delivered it (creation order for claims
     /// created while the operator runs).
     seen: u64,
-    /// Its status was written in this leader's term: a copy without this term's epoch is
-    /// older than that write.
-    written: bool,
-    /// The resourceVersion of the copy the operator's last successful status write was planned
-    /// from: a copy with this version is older than that write (the watch brings the newer one).
-    planned_from: Option<Box<str>>,
-    /// The claim waits, in the `unstamped` sets of its locks, for this term's first write.
-    unstamped: bool,
-    /// Why re-anchoring could not keep its hold.
-    verdict: Option<Box<str>>,
+    /// What the grant book keeps of it.
+    grant: Grant,
 }
 
 impl Inner {
@@ -107,12 +95,8 @@ impl Inner {
             namespace: self.intern(namespace),
             locks: self.intern_locks(locks),
             pod: None,
-            phase: None,
             seen: self.next_seen,
-            written: false,
-            planned_from: None,
-            unstamped: false,
-            verdict: None,
+            grant: Grant::default(),
         };
         self.index_locks(uid, &claim.locks);
         self.claims.insert(uid.clone(), claim);
@@ -132,8 +116,8 @@ impl Inner {
     /// lock, what the ledger keeps about it).
     fn unintern(&mut self, s: Arc<str>) {
         // Two references left: this one and the set's (one more for each the ledger keeps).
-        if Arc::strong_count(&s) <= 2 + self.ledger.references(&s) {
-            self.ledger.drop_lock(&s);
+        if Arc::strong_count(&s) <= 2 + self.book.ledger.references(&s) {
+            self.book.ledger.drop_lock(&s);
             self.strings.remove(&*s);
         }
     }
@@ -167,50 +151,10 @@ impl Inner {
         }
     }
 
-    /// Claim `uid` waits for no stamp any more.
-    fn unstamp(&mut self, uid: &str) {
-        let Some(claim) = self.claims.get_mut(uid) else { return };
-        if !std::mem::replace(&mut claim.unstamped, false) {
-            return;
-        }
-        let locks = claim.locks.clone();
-        self.ledger.stamped(uid, &locks);
-    }
-
-    /// Claim `uid`'s grant is no longer in flight in any of its locks.
-    fn settle(&mut self, uid: &str) {
-        let Some(locks) = self.claims.get(uid).map(|c| c.locks.clone()) else { return };
-        self.ledger.commit(uid, &locks);
-    }
-
     /// Takes claim `uid` out of its locks' admission gates; answers who is first there now.
     fn leave_gates(&mut self, uid: &str) -> Vec<Uid> {
         let Some(locks) = self.claims.get(uid).map(|c| c.locks.clone()) else { return vec![] };
         locks.iter().filter_map(|(lock, _)| self.gates.leave(lock, uid)).collect()
-    }
-
-    fn set_phase(&mut self, uid: &str, phase: Option<Phase>) {
-        let Some(c) = self.claims.get_mut(uid) else { return };
-        let old = std::mem::replace(&mut c.phase, phase);
-        if old == phase {
-            return;
-        }
-        let locks = c.locks.clone();
-        self.count(old, -1);
-        self.count(phase, 1);
-        if phase == Some(Phase::Held) {
-            if let Some(key) = self.claims.get_key_value(uid).map(|(k, _)| k.clone()) {
-                self.ledger.hold(&key, &locks);
-            }
-        } else if old == Some(Phase::Held) {
-            self.ledger.let_go(uid, &locks);
-        }
-    }
-
-    fn count(&mut self, phase: Option<Phase>, by: i64) {
-        if let Some(phase) = phase {
-            *self.counts.entry(phase).or_insert(0) += by;
-        }
     }
 }
 
@@ -231,8 +175,8 @@ impl Registry {
         if changed {
             // Out of the old locks' indexes first (a claim turned invalid keeps no hold, gate
             // or stamp there), back in under the new ones.
-            let phase = inner.claims.get(uid).and_then(|c| c.phase);
-            let unstamped = inner.claims.get(uid).is_some_and(|c| c.unstamped);
+            let phase = inner.claims.get(uid).and_then(|c| c.grant.phase);
+            let unstamped = inner.claims.get(uid).is_some_and(|c| c.grant.unstamped);
             inner.set_phase(uid, None);
             inner.unstamp(uid);
             inner.leave_gates(uid);
@@ -256,88 +200,6 @@ impl Registry {
                 claim.pod = pod.map(Into::into);
             }
         }
-    }
-
-    pub fn set_phase(&self, uid: &str, phase: Option<Phase>) {
-        self.lock().set_phase(uid, phase);
-    }
-
-    /// The phase last written by the operator (or first seen): a copy of the claim that reads
-    /// otherwise is older than the operator's own write.
-    pub fn known_phase(&self, uid: &str) -> Option<Phase> {
-        self.lock().claims.get(uid).and_then(|c| c.phase)
-    }
-
-    /// The claim's phase as last recorded: the operator's own last write is newer than any copy
-    /// the watch may not have delivered yet.
-    pub fn recorded_phase(&self, claim: &KeptClaim) -> Option<Phase> {
-        kube::ResourceExt::uid(claim).and_then(|uid| self.known_phase(&uid)).or(claim.phase())
-    }
-
-    /// Reserves a grant: records `uid` as Held in all its locks unless, in one of them (given
-    /// with its limit), another claim recorded Held conflicts with it (one of the two
-    /// exclusive; with permits, all of them taken), or another claim may still receive a
-    /// deposed leader's status write, or (with permits) another grant's write is in flight.
-    /// Check and record are one step, so two grants in flight cannot both pass. A grant whose
-    /// write fails is abandoned with [`Registry::abandon_grant`] (back to the phase it had); one
-    /// whose write is answered, or whose claim reads Held, is committed with
-    /// [`Registry::commit_grant`].
-    pub fn reserve_grant(&self, uid: &str, wanted: &[Wanted<'_>]) -> Result<(), GrantBlocked> {
-        let mut inner = self.lock();
-        let Some((key, locks)) = inner.claims.get_key_value(uid).map(|(k, c)| (k.clone(), c.locks.clone())) else {
-            // A claim the registry does not know is checked, and nothing is recorded for it.
-            return inner.ledger.reserve(&Uid::from(uid), wanted, &Locks::Several(Box::new([])));
-        };
-        inner.ledger.reserve(&key, wanted, &locks)?;
-        inner.set_phase(uid, Some(Phase::Held));
-        Ok(())
-    }
-
-    /// Sends the claims woken from now on to `waker` (see `Inner::blocked`).
-    pub fn wake_into(&self, waker: tokio::sync::mpsc::UnboundedSender<Uid>) {
-        self.lock().ledger.wake_into(waker);
-    }
-
-    /// Claim `uid` was listed at the start of this term, not final, without this term's epoch
-    /// in its status: see `Inner::unstamped`.
-    pub fn expect_stamp(&self, uid: &Uid) {
-        let mut inner = self.lock();
-        let Some((key, claim)) = inner.claims.get_key_value(uid).map(|(k, c)| (k.clone(), c.locks.clone())) else {
-            return;
-        };
-        inner.ledger.expect_stamp(&key, &claim);
-        if let Some(claim) = inner.claims.get_mut(uid) {
-            claim.unstamped = true;
-        }
-    }
-
-    /// Claim `uid`'s status carries this term's epoch now (`written`: by this operator's own
-    /// write), or it is final: no deposed leader's write can land on it any more.
-    pub fn stamped(&self, uid: &str, written: bool) {
-        let mut inner = self.lock();
-        let Some(claim) = inner.claims.get_mut(uid) else { return };
-        claim.written |= written;
-        inner.unstamp(uid);
-    }
-
-    /// Whether the operator wrote claim `uid`'s status in this term.
-    pub fn written(&self, uid: &str) -> bool {
-        self.lock().claims.get(uid).is_some_and(|c| c.written)
-    }
-
-    /// A status write planned from the copy with `version` landed.
-    pub fn planned_from(&self, uid: &str, version: &str) {
-        if let Some(claim) = self.lock().claims.get_mut(uid) {
-            claim.planned_from = Some(version.into());
-        }
-    }
-
-    /// Whether the copy with `version` is older than the operator's last status write (it was
-    /// planned from that very copy): planning from it again could undo the write.
-    pub fn outdated(&self, uid: &str, version: Option<&str>) -> bool {
-        let inner = self.lock();
-        let planned = inner.claims.get(uid).and_then(|c| c.planned_from.as_deref());
-        planned.is_some() && planned == version
     }
 
     /// Notes the order in which the claim watch delivers claims. A claim not yet in any queue
@@ -408,14 +270,14 @@ impl Registry {
         inner.settle(uid);
         // Gone before it entered the queues: the claims behind it are asked for now.
         for next in inner.leave_gates(uid) {
-            inner.ledger.wake(next);
+            inner.book.ledger.wake(next);
         }
         inner.set_phase(uid, None);
         inner.unstamp(uid);
         if let Some(claim) = inner.claims.remove(uid) {
-            inner.ledger.forget(uid, &claim.locks);
+            inner.book.ledger.forget(uid, &claim.locks);
             inner.unindex_locks(uid, &claim.locks);
-            inner.count(claim.phase, -1);
+            inner.count(claim.grant.phase, -1);
             if let Some(pod) = claim.pod {
                 let key = (claim.namespace.to_string(), pod.into_string());
                 if let Some(set) = inner.by_pod.get_mut(&key) {
@@ -501,63 +363,10 @@ impl Registry {
         let set: HashSet<&str> = inner
             .claims
             .values()
-            .filter(|c| c.phase == Some(Phase::Waiting))
+            .filter(|c| c.grant.phase == Some(Phase::Waiting))
             .flat_map(|c| c.locks.iter().map(|(l, _)| &**l))
             .collect();
         set.into_iter().map(str::to_string).collect()
-    }
-
-    pub fn phase_counts(&self) -> HashMap<Phase, i64> {
-        self.lock().counts.clone()
-    }
-
-    pub fn set_verdict(&self, uid: &str, why: String) {
-        if let Some(claim) = self.lock().claims.get_mut(uid) {
-            claim.verdict = Some(why.into());
-        }
-    }
-
-    pub fn verdict(&self, uid: &str) -> Option<String> {
-        self.lock().claims.get(uid).and_then(|c| c.verdict.as_deref().map(String::from))
-    }
-
-    /// A grant of `lock` with `token` is being written, or the final status of a hold with
-    /// `token` was written.
-    pub fn token_used(&self, lock: &str, token: i64) {
-        let mut inner = self.lock();
-        let Some(key) = inner.strings.get(lock).cloned() else { return };
-        inner.ledger.token_used(&key, token);
-    }
-
-    /// The highest token of `lock` granted or ended so far (0: none known).
-    pub fn highest_token(&self, lock: &str) -> i64 {
-        self.lock().ledger.highest_token(lock)
-    }
-
-    /// Claim `uid`'s grant is no longer in flight: its status write was answered, a newer write
-    /// of the claim landed (the grant's write, which tests the same copy, cannot land after it),
-    /// or the claim reads Held.
-    pub fn commit_grant(&self, uid: &str) {
-        self.lock().settle(uid);
-    }
-
-    /// The write of the grant reserved for claim `uid` did not happen: its phase goes back to
-    /// `phase`, and it holds nothing.
-    pub fn abandon_grant(&self, uid: &str, phase: Option<Phase>) {
-        self.lock().set_phase(uid, phase);
-    }
-
-    /// Notes a holder's release for the handoff histogram. Entries no grant took within a
-    /// minute go (the lock had no waiter): the map stays as small as the locks recently handed on.
-    pub fn note_release(&self, lock: &str) {
-        let mut inner = self.lock();
-        inner.released_at.retain(|_, at| at.elapsed() < RELEASE_MEMORY);
-        inner.released_at.insert(lock.to_string(), Instant::now());
-    }
-
-    /// How long ago the lock's last holder let go, once: the next grant takes it.
-    pub fn take_release(&self, lock: &str) -> Option<std::time::Duration> {
-        self.lock().released_at.remove(lock).map(|at| at.elapsed())
     }
 }
 
@@ -716,7 +525,7 @@ mod tests {
         r.abandon_grant("b", Some(Phase::Waiting));
         assert_eq!(r.reserve_grant("c", &[("/p", true, three)]), Ok(()), "an abandoned grant is not in flight");
         r.forget("c");
-        assert_eq!(r.lock().ledger.references("/p"), 0, "a forgotten claim's grant is not in flight");
+        assert_eq!(r.lock().book.ledger.references("/p"), 0, "a forgotten claim's grant is not in flight");
         assert_eq!(r.reserve_grant("m1", &[("/mutex", false, Limit::Mutex)]), Ok(()));
         assert_eq!(
             r.reserve_grant("m2", &[("/mutex", false, Limit::Mutex)]),
@@ -741,7 +550,7 @@ mod tests {
         assert!(r.leave_gates("b").is_empty());
         assert_eq!(r.lock().gates.len(), 0, "no empty gate left behind");
         r.forget("b");
-        assert!(r.lock().claims.is_empty() && r.lock().ledger.is_empty());
+        assert!(r.lock().claims.is_empty() && r.lock().book.ledger.is_empty());
     }
 
     #[test]
@@ -766,10 +575,10 @@ mod tests {
         assert_eq!(r.reserve_grant("a", &[("/l", true, Limit::Mutex)]), Ok(()), "its own stamp is the grant's write");
         r.stamped("a", true);
         r.forget("c");
-        assert!(!r.lock().ledger.awaits_stamps(), "a deleted claim is awaited no more");
+        assert!(!r.lock().book.ledger.awaits_stamps(), "a deleted claim is awaited no more");
         r.expect_stamp(&b);
         r.stamped("b", false);
-        assert!(!r.lock().ledger.awaits_stamps(), "read with this term's epoch, or final");
+        assert!(!r.lock().book.ledger.awaits_stamps(), "read with this term's epoch, or final");
     }
 
     #[test]
@@ -780,7 +589,7 @@ mod tests {
         r.observe(&a, "c", "ns", &[], None);
         assert_eq!(r.reserve_grant("b", &[("/l", true, Limit::Mutex)]), Ok(()), "no hold left behind under /l");
         r.forget("a");
-        assert!(r.lock().ledger.is_empty());
+        assert!(r.lock().book.ledger.is_empty());
     }
 
     #[test]
@@ -835,6 +644,6 @@ mod tests {
         for uid in ["m", "s", "t", "x"] {
             r.forget(uid);
         }
-        assert!(r.lock().ledger.is_empty(), "a forgotten claim holds nothing in any lock");
+        assert!(r.lock().book.ledger.is_empty(), "a forgotten claim holds nothing in any lock");
     }
 }
