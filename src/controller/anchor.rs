@@ -34,59 +34,7 @@ type Live = (Arc<KeptClaim>, Part, Option<String>);
 /// first: their claims are reconciled at once (see [`Context::serves`]), the others when the pass
 /// is over (the caller's walk).
 pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
-    // Lock path → the claims recorded as Held or Waiting there, each with its part there.
-    let mut locks: BTreeMap<String, Vec<Live>> = BTreeMap::new();
-    // Lock path → the claims there that ask for something (see `asks`), live or not.
-    let mut asked: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for claim in ctx.stores.all_claims() {
-        let (Some(namespace), Some(uid)) = (claim.namespace(), claim.uid()) else { continue };
-        if claim_facts::cleaned_up(&claim) {
-            // Deleted, and its cleanup is done (our finalizer went; another keeps the object):
-            // it holds nothing and waits for nothing, in this term too. Neither its node nor a
-            // stamp is awaited: no reconcile of it will ever run again to make or give them.
-            continue;
-        }
-        let phase = ctx.registry.recorded_phase(&claim);
-        let live = matches!(phase, Some(Phase::Held | Phase::Waiting));
-        if claim.unreadable.is_some() {
-            // Its spec or status cannot be read: a holder keeps the nodes its status records; a
-            // waiter's are not made again (the pass deletes them with the directory's stale
-            // nodes), or once first they would hold the lock for ever.
-            if claim_facts::keeps_nodes(phase) {
-                for (part, node) in claim_facts::recorded_parts(&claim, &uid) {
-                    locks.entry(part.lock.clone()).or_default().push((claim.clone(), part, Some(node)));
-                }
-            }
-            continue;
-        }
-        let Ok(spec) = validate_spec(&claim.spec, &namespace) else { continue };
-        if claim_facts::asks(&claim, phase) && !phase.is_some_and(Phase::is_terminal) {
-            for part in ids::parts_of(&ctx.layout, &namespace, &ctx.shared_uid(&uid), &spec) {
-                asked.entry(part.lock).or_default().push(uid.clone());
-            }
-        }
-        // Listed after this term began: an earlier leader may still have a status write for
-        // it on the way, and no grant in its locks before this term's first write to it
-        // (docs/design.md: fencing). Claims created after the list never saw an earlier leader.
-        let epoch = claim.leader_epoch();
-        let written = ctx.registry.written(&uid);
-        let uid = ctx.shared_uid(&uid);
-        if ctx.epoch().is_some() && epoch != ctx.epoch() && !written && !phase.is_some_and(Phase::is_terminal) {
-            ctx.registry.expect_stamp(&uid);
-        }
-        // Claims being deleted too: a holder keeps the lock until its cleanup has written its
-        // final status (the next claim must not be Held before).
-        if live {
-            for (i, part) in ids::parts_of(&ctx.layout, &namespace, &uid, &spec).into_iter().enumerate() {
-                let node = if spec.several {
-                    claim.lock_statuses().get(i).filter(|l| l.lock_name == part.name).and_then(|l| l.znode.clone())
-                } else {
-                    claim.znode().map(str::to_string)
-                };
-                locks.entry(part.lock.clone()).or_default().push((claim.clone(), part, node));
-            }
-        }
-    }
+    let (mut locks, asked) = listed_holds(ctx);
     // Directories that hold nodes of earlier sessions but no live claim any more: their stale
     // nodes must go too, or new claims would queue behind them until the old session expires.
     for (namespace, path) in ctx.engine.directories_with_nodes(&ctx.layout).await? {
@@ -158,6 +106,68 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     }
     ctx.engine.admit();
     Ok(())
+}
+
+/// What the stores say: lock path → the claims recorded Held or Waiting there (each with its
+/// part there and the node its status records), and lock path → the claims there that ask for
+/// something (see `claim_facts::asks`), live or not. Claims listed without this term's epoch
+/// are told to the registry on the way: no grant in their locks before this term's first
+/// write to them.
+fn listed_holds(ctx: &Context) -> (BTreeMap<String, Vec<Live>>, BTreeMap<String, Vec<String>>) {
+    // Lock path → the claims recorded as Held or Waiting there, each with its part there.
+    let mut locks: BTreeMap<String, Vec<Live>> = BTreeMap::new();
+    // Lock path → the claims there that ask for something (see `asks`), live or not.
+    let mut asked: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for claim in ctx.stores.all_claims() {
+        let (Some(namespace), Some(uid)) = (claim.namespace(), claim.uid()) else { continue };
+        if claim_facts::cleaned_up(&claim) {
+            // Deleted, and its cleanup is done (our finalizer went; another keeps the object):
+            // it holds nothing and waits for nothing, in this term too. Neither its node nor a
+            // stamp is awaited: no reconcile of it will ever run again to make or give them.
+            continue;
+        }
+        let phase = ctx.registry.recorded_phase(&claim);
+        let live = matches!(phase, Some(Phase::Held | Phase::Waiting));
+        if claim.unreadable.is_some() {
+            // Its spec or status cannot be read: a holder keeps the nodes its status records; a
+            // waiter's are not made again (the pass deletes them with the directory's stale
+            // nodes), or once first they would hold the lock for ever.
+            if claim_facts::keeps_nodes(phase) {
+                for (part, node) in claim_facts::recorded_parts(&claim, &uid) {
+                    locks.entry(part.lock.clone()).or_default().push((claim.clone(), part, Some(node)));
+                }
+            }
+            continue;
+        }
+        let Ok(spec) = validate_spec(&claim.spec, &namespace) else { continue };
+        if claim_facts::asks(&claim, phase) && !phase.is_some_and(Phase::is_terminal) {
+            for part in ids::parts_of(&ctx.layout, &namespace, &ctx.shared_uid(&uid), &spec) {
+                asked.entry(part.lock).or_default().push(uid.clone());
+            }
+        }
+        // Listed after this term began: an earlier leader may still have a status write for
+        // it on the way, and no grant in its locks before this term's first write to it
+        // (docs/design.md: fencing). Claims created after the list never saw an earlier leader.
+        let epoch = claim.leader_epoch();
+        let written = ctx.registry.written(&uid);
+        let uid = ctx.shared_uid(&uid);
+        if ctx.epoch().is_some() && epoch != ctx.epoch() && !written && !phase.is_some_and(Phase::is_terminal) {
+            ctx.registry.expect_stamp(&uid);
+        }
+        // Claims being deleted too: a holder keeps the lock until its cleanup has written its
+        // final status (the next claim must not be Held before).
+        if live {
+            for (i, part) in ids::parts_of(&ctx.layout, &namespace, &uid, &spec).into_iter().enumerate() {
+                let node = if spec.several {
+                    claim.lock_statuses().get(i).filter(|l| l.lock_name == part.name).and_then(|l| l.znode.clone())
+                } else {
+                    claim.znode().map(str::to_string)
+                };
+                locks.entry(part.lock.clone()).or_default().push((claim.clone(), part, node));
+            }
+        }
+    }
+    (locks, asked)
 }
 
 /// The locks a re-anchoring pass has yet to take, in order, and which those are.

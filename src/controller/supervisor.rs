@@ -292,42 +292,53 @@ pub(super) async fn follow(
                 term.set(false);
                 tracing::warn!("ZooKeeper session lost; opening a new one and re-anchoring");
                 let since = *out_of_reach.get_or_insert_with(Instant::now);
-                let last = Mutex::new(String::from("no attempt finished"));
-                let renewed = (|| async {
-                    // A pass that failed while its session lives (a connection loss on one
-                    // lock, say) goes on in it: the locks it admitted keep the claims that
-                    // joined them (a new session would re-make their nodes, and in a directory
-                    // shared with others their new holders could not claim continuity).
-                    if ctx.engine.session_id().is_none() {
-                        ctx.engine.reconnect().await?;
-                    }
-                    anchor::reanchor_all(&ctx).await
-                })
-                .retry(REANCHOR_DELAYS)
-                .sleep(tokio::time::sleep)
-                .notify(|e, after| {
-                    *last.lock() = e.to_string();
-                    tracing::warn!(error = %e, ?after, "re-anchoring failed; retrying")
-                });
-                let mut kept = VecDeque::new();
-                let renewed = tokio::time::timeout_at(since + bound, renewed);
-                match while_reanchoring(&ctx, &mut events, &mut kept, renewed).await {
-                    Ok(Ok(())) => {}
-                    // Not leading any more, say: the term ends with it.
-                    Ok(Err(e)) => return Err(e),
-                    Err(_) => {
-                        let why = format!(
-                            "ZooKeeper out of reach for {bound:?}: no new session re-anchored (last attempt: {})",
-                            last.lock()
-                        );
-                        return Err(Error::CannotServe(why));
-                    }
-                }
+                let kept = renew(&ctx, &mut events, since, bound).await?;
                 out_of_reach = None;
                 term.set(true);
                 pending.extend(kept);
                 pending.extend(after_reanchoring(&ctx, &mut events));
             }
+        }
+    }
+}
+
+/// Replaces a lost session and re-anchors in the new one, retrying, until `bound` after ZooKeeper
+/// went out of reach (`since`); the engine's events that came meanwhile, for [`follow`].
+async fn renew(
+    ctx: &Context,
+    events: &mut mpsc::UnboundedReceiver<EngineEvent>,
+    since: Instant,
+    bound: Duration,
+) -> Result<VecDeque<EngineEvent>, Error> {
+    let last = Mutex::new(String::from("no attempt finished"));
+    let renewed = (|| async {
+        // A pass that failed while its session lives (a connection loss on one
+        // lock, say) goes on in it: the locks it admitted keep the claims that
+        // joined them (a new session would re-make their nodes, and in a directory
+        // shared with others their new holders could not claim continuity).
+        if ctx.engine.session_id().is_none() {
+            ctx.engine.reconnect().await?;
+        }
+        anchor::reanchor_all(ctx).await
+    })
+    .retry(REANCHOR_DELAYS)
+    .sleep(tokio::time::sleep)
+    .notify(|e, after| {
+        *last.lock() = e.to_string();
+        tracing::warn!(error = %e, ?after, "re-anchoring failed; retrying")
+    });
+    let mut kept = VecDeque::new();
+    let renewed = tokio::time::timeout_at(since + bound, renewed);
+    match while_reanchoring(ctx, events, &mut kept, renewed).await {
+        Ok(Ok(())) => Ok(kept),
+        // Not leading any more, say: the term ends with it.
+        Ok(Err(e)) => Err(e),
+        Err(_) => {
+            let why = format!(
+                "ZooKeeper out of reach for {bound:?}: no new session re-anchored (last attempt: {})",
+                last.lock()
+            );
+            Err(Error::CannotServe(why))
         }
     }
 }
