@@ -9,11 +9,16 @@
 #   scripts/demo.sh down     stop exactly what `scripts/demo.sh` started
 #
 # While it runs:  KUBECONFIG=.demo/kubeconfig .tools/bin/kubectl get lockclaims -A
+#
+# The tests run it as written (tests/repository/demo.rs), with two settings a user need not set:
+#   ZKLOCK_DEMO_STATE   where its state is kept (default .demo)
+#   ZKLOCK_DEMO_BINARY  a zklock binary already built, instead of building one
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-state=$root/.demo
+state=${ZKLOCK_DEMO_STATE:-$root/.demo}
 kubectl=$root/.tools/bin/kubectl
+zklock=${ZKLOCK_DEMO_BINARY:-$root/target/release/zklock}
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 stamp() { date +%H:%M:%S.%3N; }
@@ -53,10 +58,14 @@ up() {
     exit 1
   fi
   mkdir -p "$state"
-  say "installing what is missing (ZooKeeper, kubectl) and building zklock"
+  local building=" and building zklock"
+  [[ -z ${ZKLOCK_DEMO_BINARY:-} ]] || building=""
+  say "installing what is missing (ZooKeeper, kubectl)$building"
   scripts/zookeeper.sh install
   scripts/tools.sh >/dev/null
-  cargo build --quiet --release -p zklock
+  if [[ -z ${ZKLOCK_DEMO_BINARY:-} ]]; then
+    cargo build --quiet --release -p zklock
+  fi
 
   local zk_port metrics_port
   zk_port=$(free_port); metrics_port=$(free_port)
@@ -70,9 +79,9 @@ up() {
   say "the control plane is up ($("$kubectl" version -o json | python3 -c 'import json,sys; print("kube-apiserver", json.load(sys.stdin)["serverVersion"]["gitVersion"])'))"
   "$kubectl" apply -f crds/ >/dev/null
   # The operator keeps its leader epoch in its lease namespace (here: default).
-  target/release/zklock epoch-policy --param-namespace default | "$kubectl" apply -f - >/dev/null
+  "$zklock" admin epoch-policy --param-namespace default | "$kubectl" apply -f - >/dev/null
   say "applied the LockClaim and Lock CRDs, and the leader epoch's admission policy"
-  target/release/zklock run --zk-connect "127.0.0.1:$zk_port/zklock-demo" --epoch-param=zklock-leader-epoch \
+  "$zklock" run --zk-connect "127.0.0.1:$zk_port/zklock-demo" --epoch-param=zklock-leader-epoch \
     --metrics-addr "127.0.0.1:$metrics_port" >"$state/operator.log" 2>&1 &
   echo $! >"$state/operator.pid"
   wait_for "the operator" python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$metrics_port/readyz')"
@@ -123,5 +132,5 @@ CLAIM
 case ${1:-up} in
   up) up ;;
   down) down ;;
-  *) sed -n '2,11p' "$0"; exit 2 ;;
+  *) sed -n '2,15p' "$0"; exit 2 ;;
 esac

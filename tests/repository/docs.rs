@@ -281,3 +281,146 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     files
 }
+
+/// The `zklock` command lines a text shows: its fenced code blocks line by line, its inline code
+/// spans, and for a script every line.
+fn command_snippets(name: &str, text: &str) -> Vec<String> {
+    if !name.ends_with(".md") {
+        return text.lines().map(str::to_string).collect();
+    }
+    let (mut snippets, mut prose) = (vec![], String::new());
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if fenced {
+            snippets.push(line.to_string());
+        } else {
+            prose.push_str(line);
+            prose.push('\n');
+        }
+    }
+    snippets.extend(prose.split('`').skip(1).step_by(2).map(str::to_string));
+    snippets
+}
+
+/// The words after each `zklock` that stands where a command is run (first in its line or span,
+/// after `kubectl`, a shell operator or a path), up to the end of its arguments.
+fn zklock_invocations(snippet: &str) -> Vec<Vec<String>> {
+    // A shell comment shows no command (`# … (also: kubectl zklock ...)`).
+    let code = snippet.split(" #").next().unwrap_or_default();
+    let code = if code.trim_start().starts_with('#') { "" } else { code };
+    let words: Vec<&str> = code.split_whitespace().collect();
+    let before_a_command = ["kubectl", "$", "&&", "||", "|", ";", "then", "do", "exec", "time", "run:"];
+    let ends = ["|", "||", "&&", ";", "#", ">", "2>", "--", ")"];
+    let mut found = vec![];
+    for (i, word) in words.iter().enumerate() {
+        // A path to a binary runs it; a variable set to one (`ZKLOCK_BENCH_OPERATOR=…/zklock`)
+        // does not.
+        let runs = *word == "zklock" || (word.ends_with("/zklock") && !word.contains([':', '=']));
+        let placed = i == 0 || before_a_command.contains(&words[i - 1]);
+        if !runs || !placed {
+            continue;
+        }
+        let args = words[i + 1..]
+            .iter()
+            .take_while(|w| !ends.contains(w) && !w.starts_with('#'))
+            .map(|w| w.trim_matches(|c| c == '[' || c == ']' || c == '"' || c == '\'').to_string())
+            .filter(|w| !w.is_empty())
+            .collect();
+        found.push(args);
+    }
+    found
+}
+
+/// The subcommands a `--help` lists under "Commands:".
+fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn every_zklock_command_the_docs_show_exists() {
+    // Docs and scripts show `zklock exec … --timeout 30m`, `zklock admin epoch-policy`: each
+    // subcommand is looked up in the built binary's help, each flag in that subcommand's help,
+    // so that a command renamed or moved (the demo's `epoch-policy`, once) fails here, not for
+    // a user who types it.
+    let binary = std::env::var("ZKLOCK_TEST_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_zklock").into());
+    let mut helps: std::collections::HashMap<Vec<String>, Option<String>> = Default::default();
+    let mut help = |path: &[String]| {
+        helps
+            .entry(path.to_vec())
+            .or_insert_with(|| {
+                let out = Command::new(&binary).args(path).arg("--help").output().expect("run zklock --help");
+                out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+            })
+            .clone()
+    };
+    let mut texts = pages();
+    for dir in ["scripts", "examples"] {
+        let mut scripts: Vec<PathBuf> = std::fs::read_dir(root().join(dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .flat_map(|p| {
+                if p.is_dir() {
+                    std::fs::read_dir(&p).into_iter().flatten().flatten().map(|e| e.path()).collect()
+                } else {
+                    vec![p]
+                }
+            })
+            .filter(|p| p.extension().is_some_and(|e| e == "sh"))
+            .collect();
+        scripts.sort();
+        for path in scripts {
+            let name = path.strip_prefix(root()).unwrap_or(&path).display().to_string();
+            texts.push((name, read_file(&path)));
+        }
+    }
+    let (mut checked, mut wrong) = (0, vec![]);
+    for (name, text) in &texts {
+        for snippet in command_snippets(name, text) {
+            for args in zklock_invocations(&snippet) {
+                let mut path: Vec<String> = vec![];
+                let mut positional = false;
+                for arg in &args {
+                    let Some(text) = help(&path) else { break };
+                    if let Some(flag) = arg.strip_prefix('-').map(|_| arg.split('=').next().unwrap_or(arg)) {
+                        let listed =
+                            text.split(|c: char| c.is_whitespace() || ",[]=<>".contains(c)).any(|word| word == flag);
+                        if !listed {
+                            wrong.push(format!(
+                                "{name}: `zklock {}`: no {flag} in `zklock {} --help`",
+                                args.join(" "),
+                                path.join(" ")
+                            ));
+                        }
+                    } else if !positional && subcommands(&text).contains(arg) {
+                        path.push(arg.clone());
+                    } else if !positional && path.is_empty() {
+                        wrong.push(format!("{name}: `zklock {}`: no subcommand {arg}", args.join(" ")));
+                        break;
+                    } else {
+                        positional = true;
+                    }
+                }
+                if help(&path).is_none() {
+                    wrong.push(format!(
+                        "{name}: `zklock {}`: `zklock {} --help` fails",
+                        args.join(" "),
+                        path.join(" ")
+                    ));
+                }
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} zklock command lines checked against the binary's help");
+    assert!(checked >= 30, "the docs show zklock commands; found only {checked}: is the scan broken?");
+    assert!(wrong.is_empty(), "commands the docs show that the binary does not have:\n{}", wrong.join("\n"));
+}
