@@ -6,9 +6,11 @@
 //! 0. vocabulary (`base`) and the pure cores: names, errors, scopes, intervals; the creation-order
 //!    gates (`admission`), the grant ledger (`ledger`), status spacing (`throttle`);
 //! 1. capabilities, each owning its state: the API fence and the token floor, the API `writer`
-//!    (every call with its deadline, Events), the registry, the gated pods' arrivals, the holder
-//!    pods' view, what of the term is served, the watches' `stores`, the `triggers`; the `context`
-//!    that bundles them, and the one error policy (`report`);
+//!    (every call with its deadline and its `Answer`, Events), the registry (the claims' index and
+//!    the grant book), the gated pods' arrivals, the holder pods' view, what of the term is served
+//!    (`serving`), the watches' `stores`, the `triggers`; the `context` the claims' pipeline and
+//!    the term's tasks share (the other controllers have their own), and the one error policy
+//!    (`report`);
 //! 2. the pipelines: a claim's (`claim`, over the pure `claim::plan`), a gated pod's (`gated`), and
 //!    the `Lock` and `ClusterLock` permits and statuses (`status`);
 //! 3. the term's tasks: the claim feed, watches, re-anchoring, the session supervisor, the paced

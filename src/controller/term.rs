@@ -72,6 +72,9 @@ pub async fn run(
     // Scrapes read this term's waiters (the term's end lets go of them: see operator.rs).
     ctx.metrics.waiters.follow(ctx.stores.claims().to_vec());
     let shutdown = shutdown.shared();
+    if ctx.fence.is_some() {
+        ctx.writer.leadership().time_left().ok_or(Error::NotLeading)?;
+    }
     let Some(()) = until(shutdown.clone(), fence_and_sync(&ctx, &settings.feeds)).await? else { return Ok(()) };
     // Only now: every earlier term's write is in the stores, and so in the replay each claim's
     // first copy in this term's registry comes from (see `feed::ClaimFeeds::subscribe`).
@@ -229,7 +232,6 @@ async fn until<T>(
 /// (see `feed`).
 async fn fence_and_sync(ctx: &Context, feeds: &feed::ClaimFeeds) -> Result<(), Error> {
     if let Some(fence) = &ctx.fence {
-        ctx.writer.leadership().time_left().ok_or(Error::NotLeading)?;
         let scopes = ctx.scopes.apis::<crate::api::LockClaim>(ctx.writer.client());
         api_fence::raise(ctx.writer.client(), fence, &scopes, &ctx.engine).await?;
     }

@@ -56,7 +56,9 @@ impl<T> Answer<T> {
     pub fn error(&self) -> Option<String> {
         match self {
             Answer::Done(_) => None,
-            Answer::Refused { call, status } => Some(format!("{call}: {}", status.message)),
+            Answer::Refused { call, status } => {
+                Some(format!("{call}: {} ({} {})", status.message, status.code, status.reason))
+            }
             Answer::Unanswered(e) => Some(e.to_string()),
         }
     }

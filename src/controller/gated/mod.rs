@@ -231,8 +231,10 @@ async fn ungate(ctx: &Ctx, pod: &KeptPod, index: usize) -> Result<bool, Error> {
     let removed =
         ctx.writer.write("ungate_pod", api.patch(pod.name(), &PatchParams::default(), &Patch::Json::<()>(patch))).await;
     // 422/409/404: the test failed, or the pod is gone.
+    if let Answer::Refused { status, .. } = &removed {
+        tracing::debug!(answer = %status.message, "gate removal refused; looking again");
+    }
     if removed.expecting(&[422, 409, 404])?.is_none() {
-        tracing::debug!("gate removal refused; looking again");
         return Ok(false);
     }
     tracing::info!("removed the scheduling gate: the pod holds its lock");

@@ -7,10 +7,13 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use super::{Inner, Registry, RELEASE_MEMORY};
+use super::{Inner, Registry};
 use crate::api::{KeptClaim, Phase};
 use crate::controller::base::Uid;
 use crate::controller::ledger::{GrantBlocked, Ledger, Locks, Wanted};
+
+/// How long a release waits in the registry for the grant that ends its handoff.
+const RELEASE_MEMORY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The book's part under the registry's lock.
 #[derive(Default)]
@@ -77,13 +80,14 @@ impl Registry {
         Ok(())
     }
 
-    /// Sends the claims woken from now on to `waker` (see `Inner::blocked`).
+    /// Sends the claims woken from now on to `waker`: those whose grant waited for another
+    /// claim's write (see `Ledger::wake_into`).
     pub fn wake_into(&self, waker: tokio::sync::mpsc::UnboundedSender<Uid>) {
         self.lock().book.ledger.wake_into(waker);
     }
 
     /// Claim `uid` was listed at the start of this term, not final, without this term's epoch
-    /// in its status: see `Inner::unstamped`.
+    /// in its status: see [`Grant::unstamped`].
     pub fn expect_stamp(&self, uid: &Uid) {
         let mut inner = self.lock();
         let Some((key, claim)) = inner.claims.get_key_value(uid).map(|(k, c)| (k.clone(), c.locks.clone())) else {

@@ -2,9 +2,9 @@
 //! the claims' index here (which object a contender id, a claim UID, belongs to, which claims a
 //! pod holds or a lock has), the admission gates (`super::admission`), and the grant book
 //! ([`book`]: each claim's last written phase, stamp and verdict, and the grant ledger,
-//! `super::ledger`, with every rule about who may be written Held). Everything here can be rebuilt from the API and ZooKeeper; it is never the
-//! source of truth for who holds a lock. A claim over several locks is one entry here, with all
-//! its locks.
+//! `super::ledger`, with every rule about who may be written Held). Everything here can be
+//! rebuilt from the API and ZooKeeper; it is never the source of truth for who holds a lock. A
+//! claim over several locks is one entry here, with all its locks.
 
 mod book;
 
@@ -31,9 +31,6 @@ pub struct Seen<'a> {
     /// reconciles it (a new term's walk may reach it last).
     pub pod: Option<&'a str>,
 }
-
-/// How long a release waits in the registry for the grant that ends its handoff.
-const RELEASE_MEMORY: Duration = Duration::from_secs(60);
 
 #[derive(Default)]
 pub struct Registry {

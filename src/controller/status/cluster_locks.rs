@@ -87,7 +87,8 @@ pub async fn reconcile(lock: Arc<ClusterLock>, ctx: Arc<Ctx>) -> Result<Action, 
     }
     let name = lock.name_any();
     let path = ctx.layout.cluster_lock(&name);
-    ctx.engine.declare(&path, Some(Limit::from_permits(lock.spec.permits)));
+    // Declared by the watch feed only (`limits_feed`): this copy may be older than the feed's
+    // last word (see `locks::reconcile`).
     if let Some(wait) = ctx.refreshes.wait(name.clone(), Instant::now()) {
         // The queue is read from ZooKeeper: once the window (or the spacing after the last look)
         // is over.

@@ -92,7 +92,9 @@ pub async fn reconcile(lock: Arc<Lock>, ctx: Arc<Ctx>) -> Result<Action, Error> 
     }
     let namespace = lock.namespace().ok_or(Error::Malformed("a namespace"))?;
     let name = lock.name_any();
-    ctx.engine.set_limit(&ctx.layout.lock(&namespace, &name), Limit::from_permits(Some(lock.spec.permits)));
+    // The permits are the watch feed's to declare (`limits_feed`), in the order the watch
+    // delivers changes: this copy may be older than a lower limit or the Lock's deletion, and
+    // declaring from it would hand out permits the Lock no longer gives.
     let key = ObjectRef::from_obj(&*lock);
     // Made from memory, so looked at first: only a status with news takes a turn (the event of
     // this operator's own write, for one, has none).
