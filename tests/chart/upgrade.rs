@@ -23,7 +23,7 @@ use zklock::api::Phase;
 const BEFORE_SPEC_LOCKS: &str = "f0975f4ba0c7433149b3dea35aaa115dc2910ab2";
 
 /// `charts/zklock` as it was at `commit`, from the repository's history, in a directory of its own.
-fn chart_at(commit: &str, dir: &std::path::Path) -> std::path::PathBuf {
+pub(crate) fn chart_at(commit: &str, dir: &std::path::Path) -> std::path::PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let archive = Command::new("git")
         .arg("-C")
@@ -44,7 +44,7 @@ fn chart_at(commit: &str, dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 /// A release namespace of its own, `<prefix>-<suffix>`; answers the suffix and the name.
-async fn release_namespace(client: &kube::Client, prefix: &str) -> (String, String) {
+pub(crate) async fn release_namespace(client: &kube::Client, prefix: &str) -> (String, String) {
     let suffix = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
     let name = format!("{prefix}-{suffix}");
     let namespace = serde_json::from_value(json!({ "metadata": { "name": name } })).unwrap();
@@ -55,7 +55,7 @@ async fn release_namespace(client: &kube::Client, prefix: &str) -> (String, Stri
     (suffix, name)
 }
 
-fn run(what: &str, command: &mut Command) -> String {
+pub(crate) fn run(what: &str, command: &mut Command) -> String {
     let out = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(
         out.status.success(),
