@@ -39,7 +39,10 @@ down() {
   if [[ -d $state/zookeeper ]]; then
     ZKLOCK_ZK_DIR=$state/zookeeper scripts/zookeeper.sh stop >/dev/null && say "stopped zookeeper"
   fi
-  rm -rf "$state"
+  # Only a directory the demo made (ZKLOCK_DEMO_STATE may name any).
+  if [[ -f $state/.zklock-demo ]]; then
+    rm -rf "$state"
+  fi
 }
 
 wait_for() { # what, command...
@@ -57,7 +60,12 @@ up() {
     echo "demo: already running (scripts/demo.sh down stops it)" >&2
     exit 1
   fi
+  if [[ -e $state && ! -f $state/.zklock-demo && -n $(ls -A "$state" 2>/dev/null) ]]; then
+    echo "demo: $state exists and is not the demo's; give ZKLOCK_DEMO_STATE an empty or new directory" >&2
+    exit 1
+  fi
   mkdir -p "$state"
+  touch "$state/.zklock-demo"
   local building=" and building zklock"
   [[ -z ${ZKLOCK_DEMO_BINARY:-} ]] || building=""
   say "installing what is missing (ZooKeeper, kubectl)$building"
@@ -120,7 +128,9 @@ CLAIM
   sleep 1
   say "while job-a works:"
   "$kubectl" -n demo get lockclaims job-a job-b
-  wait "$a" "$b"
+  # Each job's own status: one that failed fails the demo.
+  wait "$a"
+  wait "$b"
   echo
   say "all done. Everything keeps running; try:"
   echo "    export KUBECONFIG=$state/kubeconfig"

@@ -64,6 +64,7 @@ if [[ "${TOOLS_WITH_IMAGE:-0}" == "1" ]]; then
         || ! command -v docker-registry >/dev/null; then
         sudo=""
         [[ $(id -u) -eq 0 ]] || sudo=sudo
+        $sudo apt-get update -qq >/dev/null
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq umoci skopeo shellcheck docker-registry >/dev/null
     fi
     if [[ ! -x "$bin/actionlint" ]]; then

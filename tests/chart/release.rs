@@ -82,6 +82,23 @@ impl Drop for Registry {
     }
 }
 
+/// What the test started that must not outlive it, also when it fails midway: processes are
+/// killed, the directory (registry storage, image layouts, the unpacked image) removed.
+struct Leftovers {
+    dir: PathBuf,
+    children: Vec<Child>,
+}
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// The image's manifest digest in the registry (skopeo, without TLS on loopback).
 fn digest_of(reference: &str) -> String {
     let inspected =
@@ -113,13 +130,15 @@ fn pull(image: &str, dir: &Path) -> PathBuf {
 async fn a_release_pulled_from_a_registry_installs_passes_helm_test_and_upgrades_from_the_chart_before() {
     let dir = std::env::temp_dir().join(format!("zklock-release-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
+    let mut leftovers = Leftovers { dir: dir.clone(), children: vec![] };
     let registry = Registry::start(&dir).await;
     let host = &registry.host;
 
     // Published: the image with skopeo, the chart with helm push.
     let layout = dir.join("image");
     let mut build = Command::new(root().join("scripts/image.sh"));
-    build.args(["--binary", env!("CARGO_BIN_EXE_zklock"), "--revision", "rehearsal"]).arg(&layout);
+    let binary = std::env::var("ZKLOCK_TEST_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_zklock").into());
+    build.args(["--binary", &binary, "--revision", "rehearsal"]).arg(&layout);
     run("scripts/image.sh", &mut build);
     let image = format!("{host}/zklock/zklock:{VERSION}");
     run(
@@ -181,17 +200,26 @@ async fn a_release_pulled_from_a_registry_installs_passes_helm_test_and_upgrades
         run("helm get manifest", helm_on(kubeconfig).args(["get", "manifest", &release, "--namespace", &release_ns]));
     let docs = documents(&manifest);
     let log = dir.join("operator.log");
-    let (mut operator, metrics) =
+    let (operator, metrics) =
         crate::chart_rbac::start_operator_from(&binary, &docs, &zk, kubeconfig, &dir.join("requests.log"), &log);
+    leftovers.children.push(operator);
     crate::chart_rbac::await_leading("the release from the registry", &metrics, &log).await;
 
     // helm test, as a user runs it; this test is the node that runs its pod.
     let mut helm_test = helm_on(kubeconfig);
     helm_test.args(["test", &release, "--namespace", &release_ns, "--timeout", "3m"]);
-    let helm_test = helm_test.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run helm test");
+    let helm_test = tokio::process::Command::from(helm_test)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run helm test");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &release_ns);
     let test_pod = run_test_pod(&pods, &binary, kubeconfig, &dir).await;
-    let out = tokio::task::spawn_blocking(move || helm_test.wait_with_output()).await.unwrap().expect("helm test");
+    let out = tokio::time::timeout(PATIENCE, helm_test.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("helm test did not end within {PATIENCE:?} after its pod succeeded"))
+        .expect("helm test");
     let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "helm test failed:\n{said}");
     assert!(said.contains(&test_pod) && said.contains("Succeeded"), "helm test reports its pod: {said}");
@@ -202,6 +230,7 @@ async fn a_release_pulled_from_a_registry_installs_passes_helm_test_and_upgrades
     env.wait_phase("from-the-registry", Phase::Held).await;
     env.delete_claim("from-the-registry").await;
     env.wait_gone("from-the-registry").await;
+    let mut operator = leftovers.children.pop().expect("the operator");
     crate::chart_rbac::stop("the release from the registry", &mut operator, &log);
 
     // The chart before this one in git history, installed, then upgraded to the registry's.
@@ -223,9 +252,16 @@ async fn a_release_pulled_from_a_registry_installs_passes_helm_test_and_upgrades
         helm_on(kubeconfig).args(["history", &upgraded, "--namespace", &upgraded_ns, "-o", "json"]),
     );
     let history: Value = serde_json::from_str(&history).unwrap();
-    let last = history.as_array().and_then(|h| h.last()).cloned().unwrap_or_default();
-    assert_eq!(last["status"], "deployed", "the upgrade is deployed: {history}");
-    assert_eq!(last["chart"], format!("zklock-{VERSION}"), "{history}");
+    let revisions = history.as_array().cloned().unwrap_or_default();
+    let states: Vec<(i64, String)> = revisions
+        .iter()
+        .map(|r| (r["revision"].as_i64().unwrap_or_default(), r["status"].as_str().unwrap_or_default().to_string()))
+        .collect();
+    assert_eq!(
+        states,
+        [(1, "superseded".to_string()), (2, "deployed".to_string())],
+        "the chart before, then the registry's, deployed: {history}"
+    );
 
     for (name, ns) in [(&release, &release_ns), (&upgraded, &upgraded_ns)] {
         run(
@@ -234,7 +270,7 @@ async fn a_release_pulled_from_a_registry_installs_passes_helm_test_and_upgrades
         );
     }
     drop(registry);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(leftovers);
 }
 
 /// The newest commit before the last change to the chart: the chart a user upgrades from.
@@ -299,21 +335,27 @@ async fn run_test_pod(pods: &Api<Pod>, binary: &Path, kubeconfig: &Path, dir: &P
     std::fs::write(dir.join("test-pod.log"), &said).unwrap();
     assert!(out.status.success(), "the test pod's command failed:\n{said}");
     assert!(said.contains(VERSION), "it ran the image's zklock under the lock: {said}");
-    let phase = if out.status.success() { "Succeeded" } else { "Failed" };
-    let status = json!({ "status": { "phase": phase } });
+    // What a kubelet writes when the pod's one container exits 0.
+    let status = json!({ "status": { "phase": "Succeeded" } });
     pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await.expect("write the pod's phase");
     name
 }
 
-/// The README's install command pulls the chart from where the release workflow pushes it, at
+/// The install command the README and operations.md show pulls the chart from where the release workflow pushes it, at
 /// this version, and that chart's default image is the one the workflow publishes.
 #[test]
 fn the_readmes_install_command_names_what_a_release_publishes() {
-    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
-    let install = readme
-        .lines()
-        .find(|l| l.starts_with("helm install") && l.contains("oci://"))
-        .expect("the README installs the chart from its OCI registry");
+    for page in ["README.md", "docs/operations.md"] {
+        let text = std::fs::read_to_string(root().join(page)).expect(page);
+        let install = text
+            .lines()
+            .find(|l| l.starts_with("helm install") && l.contains("oci://"))
+            .unwrap_or_else(|| panic!("{page} installs the chart from its OCI registry"));
+        check_install(page, install);
+    }
+}
+
+fn check_install(page: &str, install: &str) {
     let workflow = std::fs::read_to_string(root().join(".github/workflows/release.yml")).expect("release.yml");
     let values = std::fs::read_to_string(chart().join("values.yaml")).expect("values.yaml");
     let image: Value = serde_yaml::from_str::<Value>(&values).expect("values.yaml")["image"]["repository"].clone();
@@ -326,6 +368,6 @@ fn the_readmes_install_command_names_what_a_release_publishes() {
     let chart_ref = format!("oci://ghcr.io/{owner}/charts/zklock");
     assert!(
         install.contains(&format!("{chart_ref} --version {VERSION} ")),
-        "{install:?} installs {chart_ref} {VERSION}"
+        "{page}: {install:?} installs {chart_ref} {VERSION}"
     );
 }

@@ -29,23 +29,26 @@ fn readme_command(after: &str) -> String {
     rest[open..close].trim().to_string()
 }
 
-/// Stops what the demo started when the test ends, also when it fails.
+/// Stops what the demo started when the test ends, also when it fails (`down` has its own
+/// deadlines: each process is asked to stop, then killed).
 struct Down {
     env: Vec<(&'static str, String)>,
     state: PathBuf,
+    log: PathBuf,
     done: bool,
 }
 
 impl Drop for Down {
     fn drop(&mut self) {
         if !self.done {
-            let _ = std::process::Command::new("bash")
-                .args(["scripts/demo.sh", "down"])
+            let _ = std::process::Command::new("timeout")
+                .args(["60", "bash", "scripts/demo.sh", "down"])
                 .current_dir(root())
                 .envs(self.env.iter().cloned())
                 .status();
         }
         let _ = std::fs::remove_dir_all(&self.state);
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 
@@ -59,6 +62,8 @@ async fn run(command: &str, env: &[(&'static str, String)], log: &Path, limit: D
         .stdin(Stdio::null())
         .stdout(file.try_clone().expect("log file"))
         .stderr(file)
+        // A group of its own, so that a deadline ends what it started too, not bash alone.
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .expect("run bash");
@@ -66,12 +71,20 @@ async fn run(command: &str, env: &[(&'static str, String)], log: &Path, limit: D
     let printed = std::fs::read_to_string(log).unwrap_or_default();
     match status {
         Ok(status) => (status.expect("wait for bash").success(), printed),
-        Err(_) => panic!("`{command}` did not finish within {limit:?}; it printed:\n{printed}"),
+        Err(_) => {
+            if let Some(group) = child.id() {
+                let _ = std::process::Command::new("kill").args(["-KILL", "--", &format!("-{group}")]).status();
+            }
+            panic!("`{command}` did not finish within {limit:?}; it printed:\n{printed}")
+        }
     }
 }
 
+/// Whether process `pid` runs (a zombie, ended but not reaped, does not).
 fn alive(pid: &str) -> bool {
-    Path::new("/proc").join(pid.trim()).exists()
+    let stat = std::fs::read_to_string(Path::new("/proc").join(pid.trim()).join("stat")).unwrap_or_default();
+    // `pid (name) state …`: the state follows the name's closing parenthesis.
+    stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z'))
 }
 
 /// The fencing token the demo printed for `job`'s grant.
@@ -95,8 +108,8 @@ async fn the_readmes_demo_runs_as_written_and_down_stops_all_it_started() {
         // The control plane the demo starts stops with this test's process, should it be killed.
         ("ZKLOCK_K8S_WATCH_PID", std::process::id().to_string()),
     ];
-    let mut down = Down { env: env.clone(), state: state.clone(), done: false };
     let log = std::env::temp_dir().join(format!("zklock-demo-{}.log", uuid::Uuid::new_v4().simple()));
+    let mut down = Down { env: env.clone(), state: state.clone(), log: log.clone(), done: false };
 
     let (ok, printed) = run(&command, &env, &log, DEMO_LIMIT).await;
     eprintln!("{printed}");
@@ -116,6 +129,11 @@ async fn the_readmes_demo_runs_as_written_and_down_stops_all_it_started() {
     assert!(order("job-a: done") < order("job-b: Held"), "job-b held the lock only after job-a let go:\n{printed}");
 
     let operator = std::fs::read_to_string(state.join("operator.pid")).expect("the demo's operator pid file");
+    let zookeeper = printed
+        .lines()
+        .find_map(|l| l.split(" standalone at ").nth(1))
+        .map(|address| address.trim().to_string())
+        .unwrap_or_else(|| panic!("the demo says where its ZooKeeper listens:\n{printed}"));
     let planes = std::fs::read_to_string(state.join("k8s/pids")).unwrap_or_default();
     assert!(alive(&operator), "the demo leaves the operator running for the user to try things");
 
@@ -134,13 +152,13 @@ async fn the_readmes_demo_runs_as_written_and_down_stops_all_it_started() {
             .map(str::to_string)
             .collect::<Vec<_>>()
     };
-    while !left().is_empty() {
+    // `down` asks each process to stop; ZooKeeper's JVM takes a moment to let its port go.
+    while !left().is_empty() || tokio::net::TcpStream::connect(&zookeeper).await.is_ok() {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "processes the demo started still run 30 s after `down`: {:?}",
+            "30 s after `down`, processes the demo started still run ({:?}) or its ZooKeeper still listens on {zookeeper}",
             left()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let _ = std::fs::remove_file(&log);
 }

@@ -311,13 +311,16 @@ fn zklock_invocations(snippet: &str) -> Vec<Vec<String>> {
     let code = snippet.split(" #").next().unwrap_or_default();
     let code = if code.trim_start().starts_with('#') { "" } else { code };
     let words: Vec<&str> = code.split_whitespace().collect();
-    let before_a_command = ["kubectl", "$", "&&", "||", "|", ";", "then", "do", "exec", "time", "run:"];
+    let before_a_command = ["kubectl", "$", "&&", "||", "|", ";", "then", "do", "exec", "time", "run:", "run"];
     let ends = ["|", "||", "&&", ";", "#", ">", "2>", "--", ")"];
     let mut found = vec![];
     for (i, word) in words.iter().enumerate() {
         // A path to a binary runs it; a variable set to one (`ZKLOCK_BENCH_OPERATOR=…/zklock`)
         // does not.
-        let runs = *word == "zklock" || (word.ends_with("/zklock") && !word.contains([':', '=']));
+        // `zklock`, a script's `"$zklock"`, `$(zklock …`.
+        let bare = word.trim_start_matches("$(").trim_matches(|c| c == '"' || c == '\'');
+        let runs = matches!(bare, "zklock" | "$zklock" | "${zklock}")
+            || (word.ends_with("/zklock") && !word.contains([':', '=']));
         let placed = i == 0 || before_a_command.contains(&words[i - 1]);
         if !runs || !placed {
             continue;
@@ -402,8 +405,11 @@ fn every_zklock_command_the_docs_show_exists() {
                         }
                     } else if !positional && subcommands(&text).contains(arg) {
                         path.push(arg.clone());
-                    } else if !positional && path.is_empty() {
-                        wrong.push(format!("{name}: `zklock {}`: no subcommand {arg}", args.join(" ")));
+                    } else if !positional && !subcommands(&text).is_empty() {
+                        // `zklock admin epoch-polcy`: a command group takes no positional word.
+                        let group =
+                            if path.is_empty() { String::new() } else { format!(" of `zklock {}`", path.join(" ")) };
+                        wrong.push(format!("{name}: `zklock {}`: no subcommand {arg}{group}", args.join(" ")));
                         break;
                     } else {
                         positional = true;
