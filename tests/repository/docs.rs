@@ -269,7 +269,8 @@ fn every_path_the_docs_name_exists() {
     assert!(missing.is_empty(), "the docs name paths that do not exist:\n{}", missing.join("\n"));
 }
 
-fn walk(dir: &Path) -> Vec<PathBuf> {
+/// Every `.rs` file under `dir`.
+pub(crate) fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut files = vec![];
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let path = entry.path();

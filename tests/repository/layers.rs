@@ -343,20 +343,6 @@ fn the_import_reader_sees_imports() {
     }
 }
 
-/// Every `.rs` file under `dir`.
-fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut files = vec![];
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            files.extend(rust_files(&path));
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            files.push(path);
-        }
-    }
-    files
-}
-
 /// A lock's permits reach the engine from one place, the watch feed of `Lock`s and
 /// `ClusterLock`s (`status/limits_feed.rs`, through `LimitSource::declare`/`undeclare`), in the
 /// order the watch delivers changes. A reconcile's copy may be older than a lower limit or the
@@ -366,7 +352,7 @@ fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
 fn only_the_watch_feed_tells_the_engine_a_locks_permits() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/controller");
     let mut found = vec![];
-    for file in rust_files(&root) {
+    for file in crate::docs::walk(&root) {
         let code = code_of(&file);
         let mut function = String::new();
         for line in code.lines() {
