@@ -6,7 +6,8 @@
 # TOOLS_WITH_IMAGE=1 also installs Debian's umoci and skopeo (scripts/image.sh builds the image
 # with them, the image test reads it back), docker-registry (the release rehearsal's registry on
 # loopback), shellcheck, and builds actionlint from the Go module proxy (the release workflow's
-# linter, which runs shellcheck on the workflow's scripts).
+# linter, which runs shellcheck on the workflow's scripts), and lua5.1 (Argo CD's health check for
+# claims, contrib/argocd/health.lua, run by tests/repository/argocd.rs).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tools="$root/.tools"
@@ -61,11 +62,11 @@ fi
 
 if [[ "${TOOLS_WITH_IMAGE:-0}" == "1" ]]; then
     if ! command -v umoci >/dev/null || ! command -v skopeo >/dev/null || ! command -v shellcheck >/dev/null \
-        || ! command -v docker-registry >/dev/null; then
+        || ! command -v docker-registry >/dev/null || ! command -v lua5.1 >/dev/null; then
         sudo=""
         [[ $(id -u) -eq 0 ]] || sudo=sudo
         $sudo apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq umoci skopeo shellcheck docker-registry >/dev/null
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq umoci skopeo shellcheck docker-registry lua5.1 >/dev/null
     fi
     if [[ ! -x "$bin/actionlint" ]]; then
         GOBIN="$bin" GOFLAGS=-mod=mod go install github.com/rhysd/actionlint/cmd/actionlint@v1.7.12 >&2

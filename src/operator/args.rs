@@ -26,11 +26,17 @@ pub struct RunArgs {
     zk_session_timeout: Duration,
     /// Digest credentials: digest:USER:PASS. The operator's nodes then get the ACL "zklock all,
     /// world read"; who else may contend in lock directories is --zk-contenders
-    #[arg(long, env = "ZKLOCK_ZK_AUTH", conflicts_with = "zk_auth_file", value_parser = parse_digest)]
+    #[arg(long, env = "ZKLOCK_ZK_AUTH", conflicts_with_all = ["zk_auth_file", "zk_auth_secret"], value_parser = parse_digest)]
     zk_auth: Option<String>,
     /// File holding digest:USER:PASS (e.g. a mounted Secret)
-    #[arg(long, env = "ZKLOCK_ZK_AUTH_FILE")]
+    #[arg(long, env = "ZKLOCK_ZK_AUTH_FILE", conflicts_with = "zk_auth_secret")]
     zk_auth_file: Option<std::path::PathBuf>,
+    /// Secret, in the lease namespace, holding the operator's credentials (key `operator`) and
+    /// the listed contenders' (key `contender`), both digest:USER:PASS; the operator makes it,
+    /// with random credentials, when it is missing, and never replaces it (GitOps renders hold no
+    /// secret). Needs get and create on Secrets there
+    #[arg(long, env = "ZKLOCK_ZK_AUTH_SECRET", value_parser = secret_name)]
+    zk_auth_secret: Option<String>,
     /// Earlier credentials of the operator (digest:USER:PASS), while they are rotated out: the
     /// operator authenticates with them too and names them in every ACL it writes beside
     /// --zk-auth, and takes over every node made under them. Drop them once every replica runs
@@ -124,14 +130,17 @@ impl RunArgs {
                 zk.previous_auth.push(parse_digest(&previous).map_err(|e| format!("{}: {e}", file.display()))?);
             }
         }
-        if !zk.previous_auth.is_empty() && zk.digest_auth.is_none() {
+        let has_auth = zk.digest_auth.is_some() || self.zk_auth_secret.is_some();
+        if !zk.previous_auth.is_empty() && !has_auth {
             return Err("--zk-previous-auth needs --zk-auth or --zk-auth-file: the credentials rotated to".into());
         }
         zk.contenders = match self.zk_contenders.as_str() {
-            "listed" if zk.digest_auth.is_none() => {
-                return Err("--zk-contenders listed needs --zk-auth or --zk-auth-file: without credentials \
+            "listed" if !has_auth => {
+                return Err(
+                    "--zk-contenders listed needs --zk-auth, --zk-auth-file or --zk-auth-secret: without credentials \
                             ZooKeeper has no identity to keep lock directories for"
-                    .into());
+                        .into(),
+                );
             }
             "listed" => crate::zk::Contenders::Listed(
                 self.zk_contender_auth_file
@@ -188,12 +197,26 @@ impl RunArgs {
             resync_period: self.resync_period,
             default_ttl: self.default_ttl_seconds_after_finished.map(|s| Duration::from_secs(s.into())),
             manage_crds: self.manage_crds,
+            credentials_secret: self.zk_auth_secret,
             identity,
         })
     }
 }
 
-fn parse_digest(s: &str) -> Result<String, String> {
+fn secret_name(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|part| {
+            !part.is_empty()
+                && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        });
+    ok.then(|| s.to_string())
+        .ok_or_else(|| format!("{s:?} is no Secret name (lower-case letters, digits, '-' and '.')"))
+}
+
+pub(super) fn parse_digest(s: &str) -> Result<String, String> {
     match s.trim().strip_prefix("digest:") {
         Some(cred) if cred.split_once(':').is_some_and(|(u, p)| !u.is_empty() && !p.is_empty()) => Ok(cred.to_string()),
         _ => Err("expected digest:USER:PASS".into()),

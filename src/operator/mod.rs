@@ -4,6 +4,7 @@
 
 mod args;
 pub mod crds;
+pub mod credentials;
 
 pub use args::RunArgs;
 
@@ -54,7 +55,23 @@ pub struct Options {
     pub default_ttl: Option<std::time::Duration>,
     /// Bring zklock's CRDs to this version at start (see [`crds`]).
     pub manage_crds: bool,
+    /// `--zk-auth-secret`: the ZooKeeper credentials are read from (or made into) this Secret in
+    /// the lease namespace at start (see [`credentials`]).
+    pub credentials_secret: Option<String>,
     pub identity: String,
+}
+
+impl Options {
+    /// Takes `credentials` as the operator's own and, when contenders are listed, as theirs.
+    pub fn with_credentials(mut self, credentials: credentials::Credentials) -> Self {
+        self.zk.digest_auth = Some(credentials.operator);
+        if let crate::zk::Contenders::Listed(listed) = &mut self.zk.contenders {
+            if !listed.contains(&credentials.contender) {
+                listed.push(credentials.contender);
+            }
+        }
+        self
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +80,8 @@ pub enum RunError {
     Kube(String),
     #[error("{0}")]
     ZooKeeper(#[from] crate::zk::Error),
+    #[error("ZooKeeper credentials: {0}")]
+    Credentials(String),
     #[error("cannot serve metrics on {addr}: {source} (choose another --metrics-addr)")]
     Metrics { addr: SocketAddr, source: std::io::Error },
     #[error("{0}")]
@@ -73,6 +92,15 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
     let metrics = Arc::new(Metrics::default());
     let clients = crate::client::clients(metrics.clone()).await.map_err(RunError::Kube)?;
     let client = clients.requests.clone();
+    let lease_namespace = options.lease_namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
+    let options = match &options.credentials_secret {
+        Some(name) => {
+            let made =
+                credentials::get_or_make(&client, &lease_namespace, name).await.map_err(RunError::Credentials)?;
+            options.with_credentials(made)
+        }
+        None => options,
+    };
     if options.manage_crds {
         crds::apply_and_report(&client).await;
     }
@@ -89,7 +117,6 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
         .map_err(|source| RunError::Metrics { addr: options.metrics_addr, source })?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
 
-    let lease_namespace = options.lease_namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
     let mut lease =
         LeaseLock::new(Api::<Lease>::namespaced(client.clone(), &lease_namespace), LEASE_NAME, &options.identity);
 

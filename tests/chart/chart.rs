@@ -340,20 +340,37 @@ fn check_documents(label: &str, docs: &[Value], values: &Value, ns: &str) {
     } else {
         assert_eq!(connect, &format!("{}{chroot}", zk["connectString"].as_str().unwrap()), "{label}");
     }
-    // With the bundled ensemble and no Secret given, the chart's generated one (rendered here).
+    // With the bundled ensemble and no Secret given, credentials the operator makes once: the
+    // render names the Secret and holds none (a render that drew them would draw new ones at
+    // every `helm template`), and the operator may read and create that Secret alone.
     let generated =
         zk["bundled"]["enabled"] == true && zk["auth"]["generate"] == true && zk["auth"]["existingSecret"] == "";
-    let auth_secret = if generated {
-        let secrets: Vec<&str> = find(docs, "Secret").into_iter().map(name).collect();
+    let auth_secret = zk["auth"]["existingSecret"].clone();
+    assert!(find(docs, "Secret").is_empty(), "{label}: the chart renders no Secret");
+    if generated {
         let zookeeper = find(docs, "StatefulSet").into_iter().map(name).next().expect("the bundled StatefulSet");
-        let name = format!("{zookeeper}-auth");
-        assert!(secrets.contains(&name.as_str()), "{label}: no Secret {name} among {secrets:?}");
-        Value::String(name)
+        let secret = format!("{zookeeper}-auth");
+        assert_eq!(args.get("--zk-auth-secret"), Some(&vec![secret.clone()]), "{label}: the credentials' Secret");
+        assert!(!args.contains_key("--zk-auth-file"), "{label}: generated credentials are read through the API");
+        let grants = find(docs, "Role")
+            .into_iter()
+            .flat_map(|role| role["rules"].as_array().cloned().unwrap_or_default())
+            .filter(|rule| rule["resources"] == serde_json::json!(["secrets"]))
+            .map(|rule| (strings(&rule["verbs"]), strings(&rule["resourceNames"])))
+            .collect::<Vec<_>>();
+        assert_eq!(
+            grants,
+            [(vec!["create".to_string()], vec![]), (vec!["get".to_string()], vec![secret])],
+            "{label}: the operator's only Secret permissions"
+        );
     } else {
-        zk["auth"]["existingSecret"].clone()
-    };
+        assert!(!args.contains_key("--zk-auth-secret"), "{label}: no generated credentials");
+    }
     if generated || zk["auth"]["existingSecret"] != "" {
-        assert!(args.contains_key("--zk-auth-file"), "{label}: the operator gets no credentials");
+        assert!(
+            args.contains_key("--zk-auth-file") || args.contains_key("--zk-auth-secret"),
+            "{label}: the operator gets no credentials"
+        );
         assert_eq!(
             args.get("--zk-contenders").map(|v| v[0].as_str()),
             Some(zk["auth"]["contenders"].as_str().filter(|c| !c.is_empty()).unwrap_or("listed")),

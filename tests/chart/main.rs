@@ -1,6 +1,6 @@
 //! The Helm chart, with the real helm and kubectl: what it renders, the RBAC it grants, its
-//! upgrades, the release rehearsed from a registry, and its bundled ZooKeeper's configuration
-//! on the real server.
+//! upgrades, the release rehearsed from a registry, GitOps renders (Argo CD), and its bundled
+//! ZooKeeper's configuration on the real server.
 
 #[path = "../chart_support/mod.rs"]
 mod chart_support;
@@ -11,6 +11,7 @@ mod support;
 
 mod chart;
 mod chart_rbac;
+mod gitops;
 mod hooks;
 mod release;
 mod upgrade;

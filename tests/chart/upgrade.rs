@@ -55,8 +55,10 @@ pub(crate) async fn release_namespace(client: &kube::Client, prefix: &str) -> (S
     (suffix, name)
 }
 
+/// Runs `command` to its end, within [`COMMAND_DEADLINE`] (killed past it); its stdout, or a
+/// panic naming `what` with everything it printed.
 pub(crate) fn run(what: &str, command: &mut Command) -> String {
-    let out = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    let out = chart_support::output_within(what, command, COMMAND_DEADLINE);
     assert!(
         out.status.success(),
         "{what}: {}{}",
@@ -65,6 +67,10 @@ pub(crate) fn run(what: &str, command: &mut Command) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// The longest a helm, kubectl, skopeo or image build here may take (a chart install without
+/// `--wait` takes seconds; the image build a minute on a cold cache).
+pub(crate) const COMMAND_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_from_a_release_before_spec_locks_with_reuse_values_serves_a_claim_over_two_locks() {
@@ -139,45 +145,59 @@ async fn an_upgrade_from_a_release_before_spec_locks_with_reuse_values_serves_a_
     );
 }
 
-/// The bundled ensemble's generated credentials are made once: an upgrade (with or without
-/// `--reuse-values`) keeps them, since new ones would lock the operator out of every node the
-/// earlier ones made, and so does an uninstall (the ensemble's data volumes stay too).
+/// The last chart that rendered the bundled ensemble's credentials itself (with `lookup`, and
+/// `helm.sh/resource-policy: keep`); the operator makes them since.
+const CHART_THAT_RENDERED_CREDENTIALS: &str = "9ec355ffff775f6cdb88ca0e9371a239e4128837";
+
+/// Credentials are made once: a release installed by the chart that rendered them keeps them
+/// through the upgrade to this chart (which renders none), the operator of this build reads
+/// them rather than making new ones (new ones would lock it out of every node the earlier ones
+/// made), and an uninstall leaves them, as it leaves the ensemble's data volumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_generated_zookeeper_credentials_outlive_upgrades_and_an_uninstall() {
+async fn credentials_rendered_by_an_earlier_chart_outlive_the_upgrade_and_an_uninstall() {
     use k8s_openapi::api::core::v1::Secret;
+    use zklock::operator::credentials::Credentials;
     let kubeconfig = zklock_testkit::kube::private_control_plane("chart-credentials");
+    let zk = zklock_testkit::ZkServer::shared().chroot().await;
     let client = zklock_testkit::kube::client_for(kubeconfig).await;
     let (suffix, release_ns) = release_namespace(&client, "zklock-credentials").await;
     let release = format!("zc{suffix}");
+    let dir = std::env::temp_dir().join(format!("zklock-chart-credentials-{suffix}"));
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &release_ns);
     let secret_name = format!("{release}-zklock-zookeeper-auth");
     let credentials = || async {
         let secret = secrets.get(&secret_name).await.unwrap_or_else(|e| panic!("Secret {secret_name}: {e}"));
-        secret.data.unwrap_or_default()
+        Credentials::from_secret(&secret, &secret_name).unwrap_or_else(|e| panic!("{e}"))
     };
-
     let helm_run = |what: &str, args: &[&str]| {
         let mut cmd = helm_on(kubeconfig);
         cmd.args(args).args(["--namespace", &release_ns]);
         run(what, &mut cmd)
     };
-    let chart = chart().display().to_string();
+    let old = chart_at(CHART_THAT_RENDERED_CREDENTIALS, &dir.join("old")).display().to_string();
     let one_server = "zookeeper.bundled.replicas=1";
-    helm_run("helm install", &["install", &release, &chart, "--skip-crds", "--wait=false", "--set", one_server]);
-    let made = credentials().await;
-    let operator = String::from_utf8(made["operator"].0.clone()).unwrap();
-    assert!(operator.starts_with("digest:zklock:") && operator.len() > 40, "generated credentials: {operator}");
     helm_run(
-        "helm upgrade",
-        &["upgrade", &release, &chart, "--wait=false", "--set", one_server, "--set", "logLevel=debug"],
+        "helm install of the earlier chart",
+        &["install", &release, &old, "--skip-crds", "--wait=false", "--set", one_server],
     );
-    assert_eq!(credentials().await, made, "helm upgrade made new credentials");
-    helm_run("helm upgrade --reuse-values", &["upgrade", &release, &chart, "--wait=false", "--reuse-values"]);
-    assert_eq!(credentials().await, made, "helm upgrade --reuse-values made new credentials");
+    let made = credentials().await;
+    assert!(made.operator.starts_with("zklock:") && made.operator.len() > 40, "the earlier chart's credentials");
+
+    let chart = chart().display().to_string();
+    helm_run("helm upgrade to this chart", &["upgrade", &release, &chart, "--wait=false", "--reuse-values"]);
+    assert!(credentials().await == made, "the upgrade to a chart that renders no Secret took the credentials");
+    let manifest = helm_run("helm get manifest", &["get", "manifest", &release]);
+    let docs = documents(&manifest);
+    assert!(find(&docs, "Secret").is_empty(), "this chart renders no Secret");
+    let log = dir.join("operator.log");
+    let (mut child, metrics) =
+        crate::chart_rbac::start_operator_on(&docs, &zk, kubeconfig, &dir.join("requests.log"), &log);
+    crate::chart_rbac::await_leading("the upgraded release", &metrics, &log).await;
+    crate::chart_rbac::stop("the upgraded release", &mut child, &log);
+    assert!(credentials().await == made, "the operator replaced the credentials the earlier chart made");
+
     helm_run("helm uninstall", &["uninstall", &release, "--wait=false", "--no-hooks"]);
-    assert_eq!(credentials().await, made, "helm uninstall took the credentials");
-    helm_run("helm install again", &["install", &release, &chart, "--skip-crds", "--wait=false", "--set", one_server]);
-    assert_eq!(credentials().await, made, "a new install over the kept Secret made new credentials");
-    helm_run("helm uninstall", &["uninstall", &release, "--wait=false", "--no-hooks"]);
+    assert!(credentials().await == made, "helm uninstall took the credentials");
     let _ = Api::<Namespace>::all(client.clone()).delete(&release_ns, &Default::default()).await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

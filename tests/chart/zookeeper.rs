@@ -1,6 +1,6 @@
 //! The bundled ZooKeeper, closed by default, proven with the real server: an ensemble of
 //! Debian's ZooKeeper run from the chart's own rendered `zoo.cfg` (moved to loopback ports), the
-//! operator's ZooKeeper flags as the chart renders them (with the generated Secret's files), and
+//! operator's ZooKeeper flags as the chart renders them (with credentials as the operator makes them), and
 //! Apache Curator with the generated contender credentials. A client without credentials, or
 //! with credentials of its own making, cannot delete, make or rewrite zklock's nodes; zklock and
 //! the listed Curator client share a lock; ZooKeeper serves its Prometheus metrics.
@@ -12,10 +12,9 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use clap::Parser;
-use k8s_openapi::api::core::v1::Secret;
 use zklock::recipe::{self, Mode};
 use zklock_testkit::curator;
-use zklock_testkit::zookeeper::{Ensemble, TempDir};
+use zklock_testkit::zookeeper::Ensemble;
 use zookeeper_client as zkc;
 
 /// `zklock run`'s flags, parsed as the binary parses them.
@@ -36,41 +35,34 @@ async fn the_bundled_ensemble_keeps_strangers_out_while_zklock_and_a_listed_cura
         .expect("a ConfigMap with zoo.cfg")
         .to_string();
     assert!(zoo_cfg.contains("enforce.auth.enabled=true"), "the ensemble must require authentication:\n{zoo_cfg}");
-    let secret: Secret = serde_json::from_value(
-        (*find(&docs, "Secret")
-            .into_iter()
-            .find(|s| name(s).ends_with("-zookeeper-auth"))
-            .expect("the generated Secret"))
-        .clone(),
-    )
-    .unwrap();
-    let data = secret.data.unwrap_or_default();
+    // The credentials the operator makes at its first start (src/operator/credentials.rs), as
+    // their Secret holds them.
+    let made = zklock::operator::credentials::Credentials::generate().unwrap();
+    let data = made.data();
     let credential = |key: &str| String::from_utf8(data[key].0.clone()).unwrap();
     let (operator, contender) = (credential("operator"), credential("contender"));
     assert!(operator.starts_with("digest:zklock:") && contender.starts_with("digest:contender:"));
     assert_ne!(operator, contender);
+    assert!(find(&docs, "Secret").is_empty(), "the chart renders no credentials");
 
-    // The Secret's files where the Deployment mounts them, and the operator's flags as rendered.
-    let files = TempDir::new("zklock-zk-auth");
-    let mounted = files.path();
-    std::fs::write(mounted.join("operator"), &operator).unwrap();
-    std::fs::write(mounted.join("contender"), &contender).unwrap();
     let deployment = find(&docs, "Deployment").into_iter().next().expect("the operator's Deployment");
     let rendered = strings(&deployment["spec"]["template"]["spec"]["containers"][0]["args"]);
-    for flag in ["--zk-contenders=listed", "--zk-auth-file=/etc/zklock/zk-auth/operator"] {
-        assert!(rendered.iter().any(|a| a == flag), "{flag} not among {rendered:?}");
-    }
+    assert!(rendered.iter().any(|a| a == "--zk-contenders=listed"), "--zk-contenders=listed not among {rendered:?}");
+    assert!(
+        rendered.iter().any(|a| a.starts_with("--zk-auth-secret=") && a.ends_with("-zookeeper-auth")),
+        "--zk-auth-secret not among {rendered:?}"
+    );
 
     let (ensemble, metrics) = tokio::task::spawn_blocking(move || Ensemble::from_config(&zoo_cfg)).await.unwrap();
     let connect = ensemble.connect();
     let mut argv = vec!["zklock".to_string(), format!("--zk-connect={connect}")];
-    argv.extend(
-        rendered
-            .iter()
-            .filter(|a| a.starts_with("--zk-") && !a.starts_with("--zk-connect"))
-            .map(|a| a.replace("/etc/zklock/zk-auth", &mounted.display().to_string())),
-    );
-    let options = Run::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}")).args.into_options().unwrap();
+    argv.extend(rendered.iter().filter(|a| a.starts_with("--zk-") && !a.starts_with("--zk-connect")).cloned());
+    let options = Run::try_parse_from(&argv)
+        .unwrap_or_else(|e| panic!("{argv:?}: {e}"))
+        .args
+        .into_options()
+        .unwrap()
+        .with_credentials(made.clone());
     let root = options.layout.root().to_string();
     let mut zk = options.zk;
     zk.detached = false;

@@ -107,3 +107,43 @@ pub fn find<'a>(docs: &'a [Value], kind_: &str) -> Vec<&'a Value> {
 pub fn strings(v: &Value) -> Vec<String> {
     v.as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default()
 }
+
+/// `command`'s output, the process killed (and the test failed, naming `what`) if it has not
+/// ended within `deadline`. Its output is read on threads of their own, so that a full pipe
+/// cannot stall it.
+pub fn output_within(what: &str, command: &mut Command, deadline: std::time::Duration) -> std::process::Output {
+    use std::io::Read;
+    let mut child = command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let reader = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = vec![];
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = reader(Box::new(child.stdout.take().expect("piped stdout")));
+    let stderr = reader(Box::new(child.stderr.take().expect("piped stderr")));
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap_or_else(|e| panic!("{what}: {e}")) {
+            break status;
+        }
+        if started.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let said = String::from_utf8_lossy(&stderr.join().unwrap_or_default()).into_owned();
+            panic!("{what}: no end within {deadline:?}, killed; it said: {said}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}

@@ -6,6 +6,7 @@
 #[path = "../e2e_support/mod.rs"]
 mod e2e_support;
 
+mod argocd;
 mod crd;
 mod demo;
 mod docs;
