@@ -51,7 +51,12 @@ pub struct Request {
     pub name: Option<String>,
     /// The claim's revocation grace period; default: the operator's (30 s).
     pub grace: Option<Duration>,
+    /// How often a wait says where it stands, also when nothing changed (see [`heartbeat`]).
+    pub heartbeat: Duration,
 }
+
+/// The default of [`Request::heartbeat`].
+pub const HEARTBEAT: Duration = Duration::from_secs(30);
 
 /// The lock, held.
 #[derive(Clone, Debug)]
@@ -193,7 +198,7 @@ pub async fn acquire(
     eprintln!("zklock: LockClaim {}/{name} asks for lock {} ({})", request.namespace, request.lock, request.mode);
     let deadline = request.timeout.map(|t| tokio::time::Instant::now() + t + OPERATOR_SLACK);
     let outcome = tokio::select! {
-        outcome = follow(&api, &name, &uid) => outcome,
+        outcome = follow(&api, &name, &uid, request.heartbeat) => outcome,
         (signal, code) = &mut interrupt => Err(Failure::Interrupted(signal, code)),
         _ = sleep_until(deadline) => Err(Failure::TimedOut(format!(
             "no answer from the operator within the timeout and {}s more", OPERATOR_SLACK.as_secs()
@@ -367,11 +372,24 @@ pub fn watch(api: &Api<LockClaim>, name: &str) -> impl futures::Stream<Item = Op
     })
 }
 
-/// Follows the claim until it is Held or ends.
-async fn follow(api: &Api<LockClaim>, name: &str, uid: &str) -> Result<Held, Failure> {
+/// Follows the claim until it is Held or ends; says on stderr where it waits when that changes,
+/// and every `heartbeat` in any case.
+async fn follow(api: &Api<LockClaim>, name: &str, uid: &str, heartbeat: Duration) -> Result<Held, Failure> {
     let mut claims = std::pin::pin!(watch(api, name));
     let mut shown = None;
-    while let Some(seen) = claims.next().await {
+    let started = tokio::time::Instant::now();
+    let mut beat = tokio::time::interval_at(started + heartbeat, heartbeat);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = LockClaimStatus::default();
+    loop {
+        let seen = tokio::select! {
+            seen = claims.next() => seen,
+            _ = beat.tick() => {
+                eprintln!("zklock: {}", waiting_line(api, name, &last, started.elapsed()).await);
+                continue;
+            }
+        };
+        let Some(seen) = seen else { break };
         let Some(claim) = seen.filter(|c| c.uid().as_deref() == Some(uid)) else {
             return Err(Failure::Lost(format!("LockClaim {name} was deleted before it was Held")));
         };
@@ -413,8 +431,50 @@ async fn follow(api: &Api<LockClaim>, name: &str, uid: &str) -> Result<Held, Fai
             }
             shown = Some(now);
         }
+        last = status;
     }
     Err(Failure::Error("the claim watch ended".into()))
+}
+
+/// The heartbeat's line: how long the wait has lasted and where it stands; the claim ahead
+/// with how long it has held; without a status, the command that says what zklock lacks.
+async fn waiting_line(api: &Api<LockClaim>, name: &str, status: &LockClaimStatus, waited: Duration) -> String {
+    let waited = crate::durations::brief(waited);
+    let namespace = api.namespace().unwrap_or_default().to_string();
+    let Some(phase) = status.phase else {
+        return format!(
+            "still waiting after {waited}: LockClaim {namespace}/{name} has no status yet; \
+             `zklock check -n {namespace}` says what zklock lacks"
+        );
+    };
+    let position = status.position.map(|p| format!(", {p} ahead")).unwrap_or_default();
+    let ahead = match status.waiting_for.as_deref() {
+        Some(ahead) => {
+            // A claim of this cluster is named bare; another cluster's, or a foreign client's
+            // node, with slashes.
+            let held = if ahead.contains('/') {
+                String::new()
+            } else {
+                match tokio::time::timeout(WITHDRAW_WAIT, api.get_opt(ahead)).await {
+                    Ok(Ok(Some(c))) => c
+                        .status
+                        .and_then(|s| s.acquired_at)
+                        .map(|at| {
+                            let held = k8s_openapi::jiff::Timestamp::now().duration_since(at.0);
+                            format!(
+                                " (Held for {})",
+                                crate::durations::brief(Duration::try_from(held).unwrap_or_default())
+                            )
+                        })
+                        .unwrap_or_default(),
+                    _ => String::new(),
+                }
+            };
+            format!(", behind {ahead}{held}")
+        }
+        None => String::new(),
+    };
+    format!("still waiting after {waited}: {phase:?}{position}{ahead}")
 }
 
 /// The failure a final phase means.
@@ -448,6 +508,7 @@ mod tests {
             namespace: "shop".into(),
             name: name.map(Into::into),
             grace: None,
+            heartbeat: HEARTBEAT,
         }
     }
 

@@ -29,9 +29,28 @@ fn parse(s: &str) -> Result<Duration, String> {
     Duration::try_from(signed).map_err(|_| format!("{s:?} is negative: give {hint}"))
 }
 
+/// How long, to the unit that matters: `3s`, `4m12s`, `2h5m`, `3d4h`.
+pub fn brief(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{}s", s / 60, s % 60),
+        3600..86400 => format!("{}h{}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn brief_durations_keep_the_two_units_that_matter() {
+        let cases = [(0, "0s"), (59, "59s"), (60, "1m0s"), (252, "4m12s"), (7500, "2h5m"), (273_600, "3d4h")];
+        for (secs, text) in cases {
+            assert_eq!(brief(Duration::from_secs(secs)), text);
+        }
+    }
 
     #[test]
     fn durations_take_the_units_the_examples_use_and_refuse_the_rest_clearly() {

@@ -22,6 +22,8 @@ const EXAMPLES: &str = "Examples:
   zklock acquire db-migrations --env-file /shared/lock.env      wait for a lock (an init container)
   zklock queue db-migrations -n shop                            who holds a lock, who waits
   zklock revoke migrate-7f2 -n shop --reason maintenance        ask a claim's holder to let go
+  zklock status migrate-7f2 -n shop                             where a claim stands, and why
+  zklock check -n shop                                          is zklock ready to serve claims here?
   zklock run --zk-connect zk:2181                               the operator (the chart runs it)
 
 Docs: docs/getting-started.md, docs/user-guide.md (claims, the CLI, exit codes),
@@ -67,6 +69,36 @@ enum Command {
         /// Why: the holder's claim shows it in its RevokeRequested condition
         #[arg(long, default_value = "revoked with zklock revoke")]
         reason: String,
+        #[command(flatten)]
+        api: cli::api::ApiArgs,
+    },
+    /// Where one claim stands, in words: its phase and since when, what it holds (token, lease)
+    /// or waits for (position, the claim ahead and how long that one has held), a revocation
+    /// asked for, how it ended; for a claim with no status, why (what `zklock check` finds)
+    Status {
+        /// The LockClaim
+        claim: String,
+        /// Namespace of the claim (default: the kubeconfig context's)
+        #[arg(long, short = 'n')]
+        namespace: Option<String>,
+        #[command(flatten)]
+        api: cli::api::ApiArgs,
+    },
+    /// Is zklock ready to serve claims in a namespace? Checks the CRDs (at this binary's
+    /// revision), the operator's leader (renewing its Lease, ready), that the namespace is
+    /// served, and the admission policies bound where the API server serves them; each line that
+    /// is not ready says what to do. Exit codes: 0 ready, 1 not ready
+    Check {
+        /// Namespace the claims are in (default: the kubeconfig context's)
+        #[arg(long, short = 'n')]
+        namespace: Option<String>,
+        /// Namespace zklock is installed in (default: found by its leader Lease)
+        #[arg(long)]
+        operator_namespace: Option<String>,
+        /// Look again every two seconds until ready, for at most this long (e.g. 2m)
+        #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "2m",
+              value_parser = zklock::durations::parse_duration)]
+        wait: Option<std::time::Duration>,
         #[command(flatten)]
         api: cli::api::ApiArgs,
     },
@@ -257,6 +289,10 @@ async fn run(cli: Cli) -> Result<u8, String> {
         Command::Exec { lock, command } => Ok(cli::lock::exec(lock, command).await),
         Command::Queue { lock, namespace, output, api } => cli::claims::queue(api, namespace, lock, output).await,
         Command::Revoke { claim, namespace, reason, api } => cli::claims::revoke(api, namespace, claim, reason).await,
+        Command::Status { claim, namespace, api } => cli::status::status(api, namespace, claim).await,
+        Command::Check { namespace, operator_namespace, wait, api } => {
+            cli::check::check(api, namespace, operator_namespace, wait).await
+        }
         Command::Admin(Admin::BeforeUninstall { namespaces, delete_claims, timeout, lease_namespace, api }) => {
             cli::uninstall::before_uninstall(api, namespaces, delete_claims, timeout, lease_namespace).await
         }

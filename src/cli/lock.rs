@@ -31,6 +31,11 @@ pub struct LockArgs {
     /// Time the holder gets to let go when the claim is revoked (default 30s)
     #[arg(long, value_parser = zklock::durations::parse_timeout)]
     revocation_grace_period: Option<Duration>,
+    /// While waiting, say where the claim stands this often even when nothing changed (how long
+    /// it has waited, the claim ahead and how long that one has held; without a status, what to
+    /// run to see why)
+    #[arg(long, default_value = "30s", value_parser = zklock::durations::parse_duration)]
+    heartbeat: Duration,
     #[command(flatten)]
     api: super::api::ApiArgs,
 }
@@ -46,6 +51,7 @@ impl LockArgs {
             holder_pod_uid: self.holder_pod_uid.filter(|u| !u.is_empty()),
             name: self.name,
             grace: self.revocation_grace_period,
+            heartbeat: self.heartbeat,
         }
     }
 }

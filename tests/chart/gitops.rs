@@ -57,6 +57,80 @@ fn two_renders_are_the_same_bytes_and_every_hook_has_its_argocd_equivalent() {
     }
 }
 
+/// Runs the built `zklock` with `args` against `kubeconfig`: (exit code, stdout and stderr).
+fn zklock_in(kubeconfig: &std::path::Path, args: &[&str]) -> (i32, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zklock"));
+    cmd.args(args).env("KUBECONFIG", kubeconfig).env("RUST_LOG", "off");
+    let out = output_within(&format!("zklock {args:?}"), &mut cmd, std::time::Duration::from_secs(60));
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), said)
+}
+
+/// `zklock check` and `zklock status` on an installation applied from a render, its operator
+/// leading: the leader's pod stands in the API (from the Deployment's template, named as the
+/// process leads, a node of kwok's running it), so that its readiness and flags can be read.
+async fn check_and_status(
+    client: &kube::Client,
+    kubeconfig: &std::path::Path,
+    release_ns: &str,
+    docs: &[serde_json::Value],
+    env: &Env,
+    held: &str,
+) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::Pod;
+    let lease = Api::<Lease>::namespaced(client.clone(), release_ns)
+        .get(zklock::operator::LEASE_NAME)
+        .await
+        .expect("the leader Lease");
+    let leader = lease.spec.and_then(|s| s.holder_identity).expect("a holder");
+    let template = &find(docs, "Deployment")[0]["spec"]["template"];
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": leader, "labels": template["metadata"]["labels"] },
+        "spec": template["spec"],
+    }))
+    .expect("the Deployment's pod template");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), release_ns);
+    pods.create(&Default::default(), &pod).await.expect("the leader's pod");
+    let ready = |p: Option<&Pod>| {
+        p.and_then(|p| p.status.as_ref())
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    let running = kube::runtime::wait::await_condition(pods.clone(), &leader, ready);
+    tokio::time::timeout(std::time::Duration::from_secs(60), running)
+        .await
+        .unwrap_or_else(|_| panic!("kwok did not run the leader's pod {leader} within 60 s"))
+        .expect("watch the leader's pod");
+
+    let (code, said) = zklock_in(kubeconfig, &["check", "-n", &env.ns, "--operator-namespace", release_ns]);
+    assert_eq!(code, 0, "zklock check on a ready installation: {said}");
+    eprintln!("zklock check:\n{said}");
+    for line in [
+        "ok      CRD               lockclaims.zklock.io, revision",
+        "ok      leader            ",
+        "ok      namespace         ",
+        "ok      epoch policy      ",
+        "ok      finalizer policy  ",
+        "ok      gate policy       ",
+    ] {
+        assert!(said.contains(line), "zklock check says {line:?}:\n{said}");
+    }
+    assert!(said.contains(&format!("{leader}, ready")), "{said}");
+    // Found without --operator-namespace: the one leader Lease of this control plane.
+    let (code, found) = zklock_in(kubeconfig, &["check", "-n", &env.ns]);
+    assert_eq!(code, 0, "{found}");
+    assert!(found.contains(&format!("installed in {release_ns}")), "{found}");
+    let (code, said) = zklock_in(kubeconfig, &["check", "-n", "no-such-namespace", "--operator-namespace", release_ns]);
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains("no-such-namespace does not exist"), "{said}");
+
+    let (code, said) = zklock_in(kubeconfig, &["status", held, "-n", &env.ns]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("phase         Held for") && said.contains("fencing token "), "zklock status: {said}");
+    eprintln!("zklock status:\n{said}");
+}
+
 /// The render's documents Argo CD applies on a sync: every one but the hooks (a PreDelete hook
 /// runs when the Application is deleted, a skipped one never).
 fn synced(rendered: &str) -> String {
@@ -101,6 +175,13 @@ async fn applied_from_helm_template_a_restarted_operator_keeps_its_credentials_a
     };
     assert!(secrets.get_opt(&secret_name).await.unwrap().is_none(), "no Secret before the operator's first start");
     let env = Env::on(kubeconfig, zk.clone(), false).await;
+    let check = |namespace: &str| {
+        zklock_in(kubeconfig, &["check", "-n", namespace, "--operator-namespace", &release_ns, "--wait", "100ms"])
+    };
+    let (code, said) = check(&env.ns);
+    assert_eq!(code, 1, "zklock check before any operator ran: {said}");
+    assert!(said.contains("NOT OK  operator") && said.contains("no operator has ever led"), "{said}");
+    assert!(said.contains("→ install the chart"), "the line says what to do: {said}");
     let mut granted = vec![];
     let mut made = None;
     for round in ["first start", "restarted after a second sync"] {
@@ -117,10 +198,29 @@ async fn applied_from_helm_template_a_restarted_operator_keeps_its_credentials_a
         let claim = format!("gitops-{}", granted.len());
         env.claim(&claim, "db", json!({})).await;
         env.wait_phase(&claim, Phase::Held).await;
+        if !granted.is_empty() {
+            env.wait_gone("unwritten").await;
+        }
+        if granted.is_empty() {
+            check_and_status(&client, kubeconfig, &release_ns, &docs, &env, &claim).await;
+        }
         env.delete_claim(&claim).await;
         env.wait_gone(&claim).await;
         granted.push(claim);
         crate::chart_rbac::stop(round, &mut child, &log);
+        if granted.len() == 1 {
+            // A claim no operator has written: `zklock status` says why.
+            env.claim("unwritten", "db", json!({})).await;
+            let (code, said) = zklock_in(kubeconfig, &["status", "unwritten", "-n", &env.ns]);
+            assert_eq!(code, 0, "{said}");
+            assert!(said.contains("none: the operator has not written this claim"), "{said}");
+            eprintln!("zklock status of a claim no operator wrote:\n{said}");
+            assert!(said.contains("why: zklock is not ready") && said.contains("NOT OK  leader"), "{said}");
+            // Only what is not ready: the replicas' flags are read from a pod of theirs.
+            assert!(!said.contains("NOT OK  epoch policy") && !said.contains("ok      "), "{said}");
+            // Deleted now, released by the operator started next (it carries the finalizer).
+            env.delete_claim("unwritten").await;
+        }
         // The next sync: rendered again, the same bytes, applied again.
         let again = render_release(&release, &release_ns, None, &sets).unwrap();
         assert!(again == rendered, "{round}: the next sync's render differs");

@@ -84,12 +84,15 @@ async fn acquire_prints_the_claim_and_token_waits_in_line_and_times_out() {
     let held = env.wait_phase(&claim, Phase::Held).await;
     assert_eq!(held.status.unwrap().fencing_token.as_deref(), Some(token.as_str()));
 
-    // Busy: shows where it waits, then gives up with the timeout code and takes its claim along.
-    let busy =
-        finish(zklock(&env, &["acquire", "deploy", "--timeout", "6s"]).spawn().unwrap(), "a timed acquire").await;
+    // Busy: shows where it waits (and, every heartbeat, how long it has and how long the claim
+    // ahead has held), then gives up with the timeout code and takes its claim along.
+    let timed = ["acquire", "deploy", "--timeout", "6s", "--heartbeat", "2s"];
+    let busy = finish(zklock(&env, &timed).spawn().unwrap(), "a timed acquire").await;
     let err = text(&busy.stderr);
     assert_eq!(busy.status.code(), Some(75), "{err}");
     assert!(err.contains("1 ahead, behind ") && err.contains(&claim), "{err}");
+    let beat = format!("still waiting after 2s: Waiting, 1 ahead, behind {claim} (Held for ");
+    assert!(err.contains(&beat), "the heartbeat {beat:?}: {err}");
     // A waiter that gets the lock once the holder goes.
     let waiter = zklock(&env, &["acquire", "deploy", "--name", "second"]).spawn().unwrap();
     env.wait_phase("second", Phase::Waiting).await;
@@ -347,4 +350,27 @@ async fn a_stopped_acquire_in_a_namespace_no_operator_serves_leaves_no_claim_beh
     assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
     env.wait_gone("alone").await;
     assert!(text(&out.stderr).contains("no operator served"), "it says what it did: {}", text(&out.stderr));
+
+    // Waiting for a status that does not come, the heartbeat says what to run.
+    let mut waiting = zklock(&env, &["acquire", "unserved", "--name", "unheard", "--heartbeat", "1s"]).spawn().unwrap();
+    let hint =
+        format!("LockClaim {}/unheard has no status yet; `zklock check -n {}` says what zklock lacks", env.ns, env.ns);
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(waiting.stderr.take().unwrap()));
+    let mut said = vec![];
+    let heard = async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let found = line.contains(&hint);
+            said.push(line);
+            if found {
+                return true;
+            }
+        }
+        false
+    };
+    let heard = tokio::time::timeout(PATIENCE, heard).await;
+    assert!(matches!(heard, Ok(true)), "the heartbeat {hint:?} within {PATIENCE:?}; it said {said:#?}");
+    std::process::Command::new("kill").args(["-TERM", &waiting.id().unwrap().to_string()]).status().unwrap();
+    let out = finish(waiting, "a stopped acquire").await;
+    assert_eq!(out.status.code(), Some(143));
+    env.wait_gone("unheard").await;
 }
