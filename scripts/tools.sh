@@ -7,7 +7,8 @@
 # with them, the image test reads it back), docker-registry (the release rehearsal's registry on
 # loopback), shellcheck, and builds actionlint from the Go module proxy (the release workflow's
 # linter, which runs shellcheck on the workflow's scripts), and lua5.1 (Argo CD's health check for
-# claims, contrib/argocd/health.lua, run by tests/repository/argocd.rs).
+# claims, contrib/argocd/health.lua, run by tests/repository/argocd.rs), and builds krew (it
+# installs the plugin from a release archive and the manifest scripts/krew.sh writes).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tools="$root/.tools"
@@ -70,6 +71,9 @@ if [[ "${TOOLS_WITH_IMAGE:-0}" == "1" ]]; then
     fi
     if [[ ! -x "$bin/actionlint" ]]; then
         GOBIN="$bin" GOFLAGS=-mod=mod go install github.com/rhysd/actionlint/cmd/actionlint@v1.7.12 >&2
+    fi
+    if [[ ! -x "$bin/krew" ]]; then
+        GOBIN="$bin" GOFLAGS=-mod=mod go install sigs.k8s.io/krew/cmd/krew@v0.4.3 >&2
     fi
 fi
 

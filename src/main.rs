@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod cli;
 
@@ -102,6 +102,13 @@ enum Command {
         #[command(flatten)]
         api: cli::api::ApiArgs,
     },
+    /// Print a shell completion script: `source <(zklock completion bash)`, or into your shell's
+    /// completion directory (zsh: `zklock completion zsh > "${fpath[1]}/_zklock"`)
+    Completion {
+        /// The shell
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Commands for those who run zklock: manifests for installs without the chart, and a
     /// lock's queue and revocations straight in ZooKeeper.
     #[command(subcommand)]
@@ -191,6 +198,14 @@ enum Manifests {
 enum Admin {
     #[command(flatten)]
     Manifests(Manifests),
+    /// Write a man page per command (zklock.1, zklock-queue.1, …) into a directory
+    Man {
+        /// Where the pages go (e.g. /usr/local/share/man/man1)
+        #[arg(long)]
+        dir: std::path::PathBuf,
+    },
+    /// Print the command-line reference as Markdown (docs/cli.md is this)
+    CliReference,
     /// Before the operator is uninstalled (the chart's pre-delete step): fail, naming them, while
     /// LockClaims carry the operator's finalizer (without the operator they, and their
     /// namespaces, could not be deleted); with --delete-claims, delete them and wait until the
@@ -260,9 +275,32 @@ enum Admin {
     },
 }
 
+/// What the binary is called as: `kubectl zklock` when kubectl runs it as a plugin (its file
+/// named `kubectl-zklock`), else `zklock`.
+fn invoked_as() -> &'static str {
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let file = std::path::Path::new(&argv0).file_name().unwrap_or_default().to_string_lossy().into_owned();
+    if file.starts_with("kubectl-zklock") {
+        "kubectl zklock"
+    } else {
+        "zklock"
+    }
+}
+
+/// The command line, its usage and examples named as the binary is invoked.
+fn command(bin: &'static str) -> clap::Command {
+    let examples =
+        if bin == "zklock" { EXAMPLES.to_string() } else { EXAMPLES.replace("\n  zklock ", &format!("\n  {bin} ")) };
+    Cli::command().bin_name(bin).display_name(bin).after_help(examples)
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let bin = invoked_as();
+    let cli = match Cli::from_arg_matches(&command(bin).get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     match &cli.command {
         Command::Run(args) if args.log_format == "json" => {
@@ -285,6 +323,12 @@ async fn run(cli: Cli) -> Result<u8, String> {
         Command::Run(args) => cli::operator::run(*args).await,
         Command::Crd { dir } => cli::manifests::crd(dir),
         Command::Admin(Admin::Manifests(manifests)) => print_manifests(manifests),
+        Command::Completion { shell } => cli::reference::completion(command("zklock"), shell, "zklock"),
+        Command::Admin(Admin::Man { dir }) => cli::reference::man_pages(command("zklock"), &dir),
+        Command::Admin(Admin::CliReference) => {
+            print!("{}", cli::reference::markdown(command("zklock")));
+            Ok(0)
+        }
         Command::Acquire { lock, env_file } => Ok(cli::lock::acquire(lock, env_file).await),
         Command::Exec { lock, command } => Ok(cli::lock::exec(lock, command).await),
         Command::Queue { lock, namespace, output, api } => cli::claims::queue(api, namespace, lock, output).await,

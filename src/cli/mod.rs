@@ -6,6 +6,7 @@ pub mod claims;
 pub mod lock;
 pub mod manifests;
 pub mod operator;
+pub mod reference;
 pub mod status;
 pub mod uninstall;
 pub mod zookeeper;

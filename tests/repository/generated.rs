@@ -1,7 +1,8 @@
 //! Reference pages generated from their sources and checked in, so that they are read where
 //! people look (GitHub, Artifact Hub) and cannot drift: the chart's values table (from the
 //! `# --` comments of values.yaml, as helm-docs reads them) in charts/zklock/README.md, and the
-//! API reference (from the CRDs' schemas) in docs/api-reference.md. A page that differs fails
+//! API reference (from the CRDs' schemas) in docs/api-reference.md, and the command-line
+//! reference (the binary's own `zklock admin cli-reference`) in docs/cli.md. A page that differs fails
 //! with the command that rewrites it: `ZKLOCK_BLESS=1 cargo test --test repository generated`.
 
 use std::path::PathBuf;
@@ -159,4 +160,19 @@ fn the_api_reference_is_generated_from_the_crds() {
         }
     }
     check_generated("docs/api-reference.md", &page);
+}
+
+#[test]
+fn the_cli_reference_is_the_binarys_own() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zklock"))
+        .args(["admin", "cli-reference"])
+        .env_remove("COLUMNS")
+        .output()
+        .expect("run zklock admin cli-reference");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reference = String::from_utf8(out.stdout).unwrap();
+    for command in ["## `zklock acquire`", "## `zklock admin zk-queue`", "## `zklock check`", "## `zklock status`"] {
+        assert!(reference.contains(command), "the reference has {command}");
+    }
+    check_generated("docs/cli.md", &reference);
 }

@@ -7,10 +7,12 @@
 mod e2e_support;
 
 mod argocd;
+mod cli;
 mod crd;
 mod demo;
 mod docs;
 mod generated;
 mod image;
 mod layers;
+mod release_archives;
 mod workflows;
