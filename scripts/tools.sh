@@ -8,7 +8,8 @@
 # loopback), shellcheck, and builds actionlint from the Go module proxy (the release workflow's
 # linter, which runs shellcheck on the workflow's scripts), and lua5.1 (Argo CD's health check for
 # claims, contrib/argocd/health.lua, run by tests/repository/argocd.rs), and builds krew (it
-# installs the plugin from a release archive and the manifest scripts/krew.sh writes).
+# installs the plugin from a release archive and the manifest scripts/krew.sh writes), and
+# fetches Argo Workflows' and Tekton's CRDs (the integration examples are validated on them).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tools="$root/.tools"
@@ -74,6 +75,21 @@ if [[ "${TOOLS_WITH_IMAGE:-0}" == "1" ]]; then
     fi
     if [[ ! -x "$bin/krew" ]]; then
         GOBIN="$bin" GOFLAGS=-mod=mod go install sigs.k8s.io/krew/cmd/krew@v0.4.3 >&2
+    fi
+    # The CRDs of the workflow engines the integration examples run on (Argo Workflows' Workflow,
+    # Tekton's Task), from their Go modules' sources: tests/repository/integrations.rs validates
+    # the examples against them with a server-side dry run.
+    crds="$tools/crds"
+    if [[ ! -s "$crds/argoproj.io_workflows.yaml" || ! -s "$crds/300-task.yaml" ]]; then
+        mkdir -p "$crds"
+        extract() { # module@version path-in-module
+            local zip
+            zip=$(GOFLAGS=-mod=mod go mod download -json "$1" | sed -n 's/.*"Zip": "\(.*\)",/\1/p')
+            python3 -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); open(sys.argv[3], "wb").write(z.read(sys.argv[2]))' \
+                "$zip" "$1/$2" "$crds/$(basename "$2")"
+        }
+        extract github.com/argoproj/argo-workflows/v3@v3.7.4 manifests/base/crds/full/argoproj.io_workflows.yaml
+        extract github.com/tektoncd/pipeline@v1.3.1 config/300-crds/300-task.yaml
     fi
 fi
 

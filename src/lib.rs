@@ -17,6 +17,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod operator;
+pub mod process_metrics;
 pub use zklock_engine::recipe;
 pub mod signals;
 pub use zklock_engine as zk;

@@ -81,6 +81,9 @@ enum Command {
         /// Namespace of the claim (default: the kubeconfig context's)
         #[arg(long, short = 'n')]
         namespace: Option<String>,
+        /// Name of the operator's leader Lease (its --lease-name), for a claim without status
+        #[arg(long, default_value = zklock::operator::LEASE_NAME)]
+        lease_name: String,
         #[command(flatten)]
         api: cli::api::ApiArgs,
     },
@@ -95,6 +98,9 @@ enum Command {
         /// Namespace zklock is installed in (default: found by its leader Lease)
         #[arg(long)]
         operator_namespace: Option<String>,
+        /// Name of the operator's leader Lease (its --lease-name)
+        #[arg(long, default_value = zklock::operator::LEASE_NAME)]
+        lease_name: String,
         /// Look again every two seconds until ready, for at most this long (e.g. 2m)
         #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "2m",
               value_parser = zklock::durations::parse_duration)]
@@ -225,6 +231,9 @@ enum Admin {
         /// grants nothing new while the claims are deleted
         #[arg(long)]
         lease_namespace: Option<String>,
+        /// Name of the operator's leader Lease (its --lease-name)
+        #[arg(long, default_value = zklock::operator::LEASE_NAME)]
+        lease_name: String,
         #[command(flatten)]
         api: cli::api::ApiArgs,
     },
@@ -333,12 +342,21 @@ async fn run(cli: Cli) -> Result<u8, String> {
         Command::Exec { lock, command } => Ok(cli::lock::exec(lock, command).await),
         Command::Queue { lock, namespace, output, api } => cli::claims::queue(api, namespace, lock, output).await,
         Command::Revoke { claim, namespace, reason, api } => cli::claims::revoke(api, namespace, claim, reason).await,
-        Command::Status { claim, namespace, api } => cli::status::status(api, namespace, claim).await,
-        Command::Check { namespace, operator_namespace, wait, api } => {
-            cli::check::check(api, namespace, operator_namespace, wait).await
+        Command::Status { claim, namespace, lease_name, api } => {
+            cli::status::status(api, namespace, claim, &lease_name).await
         }
-        Command::Admin(Admin::BeforeUninstall { namespaces, delete_claims, timeout, lease_namespace, api }) => {
-            cli::uninstall::before_uninstall(api, namespaces, delete_claims, timeout, lease_namespace).await
+        Command::Check { namespace, operator_namespace, lease_name, wait, api } => {
+            cli::check::check(api, namespace, operator_namespace, &lease_name, wait).await
+        }
+        Command::Admin(Admin::BeforeUninstall {
+            namespaces,
+            delete_claims,
+            timeout,
+            lease_namespace,
+            lease_name,
+            api,
+        }) => {
+            cli::uninstall::before_uninstall(api, namespaces, delete_claims, timeout, lease_namespace, lease_name).await
         }
         Command::Admin(Admin::ZkQueue { zk_connect, lock, permits }) => {
             cli::zookeeper::queue(zk_connect, &lock, permits).await

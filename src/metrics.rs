@@ -63,6 +63,12 @@ struct OpLabel {
     op: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabel {
+    version: &'static str,
+    crd_revision: u32,
+}
+
 /// A lock, by namespace and name: the labels of the per-lock metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, Ord, PartialOrd, EncodeLabelSet)]
 pub struct LockLabel {
@@ -249,7 +255,7 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut m = Metrics {
-            registry: Registry::with_prefix("zklock"),
+            registry: Registry::default(),
             claims: Family::default(),
             acquire_wait: Arc::new(AcquireWait::new()),
             handoff: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
@@ -272,7 +278,14 @@ impl Default for Metrics {
             engine: EngineCounters::default(),
             waiters: Waiters::default(),
         };
-        let r = &mut m.registry;
+        // The process's metrics under their usual names; zklock's own under zklock_.
+        m.registry.register_collector(Box::new(crate::process_metrics::ProcessMetrics));
+        let r = m.registry.sub_registry_with_prefix("zklock");
+        let build = Family::<BuildLabel, Gauge>::default();
+        build
+            .get_or_create(&BuildLabel { version: env!("CARGO_PKG_VERSION"), crd_revision: crate::api::CRD_REVISION })
+            .set(1);
+        r.register("build_info", "1, labelled with this build's version and CRD revision", build);
         r.register("claims", "LockClaims served, by phase", m.claims.clone());
         let wait = "From claim creation to Held, per lock (200 locks at most; the rest under lock _other)";
         r.register("acquire_wait_seconds", wait, m.acquire_wait.family.clone());

@@ -140,7 +140,12 @@ fn forbidden(e: &str) -> bool {
 }
 
 /// Everything `check` looks at, for claims in `namespace`.
-pub async fn findings(client: &kube::Client, namespace: &str, operator_namespace: Option<&str>) -> Vec<Finding> {
+pub async fn findings(
+    client: &kube::Client,
+    namespace: &str,
+    operator_namespace: Option<&str>,
+    lease_name: &str,
+) -> Vec<Finding> {
     let mut out = vec![];
     match within(client.apiserver_version()).await {
         Ok(v) => out.push(Finding::ready("Kubernetes API", format!("v{}.{} ({})", v.major, v.minor, v.git_version))),
@@ -154,7 +159,7 @@ pub async fn findings(client: &kube::Client, namespace: &str, operator_namespace
         }
     }
     out.extend(crds(client).await);
-    let (found, installation) = installation(client, operator_namespace).await;
+    let (found, installation) = installation(client, operator_namespace, lease_name).await;
     out.push(found);
     let Some(installation) = installation else { return out };
     out.push(leader(&installation));
@@ -204,8 +209,12 @@ async fn crds(client: &kube::Client) -> Vec<Finding> {
 }
 
 /// Finds the leader Lease: in `operator_namespace`, else in every namespace the caller may list.
-async fn installation(client: &kube::Client, operator_namespace: Option<&str>) -> (Finding, Option<Installation>) {
-    let name = zklock::operator::LEASE_NAME;
+async fn installation(
+    client: &kube::Client,
+    operator_namespace: Option<&str>,
+    lease_name: &str,
+) -> (Finding, Option<Installation>) {
+    let name = lease_name;
     let leases: Vec<Lease> = match operator_namespace {
         Some(ns) => match within(Api::<Lease>::namespaced(client.clone(), ns).get_opt(name)).await {
             Ok(lease) => lease.into_iter().collect(),
@@ -510,6 +519,7 @@ pub async fn check(
     api: ApiArgs,
     namespace: Option<String>,
     operator_namespace: Option<String>,
+    lease_name: &str,
     wait: Option<Duration>,
 ) -> Result<u8, String> {
     let config = api.config().await?;
@@ -517,7 +527,7 @@ pub async fn check(
     let client = zklock::client::builder(config).map_err(|e| format!("no Kubernetes API: {e}"))?.build();
     let deadline = wait.map(|w| tokio::time::Instant::now() + w);
     loop {
-        let findings = findings(&client, &namespace, operator_namespace.as_deref()).await;
+        let findings = findings(&client, &namespace, operator_namespace.as_deref(), lease_name).await;
         let ready = findings.iter().all(|f| f.state != State::NotReady);
         match deadline {
             Some(deadline) if !ready && tokio::time::Instant::now() < deadline => {

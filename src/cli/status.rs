@@ -125,7 +125,7 @@ fn print(lines: &[(&'static str, String)]) {
 }
 
 /// `zklock status CLAIM`: 0 when the claim was read.
-pub async fn status(api: ApiArgs, namespace: Option<String>, claim: String) -> Result<u8, String> {
+pub async fn status(api: ApiArgs, namespace: Option<String>, claim: String, lease_name: &str) -> Result<u8, String> {
     let config = api.config().await?;
     let namespace = namespace.unwrap_or_else(|| config.default_namespace.clone());
     let client = zklock::client::builder(config).map_err(|e| format!("no Kubernetes API: {e}"))?.build();
@@ -141,7 +141,7 @@ pub async fn status(api: ApiArgs, namespace: Option<String>, claim: String) -> R
     print(&describe(&found, ahead.as_ref(), Timestamp::now()));
     if found.status.as_ref().and_then(|s| s.phase).is_none() {
         // Why the operator has not written it: what `check` finds not ready.
-        let findings = check::findings(&client, &namespace, None).await;
+        let findings = check::findings(&client, &namespace, None, lease_name).await;
         let not_ready: Vec<_> = findings.into_iter().filter(|f| f.state != State::Ready).collect();
         if not_ready.iter().all(|f| f.state == State::Note) {
             println!(

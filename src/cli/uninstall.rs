@@ -37,27 +37,34 @@ fn describe(claim: &LockClaim) -> String {
     format!("{}/{} ({phase}{deleting})", claim.namespace().unwrap_or_default(), claim.name_any())
 }
 
+/// The operator's leader Lease.
+struct LeaseRef {
+    namespace: String,
+    name: String,
+}
+
 pub async fn before_uninstall(
     api: ApiArgs,
     namespaces: Vec<String>,
     delete_claims: bool,
     timeout: Duration,
     lease_namespace: Option<String>,
+    lease_name: String,
 ) -> Result<u8, String> {
     let client = api.client().await?;
     let namespaces: Vec<String> = namespaces.into_iter().filter(|n| !n.is_empty()).collect();
     // With --delete-claims the operator is told first, then the claims are listed: one it made
     // for a gated pod until it knew is in the list.
-    let lease_namespace = lease_namespace.filter(|_| delete_claims);
-    if let Some(namespace) = &lease_namespace {
+    let lease = lease_namespace.filter(|_| delete_claims).map(|namespace| LeaseRef { namespace, name: lease_name });
+    if let Some(lease) = &lease {
         if !finalized(&client, &namespaces).await?.is_empty() {
-            mark_uninstalling(&client, namespace).await?;
+            mark_uninstalling(&client, lease).await?;
         }
     }
     let claims = finalized(&client, &namespaces).await?;
     if claims.is_empty() {
-        if let Some(namespace) = &lease_namespace {
-            unmark(&client, namespace).await;
+        if let Some(lease) = &lease {
+            unmark(&client, lease).await;
         }
         println!("no LockClaim carries {FINALIZER}: nothing keeps the operator");
         return Ok(0);
@@ -75,10 +82,10 @@ pub async fn before_uninstall(
         return Ok(1);
     }
     let released = delete_and_wait(&client, claims, &namespaces, timeout).await;
-    if let Some(namespace) = &lease_namespace {
+    if let Some(lease) = &lease {
         // The operators that saw the mark keep to it until they stop; the next installation,
         // which finds the same Lease, must not.
-        unmark(&client, namespace).await;
+        unmark(&client, lease).await;
     }
     released
 }
@@ -139,24 +146,24 @@ async fn delete_and_wait(
 /// for a gated pod, removes no gate and grants nothing new: deleting every claim then leaves
 /// none made again behind (with its finalizer, for ever once the operator is gone), and starts no
 /// pod while the pods of the holders just deleted still run.
-async fn mark_uninstalling(client: &kube::Client, namespace: &str) -> Result<(), String> {
+async fn mark_uninstalling(client: &kube::Client, lease: &LeaseRef) -> Result<(), String> {
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::{Patch, PatchParams};
     use zklock::api::UNINSTALLING_ANNOTATION;
-    use zklock::operator::LEASE_NAME;
+    let (namespace, lease_name) = (lease.namespace.as_str(), lease.name.as_str());
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let mark = serde_json::json!({ "metadata": { "annotations": { UNINSTALLING_ANNOTATION: "helm uninstall" } } });
-    let marked = match leases.patch(LEASE_NAME, &PatchParams::default(), &Patch::Merge(&mark)).await {
+    let marked = match leases.patch(lease_name, &PatchParams::default(), &Patch::Merge(&mark)).await {
         Ok(lease) => lease,
         Err(kube::Error::Api(s)) if s.code == 404 => {
-            println!("no Lease {namespace}/{LEASE_NAME}: no operator has led here");
+            println!("no Lease {namespace}/{lease_name}: no operator has led here");
             return Ok(());
         }
-        Err(e) => return Err(format!("mark the Lease {namespace}/{LEASE_NAME}: {}", lease_error(&e))),
+        Err(e) => return Err(format!("mark the Lease {namespace}/{lease_name}: {}", lease_error(&e))),
     };
     let version = marked.resource_version();
     let deadline = 3 * zklock::leader::LEASE_DURATION;
-    let renewed = await_condition(leases, LEASE_NAME, move |lease: Option<&Lease>| {
+    let renewed = await_condition(leases, lease_name, move |lease: Option<&Lease>| {
         lease.is_some_and(|l| {
             l.resource_version() != version
                 && l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).is_some_and(|h| !h.is_empty())
@@ -167,21 +174,21 @@ async fn mark_uninstalling(client: &kube::Client, namespace: &str) -> Result<(),
             println!("the operator knows it is being uninstalled: it grants nothing new and makes no claim");
             Ok(())
         }
-        Ok(Err(e)) => Err(format!("watch the Lease {namespace}/{LEASE_NAME}: {e}")),
+        Ok(Err(e)) => Err(format!("watch the Lease {namespace}/{lease_name}: {e}")),
         Err(_) => Err(format!(
-            "no operator renewed the Lease {namespace}/{LEASE_NAME} within {deadline:?}: is it running and leading? \
+            "no operator renewed the Lease {namespace}/{lease_name} within {deadline:?}: is it running and leading? \
              Without it the claims cannot be released"
         )),
     }
 }
 
 /// Takes the mark of [`mark_uninstalling`] away again.
-async fn unmark(client: &kube::Client, namespace: &str) {
+async fn unmark(client: &kube::Client, lease: &LeaseRef) {
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::{Patch, PatchParams};
+    let (namespace, name) = (lease.namespace.as_str(), lease.name.as_str());
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let unmark = serde_json::json!({ "metadata": { "annotations": { zklock::api::UNINSTALLING_ANNOTATION: null } } });
-    let name = zklock::operator::LEASE_NAME;
     match leases.patch(name, &PatchParams::default(), &Patch::Merge(&unmark)).await {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 404 => {}

@@ -35,7 +35,7 @@ pub struct RunArgs {
     /// the listed contenders' (key `contender`), both digest:USER:PASS; the operator makes it,
     /// with random credentials, when it is missing, and never replaces it (GitOps renders hold no
     /// secret). Needs get and create on Secrets there
-    #[arg(long, env = "ZKLOCK_ZK_AUTH_SECRET", value_parser = secret_name)]
+    #[arg(long, env = "ZKLOCK_ZK_AUTH_SECRET", value_parser = object_name)]
     zk_auth_secret: Option<String>,
     /// Earlier credentials of the operator (digest:USER:PASS), while they are rotated out: the
     /// operator authenticates with them too and names them in every ACL it writes beside
@@ -75,6 +75,10 @@ pub struct RunArgs {
     /// Namespace of the leader-election Lease (default: the client's namespace)
     #[arg(long, env = "ZKLOCK_LEASE_NAMESPACE")]
     lease_namespace: Option<String>,
+    /// Name of the leader-election Lease: every replica of one installation elects on the same,
+    /// two installations in one namespace on names of their own
+    #[arg(long, env = "ZKLOCK_LEASE_NAME", default_value = super::LEASE_NAME, value_parser = object_name)]
+    lease_name: String,
     /// Run without leader election (one replica only!)
     #[arg(long, env = "ZKLOCK_NO_LEADER_ELECTION")]
     no_leader_election: bool,
@@ -191,6 +195,7 @@ impl RunArgs {
             metrics_addr: self.metrics_addr,
             namespaces: self.watch_namespace.into_iter().filter(|n| !n.is_empty()).collect(),
             lease_namespace: self.lease_namespace,
+            lease_name: self.lease_name,
             leader_election: !self.no_leader_election,
             epoch_param: (!self.no_leader_election && !self.no_epoch_policy).then_some(self.epoch_param),
             concurrency: self.max_concurrent_reconciles,
@@ -203,7 +208,7 @@ impl RunArgs {
     }
 }
 
-fn secret_name(s: &str) -> Result<String, String> {
+fn object_name(s: &str) -> Result<String, String> {
     let ok = !s.is_empty()
         && s.len() <= 253
         && s.split('.').all(|part| {
@@ -213,7 +218,7 @@ fn secret_name(s: &str) -> Result<String, String> {
                 && !part.ends_with('-')
         });
     ok.then(|| s.to_string())
-        .ok_or_else(|| format!("{s:?} is no Secret name (lower-case letters, digits, '-' and '.')"))
+        .ok_or_else(|| format!("{s:?} is no object name (lower-case letters, digits, '-' and '.')"))
 }
 
 pub(super) fn parse_digest(s: &str) -> Result<String, String> {

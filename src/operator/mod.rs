@@ -23,7 +23,7 @@ use crate::leader::{Leadership, LeaseLock};
 use crate::metrics::Metrics;
 use crate::zk::{Installation, ZkConfig};
 
-/// Name of the Lease the replicas elect a leader on.
+/// The default name of the Lease the replicas elect a leader on (`--lease-name`).
 pub const LEASE_NAME: &str = "zklock-leader";
 
 /// How long a replica that gave up a term it could not serve keeps out of the next election: a
@@ -43,6 +43,7 @@ pub struct Options {
     pub metrics_addr: SocketAddr,
     pub namespaces: Vec<String>,
     pub lease_namespace: Option<String>,
+    pub lease_name: String,
     pub leader_election: bool,
     /// The ConfigMap (in the lease namespace) holding the epoch the API server's admission policy
     /// enforces; `None`: no policy (no leader election, or run without it).
@@ -117,8 +118,11 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
         .map_err(|source| RunError::Metrics { addr: options.metrics_addr, source })?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
 
-    let mut lease =
-        LeaseLock::new(Api::<Lease>::namespaced(client.clone(), &lease_namespace), LEASE_NAME, &options.identity);
+    let mut lease = LeaseLock::new(
+        Api::<Lease>::namespaced(client.clone(), &lease_namespace),
+        &options.lease_name,
+        &options.identity,
+    );
 
     // Listed and followed from now on, also while this replica stands by (see `feed`).
     let feeds = Arc::new(crate::controller::feed::ClaimFeeds::start(
@@ -138,7 +142,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
     let mut fatal = None;
     while !shutdown.is_cancelled() {
         if options.leader_election {
-            tracing::info!(identity = %options.identity, lease = %format!("{lease_namespace}/{LEASE_NAME}"), "waiting to lead");
+            tracing::info!(identity = %options.identity, lease = %format!("{lease_namespace}/{}", options.lease_name), "waiting to lead");
             tokio::select! {
                 _ = lease.acquire() => {}
                 _ = shutdown.cancelled() => break,
@@ -157,7 +161,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
         // that a second one beside it (a rollout that overlaps) waits instead of taking over.
         let installation = Installation {
             installation: match lease.uid().filter(|_| options.leader_election) {
-                Some(uid) => format!("{lease_namespace}/{LEASE_NAME} (Lease {uid})"),
+                Some(uid) => format!("{lease_namespace}/{} (Lease {uid})", options.lease_name),
                 None => format!("{lease_namespace}/{} (without leader election)", options.identity),
             },
             holder: options.identity.clone(),

@@ -316,6 +316,15 @@ fn check_documents(label: &str, docs: &[Value], values: &Value, ns: &str) {
     assert_eq!(container["ports"][0]["containerPort"].as_u64(), Some(port), "{label}");
     if values["leaderElection"]["enabled"] == true {
         assert_eq!(args["--lease-namespace"], [ns], "{label}: the Lease lives in the release namespace");
+        let lease = values["leaderElection"]["leaseName"].as_str().expect("leaderElection.leaseName");
+        assert_eq!(args["--lease-name"], [lease], "{label}: the Lease of leaderElection.leaseName");
+        let granted: Vec<String> = find(docs, "Role")
+            .into_iter()
+            .flat_map(|role| role["rules"].as_array().cloned().unwrap_or_default())
+            .filter(|rule| rule["resources"] == serde_json::json!(["leases"]))
+            .flat_map(|rule| strings(&rule["resourceNames"]))
+            .collect();
+        assert_eq!(granted, [lease], "{label}: the operator may use that Lease alone");
         check_epoch_policy(label, docs, values, &args, ns);
     } else {
         assert!(args.contains_key("--no-leader-election") && values["replicaCount"] == 1, "{label}");
@@ -885,4 +894,78 @@ fn alert_rules_name_only_metrics_the_operator_exports() {
     }
     let none = documents(&render(NS, None, &[]).expect("helm template"));
     assert!(find(&none, "PrometheusRule").is_empty(), "off by default, like the ServiceMonitor");
+}
+
+/// Artifact Hub's annotations in Chart.yaml say what the chart holds: every CRD of `crds/` (kind,
+/// version, plural), examples the API server accepts, and exactly the images the chart renders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn artifact_hub_metadata_matches_the_crds_and_the_rendered_images() {
+    let text = std::fs::read_to_string(chart().join("Chart.yaml")).unwrap();
+    let meta: Value = serde_yaml::from_str(&text).unwrap();
+    let annotation = |key: &str| -> Value {
+        let raw = meta["annotations"][key].as_str().unwrap_or_else(|| panic!("Chart.yaml lacks annotation {key}"));
+        serde_yaml::from_str(raw).unwrap_or_else(|e| panic!("{key}: {e}"))
+    };
+    let listed: BTreeSet<(String, String, String)> = annotation("artifacthub.io/crds")
+        .as_array()
+        .expect("a list of CRDs")
+        .iter()
+        .map(|c| {
+            assert!(c["displayName"].is_string() && c["description"].is_string(), "{c}");
+            (
+                c["kind"].as_str().unwrap().into(),
+                c["version"].as_str().unwrap().into(),
+                c["name"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let shipped: BTreeSet<(String, String, String)> = zklock::api::crd_objects()
+        .into_iter()
+        .map(|(_, crd)| {
+            let version = crd.spec.versions.iter().find(|v| v.storage).expect("a storage version").name.clone();
+            (crd.spec.names.kind.clone(), version, crd.spec.names.plural.clone())
+        })
+        .collect();
+    assert_eq!(listed, shipped, "artifacthub.io/crds lists the CRDs of crds/");
+
+    // Each example as the API server takes it (dry run, strict), and one per CRD.
+    let examples = annotation("artifacthub.io/crdsExamples");
+    let kinds: BTreeSet<&str> = examples.as_array().unwrap().iter().filter_map(|e| e["kind"].as_str()).collect();
+    assert_eq!(kinds, shipped.iter().map(|(k, _, _)| k.as_str()).collect(), "an example per CRD");
+    let client = zklock_testkit::kube::client().await;
+    zklock_testkit::install::crds(&client, "zklock-chart-tests").await.expect("the CRDs");
+    let ns = format!("zklock-artifacthub-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    let (ok, out) = kubectl(&["create", "namespace", &ns], None);
+    assert!(ok, "{out}");
+    for example in examples.as_array().unwrap() {
+        let yaml = serde_yaml::to_string(example).unwrap();
+        let (ok, out) = kubectl(&["apply", "--dry-run=server", "--validate=strict", "-n", &ns, "-f", "-"], Some(&yaml));
+        assert!(ok, "Artifact Hub example {}: {out}", example["metadata"]["name"]);
+    }
+    let _ = kubectl(&["delete", "namespace", &ns, "--wait=false"], None);
+
+    // The images: those the default install renders, hooks included.
+    let app_version = meta["appVersion"].as_str().unwrap();
+    let listed: BTreeSet<String> = annotation("artifacthub.io/images")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["image"].as_str().unwrap().to_string())
+        .collect();
+    let docs = documents(&render("zklock-system", None, &[]).unwrap());
+    let mut rendered = BTreeSet::new();
+    for doc in &docs {
+        let pod = match kind(doc) {
+            "Pod" => &doc["spec"],
+            "Job" | "Deployment" | "StatefulSet" => &doc["spec"]["template"]["spec"],
+            _ => continue,
+        };
+        for container in
+            ["containers", "initContainers"].iter().flat_map(|k| pod[*k].as_array().cloned().unwrap_or_default())
+        {
+            rendered.insert(container["image"].as_str().unwrap().to_string());
+        }
+    }
+    assert_eq!(listed, rendered, "artifacthub.io/images lists what the chart runs");
+    assert!(listed.contains(&format!("ghcr.io/zklock/zklock:{app_version}")), "the operator's image at appVersion");
 }

@@ -73,16 +73,14 @@ async fn check_and_status(
     client: &kube::Client,
     kubeconfig: &std::path::Path,
     release_ns: &str,
+    lease_name: &str,
     docs: &[serde_json::Value],
     env: &Env,
     held: &str,
 ) {
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::core::v1::Pod;
-    let lease = Api::<Lease>::namespaced(client.clone(), release_ns)
-        .get(zklock::operator::LEASE_NAME)
-        .await
-        .expect("the leader Lease");
+    let lease = Api::<Lease>::namespaced(client.clone(), release_ns).get(lease_name).await.expect("the leader Lease");
     let leader = lease.spec.and_then(|s| s.holder_identity).expect("a holder");
     let template = &find(docs, "Deployment")[0]["spec"]["template"];
     let pod: Pod = serde_json::from_value(json!({
@@ -103,7 +101,10 @@ async fn check_and_status(
         .unwrap_or_else(|_| panic!("kwok did not run the leader's pod {leader} within 60 s"))
         .expect("watch the leader's pod");
 
-    let (code, said) = zklock_in(kubeconfig, &["check", "-n", &env.ns, "--operator-namespace", release_ns]);
+    let (code, said) = zklock_in(
+        kubeconfig,
+        &["check", "-n", &env.ns, "--operator-namespace", release_ns, "--lease-name", lease_name],
+    );
     assert_eq!(code, 0, "zklock check on a ready installation: {said}");
     eprintln!("zklock check:\n{said}");
     for line in [
@@ -118,10 +119,13 @@ async fn check_and_status(
     }
     assert!(said.contains(&format!("{leader}, ready")), "{said}");
     // Found without --operator-namespace: the one leader Lease of this control plane.
-    let (code, found) = zklock_in(kubeconfig, &["check", "-n", &env.ns]);
+    let (code, found) = zklock_in(kubeconfig, &["check", "-n", &env.ns, "--lease-name", lease_name]);
     assert_eq!(code, 0, "{found}");
     assert!(found.contains(&format!("installed in {release_ns}")), "{found}");
-    let (code, said) = zklock_in(kubeconfig, &["check", "-n", "no-such-namespace", "--operator-namespace", release_ns]);
+    let (code, said) = zklock_in(
+        kubeconfig,
+        &["check", "-n", "no-such-namespace", "--operator-namespace", release_ns, "--lease-name", lease_name],
+    );
     assert_eq!(code, 1, "{said}");
     assert!(said.contains("no-such-namespace does not exist"), "{said}");
 
@@ -155,7 +159,10 @@ async fn applied_from_helm_template_a_restarted_operator_keeps_its_credentials_a
     std::fs::create_dir_all(&dir).unwrap();
     // The bundled ensemble's credentials, made by the operator (its connect string is moved to
     // the test's ZooKeeper when the operator starts).
-    let sets = ["replicaCount=1"];
+    // A Lease name of the release's own, as a second release in a namespace needs.
+    let lease_name = format!("{release}-leader");
+    let lease_set = format!("leaderElection.leaseName={lease_name}");
+    let sets = ["replicaCount=1", lease_set.as_str()];
     let apply = |rendered: &str| {
         let file = dir.join("synced.json");
         std::fs::write(&file, synced(rendered)).unwrap();
@@ -176,7 +183,8 @@ async fn applied_from_helm_template_a_restarted_operator_keeps_its_credentials_a
     assert!(secrets.get_opt(&secret_name).await.unwrap().is_none(), "no Secret before the operator's first start");
     let env = Env::on(kubeconfig, zk.clone(), false).await;
     let check = |namespace: &str| {
-        zklock_in(kubeconfig, &["check", "-n", namespace, "--operator-namespace", &release_ns, "--wait", "100ms"])
+        let args = ["check", "-n", namespace, "--operator-namespace", &release_ns, "--lease-name", &lease_name];
+        zklock_in(kubeconfig, &[&args[..], &["--wait", "100ms"]].concat())
     };
     let (code, said) = check(&env.ns);
     assert_eq!(code, 1, "zklock check before any operator ran: {said}");
@@ -190,6 +198,19 @@ async fn applied_from_helm_template_a_restarted_operator_keeps_its_credentials_a
         let (mut child, metrics) =
             crate::chart_rbac::start_operator_on(&docs, &zk, kubeconfig, &dir.join("requests.log"), &log);
         crate::chart_rbac::await_leading(round, &metrics, &log).await;
+        if granted.is_empty() {
+            // What a scrape tells of the build and the process, under the usual names.
+            let scraped = crate::e2e_support::http_get(&metrics, "/metrics").await.expect("a scrape");
+            let build = format!(
+                "zklock_build_info{{version=\"{}\",crd_revision=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION"),
+                zklock::api::CRD_REVISION
+            );
+            assert!(scraped.contains(&build), "{build} in the scrape");
+            for series in ["process_cpu_seconds_total ", "process_resident_memory_bytes ", "process_open_fds "] {
+                assert!(scraped.contains(&format!("\n{series}")), "{series}in the scrape");
+            }
+        }
         let now = credentials().await;
         match &made {
             None => made = Some(now),
@@ -202,7 +223,7 @@ async fn applied_from_helm_template_a_restarted_operator_keeps_its_credentials_a
             env.wait_gone("unwritten").await;
         }
         if granted.is_empty() {
-            check_and_status(&client, kubeconfig, &release_ns, &docs, &env, &claim).await;
+            check_and_status(&client, kubeconfig, &release_ns, &lease_name, &docs, &env, &claim).await;
         }
         env.delete_claim(&claim).await;
         env.wait_gone(&claim).await;
@@ -211,7 +232,8 @@ async fn applied_from_helm_template_a_restarted_operator_keeps_its_credentials_a
         if granted.len() == 1 {
             // A claim no operator has written: `zklock status` says why.
             env.claim("unwritten", "db", json!({})).await;
-            let (code, said) = zklock_in(kubeconfig, &["status", "unwritten", "-n", &env.ns]);
+            let (code, said) =
+                zklock_in(kubeconfig, &["status", "unwritten", "-n", &env.ns, "--lease-name", &lease_name]);
             assert_eq!(code, 0, "{said}");
             assert!(said.contains("none: the operator has not written this claim"), "{said}");
             eprintln!("zklock status of a claim no operator wrote:\n{said}");

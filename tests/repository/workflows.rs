@@ -26,8 +26,14 @@ fn the_release_workflow_lints_clean_and_builds_the_image_with_the_tested_script(
     let text = std::fs::read_to_string(&workflow).unwrap();
     assert!(text.contains("scripts/image.sh --binary"), "the release image comes from scripts/image.sh");
     assert!(text.contains("scripts/build-static.sh"), "the released binaries come from scripts/build-static.sh");
-    assert!(text.contains("scripts/archive.sh --binary"), "the archives come from scripts/archive.sh (tested with krew)");
-    assert!(text.contains("scripts/krew.sh --version"), "the krew manifest comes from scripts/krew.sh (tested with krew)");
+    assert!(
+        text.contains("scripts/archive.sh --binary"),
+        "the archives come from scripts/archive.sh (tested with krew)"
+    );
+    assert!(
+        text.contains("scripts/krew.sh --version"),
+        "the krew manifest comes from scripts/krew.sh (tested with krew)"
+    );
 
     // The linter finds what it should: a job output that does not exist.
     let broken = std::env::temp_dir().join(format!("zklock-broken-workflow-{}.yml", std::process::id()));

@@ -116,8 +116,8 @@ capabilities:
 {{- printf "%s%s" $servers .Values.zookeeper.chroot -}}
 {{- end -}}
 
-{{/* The Lease lives in the release namespace; its name is fixed in the operator. */}}
-{{- define "zklock.leaseName" -}}zklock-leader{{- end -}}
+{{/* The Lease lives in the release namespace, named by leaderElection.leaseName. */}}
+{{- define "zklock.leaseName" -}}{{ .Values.leaderElection.leaseName | default "zklock-leader" }}{{- end -}}
 
 {{/* The leader epoch's admission policy, its binding and its parameter (a ConfigMap in the
 release namespace) share one name. */}}

@@ -335,7 +335,9 @@ pub struct LockClaimStatus {
     /// The zklock.io/renew value the lease timer was last restarted for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renewed: Option<String>,
+    /// Keyed by type (a list-map): server-side apply and strategic tools merge them by type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

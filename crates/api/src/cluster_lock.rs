@@ -62,6 +62,7 @@ pub struct ClusterLockStatus {
     /// `Ready`: this cluster serves the lock; `PermitsAgree`: every cluster sharing it declares
     /// the same permits (when not, each grants as the smallest allows).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

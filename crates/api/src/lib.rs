@@ -101,8 +101,9 @@ pub fn crds() -> [(&'static str, String); 3] {
 pub const CRD_REVISION_ANNOTATION: &str = "zklock.io/crd-revision";
 /// This build's revision of the CRDs: one more whenever a generated schema changes (2: ClusterLock;
 /// 3: its Ready and PermitsAgree conditions, status.clusters as the clusters serving it; 4: the
-/// LockClaim's Waiting For and Reason columns in `kubectl get -o wide`).
-pub const CRD_REVISION: u32 = 4;
+/// LockClaim's Waiting For and Reason columns in `kubectl get -o wide`; 5: conditions as
+/// list-maps keyed by type, the short name `lk` for Lock).
+pub const CRD_REVISION: u32 = 5;
 
 /// The generated CRDs (what `crds/` holds), each with its file name: only formats the API
 /// server knows, and this build's revision annotated.

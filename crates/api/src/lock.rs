@@ -19,6 +19,7 @@ pub const MAX_LISTED_HOLDERS: usize = 50;
     group = "zklock.io",
     version = "v1alpha1",
     kind = "Lock",
+    shortname = "lk",
     namespaced,
     derive = "PartialEq",
     category = "zklock",
