@@ -314,7 +314,7 @@ fn zklock_invocations(snippet: &str) -> Vec<Vec<String>> {
     let code = snippet.split(" #").next().unwrap_or_default();
     let code = if code.trim_start().starts_with('#') { "" } else { code };
     let words: Vec<&str> = code.split_whitespace().collect();
-    let before_a_command = ["kubectl", "$", "&&", "||", "|", ";", "then", "do", "exec", "time", "run:", "run"];
+    let before_a_command = ["kubectl", "$", "&&", "||", "|", ";", "then", "do", "exec", "time", "run:", "run", "-"];
     let ends = ["|", "||", "&&", ";", "#", ">", "2>", "--", ")"];
     let mut found = vec![];
     for (i, word) in words.iter().enumerate() {
@@ -380,7 +380,8 @@ fn every_zklock_command_the_docs_show_exists() {
                     vec![p]
                 }
             })
-            .filter(|p| p.extension().is_some_and(|e| e == "sh"))
+            // Scripts, and the CI jobs of the integration examples (their `run:` and `script:`).
+            .filter(|p| p.extension().is_some_and(|e| e == "sh" || e == "yml"))
             .collect();
         scripts.sort();
         for path in scripts {

@@ -13,6 +13,7 @@ mod demo;
 mod docs;
 mod generated;
 mod image;
+mod integrations;
 mod layers;
 mod release_archives;
 mod workflows;

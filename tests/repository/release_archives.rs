@@ -74,6 +74,19 @@ fn a_release_archive_installs_with_krew_and_answers_as_kubectl_zklock() {
             .arg(&out),
     );
     assert!(std::fs::read(&archive).unwrap() == first, "two packings of one binary differ");
+    // The CI examples take the binary out with exactly this (examples/integrations/).
+    let unpacked = dir.0.join("unpacked");
+    std::fs::create_dir_all(&unpacked).unwrap();
+    run(
+        "tar -xz --strip-components=1 (as the CI examples do)",
+        Command::new("sh").arg("-c").arg(format!(
+            "tar -xz -C '{}' --strip-components=1 {name}/zklock < '{}'",
+            unpacked.display(),
+            archive.display()
+        )),
+    );
+    let said = run("the unpacked zklock --version", Command::new(unpacked.join("zklock")).arg("--version"));
+    assert!(said.contains(version), "{said}");
 
     let base = format!("https://github.com/zklock/zklock/releases/download/v{version}");
     let manifest = run(
