@@ -657,6 +657,18 @@ fn rendered_manifests_are_valid() {
     let ns = format!("zklock-chart-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
     let (ok, out) = kubectl(&["create", "namespace", &ns], None);
     assert!(ok, "create namespace {ns}: {out}");
+    // That enforces the `restricted` Pod Security level: every pod the chart renders must pass it.
+    let (ok, out) = kubectl(
+        &[
+            "label",
+            "namespace",
+            &ns,
+            "pod-security.kubernetes.io/enforce=restricted",
+            "pod-security.kubernetes.io/enforce-version=latest",
+        ],
+        None,
+    );
+    assert!(ok, "label namespace {ns}: {out}");
     let mut listing = String::new();
     let mut made = vec![];
     for (label, values) in value_sets() {
@@ -711,6 +723,13 @@ fn rendered_manifests_are_valid() {
                 let (ok, out) = kubectl(&["apply", "--dry-run=server", "--validate=strict", "-f", "-"], Some(&yaml));
                 assert!(ok, "{label}: the pod template of {what} rejected by the API server (dry-run):\n{out}\n{yaml}");
                 listing.push_str(&format!("  {:<55} server dry-run (as a Pod)\n", format!("{what} pod template")));
+                // In a namespace that enforces the restricted level (the release's does).
+                let mut restricted = pod.clone();
+                restricted["metadata"]["namespace"] = Value::String(ns.clone());
+                ensure_account(&restricted);
+                let yaml = serde_yaml::to_string(&restricted).unwrap();
+                let (ok, out) = kubectl(&["apply", "--dry-run=server", "--validate=strict", "-f", "-"], Some(&yaml));
+                assert!(ok, "{label}: {what}'s pod under the restricted Pod Security level:\n{out}");
             }
         }
     }
@@ -719,6 +738,58 @@ fn rendered_manifests_are_valid() {
     }
     eprintln!("{listing}server-side dry-run: {served:?}\nYAML-level checks only (not served by the API under test): {checked_by_yaml:?}");
     assert!(served.contains("ServiceAccount") && served.contains("ConfigMap"), "the served kinds went through dry-run");
+}
+
+/// On OpenShift (`security.openshift.io/v1` served) every pod takes the UID and group its
+/// namespace's range assigns: the chart names none, and still asks for a non-root user.
+#[test]
+fn on_openshift_no_pod_names_a_user_or_group() {
+    let out = helm()
+        .args(["template", "zklock"])
+        .arg(chart())
+        .args(["--namespace", NS, "--api-versions", "security.openshift.io/v1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let docs = documents(&String::from_utf8(out.stdout).unwrap());
+    let elsewhere = documents(&render(NS, None, &[]).unwrap());
+    let pods = |docs: &[Value]| -> Vec<Value> { docs.iter().filter_map(pod_of_template).collect() };
+    assert!(pods(&elsewhere).iter().any(|p| p["spec"]["securityContext"]["runAsUser"].is_number()), "a UID elsewhere");
+    let openshift = pods(&docs);
+    assert!(openshift.len() >= 2, "the operator's and ZooKeeper's pods: {}", openshift.len());
+    for pod in openshift {
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let contexts = std::iter::once(&pod["spec"]["securityContext"]).chain(
+            ["containers", "initContainers"]
+                .iter()
+                .flat_map(|k| pod["spec"][*k].as_array().into_iter().flatten())
+                .map(|c| &c["securityContext"]),
+        );
+        for context in contexts {
+            for field in ["runAsUser", "runAsGroup", "fsGroup"] {
+                assert!(context[field].is_null(), "{name}: {field} {}", context[field]);
+            }
+        }
+        assert_eq!(pod["spec"]["securityContext"]["runAsNonRoot"], true, "{name}");
+    }
+}
+
+/// NOTES warn of what the cluster lacks: without MutatingAdmissionPolicy (a client-side dry run
+/// knows of none) the finalizer and the gate policies are missing; the API server under test
+/// (1.36, asked by a server-side dry run) serves it, and NOTES say nothing of it.
+#[test]
+fn notes_warn_where_the_cluster_lacks_what_the_chart_relies_on() {
+    let notes = |mut cmd: Command, extra: &[&str]| -> String {
+        let out = cmd.args(["install", "zklock"]).arg(chart()).args(["--namespace", NS]).args(extra).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).split("NOTES:").nth(1).expect("NOTES").to_string()
+    };
+    let old = notes(helm(), &["--dry-run=client"]);
+    assert!(old.contains("WARNING: this cluster serves no MutatingAdmissionPolicy"), "{old}");
+    let served = notes(helm_on(zklock_testkit::kube::kubeconfig()), &["--dry-run=server"]);
+    assert!(!served.contains("WARNING"), "{served}");
+    let unfenced = notes(helm(), &["--dry-run=client", "--set", "leaderElection.epochPolicy=false"]);
+    assert!(unfenced.contains("WARNING: leaderElection.epochPolicy is off"), "{unfenced}");
 }
 
 #[test]

@@ -174,15 +174,22 @@ contenders: {{ $contenders }}
 generated: {{ $generated }}
 {{- end -}}
 
-{{/* The operator's pod securityContext: the value's, else the image's user 65532. */}}
+{{/* OpenShift assigns each namespace's pods a UID and group of its own range (its restricted
+SCC refuses others): there, the chart names none. */}}
+{{- define "zklock.openshift" -}}{{ if .Capabilities.APIVersions.Has "security.openshift.io/v1" }}true{{ end }}{{- end -}}
+
+{{/* The operator's pod securityContext: the value's, else the image's user 65532 (on OpenShift,
+the namespace's). */}}
 {{- define "zklock.podSecurityContext" -}}
 {{- with .Values.podSecurityContext }}
 {{- toYaml . }}
 {{- else -}}
 runAsNonRoot: true
+{{- if not (include "zklock.openshift" .) }}
 runAsUser: 65532
 runAsGroup: 65532
 fsGroup: 65532
+{{- end }}
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
