@@ -380,11 +380,15 @@ async fn policies(client: &kube::Client, installation: &Installation, namespace:
             "off: the operator runs without it (a deposed leader's late writes are not refused)",
         ));
     } else {
-        let param = installation
-            .flag("--epoch-param", "ZKLOCK_EPOCH_PARAM")
-            .and_then(|v| v.last().cloned())
-            .unwrap_or_else(|| zklock::api::epoch_policy::EPOCH_PARAM.to_string());
-        out.push(epoch_policy(client, &installation.namespace, &param, namespace, &labels).await);
+        // The parameter the operator names; where its pod cannot be read, any in its namespace
+        // (the chart names it after the release).
+        let param = match installation.flag("--epoch-param", "ZKLOCK_EPOCH_PARAM") {
+            Some(values) => {
+                Some(values.last().cloned().unwrap_or_else(|| zklock::api::epoch_policy::EPOCH_PARAM.to_string()))
+            }
+            None => None,
+        };
+        out.push(epoch_policy(client, &installation.namespace, param.as_deref(), namespace, &labels).await);
     }
     out.extend(mutating_policies(client, namespace, &labels).await);
     out
@@ -393,7 +397,7 @@ async fn policies(client: &kube::Client, installation: &Installation, namespace:
 async fn epoch_policy(
     client: &kube::Client,
     operator_ns: &str,
-    param: &str,
+    param: Option<&str>,
     namespace: &str,
     labels: &BTreeMap<String, String>,
 ) -> Finding {
@@ -412,10 +416,9 @@ async fn epoch_policy(
     let ours: Vec<&ValidatingAdmissionPolicyBinding> = bindings
         .iter()
         .filter(|b| {
-            b.spec
-                .param_ref
-                .as_ref()
-                .is_some_and(|p| p.name.as_deref() == Some(param) && p.namespace.as_deref() == Some(operator_ns))
+            b.spec.param_ref.as_ref().is_some_and(|p| {
+                p.namespace.as_deref() == Some(operator_ns) && (param.is_none() || p.name.as_deref() == param)
+            })
         })
         .collect();
     let Some(binding) = ours
@@ -423,6 +426,7 @@ async fn epoch_policy(
         .find(|b| covers(b.spec.match_resources.as_ref().and_then(|m| m.namespace_selector.as_ref()), labels))
     else {
         return if ours.is_empty() {
+            let param = param.unwrap_or("…");
             Finding::not_ready(what, format!("no binding with the parameter {operator_ns}/{param}"), fix)
         } else {
             Finding::not_ready(
@@ -433,6 +437,8 @@ async fn epoch_policy(
         };
     };
     let policy = binding.spec.policy_name.clone();
+    let param = binding.spec.param_ref.as_ref().and_then(|p| p.name.clone()).unwrap_or_default();
+    let param = param.as_str();
     match within(Api::<ValidatingAdmissionPolicy>::all(client.clone()).get_opt(&policy)).await {
         Ok(Some(_)) => {}
         Ok(None) => {
