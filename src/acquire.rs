@@ -57,6 +57,10 @@ pub struct Request {
 
 /// The default of [`Request::heartbeat`].
 pub const HEARTBEAT: Duration = Duration::from_secs(30);
+/// The longest a heartbeat waits to read the claim ahead.
+const HEARTBEAT_READ: Duration = Duration::from_secs(2);
+/// The longest heartbeat: a day (a longer one is taken as this).
+const MAX_HEARTBEAT: Duration = Duration::from_secs(86_400);
 
 /// The lock, held.
 #[derive(Clone, Debug)]
@@ -378,14 +382,17 @@ async fn follow(api: &Api<LockClaim>, name: &str, uid: &str, heartbeat: Duration
     let mut claims = std::pin::pin!(watch(api, name));
     let mut shown = None;
     let started = tokio::time::Instant::now();
+    let heartbeat = heartbeat.min(MAX_HEARTBEAT);
     let mut beat = tokio::time::interval_at(started + heartbeat, heartbeat);
+    // The locks it waits for, by label, once the claim has been seen.
+    let mut locks: Vec<String> = vec![];
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last = LockClaimStatus::default();
     loop {
         let seen = tokio::select! {
             seen = claims.next() => seen,
             _ = beat.tick() => {
-                eprintln!("zklock: {}", waiting_line(api, name, &last, started.elapsed()).await);
+                eprintln!("zklock: {}", waiting_line(api, name, &locks, &last, started.elapsed()).await);
                 continue;
             }
         };
@@ -394,6 +401,7 @@ async fn follow(api: &Api<LockClaim>, name: &str, uid: &str, heartbeat: Duration
             return Err(Failure::Lost(format!("LockClaim {name} was deleted before it was Held")));
         };
         let status = claim.status.clone().unwrap_or_default();
+        locks = claim.spec.lock_refs().iter().map(|l| l.label()).collect();
         match status.phase {
             Some(Phase::Held) => {
                 let grace = claim.spec.revocation_grace_period_seconds.unwrap_or(30).max(0) as u64;
@@ -438,7 +446,13 @@ async fn follow(api: &Api<LockClaim>, name: &str, uid: &str, heartbeat: Duration
 
 /// The heartbeat's line: how long the wait has lasted and where it stands; the claim ahead
 /// with how long it has held; without a status, the command that says what zklock lacks.
-async fn waiting_line(api: &Api<LockClaim>, name: &str, status: &LockClaimStatus, waited: Duration) -> String {
+async fn waiting_line(
+    api: &Api<LockClaim>,
+    name: &str,
+    locks: &[String],
+    status: &LockClaimStatus,
+    waited: Duration,
+) -> String {
     let waited = crate::durations::brief(waited);
     let namespace = api.namespace().unwrap_or_default().to_string();
     let Some(phase) = status.phase else {
@@ -455,8 +469,11 @@ async fn waiting_line(api: &Api<LockClaim>, name: &str, status: &LockClaimStatus
             let held = if ahead.contains('/') {
                 String::new()
             } else {
-                match tokio::time::timeout(WITHDRAW_WAIT, api.get_opt(ahead)).await {
-                    Ok(Ok(Some(c))) => c
+                // Briefly: the watch is not read meanwhile, and a grant must not wait for a line.
+                match tokio::time::timeout(HEARTBEAT_READ, api.get_opt(ahead)).await {
+                    // A bare name may also be a claim of another namespace (a ClusterLock): the one
+                    // here counts only if it queues for one of the same locks.
+                    Ok(Ok(Some(c))) if c.spec.lock_refs().iter().any(|l| locks.contains(&l.label())) => c
                         .status
                         .and_then(|s| s.acquired_at)
                         .map(|at| {

@@ -81,6 +81,10 @@ enum Command {
         /// Namespace of the claim (default: the kubeconfig context's)
         #[arg(long, short = 'n')]
         namespace: Option<String>,
+        /// Namespace zklock is installed in, for a claim without status (default: found by its
+        /// leader Lease)
+        #[arg(long)]
+        operator_namespace: Option<String>,
         /// Name of the operator's leader Lease (its --lease-name), for a claim without status
         #[arg(long, default_value = zklock::operator::LEASE_NAME)]
         lease_name: String,
@@ -342,8 +346,8 @@ async fn run(cli: Cli) -> Result<u8, String> {
         Command::Exec { lock, command } => Ok(cli::lock::exec(lock, command).await),
         Command::Queue { lock, namespace, output, api } => cli::claims::queue(api, namespace, lock, output).await,
         Command::Revoke { claim, namespace, reason, api } => cli::claims::revoke(api, namespace, claim, reason).await,
-        Command::Status { claim, namespace, lease_name, api } => {
-            cli::status::status(api, namespace, claim, &lease_name).await
+        Command::Status { claim, namespace, operator_namespace, lease_name, api } => {
+            cli::status::status(api, namespace, claim, operator_namespace, &lease_name).await
         }
         Command::Check { namespace, operator_namespace, lease_name, wait, api } => {
             cli::check::check(api, namespace, operator_namespace, &lease_name, wait).await

@@ -25,6 +25,9 @@ use super::api::ApiArgs;
 /// How long each API call may take.
 const CALL_DEADLINE: Duration = Duration::from_secs(10);
 
+/// How the line starts that says the operator could not be looked for.
+pub const CANNOT_LOOK: &str = "cannot look for the Lease";
+
 /// How a check came out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
@@ -81,6 +84,16 @@ struct Installation {
     leader: Option<Pod>,
     /// A pod of the operator's (the leader's, else any replica's): their flags are the same.
     pod: Option<Pod>,
+    /// Whether it elects a leader on the Lease (`--no-leader-election`: one replica, no Lease).
+    elected: bool,
+}
+
+/// Whether `pod` runs the operator with its flag `--lease-name` (or the default) equal to `lease`.
+fn elects_on(pod: &Pod, lease: &str) -> bool {
+    let args: Vec<&String> =
+        pod.spec.iter().flat_map(|s| s.containers.iter()).flat_map(|c| c.args.iter().flatten()).collect();
+    let named = args.iter().find_map(|a| a.strip_prefix("--lease-name="));
+    named.unwrap_or(zklock::operator::LEASE_NAME) == lease
 }
 
 /// The operator's pods, as the chart labels them.
@@ -237,7 +250,7 @@ async fn installation(
                     return (
                         Finding::not_ready(
                             "operator",
-                            format!("cannot look for the Lease {name} in every namespace: {e}"),
+                            format!("{CANNOT_LOOK} {name} in every namespace: {e}"),
                             "give --operator-namespace (the namespace the chart was installed in)",
                         ),
                         None,
@@ -247,6 +260,14 @@ async fn installation(
         }
     };
     match leases.len() {
+        // An operator without leader election keeps no Lease: its pods tell.
+        0 if let Some(installation) = unelected(client, operator_namespace).await => {
+            let namespace = installation.namespace.clone();
+            (
+                Finding::ready("operator", format!("installed in {namespace}, without leader election")),
+                Some(installation),
+            )
+        }
         0 => (
             Finding::not_ready(
                 "operator",
@@ -266,14 +287,15 @@ async fn installation(
                 Some(holder) if !holder.is_empty() => within(pods.get_opt(&holder)).await.ok().flatten(),
                 _ => None,
             };
+            // Another release's replicas may share the namespace: those electing on this Lease.
             let pod = match &leader {
                 Some(pod) => Some(pod.clone()),
                 None => within(pods.list(&ListParams::default().labels(OPERATOR_PODS)))
                     .await
                     .ok()
-                    .and_then(|list| list.items.into_iter().next()),
+                    .and_then(|list| list.items.into_iter().find(|p| elects_on(p, name))),
             };
-            let installation = Installation { namespace: namespace.clone(), lease, leader, pod };
+            let installation = Installation { namespace: namespace.clone(), lease, leader, pod, elected: true };
             (Finding::ready("operator", format!("installed in {namespace} (Lease {name})")), Some(installation))
         }
         _ => {
@@ -290,7 +312,49 @@ async fn installation(
     }
 }
 
+/// An operator run without leader election, found by its pods (in `operator_namespace`, else in
+/// every namespace the caller may list).
+async fn unelected(client: &kube::Client, operator_namespace: Option<&str>) -> Option<Installation> {
+    let api: Api<Pod> = match operator_namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let pods = within(api.list(&ListParams::default().labels(OPERATOR_PODS))).await.ok()?.items;
+    let pod = pods.into_iter().find(|p| {
+        p.spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .flat_map(|c| c.args.iter().flatten())
+            .any(|a| a == "--no-leader-election")
+    })?;
+    Some(Installation {
+        namespace: pod.namespace().unwrap_or_default(),
+        lease: Lease::default(),
+        leader: Some(pod.clone()),
+        pod: Some(pod),
+        elected: false,
+    })
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status.iter().flat_map(|s| s.conditions.iter().flatten()).any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
 fn leader(installation: &Installation) -> Finding {
+    if !installation.elected {
+        let name = installation.leader.as_ref().map(|p| p.name_any()).unwrap_or_default();
+        let ns = &installation.namespace;
+        return match installation.leader.as_ref().is_some_and(pod_ready) {
+            true => Finding::ready("leader", format!("{name}, ready (one replica, no leader election)")),
+            false => Finding::not_ready(
+                "leader",
+                format!("{name} is not ready (it has not finished its first sync with ZooKeeper)"),
+                format!(
+                    "kubectl -n {ns} logs {name}: a ZooKeeper it cannot reach or authenticate to is the usual cause"
+                ),
+            ),
+        };
+    }
     let spec = installation.lease.spec.clone().unwrap_or_default();
     let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
     let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(10).max(1) as u64);
@@ -316,9 +380,7 @@ fn leader(installation: &Installation) -> Finding {
             format!("kubectl -n {ns} get pods -l {OPERATOR_PODS}; kubectl -n {ns} logs -l {OPERATOR_PODS} --tail 20"),
         );
     }
-    let ready = installation.leader.as_ref().map(|pod| {
-        pod.status.iter().flat_map(|s| s.conditions.iter().flatten()).any(|c| c.type_ == "Ready" && c.status == "True")
-    });
+    let ready = installation.leader.as_ref().map(pod_ready);
     match ready {
         Some(true) => Finding::ready("leader", format!("{holder}, ready, renewed {}s ago", age.as_secs())),
         Some(false) => Finding::not_ready(
@@ -382,12 +444,9 @@ async fn policies(client: &kube::Client, installation: &Installation, namespace:
     } else {
         // The parameter the operator names; where its pod cannot be read, any in its namespace
         // (the chart names it after the release).
-        let param = match installation.flag("--epoch-param", "ZKLOCK_EPOCH_PARAM") {
-            Some(values) => {
-                Some(values.last().cloned().unwrap_or_else(|| zklock::api::epoch_policy::EPOCH_PARAM.to_string()))
-            }
-            None => None,
-        };
+        let param = installation
+            .flag("--epoch-param", "ZKLOCK_EPOCH_PARAM")
+            .map(|values| values.last().cloned().unwrap_or_else(|| zklock::api::epoch_policy::EPOCH_PARAM.to_string()));
         out.push(epoch_policy(client, &installation.namespace, param.as_deref(), namespace, &labels).await);
     }
     out.extend(mutating_policies(client, namespace, &labels).await);

@@ -118,6 +118,16 @@ pub fn describe(claim: &LockClaim, ahead: Option<&LockClaim>, now: Timestamp) ->
     lines
 }
 
+/// How long each API call may take.
+const CALL_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Whether two claims queue for one lock at least.
+fn shares_a_lock(claim: &LockClaim, other: &LockClaim) -> bool {
+    let labels = |c: &LockClaim| c.spec.lock_refs().iter().map(|l| l.label()).collect::<Vec<_>>();
+    let theirs = labels(other);
+    labels(claim).iter().any(|l| theirs.contains(l))
+}
+
 fn print(lines: &[(&'static str, String)]) {
     for (what, said) in lines {
         println!("{what:<14}{said}");
@@ -125,25 +135,44 @@ fn print(lines: &[(&'static str, String)]) {
 }
 
 /// `zklock status CLAIM`: 0 when the claim was read.
-pub async fn status(api: ApiArgs, namespace: Option<String>, claim: String, lease_name: &str) -> Result<u8, String> {
+pub async fn status(
+    api: ApiArgs,
+    namespace: Option<String>,
+    claim: String,
+    operator_namespace: Option<String>,
+    lease_name: &str,
+) -> Result<u8, String> {
     let config = api.config().await?;
     let namespace = namespace.unwrap_or_else(|| config.default_namespace.clone());
     let client = zklock::client::builder(config).map_err(|e| format!("no Kubernetes API: {e}"))?.build();
     let claims: Api<LockClaim> = Api::namespaced(client.clone(), &namespace);
-    let read = claims.get_opt(&claim).await.map_err(|e| format!("reading LockClaim {namespace}/{claim}: {e}"))?;
+    let within = |call| tokio::time::timeout(CALL_DEADLINE, call);
+    let read = within(claims.get_opt(&claim))
+        .await
+        .map_err(|_| format!("reading LockClaim {namespace}/{claim}: no answer within {CALL_DEADLINE:?}"))?
+        .map_err(|e| format!("reading LockClaim {namespace}/{claim}: {e}"))?;
     let found = read
         .ok_or_else(|| format!("no LockClaim {claim:?} in namespace {namespace} (zklock status -n NAMESPACE CLAIM)"))?;
     let waiting_for = found.status.as_ref().and_then(|s| s.waiting_for.clone());
     let ahead = match waiting_for.as_deref().and_then(claim_ahead) {
-        Some(name) => claims.get_opt(name).await.ok().flatten(),
+        // A bare name is a claim of this cluster, of this namespace or (a ClusterLock) another:
+        // the one here counts only if it queues for one of the same locks.
+        Some(name) => within(claims.get_opt(name))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten()
+            .filter(|ahead| shares_a_lock(&found, ahead)),
         None => None,
     };
     print(&describe(&found, ahead.as_ref(), Timestamp::now()));
     if found.status.as_ref().and_then(|s| s.phase).is_none() {
         // Why the operator has not written it: what `check` finds not ready.
-        let findings = check::findings(&client, &namespace, None, lease_name).await;
+        let findings = check::findings(&client, &namespace, operator_namespace.as_deref(), lease_name).await;
         let not_ready: Vec<_> = findings.into_iter().filter(|f| f.state != State::Ready).collect();
-        if not_ready.iter().all(|f| f.state == State::Note) {
+        if not_ready.iter().any(|f| f.said.starts_with(check::CANNOT_LOOK)) {
+            println!("\nwhy: zklock status cannot tell (you may not look for the operator everywhere):");
+        } else if not_ready.iter().all(|f| f.state == State::Note) {
             println!(
                 "\nzklock looks ready to serve {namespace}: a claim just created gets its status within a second; \
                  if it stays without one, read the leader's log (zklock check names it)"

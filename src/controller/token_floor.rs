@@ -15,14 +15,28 @@ use serde_json::json;
 use super::base::{Error, API_TIMEOUT};
 use crate::zk::token_base::FLOOR_RESERVE;
 
-/// The ConfigMap's name (in the operator's namespace) and the key holding the floor.
+/// The ConfigMap's name (in the operator's namespace) for the default Lease, and the key holding
+/// the floor.
 pub const FLOOR_CONFIGMAP: &str = "zklock-token-floor";
+
+/// The floor's ConfigMap of the installation electing on Lease `lease_name`: two installations
+/// in one namespace keep floors of their own (a shared one would make each read the other's
+/// epochs as ZooKeeper going back).
+pub fn floor_configmap(lease_name: &str) -> String {
+    if lease_name == crate::operator::LEASE_NAME {
+        FLOOR_CONFIGMAP.to_string()
+    } else {
+        format!("{lease_name}-token-floor")
+    }
+}
 pub const FLOOR_KEY: &str = "floor";
 /// The epoch of the last term: a term whose epoch is not above it finds ZooKeeper went back.
 pub const EPOCH_KEY: &str = "epoch";
 
 pub struct TokenFloor {
     api: Api<ConfigMap>,
+    /// The ConfigMap's name ([`floor_configmap`]).
+    name: String,
     /// The floor as last read or written: every number up to it may be handed out.
     reserved: AtomicI64,
     /// The epoch of the last term, as read when this one began.
@@ -39,7 +53,7 @@ async fn timed<T>(call: &'static str, f: impl std::future::Future<Output = kube:
 }
 
 /// What the ConfigMap holds: (floor, epoch of the last term).
-fn parse(map: &ConfigMap) -> Result<(i64, i64), Error> {
+fn parse(map: &ConfigMap, name: &str) -> Result<(i64, i64), Error> {
     let number = |key: &str, missing: Option<i64>| {
         let value = map.data.as_ref().and_then(|d| d.get(key));
         match value.map(|v| v.trim().parse::<i64>()) {
@@ -47,7 +61,7 @@ fn parse(map: &ConfigMap) -> Result<(i64, i64), Error> {
             None if missing.is_some() => Ok(missing.unwrap_or_default()),
             // Rubbish is never replaced by a guess: a lower floor would let tokens go back.
             _ => Err(Error::TokenFloor(format!(
-                "ConfigMap {FLOOR_CONFIGMAP} holds {value:?} in data.{key}, not a number of 0 or more: write the \
+                "ConfigMap {name} holds {value:?} in data.{key}, not a number of 0 or more: write the \
                  highest fencing token, ticket or leader epoch this installation has handed out there (or delete \
                  the ConfigMap if ZooKeeper's data were never made anew since its first start)"
             ))),
@@ -59,13 +73,19 @@ fn parse(map: &ConfigMap) -> Result<(i64, i64), Error> {
 impl TokenFloor {
     /// The floor kept in `namespace`: 0 where none was written yet (an installation that has
     /// handed out nothing since it began keeping one).
-    pub async fn read(client: &kube::Client, namespace: &str) -> Result<TokenFloor, Error> {
+    pub async fn read(client: &kube::Client, namespace: &str, name: &str) -> Result<TokenFloor, Error> {
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-        let (floor, last_epoch) = match timed("get_token_floor", api.get_opt(FLOOR_CONFIGMAP)).await? {
-            Some(map) => parse(&map)?,
+        let (floor, last_epoch) = match timed("get_token_floor", api.get_opt(name)).await? {
+            Some(map) => parse(&map, name)?,
             None => (0, 0),
         };
-        Ok(TokenFloor { api, reserved: AtomicI64::new(floor), last_epoch, writing: Default::default() })
+        Ok(TokenFloor {
+            api,
+            name: name.to_string(),
+            reserved: AtomicI64::new(floor),
+            last_epoch,
+            writing: Default::default(),
+        })
     }
 
     /// The floor: every number handed out from now on must be above it where ZooKeeper's
@@ -99,8 +119,9 @@ impl TokenFloor {
     async fn write(&self, value: i64, epoch: Option<i64>) -> Result<(), Error> {
         let _one = self.writing.lock().await;
         loop {
-            let found = timed("get_token_floor", self.api.get_opt(FLOOR_CONFIGMAP)).await?;
-            let (found_floor, found_epoch) = found.as_ref().map(parse).transpose()?.unwrap_or((0, 0));
+            let found = timed("get_token_floor", self.api.get_opt(&self.name)).await?;
+            let (found_floor, found_epoch) =
+                found.as_ref().map(|m| parse(m, &self.name)).transpose()?.unwrap_or((0, 0));
             let floor = if found_floor >= value { found_floor } else { value.saturating_add(FLOOR_RESERVE) };
             let new_epoch = epoch.map_or(found_epoch, |e| e.max(found_epoch));
             if found.is_some() && (floor, new_epoch) == (found_floor, found_epoch) {
@@ -113,7 +134,7 @@ impl TokenFloor {
                 None => {
                     let fresh = ConfigMap {
                         metadata: ObjectMeta {
-                            name: Some(FLOOR_CONFIGMAP.to_string()),
+                            name: Some(self.name.clone()),
                             labels: Some([("app.kubernetes.io/part-of".to_string(), "zklock".to_string())].into()),
                             ..ObjectMeta::default()
                         },
@@ -126,8 +147,7 @@ impl TokenFloor {
                     let version = map.metadata.resource_version.clone().unwrap_or_default();
                     let patch = json!({ "metadata": { "resourceVersion": version }, "data": data });
                     let patch = Patch::Merge(&patch);
-                    tokio::time::timeout(API_TIMEOUT, self.api.patch(FLOOR_CONFIGMAP, &PatchParams::default(), &patch))
-                        .await
+                    tokio::time::timeout(API_TIMEOUT, self.api.patch(&self.name, &PatchParams::default(), &patch)).await
                 }
             };
             match write.map_err(|_| Error::Timeout { call: "raise_token_floor" })? {

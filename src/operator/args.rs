@@ -136,7 +136,10 @@ impl RunArgs {
         }
         let has_auth = zk.digest_auth.is_some() || self.zk_auth_secret.is_some();
         if !zk.previous_auth.is_empty() && !has_auth {
-            return Err("--zk-previous-auth needs --zk-auth or --zk-auth-file: the credentials rotated to".into());
+            return Err(
+                "--zk-previous-auth needs --zk-auth, --zk-auth-file or --zk-auth-secret: the credentials rotated to"
+                    .into(),
+            );
         }
         zk.contenders = match self.zk_contenders.as_str() {
             "listed" if !has_auth => {

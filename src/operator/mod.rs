@@ -168,9 +168,13 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
         };
         let served = async {
             let token_floor = Arc::new(
-                crate::controller::token_floor::TokenFloor::read(&client, &lease_namespace)
-                    .await
-                    .map_err(Ended::Connect)?,
+                crate::controller::token_floor::TokenFloor::read(
+                    &client,
+                    &lease_namespace,
+                    &crate::controller::token_floor::floor_configmap(&options.lease_name),
+                )
+                .await
+                .map_err(Ended::Connect)?,
             );
             let (engine, events) =
                 supervisor::connect(&options.zk, &options.layout, installation, &leadership, &token_floor)

@@ -57,6 +57,42 @@ fn two_renders_are_the_same_bytes_and_every_hook_has_its_argocd_equivalent() {
     }
 }
 
+/// RBAC cannot limit the operator's `create` on Secrets to its credentials' one: the chart's
+/// admission policy does. As the operator's ServiceAccount, another Secret, or a token Secret of
+/// another account, is refused (the policy may take a moment to be in force: tried for 30 s).
+async fn only_its_secret_may_be_created(kubeconfig: &std::path::Path, namespace: &str, account: &str) {
+    let user = format!("system:serviceaccount:{namespace}:{account}");
+    let attempts = [
+        serde_json::json!({ "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": { "name": "not-the-credentials", "namespace": namespace }, "stringData": { "a": "b" } }),
+        serde_json::json!({ "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+            "metadata": { "name": "a-token", "namespace": namespace,
+                "annotations": { "kubernetes.io/service-account.name": "default" } } }),
+    ];
+    for attempt in attempts {
+        let file = std::env::temp_dir().join(format!("zklock-gitops-secret-{}.json", uuid::Uuid::new_v4().simple()));
+        std::fs::write(&file, attempt.to_string()).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let refused = loop {
+            let mut kubectl = Command::new(zklock_testkit::kube::kubectl());
+            kubectl.env("KUBECONFIG", kubeconfig).args(["create", "--dry-run=server", "--as", &user, "-f"]).arg(&file);
+            let out =
+                output_within("kubectl create --as the operator", &mut kubectl, std::time::Duration::from_secs(60));
+            let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            if !out.status.success() && said.contains("may create only its ZooKeeper credentials' Secret") {
+                break true;
+            }
+            if std::time::Instant::now() > deadline {
+                eprintln!("as {user}: {said}");
+                break false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        };
+        let _ = std::fs::remove_file(&file);
+        assert!(refused, "the operator's account created {} {}", attempt["type"], attempt["metadata"]["name"]);
+    }
+}
+
 /// Runs the built `zklock` with `args` against `kubeconfig`: (exit code, stdout and stderr).
 fn zklock_in(kubeconfig: &std::path::Path, args: &[&str]) -> (i32, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_zklock"));
@@ -212,6 +248,9 @@ async fn applied_from_helm_template_a_restarted_operator_keeps_its_credentials_a
             }
         }
         let now = credentials().await;
+        if made.is_none() {
+            only_its_secret_may_be_created(kubeconfig, &release_ns, &format!("{release}-zklock")).await;
+        }
         match &made {
             None => made = Some(now),
             Some(before) => assert!(before == &now, "{round}: the credentials changed"),

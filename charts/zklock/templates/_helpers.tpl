@@ -119,6 +119,12 @@ capabilities:
 {{/* The Lease lives in the release namespace, named by leaderElection.leaseName. */}}
 {{- define "zklock.leaseName" -}}{{ .Values.leaderElection.leaseName | default "zklock-leader" }}{{- end -}}
 
+{{/* The token floor's ConfigMap beside the Lease (src/controller/token_floor.rs floor_configmap). */}}
+{{- define "zklock.tokenFloorName" -}}
+{{- $lease := include "zklock.leaseName" . -}}
+{{- if eq $lease "zklock-leader" }}zklock-token-floor{{ else }}{{ $lease }}-token-floor{{ end -}}
+{{- end -}}
+
 {{/* The leader epoch's admission policy, its binding and its parameter (a ConfigMap in the
 release namespace) share one name. */}}
 {{- define "zklock.epochPolicyName" -}}{{ include "zklock.fullname" . }}-leader-epoch{{- end -}}
@@ -160,6 +166,9 @@ The operator's ZooKeeper credentials, as YAML: `secret` and `key` (none without 
 {{- $contenders := $a.contenders | default (ternary "listed" "anyone" (ne $secret "")) }}
 {{- if and $generated (eq $contenders "listed") }}
 {{- $contenderKey = "contender" }}
+{{- end }}
+{{- if and $generated $a.previousKey }}
+{{- fail "zookeeper.auth.previousKey rotates the credentials of an existingSecret; the operator's generated credentials (zookeeper.auth.generate) are not rotated in place: move them into a Secret of your own and give existingSecret first (docs/operations.md: rotating ZooKeeper credentials)" }}
 {{- end }}
 {{- if and (eq $contenders "listed") (not $secret) }}
 {{- fail "zookeeper.auth.contenders=listed needs credentials: set zookeeper.auth.existingSecret (or, with the bundled ensemble, zookeeper.auth.generate)" }}

@@ -48,6 +48,13 @@ pub fn set(
     }
 }
 
+/// Keeps the first condition of each type: conditions are a list-map keyed by type (CRD revision
+/// 5), so a status holding a type twice (written by hand, or before) would refuse every write.
+pub fn dedup(conditions: &mut Vec<Condition>) {
+    let mut seen = std::collections::HashSet::new();
+    conditions.retain(|c| seen.insert(c.type_.clone()));
+}
+
 pub fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
     conditions.iter().find(|c| c.type_ == type_)
 }

@@ -224,7 +224,8 @@ pub fn invalid(claim: &LockClaim, message: String, now: Timestamp) -> Plan {
 /// in. Each rule is one function below, in the order they are applied.
 pub fn plan(input: Inputs<'_>) -> Plan {
     let facts = Facts::of(&input);
-    let plan = Plan { status: input.claim.status.clone().unwrap_or_default(), ..Plan::default() };
+    let mut plan = Plan { status: input.claim.status.clone().unwrap_or_default(), ..Plan::default() };
+    conditions::dedup(&mut plan.status.conditions);
     let ended = || -> ControlFlow<Plan, Plan> {
         let plan = already_final(plan, &facts)?;
         let plan = out_of_reach(plan, &facts)?;
