@@ -662,9 +662,14 @@ async fn the_operator_works_with_the_charts_own_serviceaccount() {
 
 /// A token of ServiceAccount `account` in `ns` (TokenRequest), good for an hour.
 pub(crate) fn token_for(account: &str, ns: &str) -> String {
+    token_for_on(zklock_testkit::kube::kubeconfig(), account, ns)
+}
+
+/// [`token_for`] on the API server of `kubeconfig`.
+pub(crate) fn token_for_on(kubeconfig: &std::path::Path, account: &str, ns: &str) -> String {
     let out = Command::new(zklock_testkit::kube::kubectl())
         .args(["create", "token", account, "-n", ns, "--duration=1h"])
-        .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())
+        .env("KUBECONFIG", kubeconfig)
         .output()
         .unwrap();
     let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
@@ -674,8 +679,12 @@ pub(crate) fn token_for(account: &str, ns: &str) -> String {
 
 /// A kubeconfig for the API server under test that authenticates with `token` only.
 pub(crate) fn token_kubeconfig(env: &Env, token: &str) -> std::path::PathBuf {
-    let original =
-        kube::config::Kubeconfig::read_from(zklock_testkit::kube::kubeconfig()).expect("the test kubeconfig");
+    token_kubeconfig_on(zklock_testkit::kube::kubeconfig(), token, &env.ns)
+}
+
+/// [`token_kubeconfig`] for the API server of `kubeconfig`, with `namespace` its default.
+pub(crate) fn token_kubeconfig_on(kubeconfig: &std::path::Path, token: &str, namespace: &str) -> std::path::PathBuf {
+    let original = kube::config::Kubeconfig::read_from(kubeconfig).expect("the test kubeconfig");
     let cluster = original.clusters.first().and_then(|c| c.cluster.clone()).expect("a cluster");
     let server = cluster.server.clone().expect("a server");
     let ca = match (&cluster.certificate_authority, &cluster.certificate_authority_data) {
@@ -686,9 +695,9 @@ pub(crate) fn token_kubeconfig(env: &Env, token: &str) -> std::path::PathBuf {
     let text = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    {ca}\nusers:\n- name: sa\n  \
          user:\n    token: {token}\ncontexts:\n- name: c\n  context: {{cluster: c, user: sa, namespace: {}}}\ncurrent-context: c\n",
-        env.ns
+        namespace
     );
-    let path = std::env::temp_dir().join(format!("zklock-sa-{}-{}.kubeconfig", env.ns, uuid::Uuid::new_v4().simple()));
+    let path = std::env::temp_dir().join(format!("zklock-sa-{namespace}-{}.kubeconfig", uuid::Uuid::new_v4().simple()));
     std::fs::write(&path, text).unwrap();
     path
 }

@@ -316,8 +316,15 @@ async fn run_test_pod(pods: &Api<Pod>, binary: &Path, kubeconfig: &Path, dir: &P
         image_binary.is_empty() || image_binary[0].ends_with("zklock"),
         "the test pod runs zklock: {image_binary:?}"
     );
+    // As the pod's own ServiceAccount (the chart's test account, which may only take a lock in
+    // its namespace), not the admin's: a Role the test pod lacks fails the test here as it would
+    // fail `helm test` on a cluster.
+    let account = spec.service_account_name.clone().expect("the test pod names its ServiceAccount");
+    let pod_ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let token = crate::chart_rbac::token_for_on(kubeconfig, &account, &pod_ns);
+    let as_the_pod = crate::chart_rbac::token_kubeconfig_on(kubeconfig, &token, &pod_ns);
     let mut command = Command::new(binary);
-    command.args(container.args.clone().unwrap_or_default()).env("KUBECONFIG", kubeconfig);
+    command.args(container.args.clone().unwrap_or_default()).env("KUBECONFIG", &as_the_pod);
     // The image's PATH first: the command it runs under the lock is the image's zklock too.
     let image_path = binary.parent().map(|p| p.display().to_string()).unwrap_or_default();
     command.env("PATH", format!("{image_path}:{}", std::env::var("PATH").unwrap_or_default()));
@@ -335,6 +342,7 @@ async fn run_test_pod(pods: &Api<Pod>, binary: &Path, kubeconfig: &Path, dir: &P
     let out = tokio::task::spawn_blocking(move || command.output()).await.unwrap().expect("run the test pod's command");
     let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     std::fs::write(dir.join("test-pod.log"), &said).unwrap();
+    let _ = std::fs::remove_file(&as_the_pod);
     assert!(out.status.success(), "the test pod's command failed:\n{said}");
     assert!(said.contains(VERSION), "it ran the image's zklock under the lock: {said}");
     // What a kubelet writes when the pod's one container exits 0.
