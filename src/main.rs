@@ -81,13 +81,8 @@ enum Command {
         /// Namespace of the claim (default: the kubeconfig context's)
         #[arg(long, short = 'n')]
         namespace: Option<String>,
-        /// Namespace zklock is installed in, for a claim without status (default: found by its
-        /// leader Lease)
-        #[arg(long)]
-        operator_namespace: Option<String>,
-        /// Name of the operator's leader Lease (its --lease-name), for a claim without status
-        #[arg(long, default_value = zklock::operator::LEASE_NAME)]
-        lease_name: String,
+        #[command(flatten)]
+        operator: cli::check::OperatorRef,
         #[command(flatten)]
         api: cli::api::ApiArgs,
     },
@@ -99,12 +94,8 @@ enum Command {
         /// Namespace the claims are in (default: the kubeconfig context's)
         #[arg(long, short = 'n')]
         namespace: Option<String>,
-        /// Namespace zklock is installed in (default: found by its leader Lease)
-        #[arg(long)]
-        operator_namespace: Option<String>,
-        /// Name of the operator's leader Lease (its --lease-name)
-        #[arg(long, default_value = zklock::operator::LEASE_NAME)]
-        lease_name: String,
+        #[command(flatten)]
+        operator: cli::check::OperatorRef,
         /// Look again every two seconds until ready, for at most this long (e.g. 2m)
         #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "2m",
               value_parser = zklock::durations::parse_duration)]
@@ -346,12 +337,10 @@ async fn run(cli: Cli) -> Result<u8, String> {
         Command::Exec { lock, command } => Ok(cli::lock::exec(lock, command).await),
         Command::Queue { lock, namespace, output, api } => cli::claims::queue(api, namespace, lock, output).await,
         Command::Revoke { claim, namespace, reason, api } => cli::claims::revoke(api, namespace, claim, reason).await,
-        Command::Status { claim, namespace, operator_namespace, lease_name, api } => {
-            cli::status::status(api, namespace, claim, operator_namespace, &lease_name).await
+        Command::Status { claim, namespace, operator, api } => {
+            cli::status::status(api, namespace, claim, &operator).await
         }
-        Command::Check { namespace, operator_namespace, lease_name, wait, api } => {
-            cli::check::check(api, namespace, operator_namespace, &lease_name, wait).await
-        }
+        Command::Check { namespace, operator, wait, api } => cli::check::check(api, namespace, &operator, wait).await,
         Command::Admin(Admin::BeforeUninstall {
             namespaces,
             delete_claims,

@@ -28,6 +28,17 @@ const CALL_DEADLINE: Duration = Duration::from_secs(10);
 /// How the line starts that says the operator could not be looked for.
 pub const CANNOT_LOOK: &str = "cannot look for the Lease";
 
+/// Where the operator is: its namespace (else found by its Lease) and its Lease's name.
+#[derive(clap::Args, Clone, Debug)]
+pub struct OperatorRef {
+    /// Namespace zklock is installed in (default: found by its leader Lease)
+    #[arg(long)]
+    pub operator_namespace: Option<String>,
+    /// Name of the operator's leader Lease (its --lease-name)
+    #[arg(long, default_value = zklock::operator::LEASE_NAME)]
+    pub lease_name: String,
+}
+
 /// How a check came out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
@@ -88,11 +99,14 @@ struct Installation {
     elected: bool,
 }
 
+/// Every argument of every container of `pod`.
+fn pod_args(pod: &Pod) -> impl Iterator<Item = &String> {
+    pod.spec.iter().flat_map(|s| s.containers.iter()).flat_map(|c| c.args.iter().flatten())
+}
+
 /// Whether `pod` runs the operator with its flag `--lease-name` (or the default) equal to `lease`.
 fn elects_on(pod: &Pod, lease: &str) -> bool {
-    let args: Vec<&String> =
-        pod.spec.iter().flat_map(|s| s.containers.iter()).flat_map(|c| c.args.iter().flatten()).collect();
-    let named = args.iter().find_map(|a| a.strip_prefix("--lease-name="));
+    let named = pod_args(pod).find_map(|a| a.strip_prefix("--lease-name="));
     named.unwrap_or(zklock::operator::LEASE_NAME) == lease
 }
 
@@ -129,13 +143,7 @@ impl Installation {
 
     fn has_flag(&self, flag: &str) -> Option<bool> {
         let pod = self.pod.as_ref()?;
-        let spec = pod.spec.as_ref()?;
-        Some(
-            spec.containers
-                .iter()
-                .flat_map(|c| c.args.iter().flatten())
-                .any(|a| a == flag || a.starts_with(&format!("{flag}="))),
-        )
+        Some(pod_args(pod).any(|a| a == flag || a.starts_with(&format!("{flag}="))))
     }
 }
 
@@ -153,12 +161,7 @@ fn forbidden(e: &str) -> bool {
 }
 
 /// Everything `check` looks at, for claims in `namespace`.
-pub async fn findings(
-    client: &kube::Client,
-    namespace: &str,
-    operator_namespace: Option<&str>,
-    lease_name: &str,
-) -> Vec<Finding> {
+pub async fn findings(client: &kube::Client, namespace: &str, operator: &OperatorRef) -> Vec<Finding> {
     let mut out = vec![];
     match within(client.apiserver_version()).await {
         Ok(v) => out.push(Finding::ready("Kubernetes API", format!("v{}.{} ({})", v.major, v.minor, v.git_version))),
@@ -172,12 +175,15 @@ pub async fn findings(
         }
     }
     out.extend(crds(client).await);
-    let (found, installation) = installation(client, operator_namespace, lease_name).await;
+    let (found, installation) =
+        installation(client, operator.operator_namespace.as_deref(), &operator.lease_name).await;
     out.push(found);
     let Some(installation) = installation else { return out };
     out.push(leader(&installation));
-    out.push(served(client, &installation, namespace).await);
-    out.extend(policies(client, &installation, namespace).await);
+    // Read once: whether it exists, and its labels for the policies' selectors.
+    let read = within(Api::<Namespace>::all(client.clone()).get_opt(namespace)).await;
+    out.push(served(&installation, namespace, read.as_ref().is_ok_and(Option::is_none)));
+    out.extend(policies(client, &installation, namespace, &namespace_labels(read, namespace)).await);
     out
 }
 
@@ -320,13 +326,7 @@ async fn unelected(client: &kube::Client, operator_namespace: Option<&str>) -> O
         None => Api::all(client.clone()),
     };
     let pods = within(api.list(&ListParams::default().labels(OPERATOR_PODS))).await.ok()?.items;
-    let pod = pods.into_iter().find(|p| {
-        p.spec
-            .iter()
-            .flat_map(|s| s.containers.iter())
-            .flat_map(|c| c.args.iter().flatten())
-            .any(|a| a == "--no-leader-election")
-    })?;
+    let pod = pods.into_iter().find(|p| pod_args(p).any(|a| a == "--no-leader-election"))?;
     Some(Installation {
         namespace: pod.namespace().unwrap_or_default(),
         lease: Lease::default(),
@@ -398,8 +398,8 @@ fn leader(installation: &Installation) -> Finding {
     }
 }
 
-async fn namespace_labels(client: &kube::Client, namespace: &str) -> BTreeMap<String, String> {
-    match within(Api::<Namespace>::all(client.clone()).get_opt(namespace)).await {
+fn namespace_labels(read: Result<Option<Namespace>, String>, namespace: &str) -> BTreeMap<String, String> {
+    match read {
         Ok(Some(ns)) => ns.labels().clone(),
         // Every namespace carries its name as a label (since 1.21); enough for the selectors
         // the chart writes.
@@ -407,8 +407,8 @@ async fn namespace_labels(client: &kube::Client, namespace: &str) -> BTreeMap<St
     }
 }
 
-async fn served(client: &kube::Client, installation: &Installation, namespace: &str) -> Finding {
-    if within(Api::<Namespace>::all(client.clone()).get_opt(namespace)).await.is_ok_and(|n| n.is_none()) {
+fn served(installation: &Installation, namespace: &str, missing: bool) -> Finding {
+    if missing {
         return Finding::not_ready("namespace", format!("{namespace} does not exist"), "create it, or give -n");
     }
     match installation.flag("--watch-namespace", "ZKLOCK_WATCH_NAMESPACE") {
@@ -430,8 +430,12 @@ fn covers(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -
     Selector::try_from(selector).is_ok_and(|s| s.matches(labels))
 }
 
-async fn policies(client: &kube::Client, installation: &Installation, namespace: &str) -> Vec<Finding> {
-    let labels = namespace_labels(client, namespace).await;
+async fn policies(
+    client: &kube::Client,
+    installation: &Installation,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> Vec<Finding> {
     let mut out = vec![];
     // The leader epoch's policy: on unless the operator runs without it.
     let epoch_off = installation.has_flag("--no-epoch-policy") == Some(true)
@@ -447,9 +451,9 @@ async fn policies(client: &kube::Client, installation: &Installation, namespace:
         let param = installation
             .flag("--epoch-param", "ZKLOCK_EPOCH_PARAM")
             .map(|values| values.last().cloned().unwrap_or_else(|| zklock::api::epoch_policy::EPOCH_PARAM.to_string()));
-        out.push(epoch_policy(client, &installation.namespace, param.as_deref(), namespace, &labels).await);
+        out.push(epoch_policy(client, &installation.namespace, param.as_deref(), namespace, labels).await);
     }
-    out.extend(mutating_policies(client, namespace, &labels).await);
+    out.extend(mutating_policies(client, namespace, labels).await);
     out
 }
 
@@ -583,8 +587,7 @@ async fn mutating_policies(client: &kube::Client, namespace: &str, labels: &BTre
 pub async fn check(
     api: ApiArgs,
     namespace: Option<String>,
-    operator_namespace: Option<String>,
-    lease_name: &str,
+    operator: &OperatorRef,
     wait: Option<Duration>,
 ) -> Result<u8, String> {
     let config = api.config().await?;
@@ -592,7 +595,7 @@ pub async fn check(
     let client = zklock::client::builder(config).map_err(|e| format!("no Kubernetes API: {e}"))?.build();
     let deadline = wait.map(|w| tokio::time::Instant::now() + w);
     loop {
-        let findings = findings(&client, &namespace, operator_namespace.as_deref(), lease_name).await;
+        let findings = findings(&client, &namespace, operator).await;
         let ready = findings.iter().all(|f| f.state != State::NotReady);
         match deadline {
             Some(deadline) if !ready && tokio::time::Instant::now() < deadline => {

@@ -139,8 +139,7 @@ pub async fn status(
     api: ApiArgs,
     namespace: Option<String>,
     claim: String,
-    operator_namespace: Option<String>,
-    lease_name: &str,
+    operator: &check::OperatorRef,
 ) -> Result<u8, String> {
     let config = api.config().await?;
     let namespace = namespace.unwrap_or_else(|| config.default_namespace.clone());
@@ -168,7 +167,7 @@ pub async fn status(
     print(&describe(&found, ahead.as_ref(), Timestamp::now()));
     if found.status.as_ref().and_then(|s| s.phase).is_none() {
         // Why the operator has not written it: what `check` finds not ready.
-        let findings = check::findings(&client, &namespace, operator_namespace.as_deref(), lease_name).await;
+        let findings = check::findings(&client, &namespace, operator).await;
         let not_ready: Vec<_> = findings.into_iter().filter(|f| f.state != State::Ready).collect();
         if not_ready.iter().any(|f| f.said.starts_with(check::CANNOT_LOOK)) {
             println!("\nwhy: zklock status cannot tell (you may not look for the operator everywhere):");

@@ -212,15 +212,8 @@ impl RunArgs {
 }
 
 fn object_name(s: &str) -> Result<String, String> {
-    let ok = !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|part| {
-            !part.is_empty()
-                && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !part.starts_with('-')
-                && !part.ends_with('-')
-        });
-    ok.then(|| s.to_string())
+    crate::api::is_dns_subdomain(s)
+        .then(|| s.to_string())
         .ok_or_else(|| format!("{s:?} is no object name (lower-case letters, digits, '-' and '.')"))
 }
 

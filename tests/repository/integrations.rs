@@ -13,7 +13,9 @@ fn root() -> PathBuf {
 }
 
 fn kubectl(args: &[&str]) -> (bool, String) {
+    // Each request bounded: a hung API server fails the test instead of holding it.
     let out = Command::new(zklock_testkit::kube::kubectl())
+        .arg("--request-timeout=60s")
         .args(args)
         .env("KUBECONFIG", zklock_testkit::kube::kubeconfig())
         .stdin(Stdio::null())

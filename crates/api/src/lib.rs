@@ -21,7 +21,7 @@ pub use cluster_lock::{admits, ClusterLock, ClusterLockHolder, ClusterLockSpec, 
 pub use epoch_policy::EPOCH_REFUSAL;
 pub use kept::{KeptClaim, KeptStatus};
 pub use lock::{Lock, LockSpec, LockStatus, MAX_LISTED_HOLDERS, MAX_PERMITS};
-pub use validate::{check_lock_name, validate, validate_spec, ValidLock, ValidSpec};
+pub use validate::{check_lock_name, is_dns_subdomain, validate, validate_spec, ValidLock, ValidSpec};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 

@@ -168,16 +168,20 @@ pub fn check_lock_name(field: &str, name: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check_dns_subdomain(field: &str, name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
+/// Whether `name` is a lower-case RFC 1123 subdomain (what most object names must be).
+pub fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
         && name.len() <= 253
         && name.split('.').all(|label| {
             !label.is_empty()
                 && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
-        });
-    if ok {
+        })
+}
+
+fn check_dns_subdomain(field: &str, name: &str) -> Result<(), String> {
+    if is_dns_subdomain(name) {
         Ok(())
     } else {
         Err(format!("{field} {name:?} is not a valid pod name (lower-case RFC 1123 subdomain, at most 253 characters)"))
