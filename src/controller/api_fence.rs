@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::Api;
 use serde_json::json;
 use tokio::sync::watch;
 
 use super::base::{Error, API_TIMEOUT};
+use super::numbers::{self, Change, NumbersError};
 use crate::api::epoch_policy::{EPOCH_KEY, EPOCH_REFUSAL, PARAM_MISSING};
 use crate::api::LockClaim;
 use crate::zk::LockEngine;
@@ -64,6 +65,8 @@ pub enum FenceError {
     Malformed(String),
     #[error("{0}")]
     ZooKeeper(#[from] crate::zk::Error),
+    #[error("{0}")]
+    Numbers(#[from] NumbersError),
 }
 
 impl From<FenceError> for Error {
@@ -122,59 +125,25 @@ async fn write_epoch(
     mine: i64,
 ) -> Result<(), FenceError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &param.namespace);
-    loop {
-        let current = timed("get_epoch_param", api.get_opt(&param.name)).await?;
+    let decide = |current: Option<numbers::Data>| async move {
         let Some(current) = current else {
             // Made with this term's epoch only while it is the latest: a deposed leader's
             // repair of a deleted parameter must not lower the fence below its successor's.
             if !engine.epoch_is_current().await? {
                 return Err(FenceError::Superseded { mine });
             }
-            let fresh = ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some(param.name.clone()),
-                    labels: Some([("app.kubernetes.io/part-of".to_string(), "zklock".to_string())].into()),
-                    ..ObjectMeta::default()
-                },
-                data: Some([(EPOCH_KEY.to_string(), mine.to_string())].into()),
-                ..ConfigMap::default()
-            };
-            match timed("create_epoch_param", api.create(&PostParams::default(), &fresh)).await {
-                Ok(_) => return Ok(()),
-                Err(FenceError::Api(kube::Error::Api(s))) if s.code == 409 => continue,
-                Err(e) => return Err(e),
-            }
+            return Ok(Change::Write([(EPOCH_KEY.to_string(), mine.to_string())].into()));
         };
-        let found = current.data.as_ref().and_then(|d| d.get(EPOCH_KEY));
-        let found = match found.map(|f| f.parse::<i64>()) {
-            Some(Ok(found)) => Some(found),
-            // Somebody wrote rubbish there: ours replaces it.
-            Some(Err(_)) | None => None,
-        };
-        match found {
-            Some(found) if found == mine => return Ok(()),
+        // Rubbish there (somebody else's) is replaced by ours.
+        match current.get(EPOCH_KEY).and_then(|f| f.parse::<i64>().ok()) {
+            Some(found) if found == mine => Ok(Change::Keep),
             Some(found) if found > mine && !engine.epoch_is_current().await? => {
-                return Err(FenceError::Deposed { found, mine });
+                Err(FenceError::Deposed { found, mine })
             }
-            _ => {}
+            _ => Ok(Change::Write([(EPOCH_KEY.to_string(), mine.to_string())].into())),
         }
-        let version =
-            current.metadata.resource_version.clone().ok_or_else(|| FenceError::Malformed(param.name.clone()))?;
-        // Tests the version read: a concurrent writer makes this fail, and we read again.
-        let patch = json!([
-            { "op": "test", "path": "/metadata/resourceVersion", "value": version },
-            { "op": "add", "path": "/data", "value": { EPOCH_KEY: mine.to_string() } },
-        ]);
-        let patch: json_patch::Patch =
-            serde_json::from_value(patch).map_err(|_| FenceError::Malformed(param.name.clone()))?;
-        match timed("raise_epoch_param", api.patch(&param.name, &PatchParams::default(), &Patch::Json::<()>(patch)))
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(FenceError::Api(kube::Error::Api(s))) if s.code == 409 || s.code == 422 => continue,
-            Err(e) => return Err(e),
-        }
-    }
+    };
+    numbers::change(&api, &param.name, ("get_epoch_param", "raise_epoch_param"), decide).await.map(drop)
 }
 
 /// Proves that the policy refuses a status of the term just before `mine`: a dry-run status

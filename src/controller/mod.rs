@@ -5,7 +5,8 @@
 //! before it on its floor), which `tests/repository/layers.rs` checks (`CONTROLLER_LAYERS`):
 //! 0. vocabulary (`base`) and the pure cores: names, errors, scopes, intervals; the creation-order
 //!    gates (`admission`), the grant ledger (`ledger`), status spacing (`throttle`);
-//! 1. capabilities, each owning its state: the API fence and the token floor, the API `writer`
+//! 1. capabilities, each owning its state: the numbers kept in ConfigMaps (`numbers`: read,
+//!    decided on, written back tested against the version read), the API fence and the token floor, the API `writer`
 //!    (every call with its deadline and its `Answer`, Events), the registry (the claims' index and
 //!    the grant book), the gated pods' arrivals, the holder pods' view, what of the term is served
 //!    (`serving`), the watches' `stores`, the `triggers`; the `context` the claims' pipeline and
@@ -28,6 +29,7 @@ mod arrivals;
 mod context;
 pub mod events;
 mod holders;
+mod numbers;
 pub mod registry;
 mod report;
 mod serving;

@@ -8,11 +8,10 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::Api;
-use serde_json::json;
 
 use super::base::{Error, API_TIMEOUT};
+use super::numbers::{self, Change};
 use crate::zk::token_base::FLOOR_RESERVE;
 
 /// The ConfigMap's name (in the operator's namespace) for the default Lease, and the key holding
@@ -53,9 +52,9 @@ async fn timed<T>(call: &'static str, f: impl std::future::Future<Output = kube:
 }
 
 /// What the ConfigMap holds: (floor, epoch of the last term).
-fn parse(map: &ConfigMap, name: &str) -> Result<(i64, i64), Error> {
+fn parse(data: &numbers::Data, name: &str) -> Result<(i64, i64), Error> {
     let number = |key: &str, missing: Option<i64>| {
-        let value = map.data.as_ref().and_then(|d| d.get(key));
+        let value = data.get(key);
         match value.map(|v| v.trim().parse::<i64>()) {
             Some(Ok(n)) if n >= 0 => Ok(n),
             None if missing.is_some() => Ok(missing.unwrap_or_default()),
@@ -76,7 +75,7 @@ impl TokenFloor {
     pub async fn read(client: &kube::Client, namespace: &str, name: &str) -> Result<TokenFloor, Error> {
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
         let (floor, last_epoch) = match timed("get_token_floor", api.get_opt(name)).await? {
-            Some(map) => parse(&map, name)?,
+            Some(map) => parse(&map.data.unwrap_or_default(), name)?,
             None => (0, 0),
         };
         Ok(TokenFloor {
@@ -118,52 +117,21 @@ impl TokenFloor {
     /// the version read, so that no two writers lower each other's.
     async fn write(&self, value: i64, epoch: Option<i64>) -> Result<(), Error> {
         let _one = self.writing.lock().await;
-        loop {
-            let found = timed("get_token_floor", self.api.get_opt(&self.name)).await?;
-            let (found_floor, found_epoch) =
-                found.as_ref().map(|m| parse(m, &self.name)).transpose()?.unwrap_or((0, 0));
+        let name = &self.name;
+        let decide = |found: Option<numbers::Data>| async move {
+            let (found_floor, found_epoch) = found.as_ref().map(|d| parse(d, name)).transpose()?.unwrap_or((0, 0));
             let floor = if found_floor >= value { found_floor } else { value.saturating_add(FLOOR_RESERVE) };
             let new_epoch = epoch.map_or(found_epoch, |e| e.max(found_epoch));
             if found.is_some() && (floor, new_epoch) == (found_floor, found_epoch) {
-                self.reserved.fetch_max(floor, Ordering::SeqCst);
-                return Ok(());
+                return Ok(Change::Keep);
             }
-            let data: std::collections::BTreeMap<String, String> =
-                [(FLOOR_KEY.to_string(), floor.to_string()), (EPOCH_KEY.to_string(), new_epoch.to_string())].into();
-            let write = match found {
-                None => {
-                    let fresh = ConfigMap {
-                        metadata: ObjectMeta {
-                            name: Some(self.name.clone()),
-                            labels: Some([("app.kubernetes.io/part-of".to_string(), "zklock".to_string())].into()),
-                            ..ObjectMeta::default()
-                        },
-                        data: Some(data),
-                        ..ConfigMap::default()
-                    };
-                    tokio::time::timeout(API_TIMEOUT, self.api.create(&PostParams::default(), &fresh)).await
-                }
-                Some(map) => {
-                    let version = map.metadata.resource_version.clone().unwrap_or_default();
-                    let patch = json!({ "metadata": { "resourceVersion": version }, "data": data });
-                    let patch = Patch::Merge(&patch);
-                    tokio::time::timeout(API_TIMEOUT, self.api.patch(&self.name, &PatchParams::default(), &patch)).await
-                }
-            };
-            match write.map_err(|_| Error::Timeout { call: "raise_token_floor" })? {
-                Ok(_) => {
-                    tracing::info!(
-                        floor,
-                        epoch = new_epoch,
-                        "reserved fencing tokens ahead in the API (the token floor)"
-                    );
-                    self.reserved.fetch_max(floor, Ordering::SeqCst);
-                    return Ok(());
-                }
-                // Another writer came first: read again.
-                Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                Err(source) => return Err(Error::Write { call: "raise_token_floor", source }),
-            }
-        }
+            tracing::info!(floor, epoch = new_epoch, "reserving fencing tokens ahead in the API (the token floor)");
+            Ok::<_, Error>(Change::Write(
+                [(FLOOR_KEY.to_string(), floor.to_string()), (EPOCH_KEY.to_string(), new_epoch.to_string())].into(),
+            ))
+        };
+        let now = numbers::change(&self.api, name, ("get_token_floor", "raise_token_floor"), decide).await?;
+        self.reserved.fetch_max(parse(&now, name)?.0, Ordering::SeqCst);
+        Ok(())
     }
 }

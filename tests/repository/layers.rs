@@ -122,6 +122,7 @@ const CONTROLLER_LAYERS: &[&[&str]] = &[
     &["base", "admission", "ledger", "throttle"],
     // 1: capabilities, each owning its state.
     &[
+        "numbers",
         "api_fence",
         "token_floor",
         "events",

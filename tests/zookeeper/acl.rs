@@ -202,3 +202,64 @@ async fn rotating_the_operators_and_a_contenders_credentials_as_documented_locks
     let mut next = enqueue(&third, &dir, Mode::Exclusive).await;
     support::held(&mut next).await;
 }
+
+/// After a change of credentials a new term takes every directory of the root over (hundreds
+/// here, walked many at a time), and marks the root done only after a walk that reached every
+/// node: a directory it cannot read leaves the root unmarked, so that the next term walks
+/// again, and that one, with nothing in its way, marks it.
+#[tokio::test]
+async fn the_takeover_walk_reaches_every_directory_and_marks_the_root_only_when_whole() {
+    use zklock::zk::{Installation, Layout};
+    const OLD: &str = "zklock:walk-old";
+    const NEW: &str = "zklock:walk-new";
+    const DIRECTORIES: usize = 400;
+    let connect = chroot().await;
+    let layout = Layout::new("/zklock").unwrap();
+    let term = |own: &'static str, previous: Option<&'static str>| {
+        let mut config = ZkConfig::new(connect.clone()).with_session_timeout(Duration::from_secs(4));
+        config.digest_auth = Some(own.into());
+        config.previous_auth = previous.iter().map(|p| p.to_string()).collect();
+        let layout = layout.clone();
+        async move {
+            let engine = Engine::connect(config).await.unwrap_or_else(|e| panic!("connect as {own}: {e}"));
+            let mine = Installation { installation: "walk".into(), holder: own.into() };
+            engine.take_root(&layout, mine).await.unwrap_or_else(|e| panic!("the root, as {own}: {e}"));
+            engine
+        }
+    };
+    drop(term(OLD, None).await);
+    // The directories an operator under the old credentials made: its identity alone.
+    let old = client_as(&connect, OLD).await;
+    let theirs = zkc::CreateMode::Persistent.with_acls(zkc::Acls::creator_all());
+    let dirs: Vec<String> =
+        (0..DIRECTORIES).map(|i| layout.lock(&format!("ns-{}", i % 20), &format!("l-{i}"))).collect();
+    for dir in &dirs {
+        old.mkdir(dir, &theirs).await.unwrap_or_else(|e| panic!("{dir}: {e}"));
+    }
+    // One directory nobody of zklock's may read: a stranger's alone.
+    let stranger =
+        zkc::Acl::new(zkc::Permission::ALL, zkc::AuthId::new("digest", &zklock::zk::digest_id("stranger:pw")));
+    let hidden = layout.lock("ns-0", "hidden");
+    old.create(&hidden, b"", &zkc::CreateMode::Persistent.with_acls(zkc::Acls::new(&[stranger]))).await.unwrap();
+    let new_identity = zklock::zk::digest_id(NEW);
+    let names_new = |client: zkc::Client, path: String| {
+        let new_identity = new_identity.clone();
+        async move {
+            let (acl, _) = client.get_acl(&path).await.unwrap_or_else(|e| panic!("ACL of {path}: {e}"));
+            acl.iter().any(|a| a.id() == new_identity && a.permission() == zkc::Permission::ALL)
+        }
+    };
+
+    drop(term(NEW, Some(OLD)).await);
+    for dir in &dirs {
+        assert!(names_new(old.clone(), dir.clone()).await, "{dir} was not taken over");
+    }
+    assert!(
+        !names_new(old.clone(), layout.root().to_string()).await,
+        "the root was marked done though {hidden} could not be read"
+    );
+
+    old.delete(&hidden, None).await.unwrap();
+    drop(term(NEW, Some(OLD)).await);
+    assert!(names_new(old.clone(), layout.root().to_string()).await, "a whole walk marks the root");
+}

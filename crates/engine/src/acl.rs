@@ -3,6 +3,8 @@
 //! what they should not do. Below everything that writes nodes: it needs the session's client
 //! and the configuration only.
 
+use std::time::Duration;
+
 use zookeeper_client as zk;
 
 use super::config::Contenders;
@@ -82,11 +84,23 @@ fn rotated_out(current: &[zk::Acl], wanted: &[zk::Acl]) -> bool {
     })
 }
 
+/// How many nodes the takeover walk reads and changes at once: a root holds a directory per
+/// lock, and one at a time (two round trips each) a walk over 100,000 of them kept a term from
+/// starting for minutes.
+const WALK_CONCURRENCY: usize = 32;
+
+/// How long a term's start waits for the takeover walk. A walk cut short is not wrong, only
+/// unfinished: what it did not reach keeps its earlier ACL (a write there under a rotated-out
+/// identity fails, and says so), and the root's ACL, set only after a whole walk, makes the next
+/// term walk again.
+const WALK_DEADLINE: Duration = Duration::from_secs(60);
+
 /// After a change of credentials (a new identity, a previous one added or dropped, contenders
 /// listed or no longer): every persistent node of the root (and of the shared root) is given
 /// the ACL its kind wants, so that nothing made under a rotated identity locks the operator
 /// out, or lets the rotated identity in. The root's own ACL tells whether anything changed since
-/// the last walk: it is set last, so that a walk cut short is done again by the next term.
+/// the last walk: it is set last, and only after a walk that reached every node, so that a walk
+/// cut short (by its deadline, an error, a crash) is done again by the next term.
 pub(super) async fn take_over(client: &zk::Client, config: &super::ZkConfig, layout: &super::Layout) {
     if config.digest_auth.is_none() {
         return;
@@ -98,9 +112,37 @@ pub(super) async fn take_over(client: &zk::Client, config: &super::ZkConfig, lay
             continue;
         }
         tracing::info!(root, "the ZooKeeper credentials changed: taking every node of the root over");
-        walk_below(client, config, layout, root).await;
-        protect_read(client, config, root, &wanted, &current, &stat).await;
+        let started = tokio::time::Instant::now();
+        match tokio::time::timeout(WALK_DEADLINE, walk_below(client, config, layout, root)).await {
+            Ok(Walked { nodes, whole: true }) => {
+                protect_read(client, config, root, &wanted, &current, &stat).await;
+                tracing::info!(
+                    root,
+                    nodes,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "took every node of the root over"
+                );
+            }
+            Ok(Walked { nodes, whole: false }) => {
+                tracing::warn!(
+                    root,
+                    nodes,
+                    "some nodes of the root could not be taken over; the next term tries again"
+                );
+            }
+            Err(_) => tracing::warn!(
+                root,
+                deadline = ?WALK_DEADLINE,
+                "taking the root's nodes over did not end in time; this term starts, and the next one walks again"
+            ),
+        }
     }
+}
+
+/// What a walk did: how many nodes it looked at, and whether it reached every one.
+struct Walked {
+    nodes: usize,
+    whole: bool,
 }
 
 /// What each node below a root is, for its ACL.
@@ -120,21 +162,47 @@ fn wanted_for(config: &super::ZkConfig, layout: &super::Layout, path: &str) -> (
     }
 }
 
-async fn walk_below(client: &zk::Client, config: &super::ZkConfig, layout: &super::Layout, path: &str) {
-    let Ok(children) = retry::idempotent(|| client.list_children(path)).await else { return };
-    for child in children {
-        let full = format!("{path}/{child}");
-        let Ok((current, stat)) = retry::idempotent(|| client.get_acl(&full)).await else { continue };
-        // Ephemeral nodes go with their session, and a new term makes its own anew.
-        if stat.ephemeral_owner != 0 {
-            continue;
-        }
-        let (wanted, parent) = wanted_for(config, layout, &full);
-        if parent {
-            Box::pin(walk_below(client, config, layout, &full)).await;
-        }
-        protect_read(client, config, &full, &wanted, &current, &stat).await;
+/// Every persistent node below `root`, level by level, [`WALK_CONCURRENCY`] at a time: parents
+/// listed, then each child's ACL read and, where its kind wants another, replaced.
+async fn walk_below(client: &zk::Client, config: &super::ZkConfig, layout: &super::Layout, root: &str) -> Walked {
+    use futures::stream::{self, StreamExt};
+    let mut walked = Walked { nodes: 0, whole: true };
+    let mut parents = vec![root.to_string()];
+    while !parents.is_empty() {
+        let listed: Vec<Option<Vec<String>>> = stream::iter(&parents)
+            .map(|parent| async move {
+                let children = retry::idempotent(|| client.list_children(parent)).await.ok()?;
+                Some(children.into_iter().map(|child| format!("{parent}/{child}")).collect::<Vec<_>>())
+            })
+            .buffer_unordered(WALK_CONCURRENCY)
+            .collect()
+            .await;
+        walked.whole &= listed.iter().all(Option::is_some);
+        let children: Vec<String> = listed.into_iter().flatten().flatten().collect();
+        walked.nodes += children.len();
+        let taken: Vec<Result<Option<String>, ()>> = stream::iter(children)
+            .map(|path| async move {
+                let (current, stat) = match retry::idempotent(|| client.get_acl(&path)).await {
+                    Ok(read) => read,
+                    // Gone meanwhile (a lock's directory reaped): nothing to take over.
+                    Err(zk::Error::NoNode) => return Ok(None),
+                    Err(_) => return Err(()),
+                };
+                // Ephemeral nodes go with their session, and a new term makes its own anew.
+                if stat.ephemeral_owner != 0 {
+                    return Ok(None);
+                }
+                let (wanted, parent) = wanted_for(config, layout, &path);
+                protect_read(client, config, &path, &wanted, &current, &stat).await;
+                Ok(parent.then_some(path))
+            })
+            .buffer_unordered(WALK_CONCURRENCY)
+            .collect()
+            .await;
+        walked.whole &= taken.iter().all(Result::is_ok);
+        parents = taken.into_iter().filter_map(|t| t.ok().flatten()).collect();
     }
+    walked
 }
 
 /// Whether `current` grants the world (and, when contenders are `listed`, any digest identity)

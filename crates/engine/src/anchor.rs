@@ -317,17 +317,7 @@ pub(super) async fn mark_foreign(client: &zk::Client, core: &Core, lock: &str) -
     // A foreign client may have made the directory, open to all: nobody else may reset the mark.
     super::acl::protect(client, &core.config, lock, &core.config.directory_acls()).await;
     let marker = DirMarker { foreign_seen: true }.to_bytes();
-    loop {
-        let (body, stat) = retry::idempotent(|| client.get_data(lock)).await?;
-        if body == marker {
-            return Ok(());
-        }
-        match retry::idempotent(|| core.fence.set_data(client, lock, marker, stat.version)).await {
-            Ok(()) => return Ok(()),
-            Err(zk::Error::BadVersion) => continue,
-            Err(e) => return Err(e),
-        }
-    }
+    core.fence.rewrite(client, lock, |body| (body != marker).then(|| marker.to_vec())).await.map(drop)
 }
 
 #[cfg(test)]

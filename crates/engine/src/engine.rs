@@ -220,7 +220,7 @@ impl LockEngine {
         take_root(&client, &self.core.config, layout, &mine).await?;
         // After a change of credentials, before anything under the root is written.
         crate::acl::take_over(&client, &self.core.config, layout).await;
-        let id = root::id(&client, &self.core.config, layout).await.map_err(|e| Error::zk("get", &layout.id(), e))?;
+        let id = root::id(&client, &self.core.config, layout).await?;
         take_cluster_name(&client, &self.core.config, layout, &id).await?;
         *self.core.root.lock() = Some((layout.clone(), mine, id));
         self.core.book.lock().shared_locks =
@@ -577,19 +577,14 @@ impl LockEngine {
     /// `__REVOKE__` marker.
     pub async fn request_revocation(&self, node: &str, reason: &str) -> Result<(), Error> {
         let client = self.core.client()?;
-        loop {
-            let (current, stat) =
-                retry::idempotent(|| client.get_data(node)).await.map_err(|e| Error::zk("get", node, e))?;
-            let wanted = data::with_revoke_request(&current, reason);
-            match retry::idempotent(|| self.core.fence.set_data(&client, node, &wanted, stat.version)).await {
-                Ok(_) => {
-                    Stats::bump(&self.core.stats.revocations_written);
-                    return Ok(());
-                }
-                // Somebody wrote in between (or our retried write landed): read and try again.
-                Err(zk::Error::BadVersion) => continue,
-                Err(e) => return Err(Error::zk("set", node, e)),
+        let request = |current: &[u8]| Some(data::with_revoke_request(current, reason));
+        match self.core.fence.rewrite(&client, node, request).await {
+            Ok(_) => {
+                Stats::bump(&self.core.stats.revocations_written);
+                Ok(())
             }
+            Err(zk::Error::BadVersion) => Err(Error::Contended { op: "set", path: node.to_string() }),
+            Err(e) => Err(Error::zk("set", node, e)),
         }
     }
 
@@ -799,15 +794,10 @@ impl LockEngine {
     pub async fn refresh_token(&self, id: &str) -> Result<i64, Error> {
         let client = self.core.client()?;
         let path = self.node(id).ok_or(Error::SessionLost)?;
-        let zxid = loop {
-            let (body, stat) =
-                retry::idempotent(|| client.get_data(&path)).await.map_err(|e| Error::zk("get", &path, e))?;
-            match retry::idempotent(|| self.core.fence.set_data_stat(&client, &path, &body, stat.version)).await {
-                Ok(stat) => break stat.mzxid + self.core.token_base(),
-                // A revocation request written meanwhile: write it back too.
-                Err(zk::Error::BadVersion) => continue,
-                Err(e) => return Err(Error::zk("set", &path, e)),
-            }
+        let zxid = match self.core.fence.touch(&client, &path).await {
+            Ok(stat) => stat.mzxid + self.core.token_base(),
+            Err(zk::Error::BadVersion) => return Err(Error::Contended { op: "set", path }),
+            Err(e) => return Err(Error::zk("set", &path, e)),
         };
         let mut book = self.core.book.lock();
         let Book { contenders, locks, .. } = &mut *book;
@@ -886,7 +876,7 @@ async fn take_cluster_name(
             shared: layout.shared_root().unwrap_or_default().into(),
             other_root: other.root,
         }),
-        Err(e) => Err(Error::zk("cluster name", &path, e)),
+        Err(e) => Err(e),
     }
 }
 
@@ -894,5 +884,6 @@ async fn take_root(client: &zk::Client, config: &ZkConfig, layout: &Layout, mine
     root::take(client, config, layout, mine).await.map_err(|refused| match refused {
         root::Refused::InUse(other) => Error::RootInUse { root: layout.root().to_string(), other },
         root::Refused::ZooKeeper(e) => Error::zk("installation", layout.root(), e),
+        root::Refused::Contended => Error::Contended { op: "installation", path: layout.installation() },
     })
 }

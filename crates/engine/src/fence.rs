@@ -15,6 +15,8 @@ use std::sync::OnceLock;
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
+use super::retry;
+
 /// The epoch this engine writes under.
 #[derive(Debug)]
 pub(super) struct Epoch {
@@ -103,9 +105,39 @@ impl Fence {
         self.commit(&mut multi).await.map(drop)
     }
 
-    /// Writes `data` into `path` if its version is still `version`.
-    pub async fn set_data(&self, client: &zk::Client, path: &str, data: &[u8], version: i32) -> Result<(), zk::Error> {
-        self.set_data_stat(client, path, data, version).await.map(drop)
+    /// Rewrites the data of `path` from what it holds: `change` answers the new bytes (`None`:
+    /// nothing to write), and the write is guarded by the version read (and the epoch). Another
+    /// writer's write in between (a revocation request, our own retried write that landed) is
+    /// read and changed again, at most [`retry::CONTENDED_ATTEMPTS`] times: then the answer is
+    /// `BadVersion`. Answers the stat after the write, or `None` where nothing was written.
+    pub async fn rewrite(
+        &self,
+        client: &zk::Client,
+        path: &str,
+        mut change: impl FnMut(&[u8]) -> Option<Vec<u8>>,
+    ) -> Result<Option<zk::Stat>, zk::Error> {
+        let mut contention = retry::Contention::new();
+        while contention.attempt().await {
+            let (body, stat) = retry::idempotent(|| client.get_data(path)).await?;
+            let Some(wanted) = change(&body) else { return Ok(None) };
+            match retry::idempotent(|| self.set_data_stat(client, path, &wanted, stat.version)).await {
+                Ok(stat) => return Ok(Some(stat)),
+                Err(zk::Error::BadVersion) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(zk::Error::BadVersion)
+    }
+
+    /// Writes the data of `path` back unchanged ([`Fence::rewrite`]: a revocation request
+    /// written meanwhile is read and kept), for the write's zxid: a fencing token above every
+    /// one given before.
+    pub async fn touch(&self, client: &zk::Client, path: &str) -> Result<zk::Stat, zk::Error> {
+        match self.rewrite(client, path, |body| Some(body.to_vec())).await? {
+            Some(stat) => Ok(stat),
+            // `rewrite` answers `None` only where the change does, and this one never does.
+            None => Err(zk::Error::UnexpectedError(format!("{path} was not written back"))),
+        }
     }
 
     /// [`Fence::set_data`], answering the node's stat after the write.

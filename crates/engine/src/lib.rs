@@ -36,7 +36,7 @@ mod layout;
 mod ops;
 mod permits;
 pub mod recipe;
-mod retry;
+pub mod retry;
 mod root;
 mod rounds;
 mod session;
@@ -122,6 +122,12 @@ pub enum Error {
     ZxidsWentBack { handed: i64, ensemble: i64 },
     #[error("the token base {path} cannot be read: {why}; write the base it should hold with `zklock admin raise-token-base`")]
     TokenBase { path: String, why: String },
+    #[error(
+        "{op} {path}: other writers changed the node {} times in a row while this one read and wrote it; \
+         look for another process writing it (an operator of another installation on the same root?)",
+        retry::CONTENDED_ATTEMPTS
+    )]
+    Contended { op: &'static str, path: String },
 }
 
 impl Error {
@@ -143,6 +149,7 @@ impl Error {
             Error::ConnectTls { .. } | Error::Tls(_) => true,
             Error::ZooKeeper { source, .. } => retry::is_session_end(source) || retry::is_unknown_outcome(source),
             Error::BadContenderId(_) | Error::BadLockPath(_) | Error::UnknownContender(_) => false,
+            Error::Contended { .. } => false,
         }
     }
 
@@ -163,6 +170,7 @@ impl Error {
             Error::TokenBase { .. } => "token_base",
             Error::RootCredentials { .. } => "root_credentials",
             Error::ZxidsWentBack { .. } => "zxids_went_back",
+            Error::Contended { .. } => "contended",
         }
     }
 }

@@ -65,6 +65,52 @@ impl Backoff {
     }
 }
 
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// How often a read-then-write (a write tested against the version read, a create that may
+/// find the node made) is tried while other writers overtake it. Each overtaking is another
+/// writer's write landing, so a handful is contention and this many in a row is writers
+/// fighting over one node (or a node made and deleted again and again): a fault to report, not
+/// a reason to spin.
+pub const CONTENDED_ATTEMPTS: u32 = 32;
+
+/// The attempts of one read-then-write, as `while contention.attempt().await { … continue … }`:
+/// the first attempt starts at once; each later one (the last was overtaken by another writer)
+/// after a little wait (the same jittered backoff, so that two writers that keep overtaking
+/// each other fall out of step), until [`CONTENDED_ATTEMPTS`] were made.
+pub struct Contention {
+    made: u32,
+    backoff: Backoff,
+}
+
+impl Contention {
+    pub fn new() -> Self {
+        Contention { made: 0, backoff: Backoff::new() }
+    }
+
+    /// Whether another attempt may be made (after waiting, if one was made already).
+    pub async fn attempt(&mut self) -> bool {
+        if self.made >= CONTENDED_ATTEMPTS {
+            return false;
+        }
+        if self.made > 0 {
+            self.backoff.wait().await;
+        }
+        self.made += 1;
+        true
+    }
+}
+
+impl Default for Contention {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Repeats an idempotent call (a read, or a write whose repetition is harmless) until it
 /// succeeds or fails for a reason other than a lost connection or throttling.
 pub async fn idempotent<T, F, Fut>(mut call: F) -> Result<T, zk::Error>
@@ -78,4 +124,24 @@ where
         .when(|e| is_unknown_outcome(e) || *e == zk::Error::Throttled)
         .notify(|e, _| tracing::debug!(error = %e, "ZooKeeper call failed; repeating it"))
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_contended_write_is_tried_a_bounded_number_of_times_the_first_at_once() {
+        let start = tokio::time::Instant::now();
+        let mut contention = Contention::new();
+        assert!(contention.attempt().await);
+        assert_eq!(start.elapsed(), Duration::ZERO, "the first attempt waits for nothing");
+        let mut made = 1;
+        while contention.attempt().await {
+            made += 1;
+        }
+        assert_eq!(made, CONTENDED_ATTEMPTS);
+        assert!(start.elapsed() >= FIRST_BACKOFF * (CONTENDED_ATTEMPTS - 1), "backs off between attempts");
+        assert!(!contention.attempt().await, "stays spent");
+    }
 }

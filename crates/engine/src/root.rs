@@ -9,8 +9,8 @@
 use serde::{Deserialize, Serialize};
 use zookeeper_client as zk;
 
-use super::retry;
-use super::Layout;
+use super::retry::{self, Contention};
+use super::{Error, Layout};
 
 /// What the node holds: who serves the root.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,6 +27,8 @@ pub(super) enum Refused {
     /// Another installation's leader holds it.
     InUse(Installation),
     ZooKeeper(zk::Error),
+    /// Made and deleted under us again and again (see [`retry::Contention`]).
+    Contended,
 }
 
 impl From<zk::Error> for Refused {
@@ -58,6 +60,7 @@ pub(super) async fn take(
     take_node(client, config, &layout.installation(), &data, theirs).await.map_err(|e| match e {
         Taken::Other(theirs) => Refused::InUse(theirs),
         Taken::ZooKeeper(e) => Refused::ZooKeeper(e),
+        Taken::Contended => Refused::Contended,
     })
 }
 
@@ -81,11 +84,11 @@ pub(super) async fn take_cluster_name(
     config: &super::ZkConfig,
     path: &str,
     mine: &ClusterName,
-) -> Result<Result<(), ClusterName>, zk::Error> {
+) -> Result<Result<(), ClusterName>, Error> {
     let parents_acls = config.parent_acls();
     let parents = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&parents_acls));
     if let Some((parent, _)) = path.rsplit_once('/') {
-        retry::idempotent(|| client.mkdir(parent, &parents)).await?;
+        retry::idempotent(|| client.mkdir(parent, &parents)).await.map_err(|e| Error::zk("mkdir", parent, e))?;
     }
     // Serialising three strings cannot fail.
     let data = serde_json::to_vec(mine).unwrap_or_default();
@@ -100,13 +103,15 @@ pub(super) async fn take_cluster_name(
     match take_node(client, config, path, &data, theirs).await {
         Ok(()) => Ok(Ok(())),
         Err(Taken::Other(theirs)) => Ok(Err(theirs)),
-        Err(Taken::ZooKeeper(e)) => Err(e),
+        Err(Taken::ZooKeeper(e)) => Err(Error::zk("cluster name", path, e)),
+        Err(Taken::Contended) => Err(Error::Contended { op: "cluster name", path: path.to_string() }),
     }
 }
 
 enum Taken<T> {
     Other(T),
     ZooKeeper(zk::Error),
+    Contended,
 }
 
 /// Takes ephemeral node `path` with `data` in this session: makes it, or replaces one that
@@ -121,7 +126,8 @@ async fn take_node<T>(
 ) -> Result<(), Taken<T>> {
     let options_acls = config.node_acls();
     let options = zk::CreateMode::Ephemeral.with_acls(zk::Acls::new(&options_acls));
-    loop {
+    let mut contention = Contention::new();
+    while contention.attempt().await {
         match retry::timed(client.create(path, data, &options)).await {
             Ok(_) => return Ok(()),
             Err(zk::Error::NodeExists) => {}
@@ -152,31 +158,34 @@ async fn take_node<T>(
             Err(e) => return Err(Taken::ZooKeeper(e)),
         }
     }
+    Err(Taken::Contended)
 }
 
 /// The root's own id, `<root>/id`: made once, with a random UUID, by the first installation
 /// that serves the root, and read by every one after (its replicas, its next terms, the next
 /// process of a rollout, a reinstallation on the same root). The nodes zklock makes carry it:
 /// an operator of another root (another cluster sharing a lock) has another.
-pub(super) async fn id(client: &zk::Client, config: &super::ZkConfig, layout: &Layout) -> Result<String, zk::Error> {
+pub(super) async fn id(client: &zk::Client, config: &super::ZkConfig, layout: &Layout) -> Result<String, Error> {
     let path = layout.id();
     let options_acls = config.node_acls();
     let options = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&options_acls));
     let fresh = uuid::Uuid::new_v4().to_string();
-    loop {
+    let mut contention = Contention::new();
+    while contention.attempt().await {
         match retry::idempotent(|| client.get_data(&path)).await {
             Ok((data, _)) => return Ok(String::from_utf8_lossy(&data).trim().to_string()),
             Err(zk::Error::NoNode) => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(Error::zk("get", &path, e)),
         }
         match retry::timed(client.create(&path, fresh.as_bytes(), &options)).await {
             Ok(_) => return Ok(fresh),
             // Made meanwhile (by another, or by this very call whose answer was lost): read it.
             Err(zk::Error::NodeExists) => {}
             Err(e) if retry::is_unknown_outcome(&e) => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(Error::zk("create", &path, e)),
         }
     }
+    Err(Error::Contended { op: "create", path })
 }
 
 /// Gives the node up, if this session holds it (a graceful stop: the next process of the

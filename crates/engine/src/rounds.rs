@@ -257,13 +257,8 @@ async fn stamp(core: Weak<Core>, id: Arc<str>, path: String) {
     loop {
         let Some(strong) = core.upgrade() else { return };
         let Ok(client) = strong.client() else { return };
-        let written = async {
-            let (body, stat) = retry::idempotent(|| client.get_data(&path)).await?;
-            strong.fence.set_data_stat(&client, &path, &body, stat.version).await
-        };
-        let zxid = match written.await {
+        let zxid = match strong.fence.touch(&client, &path).await {
             Ok(stat) => stat.mzxid + strong.token_base(),
-            Err(zk::Error::BadVersion) => continue,
             Err(e) => {
                 if !(retry::is_session_end(&e) || e == zk::Error::NoNode) {
                     tracing::warn!(node = %path, error = %e, "cannot give a grant its fencing token; deciding again");

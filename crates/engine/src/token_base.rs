@@ -17,7 +17,8 @@
 use zookeeper_client as zk;
 
 use super::fence::Fence;
-use super::{retry, Error, ZkConfig};
+use super::retry::{self, Contention};
+use super::{Error, ZkConfig};
 
 /// How far above a number handed out the floor is reserved: one write to the floor covers
 /// the zxids of 256 ZooKeeper leader elections (each starts a new 2^32 block) or a trillion
@@ -58,7 +59,8 @@ pub(super) async fn take(
     may_raise: bool,
 ) -> Result<i64, Error> {
     let zkerr = |op, e| Error::zk(op, path, e);
-    loop {
+    let mut contention = Contention::new();
+    while contention.attempt().await {
         match retry::idempotent(|| client.get_data(path)).await {
             Err(zk::Error::NoNode) => {
                 let base = covering(floor, zxid);
@@ -99,6 +101,7 @@ pub(super) async fn take(
             }
         }
     }
+    Err(Error::Contended { op: "take", path: path.to_string() })
 }
 
 /// Raises the base at `path` so that every zxid from now on hands out numbers above `above`
@@ -111,7 +114,8 @@ pub async fn raise(client: &zk::Client, config: &ZkConfig, path: &str, above: i6
         let parents = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&parents_acls));
         retry::idempotent(|| client.mkdir(parent, &parents)).await.map_err(|e| zkerr("mkdir", e))?;
     }
-    loop {
+    let mut contention = Contention::new();
+    while contention.attempt().await {
         let (current, version) = match retry::idempotent(|| client.get_data(path)).await {
             Ok((data, stat)) => (parse(path, &data)?, stat.version),
             Err(zk::Error::NoNode) => {
@@ -126,7 +130,7 @@ pub async fn raise(client: &zk::Client, config: &ZkConfig, path: &str, above: i6
         };
         // The zxid of a write of our own tells where the ensemble's zxids are now: every later
         // one is above it.
-        let now = match client.set_data(path, current.to_string().as_bytes(), Some(version)).await {
+        let now = match retry::timed(client.set_data(path, current.to_string().as_bytes(), Some(version))).await {
             Ok(stat) => stat.mzxid,
             Err(zk::Error::BadVersion) => continue,
             Err(e) => return Err(zkerr("set", e)),
@@ -135,12 +139,13 @@ pub async fn raise(client: &zk::Client, config: &ZkConfig, path: &str, above: i6
         if base == current {
             return Ok(base);
         }
-        match client.set_data(path, base.to_string().as_bytes(), Some(version + 1)).await {
+        match retry::timed(client.set_data(path, base.to_string().as_bytes(), Some(version + 1))).await {
             Ok(_) => return Ok(base),
             Err(zk::Error::BadVersion) => continue,
             Err(e) => return Err(zkerr("set", e)),
         }
     }
+    Err(Error::Contended { op: "raise", path: path.to_string() })
 }
 
 #[cfg(test)]

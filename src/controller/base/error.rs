@@ -59,6 +59,9 @@ pub enum Error {
     /// the newer one (an error, so that the finalizer stays until the cleanup is done).
     #[error("this copy of the deleted claim is older than the operator's last write; waiting for the newer one")]
     OutdatedCopy,
+    /// Other writers kept changing an object this read and wrote back (`numbers.rs`).
+    #[error("{0}")]
+    Contended(String),
 }
 
 impl Error {
@@ -76,6 +79,7 @@ impl Error {
             Error::TokenFloor(_) => "token_floor".into(),
             Error::StatusRefused(_) => "status_conflict".into(),
             Error::OutdatedCopy => "outdated_copy".into(),
+            Error::Contended(_) => "contended".into(),
             Error::ApiFence(_) => "api_fence".into(),
             Error::TaskPanicked(_) => "task_panicked".into(),
             Error::CannotServe(_) => "cannot_serve".into(),
