@@ -6,13 +6,13 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::Api;
 
 use super::base::{Error, API_TIMEOUT};
 use crate::zk::retry::{Contention, CONTENDED_ATTEMPTS};
 
-/// A ConfigMap's `data`.
+/// A ConfigMap's `data`. Keys written replace those found; others are left (none of zklock's).
 pub type Data = BTreeMap<String, String>;
 
 /// What to do with the ConfigMap as read.
@@ -91,11 +91,13 @@ where
                 };
                 timed(write_call, api.create(&PostParams::default(), &fresh)).await
             }
-            // The object as read, its resourceVersion with it: the API server refuses the
-            // write (409) once anybody else wrote after that read.
-            Some(mut read) => {
-                read.data = Some(data.clone());
-                timed(write_call, api.replace(name, &PostParams::default(), &read)).await
+            // Tested against the resourceVersion read: the API server refuses the write (409)
+            // once anybody else wrote after that read. (A patch, not a replace: the chart's
+            // Role grants `patch` on these two names.)
+            Some(read) => {
+                let version = read.metadata.resource_version.unwrap_or_default();
+                let patch = serde_json::json!({ "metadata": { "resourceVersion": version }, "data": data });
+                timed(write_call, api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))).await
             }
         };
         match written {

@@ -85,3 +85,62 @@ async fn tokens_tickets_and_epochs_stay_above_every_earlier_one_when_zookeepers_
     assert!(op.metric("zklock_zookeeper_sessions_lost_total").await >= 1.0, "the wipe ended the operator's session");
     env.history.check();
 }
+
+/// Writers raising the token floor at once (terms overlapping at a handover) never lower each
+/// other's: each write is tested against the version it read, and the one overtaken reads again.
+/// Every version of the ConfigMap is seen on a watch: its floor never goes down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_raising_the_token_floor_at_once_never_lower_each_other() {
+    use futures::StreamExt;
+    use kube::api::{PostParams, WatchEvent, WatchParams};
+    use zklock::controller::token_floor::TokenFloor;
+    use zklock::zk::token_base::FLOOR_RESERVE;
+    const WRITERS: i64 = 3;
+    const ROUNDS: i64 = 20;
+    let env = Env::new().await;
+    let name = "raced-token-floor";
+    let maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
+    let mut start = ConfigMap::default();
+    start.metadata.name = Some(name.into());
+    start.data = Some([("floor".to_string(), "0".to_string())].into());
+    let start = maps.create(&PostParams::default(), &start).await.expect("the floor's ConfigMap");
+    let from = start.metadata.resource_version.expect("a resourceVersion");
+    let params = WatchParams::default().fields(&format!("metadata.name={name}")).timeout(60);
+    let mut events = maps.watch(&params, &from).await.expect("a watch of the floor").boxed();
+
+    let mut floors = Vec::new();
+    for _ in 0..WRITERS {
+        floors.push(TokenFloor::read(&env.client, &env.ns, name).await.expect("a floor for a writer"));
+    }
+    // Writer w covers w, w + WRITERS, … times 2 × the reserve: every call writes, interleaved.
+    let covering = |floor: TokenFloor, w: i64| async move {
+        for round in 1..=ROUNDS {
+            let value = (round * WRITERS + w) * 2 * FLOOR_RESERVE;
+            floor.cover(value).await.unwrap_or_else(|e| panic!("covering {value}: {e}"));
+        }
+    };
+    futures::future::join_all(floors.into_iter().zip(0..).map(|(floor, w)| covering(floor, w))).await;
+    let highest = (ROUNDS * WRITERS + WRITERS - 1) * 2 * FLOOR_RESERVE;
+
+    let mut seen: Vec<i64> = Vec::new();
+    let read_all = async {
+        while let Some(event) = events.next().await {
+            let map = match event.expect("a watch event") {
+                WatchEvent::Modified(map) | WatchEvent::Added(map) => map,
+                other => panic!("the floor's watch: {other:?}"),
+            };
+            let floor: i64 = map.data.and_then(|d| d.get("floor")?.parse().ok()).expect("a floor number");
+            seen.push(floor);
+            if floor > highest {
+                return;
+            }
+        }
+        panic!("the watch ended before the floor rose above {highest}: {seen:?}");
+    };
+    tokio::time::timeout(PATIENCE, read_all)
+        .await
+        .unwrap_or_else(|_| panic!("the floor did not rise above {highest} within {PATIENCE:?}"));
+    let lowered: Vec<_> = seen.windows(2).filter(|w| w[1] < w[0]).collect();
+    assert!(lowered.is_empty(), "writes lowered the floor: {lowered:?} (every version: {seen:?})");
+    assert!(seen.len() as i64 >= ROUNDS, "each writer wrote: {} versions", seen.len());
+}
