@@ -10,7 +10,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="$(uname -m)-unknown-linux-musl"
-cargo build --release --locked -p zklock --bin zklock --target "$target"
+# cargo auditable (scripts/tools.sh installs it): the binary carries the list of crates it was
+# built from, for scanners and `rust-audit-info` (docs/verify.md).
+auditable=$(command -v cargo-auditable || echo "$PWD/.tools/bin/cargo-auditable")
+[[ -x $auditable ]] || { echo "build-static.sh: cargo-auditable not found: cargo install --locked cargo-auditable" >&2; exit 1; }
+"$auditable" auditable build --release --locked -p zklock --bin zklock --target "$target"
 bin="${CARGO_TARGET_DIR:-target}/$target/release/zklock"
 if [[ $# -gt 0 ]]; then
     strip --strip-debug -o "$1" "$bin"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (ZooKeeper, Curator, openssl, kubectl, helm,
-# kazoo, umoci, skopeo, docker-registry, shellcheck, actionlint), builds and starts the real Kubernetes control plane (scripts/k8s.sh: kube-apiserver,
+# kazoo, umoci, skopeo, docker-registry, shellcheck, actionlint, cosign, cargo-auditable,
+# cargo-cyclonedx), builds and starts the real Kubernetes control plane (scripts/k8s.sh: kube-apiserver,
 # etcd, controller-manager, scheduler and a kwok node; built once per version and cached), then
 # format, lint and every test of the workspace against real components: every test that needs
 # Kubernetes runs on that control plane. ZKLOCK_TEST_KUBECONFIG names another cluster instead.
@@ -29,8 +30,11 @@ fi
 # hang nobody foresaw fails with a message well inside CI's 90 minutes instead of running into it.
 deadline=${ZKLOCK_TEST_TIMEOUT:-60m}
 status=0
-cargo build --workspace --all-targets
-timeout --kill-after=30s "$deadline" cargo test --workspace || status=$?
+# Built with cargo auditable, as the released binaries are: the binary carries the list of
+# crates it was built from, which tests/repository/supply_chain.rs reads back (docs/verify.md).
+auditable=.tools/bin/cargo-auditable
+"$auditable" auditable build --workspace --all-targets
+timeout --kill-after=30s "$deadline" "$auditable" auditable test --workspace || status=$?
 if [[ $status -eq 124 || $status -eq 137 ]]; then
   echo "FAILED: the test run did not finish within $deadline: a test hangs (see the last test named above)" >&2
 fi

@@ -8,8 +8,9 @@
 # loopback), shellcheck, and builds actionlint from the Go module proxy (the release workflow's
 # linter, which runs shellcheck on the workflow's scripts), and lua5.1 (Argo CD's health check for
 # claims, contrib/argocd/health.lua, run by tests/repository/argocd.rs), and builds krew (it
-# installs the plugin from a release archive and the manifest scripts/krew.sh writes), and
-# fetches Argo Workflows' and Tekton's CRDs (the integration examples are validated on them).
+# installs the plugin from a release archive and the manifest scripts/krew.sh writes), cosign,
+# cargo-auditable and cargo-cyclonedx (supply-chain evidence: docs/verify.md), and fetches Argo
+# Workflows' and Tekton's CRDs (the integration examples are validated on them).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tools="$root/.tools"
@@ -76,6 +77,23 @@ if [[ "${TOOLS_WITH_IMAGE:-0}" == "1" ]]; then
     if [[ ! -x "$bin/krew" ]]; then
         GOBIN="$bin" GOFLAGS=-mod=mod go install sigs.k8s.io/krew/cmd/krew@v0.4.3 >&2
     fi
+    # Supply-chain evidence (docs/verify.md): cosign signs and verifies the image and the chart
+    # in the release rehearsal (Go's module and build caches make a second install a link);
+    # cargo-auditable builds the binaries with their dependency list inside (rust-audit-info
+    # reads it back, as docs/verify.md shows), cargo-cyclonedx writes the SBOM. The cargo tools
+    # are built once per version into the user's cache (a `cargo install` rebuilds from scratch
+    # every time).
+    if [[ ! -x "$bin/cosign" ]]; then
+        GOBIN="$bin" GOFLAGS=-mod=mod go install github.com/sigstore/cosign/v3/cmd/cosign@v3.1.3 >&2
+    fi
+    cargo_tools="${ZKLOCK_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/zklock/cargo-tools}"
+    for tool in cargo-auditable@0.7.7 cargo-cyclonedx@0.5.9 rust-audit-info@0.5.4; do
+        name=${tool%@*} version=${tool#*@}
+        if [[ ! -x "$cargo_tools/$name-$version/bin/$name" ]]; then
+            cargo install --quiet --locked --root "$cargo_tools/$name-$version" "$name" --version "$version" >&2
+        fi
+        ln -sf "$cargo_tools/$name-$version/bin/$name" "$bin/$name"
+    done
     # The CRDs of the workflow engines the integration examples run on (Argo Workflows' Workflow,
     # Tekton's Task), from their Go modules' sources: tests/repository/integrations.rs validates
     # the examples against them with a server-side dry run.

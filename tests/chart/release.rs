@@ -126,6 +126,114 @@ fn pull(image: &str, dir: &Path) -> PathBuf {
     bundle.join("rootfs")
 }
 
+/// `PATH` with the project's tools first (cargo-cyclonedx for scripts/sbom.sh).
+fn tools_path() -> String {
+    format!("{}:{}", root().join(".tools/bin").display(), std::env::var("PATH").unwrap_or_default())
+}
+
+/// cosign with a throw-away key pair (and a second one, whose signature must not count), on
+/// the registry on loopback: no transparency log, no certificate authority.
+struct Signing {
+    cosign: PathBuf,
+    key: PathBuf,
+    public: PathBuf,
+    other_public: PathBuf,
+}
+
+/// The throw-away keys' password (cosign encrypts the private key with it).
+const KEY_PASSWORD: &str = "rehearsal";
+
+impl Signing {
+    fn new(dir: &Path) -> Signing {
+        let cosign = root().join(".tools/bin/cosign");
+        assert!(cosign.exists(), "cosign not found at {}: run TOOLS_WITH_IMAGE=1 scripts/tools.sh", cosign.display());
+        for prefix in ["release", "other"] {
+            run(
+                "cosign generate-key-pair",
+                Command::new(&cosign)
+                    .args(["generate-key-pair", "--output-key-prefix"])
+                    .arg(dir.join(prefix))
+                    .env("COSIGN_PASSWORD", KEY_PASSWORD),
+            );
+        }
+        Signing {
+            cosign,
+            key: dir.join("release.key"),
+            public: dir.join("release.pub"),
+            other_public: dir.join("other.pub"),
+        }
+    }
+
+    /// cosign `args`, on the plain-HTTP registry on loopback.
+    fn cosign(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(&self.cosign);
+        command
+            .args(args)
+            .args(["--allow-http-registry", "--allow-insecure-registry"])
+            .env("COSIGN_PASSWORD", KEY_PASSWORD);
+        command
+    }
+
+    fn sign(&self, at: &str) {
+        let key = self.key.display().to_string();
+        // No signing config: nothing is sent to a transparency log (none is reachable here).
+        let mut sign =
+            self.cosign(&["sign", "--key", &key, "--use-signing-config=false", "--tlog-upload=false", "--yes"]);
+        run("cosign sign", sign.arg(at));
+    }
+
+    /// `cosign verify`, as docs/verify.md shows it with a key: the signature's payload names
+    /// the digest signed.
+    fn verified(&self, at: &str, digest: &str) {
+        let public = self.public.display().to_string();
+        let out = run("cosign verify", self.cosign(&["verify", "--key", &public, "--insecure-ignore-tlog"]).arg(at));
+        let payloads: Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("cosign verify's answer: {e}: {out}"));
+        let signed = payloads[0]["critical"]["image"]["docker-manifest-digest"].as_str();
+        assert_eq!(signed, Some(digest), "the signature of {at} signs another digest: {out}");
+    }
+
+    fn refused(&self, at: &str, public: &Path, what: &str) {
+        let public = public.display().to_string();
+        let out = output_within(
+            "cosign verify",
+            self.cosign(&["verify", "--key", &public, "--insecure-ignore-tlog"]).arg(at),
+            crate::upgrade::COMMAND_DEADLINE,
+        );
+        assert!(!out.status.success(), "cosign verify accepted {what} ({at})");
+    }
+
+    /// The SBOM attested on the image, and read back from the verified attestation.
+    fn attested(&self, at: &str, sbom: &Path) {
+        let (key, public, sbom) =
+            (self.key.display().to_string(), self.public.display().to_string(), sbom.display().to_string());
+        let mut attest = self.cosign(&[
+            "attest",
+            "--key",
+            &key,
+            "--type",
+            "cyclonedx",
+            "--predicate",
+            &sbom,
+            "--use-signing-config=false",
+            "--tlog-upload=false",
+            "--yes",
+        ]);
+        run("cosign attest", attest.arg(at));
+        let mut verify =
+            self.cosign(&["verify-attestation", "--key", &public, "--type", "cyclonedx", "--insecure-ignore-tlog"]);
+        let out = run("cosign verify-attestation", verify.arg(at));
+        let envelope: Value = serde_json::from_str(out.lines().next().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("cosign verify-attestation's answer: {e}: {out}"));
+        use base64::Engine as _;
+        let payload = envelope["payload"].as_str().expect("a DSSE payload");
+        let statement = base64::engine::general_purpose::STANDARD.decode(payload).expect("a base64 payload");
+        let statement: Value = serde_json::from_slice(&statement).expect("an in-toto statement");
+        assert_eq!(statement["predicate"]["bomFormat"], "CycloneDX", "the attested predicate: {statement}");
+        assert_eq!(statement["predicate"]["metadata"]["component"]["name"], "zklock");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_pulled_from_a_registry_installs_passes_helm_test_and_upgrades_from_the_chart_before() {
     let dir = std::env::temp_dir().join(format!("zklock-release-{}", uuid::Uuid::new_v4().simple()));
@@ -152,9 +260,37 @@ async fn a_release_pulled_from_a_registry_installs_passes_helm_test_and_upgrades
     run("helm package", helm().arg("package").arg(chart()).arg("--destination").arg(&dir));
     let package = dir.join(format!("zklock-{VERSION}.tgz"));
     let charts = format!("oci://{host}/charts");
-    let out = run("helm push", helm().arg("push").arg(&package).args([&charts, "--plain-http"]));
-    eprintln!("{out}");
+    let pushed_chart = output_within(
+        "helm push",
+        helm().arg("push").arg(&package).args([&charts, "--plain-http"]),
+        crate::upgrade::COMMAND_DEADLINE,
+    );
+    let said =
+        format!("{}{}", String::from_utf8_lossy(&pushed_chart.stdout), String::from_utf8_lossy(&pushed_chart.stderr));
+    assert!(pushed_chart.status.success(), "helm push: {said}");
+    let chart_digest = said
+        .lines()
+        .find_map(|l| l.strip_prefix("Digest: "))
+        .unwrap_or_else(|| panic!("helm push names no digest: {said}"))
+        .trim()
+        .to_string();
     let reference = format!("{charts}/zklock");
+
+    // Signed as the release workflow signs them (there keyless, by the workflow's identity; here
+    // with a throw-away key), and verified as docs/verify.md shows: the image, the SBOM attested
+    // on it, and the chart, each by digest.
+    let signing = Signing::new(&dir);
+    let image_at = format!("{host}/zklock/zklock@{pushed}");
+    let signed_chart = format!("{host}/charts/zklock@{chart_digest}");
+    signing.refused(&image_at, &signing.public, "an image nobody signed");
+    signing.sign(&image_at);
+    signing.sign(&signed_chart);
+    signing.verified(&image_at, &pushed);
+    signing.verified(&signed_chart, &chart_digest);
+    signing.refused(&image_at, &signing.other_public, "a signature by another key");
+    let sbom = dir.join("zklock.cdx.json");
+    run("scripts/sbom.sh", Command::new(root().join("scripts/sbom.sh")).arg(&sbom).env("PATH", tools_path()));
+    signing.attested(&image_at, &sbom);
     // From here on the repository's chart and build are not used: only what the registry serves.
     std::fs::remove_file(&package).unwrap();
 

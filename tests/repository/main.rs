@@ -16,4 +16,5 @@ mod image;
 mod integrations;
 mod layers;
 mod release_archives;
+mod supply_chain;
 mod workflows;

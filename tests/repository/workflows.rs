@@ -35,6 +35,43 @@ fn the_release_workflow_lints_clean_and_builds_the_image_with_the_tested_script(
         "the krew manifest comes from scripts/krew.sh (tested with krew)"
     );
 
+    // The supply-chain evidence docs/verify.md tells users to check, made with the tools and
+    // scripts the tests run, at the versions scripts/tools.sh installs for them.
+    for (needle, what) in [
+        ("cargo auditable build", "the macOS binaries are built with cargo auditable"),
+        ("scripts/sbom.sh", "the SBOM comes from scripts/sbom.sh"),
+        ("cosign sign --yes --recursive \"$IMAGE@$digest\"", "the image is signed by digest"),
+        ("cosign sign --yes \"$CHART@$digest\"", "the chart is signed by digest"),
+        ("cosign attest --yes --type cyclonedx", "the SBOM is attested on the image"),
+        ("actions/attest-build-provenance", "the archives get build provenance"),
+        ("helm install zklock \"$CHART_REPOSITORY/zklock\"", "the published chart is installed from the registry"),
+        ("helm test zklock", "and tested"),
+    ] {
+        assert!(text.contains(needle), "{what}: the workflow has no `{needle}`");
+    }
+    let tools = std::fs::read_to_string(root().join("scripts/tools.sh")).unwrap();
+    let static_build = std::fs::read_to_string(root().join("scripts/build-static.sh")).unwrap();
+    assert!(static_build.contains("auditable build --release"), "scripts/build-static.sh builds with cargo auditable");
+    for (variable, tool) in
+        [("CARGO_AUDITABLE", "cargo-auditable@"), ("CARGO_CYCLONEDX", "cargo-cyclonedx@"), ("COSIGN", "cosign@")]
+    {
+        let version = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(&format!("{variable}: ")))
+            .unwrap_or_else(|| panic!("the workflow sets no {variable}"));
+        assert!(
+            tools.contains(&format!("{tool}{version}")),
+            "the workflow's {variable} {version} is not what scripts/tools.sh installs"
+        );
+    }
+    // docs/verify.md's keyless identity is this workflow's, for a tag.
+    let verify = std::fs::read_to_string(root().join("docs/verify.md")).unwrap();
+    assert!(
+        verify.contains(r"\.github/workflows/release\.yml@refs/tags/v") && text.contains("tags: [\"v*.*.*\"]"),
+        "docs/verify.md's certificate identity names this workflow, run for tags"
+    );
+    assert!(text.contains("id-token: write"), "keyless signing needs the OIDC token");
+
     // The linter finds what it should: a job output that does not exist.
     let broken = std::env::temp_dir().join(format!("zklock-broken-workflow-{}.yml", std::process::id()));
     std::fs::write(&broken, text.replace("needs.version.outputs.version", "needs.version.outputs.versoin")).unwrap();
