@@ -119,7 +119,20 @@ impl Core {
                     }
                     if let Some(id) = own {
                         Stats::bump(&self.stats.own_node_notifications);
-                        self.remove(&mut book, &id, ContenderState::Lost { why: LostReason::DeletedByOther });
+                        if q.replaced.remove(name) {
+                            // The deletion of the earlier session's node this one replaced in
+                            // place (see `LockQueue::replaced`), handled late. A read tells
+                            // whether the node stands: if somebody deleted it meanwhile, it is
+                            // missing there, and lost.
+                            if let Some(m) = contenders.get_mut(&id) {
+                                m.stale = true;
+                            }
+                            if q.request_evaluation() {
+                                evaluate_lock = Some(lock_key.clone());
+                            }
+                        } else {
+                            self.remove(&mut book, &id, ContenderState::Lost { why: LostReason::DeletedByOther });
+                        }
                     }
                 }
             }
@@ -144,6 +157,8 @@ impl Core {
                 let ours = q.nodes.values().any(|id| contenders.get(id).is_some_and(|m| m.session_id == session_id));
                 if path.starts_with(&prefix) && ours {
                     q.full = true;
+                    // The full read decides whether those nodes stand.
+                    q.replaced.clear();
                     if q.request_evaluation() {
                         start.push(path.clone());
                     }
