@@ -18,7 +18,6 @@ pub(crate) async fn clusters(
     zk: &zklock_testkit::ZkServer,
     sizes: &Sizes,
 ) -> Result<(), Error> {
-    const ZOOKEEPER_LATENCY: Duration = Duration::from_millis(20);
     let kubeconfig_b = zklock_testkit::kube::private_control_plane("bench-b");
     let config = kube::config::Kubeconfig::read_from(kubeconfig_b)?;
     let config = kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default()).await?;
@@ -42,6 +41,25 @@ pub(crate) async fn clusters(
         }))?;
         Api::<ClusterLock>::all(client.clone()).create(&PostParams::default(), &lock).await?;
     }
+    // The ClusterLock is cluster-scoped: deleted in both clusters whatever the part came to,
+    // so that a later run (or the tests, on the same control plane) do not serve it too.
+    let measured = measure(&mut a, &b, &proxy, &connect, &name, sizes).await;
+    for client in [client_a, &client_b] {
+        let _ = Api::<ClusterLock>::all(client.clone()).delete(&name, &DeleteParams::default()).await;
+    }
+    measured
+}
+
+/// The handoffs, the leader changes and their figures, on ClusterLock `name`.
+async fn measure(
+    a: &mut Bench,
+    b: &Bench,
+    proxy: &zklock_testkit::proxy::Proxy,
+    connect: &str,
+    name: &str,
+    sizes: &Sizes,
+) -> Result<(), Error> {
+    const ZOOKEEPER_LATENCY: Duration = Duration::from_millis(20);
     let lock = format!("cluster/{name}");
     let mut round = 0;
     // One handoff: a holder made in a and Held, the next claim made in `next` and Waiting, the
@@ -68,13 +86,13 @@ pub(crate) async fn clusters(
     let (mut within, mut within_b, mut across, mut slow) =
         (Samples::default(), Samples::default(), Samples::default(), Samples::default());
     for _ in 0..sizes.handoffs {
-        within.push(handoff(&a, &a).await?);
-        within_b.push(handoff(&b, &b).await?);
-        across.push(handoff(&a, &b).await?);
+        within.push(handoff(a, a).await?);
+        within_b.push(handoff(b, b).await?);
+        across.push(handoff(a, b).await?);
     }
     proxy.set_latency(ZOOKEEPER_LATENCY);
     for _ in 0..sizes.handoffs {
-        slow.push(handoff(&a, &b).await?);
+        slow.push(handoff(a, b).await?);
     }
     proxy.set_latency(Duration::ZERO);
 
@@ -82,7 +100,7 @@ pub(crate) async fn clusters(
     // while a's claim holds, b's waits behind it and a's second waits behind that: how long to
     // the Lease and to ready, whether any place (node) or holder's token changed, and the first
     // handoff after it (a's holder deleted → b's waiter Held).
-    let zk_client = zookeeper_client::Client::connect(&connect).await?;
+    let zk_client = zookeeper_client::Client::connect(connect).await?;
     let dir = format!("/shared/locks/{name}");
     let (mut to_lead, mut to_ready, mut first_grant) = (Samples::default(), Samples::default(), Samples::default());
     let (mut places_changed, mut holds_changed) = (0usize, 0usize);
@@ -120,7 +138,7 @@ pub(crate) async fn clusters(
             .map_err(|_| format!("{wb} not Held within 120 s of {holder}'s deletion after a leader change"))?;
         first_grant.push(start.elapsed());
         follower.abort();
-        for (bench, claim) in [(&b, &wb), (&a, &wa)] {
+        for (bench, claim) in [(b, &wb), (&*a, &wa)] {
             bench.claims.delete(claim, &DeleteParams::default()).await?;
             bench.wait_gone(claim).await?;
         }

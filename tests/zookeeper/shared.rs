@@ -302,6 +302,17 @@ async fn a_node_replaced_in_place_is_never_taken_for_deleted_by_its_own_replacem
             assert!(tokio::time::Instant::now() < deadline, "change {change}: the waiter undecided: {:?}", wa2.state());
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
+        // The earlier leader's engine, still in its session, hears its nodes deleted: another
+        // session's nodes stand in their places now, so it has lost them.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !matches!(leader.state(&h.id), Some(ContenderState::Lost { .. }) | None) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "change {change}: the earlier leader still counts the replaced node its own: {:?}",
+                leader.state(&h.id)
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
         drop(leader);
         leader = next;
         assert!(leader.release(&h.id).await.unwrap_or(false), "change {change}: the holder was tracked");
@@ -310,4 +321,31 @@ async fn a_node_replaced_in_place_is_never_taken_for_deleted_by_its_own_replacem
         held(&mut wa2).await;
         assert!(leader.release(&wa.id).await.unwrap_or(false), "change {change}: the waiter was tracked");
     }
+}
+
+/// A node of ours really deleted (by somebody else) after it was replaced in place is lost: the
+/// deletion is checked against the node, not taken on trust either way.
+#[tokio::test]
+async fn a_node_replaced_in_place_then_deleted_by_another_client_is_lost() {
+    let connect = chroot().await;
+    let raw = raw_client(&connect).await;
+    let (a, b) = (layout("/a", "a"), layout("/b", "b"));
+    let lock = a.cluster_lock("deleted");
+    let eb = cluster_engine(&connect, &b, "b").await;
+    let old = cluster_engine(&connect, &a, "a").await;
+    let mut h = enqueue(&old, &lock, Mode::Exclusive).await;
+    held(&mut h).await;
+    let mut wb = enqueue(&eb, &lock, Mode::Exclusive).await;
+    let next = cluster_engine(&connect, &a, "a").await;
+    next.reanchor(&lock, vec![recorded(&h, &lock, true)]).await.expect("re-anchoring");
+    let mut h2 = next.contender(&h.id);
+    held(&mut h2).await;
+    raw.delete(&h.node, None).await.expect("another client deletes the node");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !matches!(h2.state(), ContenderState::Lost { .. }) {
+        assert!(tokio::time::Instant::now() < deadline, "a deleted node still counts as held: {:?}", h2.state());
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    held(&mut wb).await;
+    drop(old);
 }

@@ -182,13 +182,6 @@ pub(super) struct LockQueue {
     /// The next read re-checks every contender and its data (after a reconnection, when
     /// events may have been lost: ZOOKEEPER-4698).
     pub full: bool,
-    /// Our nodes made in place of an earlier session's node of the same name (re-anchoring a
-    /// shared `ClusterLock`) whose old node's deletion the watch has not reported yet. ZooKeeper
-    /// sends that event before the multi-op's answer, but the dispatcher may handle it after the
-    /// new node was entered: then it names a node of ours, and must not be taken for somebody
-    /// deleting it (the holder and waiter were ended `Lost` while their nodes stood, and the
-    /// nodes, no longer tracked, blocked the other clusters' waiters for the session's life).
-    pub replaced: HashSet<Box<str>>,
     /// The directory is shared with clients other than zklock (its marker says so, or one of
     /// their nodes was seen): a dropped connection then revokes our holders there. Kept while
     /// the lock is tracked, learned again when it is tracked anew.

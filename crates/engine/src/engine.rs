@@ -407,7 +407,7 @@ impl LockEngine {
         let mut registered = Vec::with_capacity(specs.len());
         for ((spec, name), guard) in specs.into_iter().zip(names).zip(guards) {
             let (lock, window) = guard.disarm();
-            let made = Made { spec, name, keeps_hold: false, ticket, replaced: false };
+            let made = Made { spec, name, keeps_hold: false, ticket };
             registered.extend(enqueue::register(&self.core, &client, &lock, window, vec![made])?);
         }
         let settled = enqueue::settle(&self.core, registered).await;
@@ -473,12 +473,12 @@ impl LockEngine {
             .zip(created.nodes)
             .zip(held)
             .zip(created.kept)
-            .map(|((((spec, ticket), name), held), replaced)| {
+            .map(|((((spec, ticket), name), held), kept)| {
                 // A holder's place is the node its status names: a node of its id under another
                 // name was made anew, behind whoever went first (by an earlier attempt of this
                 // re-anchoring after a partial commit, or by an earlier session's), and taking it
                 // for the place kept a displaced holder Held beside another cluster's.
-                let kept = replaced && (!held || places.get(&spec.id).is_some_and(|place| *place == name));
+                let kept = kept && (!held || places.get(&spec.id).is_some_and(|place| *place == name));
                 if held && shared && !kept {
                     displaced.push(spec.id.clone());
                 }
@@ -487,7 +487,6 @@ impl LockEngine {
                     spec,
                     name,
                     ticket: ticket.unwrap_or(0),
-                    replaced,
                 }
             })
             .collect();

@@ -22,9 +22,6 @@ pub(super) struct Made {
     pub keeps_hold: bool,
     /// The contender's ticket.
     pub ticket: i64,
-    /// Made in place of an earlier session's node of the same name, in one multi-op with its
-    /// deletion (see [`super::anchor::recreate`]).
-    pub replaced: bool,
 }
 
 /// Enters freshly made nodes in the book, asks for their first decision and closes the
@@ -50,7 +47,7 @@ pub(super) fn register(
             book.close_window(lock_path, window);
             return Err(Error::SessionLost);
         }
-        for Made { spec, name, keeps_hold, ticket, replaced } in nodes {
+        for Made { spec, name, keeps_hold, ticket } in nodes {
             if let Some(member) = book.contenders.get(&*spec.id) {
                 // A second node of a contender already tracked is a duplicate, to be deleted;
                 // its own node (replaced in place, so of the same name) is not.
@@ -83,11 +80,6 @@ pub(super) fn register(
                 q.nodes.insert(sequence, id.clone());
                 if q.seen_since(window, &member.name, NodeEvent::DataChanged) {
                     data_changed.push((id.clone(), member.path()));
-                }
-                // The old node's deletion, not handled yet, is still to come (see
-                // `LockQueue::replaced`).
-                if replaced && !q.seen_since(window, &member.name, NodeEvent::Deleted) {
-                    q.replaced.insert(member.name.clone());
                 }
             }
             book.contenders.insert(id.clone(), Box::new(member));

@@ -72,6 +72,7 @@ impl Core {
         let Some((dir, name)) = path.rsplit_once('/') else { return };
         let mut evaluate_lock = None;
         let mut read_data = None;
+        let mut confirm_deleted = None;
         {
             let mut book = self.book.lock();
             let Book { contenders, locks, .. } = &mut *book;
@@ -119,20 +120,7 @@ impl Core {
                     }
                     if let Some(id) = own {
                         Stats::bump(&self.stats.own_node_notifications);
-                        if q.replaced.remove(name) {
-                            // The deletion of the earlier session's node this one replaced in
-                            // place (see `LockQueue::replaced`), handled late. A read tells
-                            // whether the node stands: if somebody deleted it meanwhile, it is
-                            // missing there, and lost.
-                            if let Some(m) = contenders.get_mut(&id) {
-                                m.stale = true;
-                            }
-                            if q.request_evaluation() {
-                                evaluate_lock = Some(lock_key.clone());
-                            }
-                        } else {
-                            self.remove(&mut book, &id, ContenderState::Lost { why: LostReason::DeletedByOther });
-                        }
+                        confirm_deleted = Some((id, path.to_string()));
                     }
                 }
             }
@@ -142,6 +130,9 @@ impl Core {
         }
         if let Some((id, path)) = read_data {
             tokio::spawn(read_revocation(Arc::downgrade(self), id, path));
+        }
+        if let Some((id, path)) = confirm_deleted {
+            tokio::spawn(confirm_deleted_node(Arc::downgrade(self), session_id, id, path));
         }
     }
 
@@ -157,8 +148,6 @@ impl Core {
                 let ours = q.nodes.values().any(|id| contenders.get(id).is_some_and(|m| m.session_id == session_id));
                 if path.starts_with(&prefix) && ours {
                     q.full = true;
-                    // The full read decides whether those nodes stand.
-                    q.replaced.clear();
                     if q.request_evaluation() {
                         start.push(path.clone());
                     }
@@ -258,6 +247,31 @@ pub(super) async fn read_revocation(core: Weak<Core>, id: Arc<str>, path: String
     };
     let Some(core) = core.upgrade() else { return };
     core.note_revocation(&mut core.book.lock(), &id, &path, &body);
+}
+
+/// A node of ours reported deleted: lost, unless the node of that name stands and is this
+/// session's. The one deletion of a node of ours that is not its loss is re-anchoring's in
+/// place (the earlier session's node deleted and one of the same name made in this session, in
+/// one multi-op): the watch reports it before the multi-op's answer, but this handler may run
+/// after the new node was entered. Taken for somebody deleting the node, it ended a holder and
+/// a waiter `Lost` while their nodes stood, untracked, in front of other clusters' waiters for
+/// the session's life. Nobody else can make a node of that name (a sequential name is made once,
+/// and a replacement in place needs the old node), so one standing in this session is ours; a
+/// node gone, or another session's (a newer leader replaced it in place), ends the contender,
+/// as does a read that fails (the session's end, reported by its monitor too).
+async fn confirm_deleted_node(core: Weak<Core>, session_id: i64, id: Arc<str>, path: String) {
+    let Some(client) = core.upgrade().and_then(|c| c.client().ok()) else { return };
+    let stands = client.session_id().0 == session_id
+        && matches!(
+            retry::idempotent(|| client.check_stat(&path)).await,
+            Ok(Some(stat)) if stat.ephemeral_owner == session_id
+        );
+    let Some(core) = core.upgrade() else { return };
+    let mut book = core.book.lock();
+    let ours = book.contenders.get(&id).is_some_and(|m| m.path() == path && m.session_id == session_id);
+    if ours && !stands {
+        core.remove(&mut book, &id, ContenderState::Lost { why: LostReason::DeletedByOther });
+    }
 }
 
 /// Removes the lock directories that stayed idle for the grace period, until none is left to
