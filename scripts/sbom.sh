@@ -17,10 +17,11 @@ target=${2:-}
 cyclonedx=$(command -v cargo-cyclonedx || echo "$PWD/.tools/bin/cargo-cyclonedx")
 [[ -x $cyclonedx ]] || { echo "sbom.sh: cargo-cyclonedx not found: run scripts/tools.sh with TOOLS_WITH_IMAGE=1" >&2; exit 1; }
 
-work=$(mktemp -d)
+# The physical path (macOS's temporary directories are behind a symlink): the one cargo reports.
+work=$(cd "$(mktemp -d)" && pwd -P)
 trap 'rm -rf "$work"' EXIT
 # The tracked files as they are in the working tree (one deleted meanwhile is left out).
-git ls-files -z | while IFS= read -r -d '' f; do [[ -e $f ]] && printf '%s\0' "$f"; done \
+git ls-files -z | while IFS= read -r -d '' f; do if [[ -e $f ]]; then printf '%s\0' "$f"; fi; done \
     | tar --null -T - -cf - | tar -xf - -C "$work"
 epoch=$(git log -1 --format=%ct 2>/dev/null || echo 0)
 (

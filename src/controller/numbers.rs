@@ -10,7 +10,7 @@ use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::Api;
 
 use super::base::{Error, API_TIMEOUT};
-use crate::zk::retry::{Contention, CONTENDED_ATTEMPTS};
+use crate::zk::{Contention, CONTENDED_ATTEMPTS};
 
 /// A ConfigMap's `data`. Keys written replace those found; others are left (none of zklock's).
 pub type Data = BTreeMap<String, String>;
@@ -19,7 +19,8 @@ pub type Data = BTreeMap<String, String>;
 pub enum Change {
     /// It holds what it should.
     Keep,
-    /// Write this as its whole `data`.
+    /// Write these keys into its `data` (a merge: keys it holds besides are left; none of
+    /// zklock's own).
     Write(Data),
 }
 
@@ -34,6 +35,8 @@ pub enum NumbersError {
          wrote it; look for another process writing it (another operator electing on the same Lease?)"
     )]
     Contended { name: String },
+    #[error("ConfigMap {name} came without a resourceVersion: its write could not be tested against it")]
+    Unversioned { name: String },
 }
 
 impl From<NumbersError> for Error {
@@ -41,7 +44,9 @@ impl From<NumbersError> for Error {
         match e {
             NumbersError::Timeout { call } => Error::Timeout { call },
             NumbersError::Api { call, source } => Error::Write { call, source },
-            contended @ NumbersError::Contended { .. } => Error::Contended(contended.to_string()),
+            other @ (NumbersError::Contended { .. } | NumbersError::Unversioned { .. }) => {
+                Error::Contended(other.to_string())
+            }
         }
     }
 }
@@ -95,14 +100,19 @@ where
             // once anybody else wrote after that read. (A patch, not a replace: the chart's
             // Role grants `patch` on these two names.)
             Some(read) => {
-                let version = read.metadata.resource_version.unwrap_or_default();
+                // Without its version the write could not be tested: never written blind.
+                let Some(version) = read.metadata.resource_version else {
+                    return Err(NumbersError::Unversioned { name: name.to_string() }.into());
+                };
                 let patch = serde_json::json!({ "metadata": { "resourceVersion": version }, "data": data });
                 timed(write_call, api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))).await
             }
         };
         match written {
             Ok(_) => return Ok(data),
-            Err(NumbersError::Api { source: kube::Error::Api(s), .. }) if s.code == 409 => continue,
+            // Written by somebody else since the read (409), or deleted since (404): read again,
+            // and decide from what is there now.
+            Err(NumbersError::Api { source: kube::Error::Api(s), .. }) if s.code == 409 || s.code == 404 => continue,
             Err(e) => return Err(e.into()),
         }
     }

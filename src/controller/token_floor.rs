@@ -125,13 +125,16 @@ impl TokenFloor {
             if found.is_some() && (floor, new_epoch) == (found_floor, found_epoch) {
                 return Ok(Change::Keep);
             }
-            tracing::info!(floor, epoch = new_epoch, "reserving fencing tokens ahead in the API (the token floor)");
             Ok::<_, Error>(Change::Write(
                 [(FLOOR_KEY.to_string(), floor.to_string()), (EPOCH_KEY.to_string(), new_epoch.to_string())].into(),
             ))
         };
         let now = numbers::change(&self.api, name, ("get_token_floor", "raise_token_floor"), decide).await?;
-        self.reserved.fetch_max(parse(&now, name)?.0, Ordering::SeqCst);
+        let (floor, epoch) = parse(&now, name)?;
+        if floor > self.reserved() {
+            tracing::info!(floor, epoch, "reserved fencing tokens ahead in the API (the token floor)");
+        }
+        self.reserved.fetch_max(floor, Ordering::SeqCst);
         Ok(())
     }
 }

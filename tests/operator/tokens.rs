@@ -105,7 +105,7 @@ async fn writers_raising_the_token_floor_at_once_never_lower_each_other() {
     start.data = Some([("floor".to_string(), "0".to_string())].into());
     let start = maps.create(&PostParams::default(), &start).await.expect("the floor's ConfigMap");
     let from = start.metadata.resource_version.expect("a resourceVersion");
-    let params = WatchParams::default().fields(&format!("metadata.name={name}")).timeout(60);
+    let params = WatchParams::default().fields(&format!("metadata.name={name}")).timeout(290);
     let mut events = maps.watch(&params, &from).await.expect("a watch of the floor").boxed();
 
     let mut floors = Vec::new();

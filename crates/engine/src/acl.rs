@@ -24,7 +24,10 @@ pub(super) async fn protect(client: &zk::Client, config: &super::ZkConfig, path:
     protect_read(client, config, path, wanted, &current, &stat).await;
 }
 
-/// [`protect`] with the ACL and stat already read.
+/// [`protect`] with the ACL and stat already read. Answers false where the ACL still wants a
+/// change that may succeed later (changed meanwhile, the connection lost): a walk that met one
+/// is not whole. A node whose ACL is not ours to change (NoAuth: nothing zklock made, or made
+/// under an identity it no longer has) is left to its owner, as before.
 async fn protect_read(
     client: &zk::Client,
     config: &super::ZkConfig,
@@ -32,14 +35,24 @@ async fn protect_read(
     wanted: &[zk::Acl],
     current: &[zk::Acl],
     stat: &zk::Stat,
-) {
+) -> bool {
     if !needs_change(current, wanted, config) {
-        return;
+        return true;
     }
     match retry::idempotent(|| client.set_acl(path, &zk::Acls::new(wanted), Some(stat.aversion))).await {
-        Ok(_) => tracing::info!(path, "protected against other ZooKeeper clients"),
-        // Changed meanwhile (by whoever: it is looked at again next time), or not ours to change.
-        Err(e) => tracing::warn!(path, error = %e, "could not protect the node against other clients"),
+        Ok(_) => {
+            tracing::info!(path, "protected against other ZooKeeper clients");
+            true
+        }
+        Err(e @ (zk::Error::NoAuth | zk::Error::NoNode)) => {
+            tracing::warn!(path, error = %e, "could not protect the node against other clients");
+            true
+        }
+        // Changed meanwhile (looked at again by the next walk), or the session's end.
+        Err(e) => {
+            tracing::warn!(path, error = %e, "could not protect the node against other clients");
+            false
+        }
     }
 }
 
@@ -171,7 +184,12 @@ async fn walk_below(client: &zk::Client, config: &super::ZkConfig, layout: &supe
     while !parents.is_empty() {
         let listed: Vec<Option<Vec<String>>> = stream::iter(&parents)
             .map(|parent| async move {
-                let children = retry::idempotent(|| client.list_children(parent)).await.ok()?;
+                let children = match retry::idempotent(|| client.list_children(parent)).await {
+                    Ok(children) => children,
+                    // Gone meanwhile (an empty lock directory reaped): nothing below it.
+                    Err(zk::Error::NoNode) => vec![],
+                    Err(_) => return None,
+                };
                 Some(children.into_iter().map(|child| format!("{parent}/{child}")).collect::<Vec<_>>())
             })
             .buffer_unordered(WALK_CONCURRENCY)
@@ -193,7 +211,9 @@ async fn walk_below(client: &zk::Client, config: &super::ZkConfig, layout: &supe
                     return Ok(None);
                 }
                 let (wanted, parent) = wanted_for(config, layout, &path);
-                protect_read(client, config, &path, &wanted, &current, &stat).await;
+                if !protect_read(client, config, &path, &wanted, &current, &stat).await {
+                    return Err(());
+                }
                 Ok(parent.then_some(path))
             })
             .buffer_unordered(WALK_CONCURRENCY)

@@ -36,7 +36,7 @@ mod layout;
 mod ops;
 mod permits;
 pub mod recipe;
-pub mod retry;
+mod retry;
 mod root;
 mod rounds;
 mod session;
@@ -50,6 +50,7 @@ pub use contender::{
 pub use declaration::Declaration;
 pub use engine::LockEngine;
 pub use layout::Layout;
+pub use retry::{Contention, CONTENDED_ATTEMPTS};
 pub use root::Installation;
 pub use stats::StatsSnapshot;
 

@@ -359,8 +359,12 @@ async fn read(client: &zk::Client, core: &Core, lock_path: &str) -> Result<Optio
     }
     if !deleted && !foreign && queue.iter().any(|c| c.ours.is_none()) {
         // After a session gap, holders in this directory cannot be assumed to have kept the lock.
-        anchor::mark_foreign(client, core, lock_path).await?;
-        foreign = true;
+        match anchor::mark_foreign(client, core, lock_path).await {
+            Ok(()) => foreign = true,
+            // Other writers kept changing the directory's data: read it again (no loss).
+            Err(zk::Error::BadVersion) => return Ok(None),
+            Err(e) => return Err(e),
+        }
     }
     if let Some(q) = core.book.lock().locks.get_mut(lock_path) {
         q.foreign |= foreign;
