@@ -292,27 +292,18 @@ async fn a_node_replaced_in_place_is_never_taken_for_deleted_by_its_own_replacem
         let mut h2 = next.contender(&h.id);
         held(&mut h2).await;
         let mut wa2 = next.contender(&wa.id);
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !matches!(wa2.state(), ContenderState::Waiting { .. }) {
-            assert!(
-                !matches!(wa2.state(), ContenderState::Lost { .. }),
-                "change {change}: the waiter's node, replaced in place, was taken for deleted: {:?}",
-                wa2.state()
-            );
-            assert!(tokio::time::Instant::now() < deadline, "change {change}: the waiter undecided: {:?}", wa2.state());
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        let decided = wait_state(&mut wa2, "the waiter decided", |s| is_waiting(s) || s.is_final()).await;
+        assert!(
+            is_waiting(&decided),
+            "change {change}: the waiter's node, replaced in place, was taken for deleted: {decided:?}"
+        );
         // The earlier leader's engine, still in its session, hears its nodes deleted: another
         // session's nodes stand in their places now, so it has lost them.
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !matches!(leader.state(&h.id), Some(ContenderState::Lost { .. }) | None) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "change {change}: the earlier leader still counts the replaced node its own: {:?}",
-                leader.state(&h.id)
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        let mut old_h = leader.contender(&h.id);
+        wait_state(&mut old_h, "the earlier leader to lose the replaced node", |s| {
+            matches!(s, ContenderState::Lost { .. })
+        })
+        .await;
         drop(leader);
         leader = next;
         assert!(leader.release(&h.id).await.unwrap_or(false), "change {change}: the holder was tracked");
@@ -341,11 +332,7 @@ async fn a_node_replaced_in_place_then_deleted_by_another_client_is_lost() {
     let mut h2 = next.contender(&h.id);
     held(&mut h2).await;
     raw.delete(&h.node, None).await.expect("another client deletes the node");
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !matches!(h2.state(), ContenderState::Lost { .. }) {
-        assert!(tokio::time::Instant::now() < deadline, "a deleted node still counts as held: {:?}", h2.state());
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    wait_state(&mut h2, "the deleted node's contender lost", |s| matches!(s, ContenderState::Lost { .. })).await;
     held(&mut wb).await;
     drop(old);
 }
