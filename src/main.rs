@@ -171,6 +171,21 @@ enum Manifests {
         #[arg(long, default_value = zklock::api::epoch_policy::EPOCH_PARAM)]
         name: String,
     },
+    /// Print the admission policies that make the API server enforce fencing tokens on objects
+    /// labelled zklock.io/fenced-by (a Lock whose spec.fencing is Enforced) or
+    /// zklock.io/fenced-by-cluster-lock (a ClusterLock), and their bindings, as YAML (the chart
+    /// installs them; this is for installs without it; Kubernetes 1.30 or later)
+    FencingPolicy {
+        /// The operator's namespace (its lease namespace): the ClusterLocks' parameter is there
+        #[arg(long)]
+        param_namespace: String,
+        /// Namespaces the operator serves (repeat the flag); default: all
+        #[arg(long = "namespace")]
+        namespaces: Vec<String>,
+        /// Name of the policies, their bindings and parameters (the operator's --fencing-param)
+        #[arg(long, default_value = zklock::api::fencing_policy::FENCING_PARAM)]
+        name: String,
+    },
     /// Print the admission policy that puts the operator's finalizer on each LockClaim as it is
     /// created (one API write less per claim), and its binding, as YAML (the chart installs both;
     /// this is for installs without it; Kubernetes 1.36 or later)
@@ -369,6 +384,9 @@ fn print_manifests(manifests: Manifests) -> Result<u8, String> {
         Manifests::Crd { dir } => cli::manifests::crd(dir),
         Manifests::EpochPolicy { param_namespace, namespaces, name } => {
             cli::manifests::epoch_policy(&param_namespace, &namespaces, &name)
+        }
+        Manifests::FencingPolicy { param_namespace, namespaces, name } => {
+            cli::manifests::fencing_policy(&param_namespace, &namespaces, &name)
         }
         Manifests::FinalizerPolicy { namespaces, name } => cli::manifests::finalizer_policy(&namespaces, &name),
         Manifests::GatePolicy { namespaces, name } => cli::manifests::gate_policy(&namespaces, &name),

@@ -134,7 +134,8 @@ pub(crate) async fn failover(
             }
             Ok::<_, Error>(held.into_values().collect::<Vec<_>>())
         };
-        let restamped = watched.until(Duration::from_secs(300), |s| {
+        // The paced walk re-stamps at the API server's status write rate (150–200/s here).
+        let restamped = watched.until(Duration::from_secs(300 + claims as u64 / 200), |s| {
             s.values().all(|(_, _, e)| e.is_some_and(|e| e > epoch_before)) && s.len() >= claims
         });
         let (led, next, new, all, pod_path) = tokio::join!(leads, next_held, fresh_held, restamped, first_second);

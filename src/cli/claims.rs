@@ -103,7 +103,7 @@ pub async fn queue(api: ApiArgs, namespace: Option<String>, lock: String, output
             let ns = namespace.unwrap_or_else(|| client.default_namespace().to_string());
             let object =
                 Api::<Lock>::namespaced(client.clone(), &ns).get_opt(&lock).await.map_err(|e| api_error(&e))?;
-            (Api::namespaced(client.clone(), &ns), Some(ns), object.map(|l| l.spec.permits))
+            (Api::namespaced(client.clone(), &ns), Some(ns), object.and_then(|l| l.spec.permits))
         }
     };
     let listed = claims.list(&ListParams::default()).await.map_err(|e| api_error(&e))?;

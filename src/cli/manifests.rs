@@ -1,4 +1,4 @@
-//! `zklock crd`, `zklock admin epoch-policy`, `finalizer-policy` and `gate-policy`: the manifests the chart
+//! `zklock crd`, `zklock admin epoch-policy`, `fencing-policy`, `finalizer-policy` and `gate-policy`: the manifests the chart
 //! installs, for installs without it.
 
 /// The CRDs as YAML on stdout, or one file each in `dir`.
@@ -22,6 +22,20 @@ pub fn epoch_policy(param_namespace: &str, namespaces: &[String], name: &str) ->
     let binding = epoch_policy_binding(name, name, name, param_namespace, namespaces);
     let binding = serde_yaml::to_string(&binding).map_err(|e| e.to_string())?;
     print!("{policy}---\n{binding}");
+    Ok(0)
+}
+
+/// The fencing admission policies (for Locks and ClusterLocks) and their bindings.
+pub fn fencing_policy(param_namespace: &str, namespaces: &[String], name: &str) -> Result<u8, String> {
+    let (policies, bindings) = zklock::api::fencing_policy::fencing_policies(name, name, param_namespace, namespaces);
+    let mut documents = vec![];
+    for policy in &policies {
+        documents.push(serde_yaml::to_string(policy).map_err(|e| e.to_string())?);
+    }
+    for binding in &bindings {
+        documents.push(serde_yaml::to_string(binding).map_err(|e| e.to_string())?);
+    }
+    print!("{}", documents.join("---\n"));
     Ok(0)
 }
 

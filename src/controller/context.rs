@@ -15,7 +15,7 @@ use super::serving::Serving;
 use super::stores::Stores;
 use super::triggers::Triggers;
 use super::writer::ApiWriter;
-use super::{api_fence, holders, token_floor};
+use super::{api_fence, fencing, holders, token_floor};
 use crate::api::{KeptClaim, Lock};
 use crate::metrics::Metrics;
 use crate::zk::{Layout, LockEngine};
@@ -47,6 +47,8 @@ pub struct Context {
     pub(super) fence: Option<api_fence::Fence>,
     /// Covers every number a status carries before it is written (see `token_floor`).
     pub(super) token_floor: Arc<token_floor::TokenFloor>,
+    /// Fenced locks' holds in force, in the API server's policy, before each grant (see `fencing`).
+    pub(super) fencing: fencing::Fencing,
 }
 
 impl AsRef<Metrics> for Context {

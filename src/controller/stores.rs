@@ -62,6 +62,12 @@ impl Stores {
         scope.and_then(|scope| self.locks.get(scope)).is_some_and(|store| store.get(lock).is_some())
     }
 
+    /// `Lock` `name` of `namespace`, if its scope's watch has it.
+    pub fn lock(&self, namespace: &str, name: &str) -> Option<Arc<Lock>> {
+        let object = ObjectRef::new(name).within(namespace);
+        self.scopes.of(Some(namespace)).and_then(|scope| self.locks.get(scope)).and_then(|store| store.get(&object))
+    }
+
     /// `ClusterLock` `name`, if its watch has it.
     pub fn cluster_lock(&self, name: &str) -> Option<Arc<ClusterLock>> {
         self.cluster_locks.get(&ObjectRef::new(name))

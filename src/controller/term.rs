@@ -25,8 +25,8 @@ use super::throttle::Throttle;
 use super::triggers::Triggers;
 use super::writer::ApiWriter;
 use super::{
-    api_fence, claim, events, feed, gated, holders, pace, positions, report, supervisor, token_floor, watch,
-    EpochParam, Registry,
+    api_fence, claim, events, feed, fencing, gated, holders, pace, positions, report, supervisor, token_floor, watch,
+    EpochParam, FencingParam, Registry,
 };
 use crate::api::{ClusterLock, KeptClaim, Lock};
 use crate::leader::Leadership;
@@ -57,6 +57,8 @@ pub struct Setup {
     pub feeds: Arc<feed::ClaimFeeds>,
     /// Above every number this installation hands out (see `token_floor`).
     pub token_floor: Arc<token_floor::TokenFloor>,
+    /// Where fenced locks' holds in force are kept for the fencing policy (see `fencing`).
+    pub fencing_param: FencingParam,
 }
 
 /// Runs the controller until `shutdown` completes, then lets the running reconciles finish.
@@ -150,6 +152,7 @@ fn build(setup: Setup, engine: LockEngine) -> (Arc<Context>, Ends, Settings) {
         epoch_param,
         feeds,
         token_floor,
+        fencing_param,
     } = setup;
     let scopes = Scopes::new(namespaces);
     let (orphans, orphans_rx) = mpsc::unbounded_channel();
@@ -204,6 +207,7 @@ fn build(setup: Setup, engine: LockEngine) -> (Arc<Context>, Ends, Settings) {
         serving: Arc::new(Serving::new(listings)),
         fence: epoch_param.zip(engine_epoch).map(|(param, mine)| api_fence::Fence::new(param, mine)),
         token_floor,
+        fencing: fencing::Fencing::new(fencing_param),
     });
     let ends = Ends {
         scopes: scope_ends,

@@ -92,6 +92,11 @@ pub struct RunArgs {
     /// the new leader has written that claim (the docs say what that means)
     #[arg(long, env = "ZKLOCK_NO_EPOCH_POLICY")]
     no_epoch_policy: bool,
+    /// Name of the ConfigMaps that list the holds in force of locks whose fencing is Enforced:
+    /// the parameters of the fencing admission policies (the chart installs both). One in each
+    /// namespace with such Locks, and <NAME>-cluster-locks in the lease namespace for ClusterLocks
+    #[arg(long, env = "ZKLOCK_FENCING_PARAM", default_value = crate::api::fencing_policy::FENCING_PARAM, value_parser = object_name)]
+    fencing_param: String,
     /// Claims reconciled at once. Bounds the operator's concurrent API requests (and so its
     /// connections and memory) during bursts; handoffs are never queued behind more than this
     #[arg(long, env = "ZKLOCK_MAX_CONCURRENT_RECONCILES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
@@ -201,6 +206,7 @@ impl RunArgs {
             lease_name: self.lease_name,
             leader_election: !self.no_leader_election,
             epoch_param: (!self.no_leader_election && !self.no_epoch_policy).then_some(self.epoch_param),
+            fencing_param: self.fencing_param,
             concurrency: self.max_concurrent_reconciles,
             resync_period: self.resync_period,
             default_ttl: self.default_ttl_seconds_after_finished.map(|s| Duration::from_secs(s.into())),

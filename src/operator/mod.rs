@@ -48,6 +48,9 @@ pub struct Options {
     /// The ConfigMap (in the lease namespace) holding the epoch the API server's admission policy
     /// enforces; `None`: no policy (no leader election, or run without it).
     pub epoch_param: Option<String>,
+    /// The ConfigMaps holding fenced locks' holds in force (see `controller::fencing`): this name
+    /// in each namespace with fenced `Lock`s, and `<name>-cluster-locks` in the lease namespace.
+    pub fencing_param: String,
     /// Claims reconciled at once.
     pub concurrency: u16,
     /// How often every claim is looked at again (see `controller::pace`).
@@ -196,6 +199,10 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
                 epoch_param,
                 feeds: feeds.clone(),
                 token_floor,
+                fencing_param: crate::controller::FencingParam {
+                    name: options.fencing_param.clone(),
+                    namespace: lease_namespace.clone(),
+                },
             };
             let mut fenced = engine.fenced();
             let serving = engine.clone();

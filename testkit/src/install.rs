@@ -140,6 +140,44 @@ pub async fn epoch_policy(
     Ok(())
 }
 
+/// Creates (or updates) the fencing policies and their bindings, named `name` and
+/// `<name>-cluster-locks`, for objects of `namespaces`: the Locks' parameter is
+/// ConfigMap `param` in each object's namespace, the ClusterLocks' `<param>-cluster-locks` in
+/// `param_namespace` (the operator's). Returns the four objects' (resource, name), for the
+/// caller to delete. The API server enforces them a moment later: the operator proves it
+/// before its first grant of a fenced lock.
+pub async fn fencing_policy(
+    client: &kube::Client,
+    manager: &str,
+    (name, param): (&str, &str),
+    param_namespace: &str,
+    namespaces: &[String],
+) -> Result<Vec<(&'static str, String)>, String> {
+    use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+    let (policies, bindings) = zklock_api::fencing_policy::fencing_policies(name, param, param_namespace, namespaces);
+    let apply = PatchParams::apply(manager).force();
+    let mut made = vec![];
+    let policy_api: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    for policy in &policies {
+        let name = policy.metadata.name.clone().unwrap_or_default();
+        made.push(("validatingadmissionpolicy", name.clone()));
+        policy_api
+            .patch(&name, &apply, &Patch::Apply(policy))
+            .await
+            .map_err(|e| format!("install fencing policy {name}: {e}"))?;
+    }
+    let binding_api: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    for binding in &bindings {
+        let name = binding.metadata.name.clone().unwrap_or_default();
+        made.push(("validatingadmissionpolicybinding", name.clone()));
+        binding_api
+            .patch(&name, &apply, &Patch::Apply(binding))
+            .await
+            .map_err(|e| format!("install fencing binding {name}: {e}"))?;
+    }
+    Ok(made)
+}
+
 /// A claim to dry-run creates with.
 fn probe_claim(name: &str) -> LockClaim {
     // A literal that matches the type: it cannot fail to decode.

@@ -330,6 +330,7 @@ fn check_documents(label: &str, docs: &[Value], values: &Value, ns: &str) {
         assert!(args.contains_key("--no-leader-election") && values["replicaCount"] == 1, "{label}");
     }
     check_finalizer_policy(label, docs, values);
+    check_fencing_policy(label, docs, values, &args, ns);
     check_dashboard(label, docs, values);
     assert_eq!(args["--log-format"], [values["logFormat"].as_str().unwrap()], "{label}");
     let watch: Vec<String> = strings(&values["watchNamespaces"]);
@@ -486,6 +487,52 @@ fn check_epoch_policy(label: &str, docs: &[Value], values: &Value, args: &BTreeM
         .iter()
         .any(|r| strings(&r["resources"]) == ["configmaps"] && strings(&r["resourceNames"]) == [name.clone()]);
     assert!(named, "{label}: the operator may read and raise its epoch's ConfigMap");
+}
+
+/// The fencing policies: rendered exactly when asked for, the very objects
+/// `zklock::api::fencing_policy` makes for the parameter the operator is told of, and the
+/// operator may write those parameters (by name) where they live.
+fn check_fencing_policy(label: &str, docs: &[Value], values: &Value, args: &BTreeMap<String, Vec<String>>, ns: &str) {
+    use zklock::api::fencing_policy::fencing_policies;
+    let param = args["--fencing-param"][0].clone();
+    let fencing = |d: &&Value| name(d) == param || name(d) == format!("{param}-cluster-locks");
+    let policies: Vec<&Value> = find(docs, "ValidatingAdmissionPolicy").into_iter().filter(fencing).collect();
+    let bindings: Vec<&Value> = find(docs, "ValidatingAdmissionPolicyBinding").into_iter().filter(fencing).collect();
+    let rules: Vec<&Value> = find(docs, "Role")
+        .into_iter()
+        .chain(find(docs, "ClusterRole"))
+        .flat_map(|r| r["rules"].as_array().unwrap().iter())
+        .collect();
+    let may_write = |configmap: &str| {
+        rules.iter().any(|r| strings(&r["resources"]) == ["configmaps"] && strings(&r["resourceNames"]) == [configmap])
+    };
+    if values["fencing"]["admissionPolicy"] != true {
+        assert!(policies.is_empty() && bindings.is_empty(), "{label}: no fencing policy when it is off");
+        assert!(!may_write(&param), "{label}: no fencing parameters to write when it is off");
+        return;
+    }
+    assert_eq!((policies.len(), bindings.len()), (2, 2), "{label}: two fencing policies, two bindings");
+    let watched = strings(&values["watchNamespaces"]);
+    let (made_policies, made_bindings) = fencing_policies(&param, &param, ns, &watched);
+    let spec = |v: serde_json::Value| v["spec"].clone();
+    for (rendered, made) in policies.iter().zip(&made_policies) {
+        assert_eq!(
+            rendered["spec"],
+            spec(serde_json::to_value(made).unwrap()),
+            "{label}: fencing policy {}",
+            name(rendered)
+        );
+    }
+    for (rendered, made) in bindings.iter().zip(&made_bindings) {
+        assert_eq!(
+            rendered["spec"],
+            spec(serde_json::to_value(made).unwrap()),
+            "{label}: fencing binding {}",
+            name(rendered)
+        );
+    }
+    assert!(may_write(&param), "{label}: the operator may write the Locks' fencing parameter");
+    assert!(may_write(&format!("{param}-cluster-locks")), "{label}: and the ClusterLocks'");
 }
 
 /// The finalizer's admission policy: rendered exactly when asked for (and the API server serves

@@ -310,7 +310,7 @@ async fn create_namespace(env: &Env, name: &str) {
 }
 
 /// Every API path of the operator, once at least.
-async fn scenario(env: &Env) {
+async fn scenario(env: &Env, fenced: bool) {
     env.pod("holder-a").await;
     env.claim("a", "maint", json!({ "holder": { "podName": "holder-a" }, "revocationGracePeriodSeconds": 1 })).await;
     env.wait_phase("a", Phase::Held).await;
@@ -366,23 +366,49 @@ async fn scenario(env: &Env) {
     locks.create(&PostParams::default(), &lock).await.unwrap();
     env.claim("s1", "sem", json!({})).await;
     env.wait_phase("s1", Phase::Held).await;
-    let counted = kube::runtime::wait::await_condition(locks, "sem", |l: Option<&Lock>| {
+    let counted = kube::runtime::wait::await_condition(locks.clone(), "sem", |l: Option<&Lock>| {
         l.and_then(|l| l.status.as_ref()).is_some_and(|s| s.held == 1)
     });
     tokio::time::timeout(Duration::from_secs(60), counted).await.expect("the Lock's status counts its holder").unwrap();
     env.delete_claim("s1").await;
     env.wait_gone("s1").await;
+    // A Lock whose fencing is enforced: its holds in force written into the namespace's fencing
+    // parameter (made, read, patched) and proven with a dry-run patch of it.
+    if fenced {
+        let lock: Lock = serde_json::from_value(json!({
+            "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
+            "metadata": { "name": "fenced" }, "spec": { "fencing": "Enforced" },
+        }))
+        .unwrap();
+        locks.create(&PostParams::default(), &lock).await.unwrap();
+        e2e_support::wait_lock(&locks, "fenced", "its status written", |l| l.status.is_some()).await;
+        for name in ["f1", "f2"] {
+            env.claim(name, "fenced", json!({})).await;
+            env.wait_phase(name, Phase::Held).await;
+            env.delete_claim(name).await;
+            env.wait_gone(name).await;
+        }
+    }
     // A ClusterLock: read, its selector matched against the namespace's labels, its status
-    // written from its queue.
-    let cluster_lock = e2e_support::TestClusterLock::make(
-        env,
-        &format!("rbac-{}", env.ns),
-        e2e_support::TestClusterLock::admitting(&env.ns),
-    )
-    .await;
+    // written from its queue (and, fenced, its holds in force written into the release
+    // namespace's parameter).
+    let mut spec = e2e_support::TestClusterLock::admitting(&env.ns);
+    if fenced {
+        spec["fencing"] = json!("Enforced");
+    }
+    let cluster_lock = e2e_support::TestClusterLock::make(env, &format!("rbac-{}", env.ns), spec).await;
+    let cluster_locks: Api<ClusterLock> = Api::all(env.client.clone());
+    if fenced {
+        // Seen by the operator before its first claim, so that the grant is fenced.
+        let seen = kube::runtime::wait::await_condition(
+            cluster_locks.clone(),
+            &cluster_lock.name,
+            |l: Option<&ClusterLock>| l.is_some_and(|l| l.status.is_some()),
+        );
+        tokio::time::timeout(Duration::from_secs(60), seen).await.expect("the ClusterLock's status written").unwrap();
+    }
     env.claim_spec("cl", json!({ "clusterLockName": cluster_lock.name })).await;
     env.wait_phase("cl", Phase::Held).await;
-    let cluster_locks: Api<ClusterLock> = Api::all(env.client.clone());
     let counted = kube::runtime::wait::await_condition(cluster_locks, &cluster_lock.name, |l: Option<&ClusterLock>| {
         l.and_then(|l| l.status.as_ref()).is_some_and(|s| s.held == 1)
     });
@@ -413,6 +439,7 @@ async fn derive_and_check(label: &str, watch_other: bool, kubeconfig: &std::path
     let real = e2e_support::epoch_policy();
     if !real {
         sets.push("leaderElection.epochPolicy=false");
+        sets.push("fencing.admissionPolicy=false");
     }
     // A release name of its own: the policy and its binding are cluster-scoped and made for
     // real here, and `chart::rendered_manifests_are_valid` dry-runs the default release's on the
@@ -421,13 +448,17 @@ async fn derive_and_check(label: &str, watch_other: bool, kubeconfig: &std::path
     let release = format!("zr{}", &env.ns[env.ns.len() - 8..]);
     let docs = documents(&render_release(&release, &release_ns, None, &sets).expect("helm template"));
     let grants = Grants::from_rendered(&docs);
-    // The epoch's (the credentials' policy is another, of the bundled ensemble).
+    // The epoch's and the fencing ones (the credentials' policy is another, of the bundled
+    // ensemble).
     let policy_docs: Vec<&Value> = docs
         .iter()
-        .filter(|d| kind(d).starts_with("ValidatingAdmissionPolicy") && name(d).ends_with("-leader-epoch"))
+        .filter(|d| {
+            kind(d).starts_with("ValidatingAdmissionPolicy")
+                && ["-leader-epoch", "-fencing", "-fencing-cluster-locks"].iter().any(|s| name(d).ends_with(s))
+        })
         .collect();
-    let rendered = if real { 2 } else { 0 };
-    assert_eq!(policy_docs.len(), rendered, "{label}: the chart renders the epoch policy and its binding where served");
+    let rendered = if real { 2 + 4 } else { 0 };
+    assert_eq!(policy_docs.len(), rendered, "{label}: the chart renders the epoch and fencing policies where served");
     // Removed when the test ends, passed or failed: their names are this release's.
     let mut _made = vec![];
     if real {
@@ -442,7 +473,7 @@ async fn derive_and_check(label: &str, watch_other: bool, kubeconfig: &std::path
     let (audit, log) = (dir.join("api-requests.log"), dir.join("operator.log"));
     let (mut child, metrics) = start_operator(&docs, &env, &audit, &log);
     await_leading(label, &metrics, &log).await;
-    scenario(&env).await;
+    scenario(&env, real).await;
     // A standby (it watches the lease), then SIGTERM: the leader gives the lease up and the
     // standby takes over; its term raises the epoch the first wrote.
     let standby_audit = dir.join("api-requests-standby.log");
@@ -619,7 +650,7 @@ async fn the_operator_works_with_the_charts_own_serviceaccount() {
     let (audit, log) = (dir.join("api-requests.log"), dir.join("operator.log"));
     let (mut child, metrics) = start_operator(&docs, &as_the_chart, &audit, &log);
     await_leading("installed chart", &metrics, &log).await;
-    scenario(&as_the_chart).await;
+    scenario(&as_the_chart, true).await;
     crate::hooks::run_as_rendered(&as_the_chart, &release, &release_ns, &set_refs).await;
     stop("installed chart", &mut child, &log);
     let forbidden =

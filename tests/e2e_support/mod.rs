@@ -393,6 +393,33 @@ pub async fn install_epoch_policy(client: &kube::Client, name: &str, param_names
         .unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// The fencing policies and their bindings for the test's namespace, as the chart installs them
+/// for an installation serving it (the operator's namespace is the test's, its parameter named
+/// by the operator's default `--fencing-param`); deleted when the answer goes, passed or failed.
+pub async fn install_fencing_policy(env: &Env) -> Vec<ClusterObject> {
+    use zklock::api::fencing_policy::FENCING_PARAM;
+    let name = format!("zklock-fencing-{}", env.ns);
+    let kept = [
+        ("validatingadmissionpolicy", name.clone()),
+        ("validatingadmissionpolicy", format!("{name}-cluster-locks")),
+        ("validatingadmissionpolicybinding", name.clone()),
+        ("validatingadmissionpolicybinding", format!("{name}-cluster-locks")),
+    ]
+    .map(|(resource, name)| ClusterObject::delete_later(env, resource, &name));
+    let namespaces = std::slice::from_ref(&env.ns);
+    let made = zklock_testkit::install::fencing_policy(
+        &env.client,
+        "zklock-tests",
+        (&name, FENCING_PARAM),
+        &env.ns,
+        namespaces,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(made.len(), kept.len(), "every object made is deleted later");
+    kept.into()
+}
+
 /// The operator as a separate process: the real binary with real flags.
 pub struct Operator {
     child: Option<Child>,

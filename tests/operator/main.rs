@@ -9,6 +9,7 @@ mod cli;
 mod clusters;
 mod crds;
 mod e2e;
+mod fencing;
 mod gated_pods;
 mod job_story;
 mod liveness;

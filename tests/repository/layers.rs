@@ -133,6 +133,7 @@ const CONTROLLER_LAYERS: &[&[&str]] = &[
         "serving",
         "stores",
         "triggers",
+        "fencing",
         "context",
         "report",
     ],

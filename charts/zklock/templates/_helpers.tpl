@@ -127,6 +127,7 @@ capabilities:
 
 {{/* The leader epoch's admission policy, its binding and its parameter (a ConfigMap in the
 release namespace) share one name. */}}
+{{- define "zklock.fencingName" -}}{{ include "zklock.fullname" . }}-fencing{{- end -}}
 {{- define "zklock.epochPolicyName" -}}{{ include "zklock.fullname" . }}-leader-epoch{{- end -}}
 {{- define "zklock.epochPolicy" -}}{{ and .Values.leaderElection.enabled .Values.leaderElection.epochPolicy }}{{- end -}}
 

@@ -40,6 +40,11 @@ pub struct ClusterLockSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 10_000))]
     pub permits: Option<u32>,
+    /// `Enforced`: objects labelled `zklock.io/fenced-by-cluster-lock: <this lock>` (in any
+    /// namespace, or cluster-scoped) accept a write only with the fencing token of a hold in
+    /// force granted in this cluster, never lower than the last they accepted. Default `Off`.
+    #[serde(default, skip_serializing_if = "crate::Fencing::is_off")]
+    pub fencing: crate::Fencing,
 }
 
 /// What the operator last saw of the lock's queue, in every cluster.

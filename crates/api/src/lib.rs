@@ -7,6 +7,7 @@ mod claim;
 mod cluster_lock;
 pub mod conditions;
 pub mod epoch_policy;
+pub mod fencing_policy;
 pub mod finalizer_policy;
 pub mod gate_policy;
 mod kept;
@@ -20,7 +21,7 @@ pub use claim::{
 pub use cluster_lock::{admits, ClusterLock, ClusterLockHolder, ClusterLockSpec, ClusterLockStatus};
 pub use epoch_policy::EPOCH_REFUSAL;
 pub use kept::{KeptClaim, KeptStatus};
-pub use lock::{Lock, LockSpec, LockStatus, MAX_LISTED_HOLDERS, MAX_PERMITS};
+pub use lock::{Fencing, Lock, LockSpec, LockStatus, MAX_LISTED_HOLDERS, MAX_PERMITS};
 pub use validate::{check_lock_name, is_dns_subdomain, validate, validate_spec, ValidLock, ValidSpec};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -102,8 +103,9 @@ pub const CRD_REVISION_ANNOTATION: &str = "zklock.io/crd-revision";
 /// This build's revision of the CRDs: one more whenever a generated schema changes (2: ClusterLock;
 /// 3: its Ready and PermitsAgree conditions, status.clusters as the clusters serving it; 4: the
 /// LockClaim's Waiting For and Reason columns in `kubectl get -o wide`; 5: conditions as
-/// list-maps keyed by type, the short name `lk` for Lock).
-pub const CRD_REVISION: u32 = 5;
+/// list-maps keyed by type, the short name `lk` for Lock; 6: `fencing` on Lock and ClusterLock,
+/// a Lock's permits optional).
+pub const CRD_REVISION: u32 = 6;
 
 /// The generated CRDs (what `crds/` holds), each with its file name: only formats the API
 /// server knows, and this build's revision annotated.

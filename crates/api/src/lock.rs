@@ -12,8 +12,9 @@ pub const MAX_PERMITS: u32 = 10_000;
 /// Holders named in a `Lock`'s status; the count is always whole.
 pub const MAX_LISTED_HOLDERS: usize = 50;
 
-/// Declares a lock's policy: today its permits. Its name is the `lockName` the claims give;
-/// a lock without a `Lock` object is a mutex (Exclusive and Shared claims, as in LockClaim).
+/// Declares a lock's policy: its permits, and whether the API server enforces its fencing
+/// tokens. Its name is the `lockName` the claims give; a lock without a `Lock` object (or
+/// whose object declares no permits) is a mutex (Exclusive and Shared claims, as in LockClaim).
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "zklock.io",
@@ -35,9 +36,33 @@ pub const MAX_LISTED_HOLDERS: usize = 50;
 pub struct LockSpec {
     /// How many claims may hold the lock at once, one permit each whatever their mode. Raising
     /// it grants the waiters it lets in at once; lowering it takes nothing away, it only stops
-    /// grants until fewer claims hold.
+    /// grants until fewer claims hold. Without it, a mutex (Exclusive and Shared claims).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 10_000))]
-    pub permits: u32,
+    pub permits: Option<u32>,
+    /// `Enforced`: objects of this namespace labelled `zklock.io/fenced-by: <this lock>` accept
+    /// a write only with the fencing token of a hold in force (annotation
+    /// `zklock.io/fencing-token`), never lower than the last they accepted; the API server
+    /// refuses the rest (the chart's fencing admission policy). Each grant then waits until the
+    /// API server judges by it. Default `Off`.
+    #[serde(default, skip_serializing_if = "Fencing::is_off")]
+    pub fencing: Fencing,
+}
+
+/// Whether the API server enforces a lock's fencing tokens on the objects it guards.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum Fencing {
+    /// Tokens are handed out; checking them is the resource's business.
+    #[default]
+    Off,
+    /// Objects labelled as guarded by the lock accept only writes with a token of a hold in force.
+    Enforced,
+}
+
+impl Fencing {
+    pub fn is_off(&self) -> bool {
+        *self == Fencing::Off
+    }
 }
 
 /// What the operator last saw of the lock's claims (refreshed at most about twice a second).

@@ -62,6 +62,10 @@ pub enum Error {
     /// Other writers kept changing an object this read and wrote back (`numbers.rs`).
     #[error("{0}")]
     Contended(String),
+    /// A grant of a lock whose fencing is enforced waits: the API server does not judge by its
+    /// new token yet, or does not enforce the lock's fencing at all (`fencing.rs`).
+    #[error("fencing: {0}")]
+    FencingUnproven(String),
 }
 
 impl Error {
@@ -85,6 +89,7 @@ impl Error {
             Error::CannotServe(_) => "cannot_serve".into(),
             Error::EpochParam(_) => "epoch_param".into(),
             Error::Unfenced(_) => "unfenced".into(),
+            Error::FencingUnproven(_) => "fencing_unproven".into(),
             Error::Proving(_) => "proving".into(),
         }
     }
@@ -105,6 +110,9 @@ impl Error {
             }
             // Tried again after a while: see api_fence's PROOF_RETRY.
             Error::Unfenced(_) => Some(Duration::from_secs(30)),
+            // A policy that is missing is not installed within seconds; a slow informer is
+            // waited for inside the proof.
+            Error::FencingUnproven(_) => Some(Duration::from_secs(10)),
             _ => Some(RETRY),
         }
     }

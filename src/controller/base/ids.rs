@@ -29,6 +29,20 @@ pub struct Part {
 /// never ends a UID.
 const PART: &str = "-x";
 
+/// Each part's fencing token as `status` records it, in the order of `parts`.
+pub fn part_tokens(status: &crate::api::LockClaimStatus, parts: &[Part]) -> Vec<Option<i64>> {
+    parts
+        .iter()
+        .map(|part| {
+            let token = match status.locks.iter().find(|l| l.lock_name == part.name) {
+                Some(lock) => lock.fencing_token.as_deref(),
+                None => status.fencing_token.as_deref(),
+            };
+            token.and_then(|t| t.parse().ok())
+        })
+        .collect()
+}
+
 /// The parts of claim `uid` in `namespace`, in the order of its spec.
 pub fn parts_of(layout: &Layout, namespace: &str, uid: &Uid, spec: &ValidSpec) -> Vec<Part> {
     spec.locks

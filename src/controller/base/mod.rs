@@ -10,4 +10,4 @@ pub mod scopes;
 pub mod settings;
 
 pub use error::{Error, API_TIMEOUT};
-pub use ids::{Part, Uid};
+pub use ids::{part_tokens, Part, Uid};

@@ -10,7 +10,7 @@ use kube::{Api, Resource, ResourceExt};
 use super::plan::Plan;
 use crate::api::epoch_policy::PARAM_MISSING;
 use crate::api::{KeptClaim, LockClaim, LockClaimStatus, Phase, EPOCH_REFUSAL};
-use crate::controller::base::{Error, Part};
+use crate::controller::base::{part_tokens, Error, Part};
 use crate::controller::context::Context;
 use crate::controller::writer::Answer;
 
@@ -108,6 +108,12 @@ pub async fn run(
     // status hands out is below the floor kept in the API before it is written.
     ctx.token_floor.cover(highest_number(&plan.status)).await?;
     fenced_here(claim, ctx, uid, &namespace, &name).await?;
+    if granting {
+        // A lock whose fencing is enforced: the API server refuses every hold that ended
+        // before this grant on the objects it guards, before the holder may start.
+        let sources = (ctx.writer.client(), ctx.stores.as_ref(), ctx.registry.as_ref());
+        ctx.fencing.grant(sources, uid, &namespace, parts, &plan.status).await?;
+    }
     // The answer is read as the store reads a claim: only what is kept is decoded.
     let api: Api<KeptClaim> = Api::namespaced(ctx.writer.client().clone(), &namespace);
     let version = claim.metadata.resource_version.as_deref().ok_or(Error::Malformed("a resourceVersion"))?;
@@ -143,7 +149,7 @@ pub async fn run(
         observe_grant(claim, ctx, parts);
     }
     if before.phase == Some(Phase::Held) && plan.status.phase.is_some_and(Phase::is_terminal) {
-        for (part, token) in parts.iter().zip(tokens(&plan.status, parts)) {
+        for (part, token) in parts.iter().zip(part_tokens(&plan.status, parts)) {
             if let Some(token) = token {
                 ctx.registry.token_used(&part.lock, token);
             }
@@ -190,20 +196,6 @@ async fn grant_landed(ctx: &Context, api: &Api<KeptClaim>, name: &str, uid: &str
     }
 }
 
-/// Each part's fencing token as the status records it, in the order of `parts`.
-fn tokens(status: &LockClaimStatus, parts: &[Part]) -> Vec<Option<i64>> {
-    parts
-        .iter()
-        .map(|part| {
-            let token = match status.locks.iter().find(|l| l.lock_name == part.name) {
-                Some(lock) => lock.fencing_token.as_deref(),
-                None => status.fencing_token.as_deref(),
-            };
-            token.and_then(|t| t.parse().ok())
-        })
-        .collect()
-}
-
 /// A grant is written with a token above every token of its lock granted or ended before.
 /// Holders of a lock with permits are not granted in queue order (a claim over several locks may
 /// sit among the first N of one while it waits for another, and a grant's write may be held up
@@ -228,7 +220,7 @@ fn tokens(status: &LockClaimStatus, parts: &[Part]) -> Vec<Option<i64>> {
 /// a token written just before it (one ZooKeeper write per grant): ZooKeeper orders those
 /// writes, so tokens are unique and grow in the order the grants are written, across clusters.
 async fn fresh_tokens(ctx: &Context, parts: &[Part], plan: &mut Plan) -> Result<(), Error> {
-    for (i, (part, token)) in parts.iter().zip(tokens(&plan.status, parts)).enumerate() {
+    for (i, (part, token)) in parts.iter().zip(part_tokens(&plan.status, parts)).enumerate() {
         let Some(mut token) = token else { continue };
         // Tokens with permits are each a zxid of their own: an equal one is this grant's own,
         // recorded by an earlier attempt of this write.

@@ -37,7 +37,7 @@ impl LimitSource for Lock {
     }
 
     fn declare(&self, engine: &LockEngine, layout: &Layout) {
-        engine.set_limit(&self.directory(layout), Limit::from_permits(Some(self.spec.permits)));
+        engine.set_limit(&self.directory(layout), Limit::from_permits(self.spec.permits));
     }
 
     fn undeclare(engine: &LockEngine, path: &str) {
@@ -158,7 +158,7 @@ pub fn status_of(lock: &Lock, claims: &[Arc<KeptClaim>]) -> LockStatus {
         (sequence.map_or(u64::MAX, |s| crate::recipe::queue_key(s, base)), *name)
     });
     LockStatus {
-        permits: Some(lock.spec.permits),
+        permits: lock.spec.permits,
         held: u32::try_from(held.len()).unwrap_or(u32::MAX),
         holders: held.iter().take(MAX_LISTED_HOLDERS).map(|(_, name)| name.to_string()).collect(),
         queue_length: queued,

@@ -1,0 +1,148 @@
+//! Fencing enforced where the work lands (docs/design.md, "Beyond the lock", 1): objects
+//! labelled as guarded by a lock whose fencing is `Enforced` accept a write only with the token
+//! of a hold in force, never lower than the last they accepted — judged by the API server itself
+//! (the chart's fencing policies), whatever client writes.
+
+use crate::e2e_support;
+
+use e2e_support::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::Api;
+use serde_json::json;
+use zklock::api::fencing_policy::{FENCED_BY, FENCED_BY_CLUSTER_LOCK, FENCING_REFUSAL, FENCING_TOKEN};
+use zklock::api::{LockClaim, Phase};
+
+fn token(claim: &LockClaim) -> String {
+    let token = claim.status.as_ref().and_then(|s| s.fencing_token.clone());
+    token.unwrap_or_else(|| panic!("a Held claim without a fencing token: {claim:?}"))
+}
+
+/// A holder's write of guarded ConfigMap `name`: its data and its token, in one request (a
+/// merge patch, as a script's `kubectl patch` sends it). `Ok`, or the API server's refusal.
+async fn write(api: &Api<ConfigMap>, name: &str, token: Option<&str>, value: &str) -> Result<(), String> {
+    let mut patch = json!({ "data": { "written-by": value } });
+    if let Some(token) = token {
+        patch["metadata"] = json!({ "annotations": { FENCING_TOKEN: token } });
+    }
+    match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) => Err(format!("{} {}", status.code, status.message)),
+        Err(e) => panic!("writing {name}: {e}"),
+    }
+}
+
+fn refused(answer: Result<(), String>, what: &str) -> String {
+    let message = answer.expect_err(what);
+    assert!(
+        message.starts_with("403") && message.contains(FENCING_REFUSAL),
+        "{what}: refused by the policy, not {message}"
+    );
+    message
+}
+
+async fn guarded(api: &Api<ConfigMap>, name: &str, label: (&str, &str), token: &str) -> Result<(), String> {
+    let object: ConfigMap = serde_json::from_value(json!({
+        "metadata": { "name": name, "labels": { label.0: label.1 }, "annotations": { FENCING_TOKEN: token } },
+        "data": { "written-by": "nobody yet" },
+    }))
+    .expect("ConfigMap json");
+    match api.create(&PostParams::default(), &object).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) => Err(format!("{} {}", status.code, status.message)),
+        Err(e) => panic!("creating {name}: {e}"),
+    }
+}
+
+/// Kleppmann's scenario, and the case his rule leaves open: holder A's hold ends (its claim
+/// deleted, as a paused client's lease would run out) and B is granted. A's late write is
+/// refused from B's grant on — before B wrote anything, and after — while B's writes land; a
+/// write that carries no token, a token below the one the object last accepted, or a token of
+/// no hold is refused; an object guarded by a lock whose fencing is not enforced accepts
+/// nothing (no hold of it is in force).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_holders_write_is_refused_by_the_api_server_from_the_next_grant_on() {
+    let env = Env::new().await;
+    let _policies = install_fencing_policy(&env).await;
+    let _op = env.operator();
+    let locks: Api<zklock::api::Lock> = Api::namespaced(env.client.clone(), &env.ns);
+    let lock: zklock::api::Lock = serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
+        "metadata": { "name": "db" }, "spec": { "fencing": "Enforced" },
+    }))
+    .expect("Lock json");
+    locks.create(&PostParams::default(), &lock).await.expect("create Lock db");
+    // The operator grants only once its watch has the Lock (else the first grant would not be
+    // fenced): the Lock's status says it was seen.
+    wait_lock(&locks, "db", "its status written", |l| l.status.is_some()).await;
+    let configmaps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
+
+    env.claim("a", "db", json!({})).await;
+    let a = token(&env.wait_phase("a", Phase::Held).await);
+    guarded(&configmaps, "work", (FENCED_BY, "db"), &a).await.expect("A creates the object it guards");
+    write(&configmaps, "work", Some(&a), "a").await.expect("A writes with its token");
+    refused(write(&configmaps, "work", Some("1"), "forged").await, "a token of no hold");
+
+    env.claim("b", "db", json!({})).await;
+    env.wait_phase("b", Phase::Waiting).await;
+    env.delete_claim("a").await;
+    let b = token(&env.wait_phase("b", Phase::Held).await);
+    assert!(b.parse::<i64>().unwrap() > a.parse::<i64>().unwrap(), "tokens grow: {a} then {b}");
+    // B has not written yet: "no lower than the last accepted" would let A's write through here.
+    let message = refused(write(&configmaps, "work", Some(&a), "a, late").await, "A's write after B's grant");
+    assert!(message.contains(&format!("holds in force: ,{b},")), "the refusal names the holds in force: {message}");
+    write(&configmaps, "work", Some(&b), "b").await.expect("B writes with its token");
+    refused(write(&configmaps, "work", Some(&a), "a, later").await, "A's write after B's");
+    refused(guarded(&configmaps, "work-2", (FENCED_BY, "db"), &a).await, "A creating another guarded object");
+    guarded(&configmaps, "work-2", (FENCED_BY, "db"), &b).await.expect("B creates one");
+    // A write that leaves the annotation alone is judged by the token it keeps (B's): the
+    // object's current holder's. One that removes it carries none.
+    let bare = json!({ "metadata": { "annotations": { FENCING_TOKEN: null } } });
+    let answer = configmaps.patch("work", &PatchParams::default(), &Patch::Merge(&bare)).await;
+    assert!(
+        matches!(&answer, Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(FENCING_REFUSAL)),
+        "a write without a token: {answer:?}"
+    );
+    let kept = configmaps.get("work").await.expect("read work");
+    assert_eq!(kept.data.and_then(|d| d.get("written-by").cloned()).as_deref(), Some("b"), "B's write stands");
+
+    // A lock whose fencing is not enforced guards nothing: no hold of it is ever in force.
+    env.claim("c", "plain", json!({})).await;
+    let c = token(&env.wait_phase("c", Phase::Held).await);
+    refused(guarded(&configmaps, "work-3", (FENCED_BY, "plain"), &c).await, "a lock that is not fenced");
+    env.delete_claim("b").await;
+    env.delete_claim("c").await;
+    env.wait_gone("b").await;
+    env.wait_gone("c").await;
+}
+
+/// The same for a `ClusterLock`: its parameter lives in the operator's namespace, and an object
+/// of any served namespace labelled with it is judged by the holds this cluster granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_locks_guarded_objects_accept_its_holder_and_refuse_the_one_before() {
+    let env = Env::new().await;
+    let _policies = install_fencing_policy(&env).await;
+    let _op = env.operator();
+    let mut spec = TestClusterLock::admitting(&env.ns);
+    spec["fencing"] = json!("Enforced");
+    let cluster_lock = TestClusterLock::make(&env, &format!("fenced-{}", env.ns), spec).await;
+    let configmaps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
+    let clusters: Api<zklock::api::ClusterLock> = Api::all(env.client.clone());
+    until("the ClusterLock's status written (the operator has seen it)", || async {
+        clusters.get(&cluster_lock.name).await.is_ok_and(|l| l.status.is_some())
+    })
+    .await;
+
+    env.claim_spec("a", json!({ "clusterLockName": cluster_lock.name })).await;
+    let a = token(&env.wait_phase("a", Phase::Held).await);
+    let label = (FENCED_BY_CLUSTER_LOCK, cluster_lock.name.as_str());
+    guarded(&configmaps, "shared", label, &a).await.expect("A creates the object it guards");
+    env.claim_spec("b", json!({ "clusterLockName": cluster_lock.name })).await;
+    env.wait_phase("b", Phase::Waiting).await;
+    env.delete_claim("a").await;
+    let b = token(&env.wait_phase("b", Phase::Held).await);
+    refused(write(&configmaps, "shared", Some(&a), "a, late").await, "A's write after B's grant");
+    write(&configmaps, "shared", Some(&b), "b").await.expect("B writes with its token");
+    env.delete_claim("b").await;
+    env.wait_gone("b").await;
+}
