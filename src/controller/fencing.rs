@@ -9,7 +9,7 @@
 //! write that lands before the next holder's first write would pass that rule (Kleppmann's
 //! limit); with the parameter, it is refused from the grant on. Why on the handoff's path: the
 //! next holder's start must follow the refusal of the last one's token, and only this write
-//! and its proof order them (one parameter write and one or two dry runs per grant of a fenced
+//! and its proof order them (one parameter write and one or two dry-run creates per grant of a fenced
 //! lock; unfenced locks pay nothing).
 //!
 //! The parameter is written tested against the version read (`numbers::change`): a deposed
@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Patch, PatchParams};
+use kube::api::PostParams;
 use kube::Api;
 use serde_json::json;
 
@@ -52,9 +52,9 @@ pub struct FencingParam {
 /// One term's fencing: where the parameters are, and the parameters seen enforcing.
 pub struct Fencing {
     param: FencingParam,
-    /// Parameters (namespace, name) whose policy was seen refusing a token not in force in this
-    /// term: a missing policy or binding is found once, not taken for a proof.
-    enforced: Mutex<HashSet<(String, String)>>,
+    /// (Namespace, label) whose policy was seen refusing a token not in force in this term: a
+    /// missing policy or binding is found once, not taken for a proof.
+    enforced: Mutex<HashSet<(String, &'static str)>>,
 }
 
 /// One fenced part of a grant: where its parameter is, what it is keyed by, and its token.
@@ -87,7 +87,7 @@ impl Fencing {
             let guarded = guarded?;
             let api: Api<ConfigMap> = Api::namespaced(client.clone(), &guarded.namespace);
             self.write(registry, &api, uid, &guarded).await?;
-            self.prove(&api, &guarded).await?;
+            self.prove(&Api::namespaced(client.clone(), namespace), namespace, &guarded).await?;
         }
         Ok(())
     }
@@ -163,11 +163,12 @@ impl Fencing {
     }
 
     /// Waits until the API server judges writes of the lock's objects by the parameter just
-    /// written: a dry-run write carrying the new token is admitted. The first time in a term for
+    /// written: a dry-run write carrying the new token is admitted (`api`: the claim's
+    /// namespace's ConfigMaps). The first time in a term for
     /// a parameter, a dry-run carrying a token no hold can have (0) must be refused, so that a
     /// policy or binding that is missing is not taken for one that admits.
-    async fn prove(&self, api: &Api<ConfigMap>, guarded: &Guarded) -> Result<(), Error> {
-        let place = (guarded.namespace.clone(), guarded.param.clone());
+    async fn prove(&self, api: &Api<ConfigMap>, namespace: &str, guarded: &Guarded) -> Result<(), Error> {
+        let place = (namespace.to_string(), guarded.label);
         let lock = &guarded.key;
         let deadline = Instant::now() + PROPAGATION;
         let mut pause = Duration::from_millis(5);
@@ -184,10 +185,9 @@ impl Fencing {
                             };
                             return Err(Error::FencingUnproven(format!(
                                 "lock {lock} enforces fencing, but the API server does not judge the writes of the \
-                                 objects it guards in namespace {} ({answer}): install the chart's fencing policies \
+                                 objects it guards in namespace {namespace} ({answer}): install the chart's fencing policies \
                                  (fencing.admissionPolicy=true) and their bindings for this namespace, or print them \
-                                 with `zklock admin fencing-policy`",
-                                guarded.namespace
+                                 with `zklock admin fencing-policy`"
                             )));
                         }
                     }
@@ -217,21 +217,28 @@ impl Fencing {
         }
     }
 
-    /// A dry-run write of the parameter itself as an object guarded by the lock, carrying
-    /// `token`: `Ok(Ok(()))` admitted, `Ok(Err(message))` refused by the API server.
+    /// A dry-run create of an object guarded by the lock, carrying `token`, in the claim's
+    /// namespace (served, so covered by the bindings; the ClusterLocks' parameter lives in the
+    /// operator's namespace, which may not be): `Ok(Ok(()))` admitted, `Ok(Err(message))`
+    /// refused by the API server.
     async fn probe(&self, api: &Api<ConfigMap>, guarded: &Guarded, token: i64) -> Result<Result<(), String>, Error> {
-        let patch = json!({
+        let probe: ConfigMap = serde_json::from_value(json!({
             "metadata": {
+                "name": format!("{}-probe", self.param.name),
                 "labels": { guarded.label: guarded.key },
                 "annotations": { FENCING_TOKEN: token.to_string() },
             },
-        });
-        let params = PatchParams { dry_run: true, ..PatchParams::default() };
+        }))
+        .map_err(|e| Error::FencingUnproven(format!("the probe of lock {}: {e}", guarded.key)))?;
+        let params = PostParams { dry_run: true, ..PostParams::default() };
         let call = "dry_run_fencing_probe";
-        match tokio::time::timeout(API_TIMEOUT, api.patch(&guarded.param, &params, &Patch::Merge(&patch))).await {
+        match tokio::time::timeout(API_TIMEOUT, api.create(&params, &probe)).await {
             Err(_) => Err(Error::Timeout { call }),
             Ok(Ok(_)) => Ok(Ok(())),
-            Ok(Err(kube::Error::Api(status))) if matches!(status.code, 400 | 403 | 422) => Ok(Err(status.message)),
+            // (409: a probe of that name stands — somebody made one for real; it tells nothing.)
+            Ok(Err(kube::Error::Api(status))) if matches!(status.code, 400 | 403 | 409 | 422) => {
+                Ok(Err(status.message))
+            }
             Ok(Err(source)) => Err(Error::Write { call, source }),
         }
     }

@@ -418,6 +418,11 @@ async fn scenario(env: &Env, fenced: bool) {
         .unwrap();
     env.delete_claim("cl").await;
     env.wait_gone("cl").await;
+    // A second grant: the ClusterLocks' fencing parameter, made by the first, is patched.
+    env.claim_spec("cl2", json!({ "clusterLockName": cluster_lock.name })).await;
+    env.wait_phase("cl2", Phase::Held).await;
+    env.delete_claim("cl2").await;
+    env.wait_gone("cl2").await;
 }
 
 /// Renders the chart into a release namespace of its own, runs the scenario with the operator as
