@@ -11,7 +11,9 @@
 //! (with API writes per gated handoff), uncontended acquire/release throughput over 1,000 locks next
 //! to Apache Curator's on the same ZooKeeper, and the operator's memory per claim at 10,000
 //! claims (`--memory-claims N` for another count, such as 100000). `--quick` runs smaller sizes (for a smoke test);
-//! `--only handoff|pods|gated|throughput|memory|clusters|failover|locks|scale` runs one part (`locks`:
+//! `--only handoff|pods|gated|throughput|memory|clusters|failover|locks|fencing|scale` runs one part (`fencing`:
+//! a Lock whose fencing is Enforced handed on beside one without, alternating, and a guarded
+//! object's write beside an unguarded one's, the API server's CPU per write; `locks`:
 //! 1,000 `Lock` objects of two permits and ten claims each, or `--status-locks N`: their status
 //! settled, named after a grant on a quiet lock, and refreshed on busy locks; `failover`:
 //! the leader stopped gracefully and then killed under 2,000 and 10,000 queued claims, or
@@ -39,6 +41,7 @@
 
 use crate::clusters::clusters;
 use crate::failover::failover;
+use crate::fencing::fencing;
 use crate::floors::{handoff_floor, Floor, FloorStart};
 use crate::handoff::handoffs;
 use crate::harness::{install_crd, median, weighted, Bench, Server, BATCHES};
@@ -49,6 +52,7 @@ use crate::throughput::throughput;
 
 mod clusters;
 mod failover;
+mod fencing;
 mod floors;
 mod handoff;
 mod harness;
@@ -79,7 +83,8 @@ async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
-    let parts = ["handoff", "pods", "gated", "throughput", "memory", "clusters", "failover", "locks", "scale"];
+    let parts =
+        ["handoff", "pods", "gated", "throughput", "memory", "clusters", "failover", "locks", "fencing", "scale"];
     if let Some(part) = only.as_deref().filter(|p| !parts.contains(p)) {
         return Err(format!("--only {part}: expected one of {}", parts.join(", ")).into());
     }
@@ -264,6 +269,9 @@ async fn main() -> Result<(), Error> {
     }
     if runs("locks") {
         lock_statuses(&client, &server, zk, sizes.status_locks).await?;
+    }
+    if runs("fencing") {
+        fencing(&client, &server, zk, sizes.handoffs, 10 * sizes.lifecycles).await?;
     }
     if runs("scale") {
         scale(&client, &server, zk, sizes.scale_claims).await?;
