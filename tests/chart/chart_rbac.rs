@@ -202,13 +202,39 @@ fn check(requests: &[Request], grants: &Grants) -> Result<String, String> {
     }
 }
 
+/// An operator process a test started: killed (and reaped) when this goes, so that a test that
+/// fails half-way leaves no operator serving its namespaces.
+pub(crate) struct Running(pub(crate) Child);
+
+impl std::ops::Deref for Running {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// The operator as the chart runs it: the rendered Deployment's args and env.
 pub(crate) fn start_operator(
     docs: &[Value],
     env: &Env,
     audit: &std::path::Path,
     log: &std::path::Path,
-) -> (Child, String) {
+) -> (Running, String) {
     start_operator_on(docs, &env.zk, &env.kubeconfig, audit, log)
 }
 
@@ -219,7 +245,7 @@ pub(crate) fn start_operator_on(
     kubeconfig: &std::path::Path,
     audit: &std::path::Path,
     log: &std::path::Path,
-) -> (Child, String) {
+) -> (Running, String) {
     let binary = std::path::Path::new(env!("CARGO_BIN_EXE_zklock"));
     start_operator_from(binary, docs, zk, kubeconfig, audit, log)
 }
@@ -232,7 +258,7 @@ pub(crate) fn start_operator_from(
     kubeconfig: &std::path::Path,
     audit: &std::path::Path,
     log: &std::path::Path,
-) -> (Child, String) {
+) -> (Running, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let pod = &find(docs, "Deployment")[0]["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
@@ -296,7 +322,7 @@ pub(crate) fn start_operator_from(
         .spawn()
         .expect("start zklock");
     eprintln!("operator: zklock {}", args.join(" "));
-    (child, format!("127.0.0.1:{port}"))
+    (Running(child), format!("127.0.0.1:{port}"))
 }
 
 async fn create_namespace(env: &Env, name: &str) {
@@ -487,7 +513,7 @@ async fn derive_and_check(label: &str, watch_other: bool, kubeconfig: &std::path
     stop(label, &mut child, &log);
     let mut child = {
         await_leading(label, &metrics, &log).await;
-        std::mem::replace(&mut child2, Command::new("true").spawn().expect("a placeholder"))
+        std::mem::replace(&mut child2, Running(Command::new("true").spawn().expect("a placeholder")))
     };
     let _ = child2.wait();
     env.claim("after", "maint", json!({})).await;

@@ -87,6 +87,8 @@ impl Drop for Registry {
 struct Leftovers {
     dir: PathBuf,
     children: Vec<Child>,
+    /// Killed when it goes.
+    operator: Option<crate::chart_rbac::Running>,
 }
 
 impl Drop for Leftovers {
@@ -238,7 +240,7 @@ impl Signing {
 async fn a_release_pulled_from_a_registry_installs_passes_helm_test_and_upgrades_from_the_chart_before() {
     let dir = std::env::temp_dir().join(format!("zklock-release-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut leftovers = Leftovers { dir: dir.clone(), children: vec![] };
+    let mut leftovers = Leftovers { dir: dir.clone(), children: vec![], operator: None };
     let registry = Registry::start(&dir).await;
     let host = &registry.host;
 
@@ -338,7 +340,7 @@ async fn a_release_pulled_from_a_registry_installs_passes_helm_test_and_upgrades
     let log = dir.join("operator.log");
     let (operator, metrics) =
         crate::chart_rbac::start_operator_from(&binary, &docs, &zk, kubeconfig, &dir.join("requests.log"), &log);
-    leftovers.children.push(operator);
+    leftovers.operator = Some(operator);
     crate::chart_rbac::await_leading("the release from the registry", &metrics, &log).await;
 
     // helm test, as a user runs it; this test is the node that runs its pod.
@@ -366,7 +368,7 @@ async fn a_release_pulled_from_a_registry_installs_passes_helm_test_and_upgrades
     env.wait_phase("from-the-registry", Phase::Held).await;
     env.delete_claim("from-the-registry").await;
     env.wait_gone("from-the-registry").await;
-    let mut operator = leftovers.children.pop().expect("the operator");
+    let mut operator = leftovers.operator.take().expect("the operator");
     crate::chart_rbac::stop("the release from the registry", &mut operator, &log);
 
     // The chart before this one in git history, installed, then upgraded to the registry's.
