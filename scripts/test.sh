@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (ZooKeeper, Curator, openssl, kubectl, helm,
-# kazoo, umoci, skopeo, docker-registry, shellcheck, actionlint, cosign, cargo-auditable,
+# kazoo, umoci, skopeo, docker-registry, shellcheck, actionlint, PostgreSQL, cosign, cargo-auditable,
 # cargo-cyclonedx), builds and starts the real Kubernetes control plane (scripts/k8s.sh: kube-apiserver,
 # etcd, controller-manager, scheduler and a kwok node; built once per version and cached), then
 # format, lint and every test of the workspace against real components: every test that needs

@@ -64,12 +64,15 @@ if [[ "${TOOLS_WITH_HELM:-0}" == "1" && ! -x "$bin/helm" ]]; then
 fi
 
 if [[ "${TOOLS_WITH_IMAGE:-0}" == "1" ]]; then
+    # (PostgreSQL: the fencing recipe's store, started by the tests themselves, tests/operator/fencing.rs.)
     if ! command -v umoci >/dev/null || ! command -v skopeo >/dev/null || ! command -v shellcheck >/dev/null \
-        || ! command -v docker-registry >/dev/null || ! command -v lua5.1 >/dev/null; then
+        || ! command -v docker-registry >/dev/null || ! command -v lua5.1 >/dev/null || ! command -v psql >/dev/null \
+        || ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
         sudo=""
         [[ $(id -u) -eq 0 ]] || sudo=sudo
         $sudo apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq umoci skopeo shellcheck docker-registry lua5.1 >/dev/null
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq umoci skopeo shellcheck docker-registry lua5.1 \
+            postgresql >/dev/null
     fi
     if [[ ! -x "$bin/actionlint" ]]; then
         GOBIN="$bin" GOFLAGS=-mod=mod go install github.com/rhysd/actionlint/cmd/actionlint@v1.7.12 >&2

@@ -48,7 +48,7 @@ pub struct Context {
     /// Covers every number a status carries before it is written (see `token_floor`).
     pub(super) token_floor: Arc<token_floor::TokenFloor>,
     /// Fenced locks' holds in force, in the API server's policy, before each grant (see `fencing`).
-    pub(super) fencing: fencing::Fencing,
+    pub fencing: fencing::Fencing,
 }
 
 impl AsRef<Metrics> for Context {

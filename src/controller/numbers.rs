@@ -16,6 +16,7 @@ use crate::zk::{Contention, CONTENDED_ATTEMPTS};
 pub type Data = BTreeMap<String, String>;
 
 /// What to do with the ConfigMap as read.
+#[derive(Debug)]
 pub enum Change {
     /// It holds what it should.
     Keep,

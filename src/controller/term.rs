@@ -207,7 +207,7 @@ fn build(setup: Setup, engine: LockEngine) -> (Arc<Context>, Ends, Settings) {
         serving: Arc::new(Serving::new(listings)),
         fence: epoch_param.zip(engine_epoch).map(|(param, mine)| api_fence::Fence::new(param, mine)),
         token_floor,
-        fencing: fencing::Fencing::new(fencing_param),
+        fencing: fencing::Fencing::new(fencing_param, engine_epoch),
     });
     let ends = Ends {
         scopes: scope_ends,

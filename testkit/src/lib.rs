@@ -2,6 +2,7 @@
 //! real ZooKeeper servers ([`zookeeper`]), a loopback TCP proxy that injects connection faults
 //! ([`proxy`]), a relay that hangs connections on demand ([`hang`]), Apache Curator peers run
 //! with the system's Java ([`curator`]) and kazoo peers run with the system's Python ([`kazoo`]);
+//! a PostgreSQL server for the fencing recipes ([`postgres`]);
 //! zklock's CRDs and admission policies installed and awaited until in force ([`install`]).
 //!
 //! Nothing here mocks ZooKeeper: when the server cannot be started the harness panics with
@@ -14,6 +15,7 @@ pub mod hang;
 pub mod install;
 pub mod kazoo;
 pub mod kube;
+pub mod postgres;
 pub mod proxy;
 pub mod tls;
 pub mod zookeeper;

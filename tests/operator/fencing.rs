@@ -146,3 +146,98 @@ async fn a_cluster_locks_guarded_objects_accept_its_holder_and_refuse_the_one_be
     env.delete_claim("b").await;
     env.wait_gone("b").await;
 }
+
+/// The PostgreSQL recipe (`examples/recipes/postgres-fence.sql`, as docs/user-guide.md shows it)
+/// against a real PostgreSQL, with two holders' tokens in turn: each unit of work checks its
+/// token in its own transaction. The earlier holder's late transaction is rolled back, work and
+/// all, once the later holder committed one; before that it commits — Kleppmann's rule ("no lower
+/// than the highest seen") cannot tell, which is what the API server's fencing adds for objects
+/// in Kubernetes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgresql_recipe_rolls_back_a_stale_holders_transaction() {
+    let env = Env::new().await;
+    let _op = env.operator();
+    let pg = tokio::task::spawn_blocking(zklock_testkit::postgres::PgServer::start).await.expect("start PostgreSQL");
+    let recipe = format!("{}/examples/recipes/postgres-fence.sql", env!("CARGO_MANIFEST_DIR"));
+    let made = pg.psql(&["-f", &recipe]);
+    assert!(made.status.success(), "the recipe: {}", String::from_utf8_lossy(&made.stderr));
+    let table = pg.psql(&["-c", "CREATE TABLE orders (id int PRIMARY KEY, written_by text NOT NULL)"]);
+    assert!(table.status.success(), "{}", String::from_utf8_lossy(&table.stderr));
+    // One unit of work: the check and the work in one transaction, as the guide shows it.
+    let work = |token: &str, id: u32, who: &str| {
+        let sql = format!(
+            "BEGIN; SELECT zklock_fence('orders', {token}); INSERT INTO orders VALUES ({id}, '{who}'); COMMIT;"
+        );
+        let out = pg.psql(&["-c", &sql]);
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    };
+
+    env.claim("a", "orders", json!({})).await;
+    let a = token(&env.wait_phase("a", Phase::Held).await);
+    work(&a, 1, "a").expect("A's work with its token");
+    env.claim("b", "orders", json!({})).await;
+    env.wait_phase("b", Phase::Waiting).await;
+    env.delete_claim("a").await;
+    let b = token(&env.wait_phase("b", Phase::Held).await);
+    // The limit of any store that only compares tokens: B has written nothing here yet.
+    work(&a, 2, "a, late").expect("before B's first transaction, A's token is still the highest seen");
+    work(&b, 3, "b").expect("B's work with its token");
+    let refused = work(&a, 4, "a, later").expect_err("A's transaction after B's");
+    assert!(
+        refused.contains("zklock fencing") && refused.contains(&b),
+        "refused by the check, naming B's token: {refused}"
+    );
+    work(&b, 5, "b, again").expect("B's second transaction with its token");
+    let rows = pg.psql(&["-c", "SELECT string_agg(id || '=' || written_by, ' ' ORDER BY id) FROM orders"]);
+    assert_eq!(
+        String::from_utf8_lossy(&rows.stdout).trim(),
+        "1=a 2=a, late 3=b 5=b, again",
+        "A's refused transaction left nothing behind"
+    );
+    env.delete_claim("b").await;
+    env.wait_gone("b").await;
+}
+
+/// A `Lock` turned `Off` (or deleted) while it guards objects fails closed: its holds are taken
+/// out of the parameter, so the objects still labelled with it accept nobody — not its last
+/// holders for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_whose_fencing_is_turned_off_leaves_its_objects_accepting_nobody() {
+    let env = Env::new().await;
+    let _policies = install_fencing_policy(&env).await;
+    let _op = env.operator();
+    let locks: Api<zklock::api::Lock> = Api::namespaced(env.client.clone(), &env.ns);
+    let lock: zklock::api::Lock = serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
+        "metadata": { "name": "db" }, "spec": { "fencing": "Enforced" },
+    }))
+    .expect("Lock json");
+    locks.create(&PostParams::default(), &lock).await.expect("create Lock db");
+    wait_lock(&locks, "db", "its status written", |l| l.status.is_some()).await;
+    let configmaps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
+    env.claim("a", "db", json!({})).await;
+    let a = token(&env.wait_phase("a", Phase::Held).await);
+    guarded(&configmaps, "work", (FENCED_BY, "db"), &a).await.expect("A creates the object it guards");
+
+    let off = json!({ "spec": { "fencing": "Off" } });
+    locks.patch("db", &PatchParams::default(), &Patch::Merge(&off)).await.expect("turn fencing off");
+    let refusal = std::sync::Mutex::new(String::new());
+    until("the holder's write refused once its Lock's fencing is off", || async {
+        match write(&configmaps, "work", Some(&a), "a").await {
+            Ok(()) => false,
+            Err(message) => {
+                *refusal.lock().unwrap() = message;
+                true
+            }
+        }
+    })
+    .await;
+    let message = refusal.into_inner().unwrap();
+    assert!(message.contains("holds in force: none"), "refused for want of any hold: {message}");
+    env.delete_claim("a").await;
+    env.wait_gone("a").await;
+}

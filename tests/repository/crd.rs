@@ -47,7 +47,8 @@ fn the_fencing_example_guards_its_object_by_its_lock() {
         match value["kind"].as_str() {
             Some("Lock") => lock = Some(serde_json::from_value::<zklock::api::Lock>(value).expect("a Lock")),
             Some("ConfigMap") => {
-                guarded = Some(serde_json::from_value::<k8s_openapi::api::core::v1::ConfigMap>(value).expect("a ConfigMap"))
+                guarded =
+                    Some(serde_json::from_value::<k8s_openapi::api::core::v1::ConfigMap>(value).expect("a ConfigMap"))
             }
             other => panic!("{path}: unexpected kind {other:?}"),
         }
@@ -55,12 +56,19 @@ fn the_fencing_example_guards_its_object_by_its_lock() {
     let (lock, guarded) = (lock.expect("a Lock"), guarded.expect("a guarded object"));
     assert_eq!(lock.spec.fencing, zklock::api::Fencing::Enforced, "{path}: the Lock enforces fencing");
     let meta = &guarded.metadata;
-    assert_eq!(meta.labels.as_ref().and_then(|l| l.get(FENCED_BY)), lock.metadata.name.as_ref(), "{path}: guarded by it");
+    assert_eq!(
+        meta.labels.as_ref().and_then(|l| l.get(FENCED_BY)),
+        lock.metadata.name.as_ref(),
+        "{path}: guarded by it"
+    );
     assert_eq!(meta.namespace, lock.metadata.namespace, "{path}: a Lock guards objects of its own namespace");
     let token = meta.annotations.as_ref().and_then(|a| a.get(FENCING_TOKEN)).expect("a token");
     assert!(token.parse::<u64>().is_ok(), "{path}: a token is a number: {token}");
     let guide = std::fs::read_to_string(format!("{}/docs/user-guide.md", env!("CARGO_MANIFEST_DIR"))).unwrap();
     for line in ["spec:\n  fencing: Enforced", &format!("labels: {{ {FENCED_BY}: db-schema }}")] {
-        assert!(guide.contains(line) && text.contains(line.trim_end_matches(" }")), "the guide shows the example: {line}");
+        assert!(
+            guide.contains(line) && text.contains(line.trim_end_matches(" }")),
+            "the guide shows the example: {line}"
+        );
     }
 }

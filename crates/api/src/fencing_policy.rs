@@ -113,7 +113,8 @@ pub fn fencing_policy(name: &str, label: &str) -> ValidatingAdmissionPolicy {
             "expression": "variables.token.matches('^[0-9]{1,18}$')",
             "messageExpression": format!(
                 "{what} + ': the write must carry annotation {FENCING_TOKEN} with the fencing token of a hold of it \
-                 (zklock exec gives it as ZKLOCK_FENCING_TOKEN)'"
+                 (zklock exec gives it as ZKLOCK_FENCING_TOKEN, or ZKLOCK_FENCING_TOKEN_<LOCK> when it holds several \
+                 locks)'"
             ),
             "reason": "Forbidden",
         },

@@ -112,7 +112,13 @@ pub async fn run(
         // A lock whose fencing is enforced: the API server refuses every hold that ended
         // before this grant on the objects it guards, before the holder may start.
         let sources = (ctx.writer.client(), ctx.stores.as_ref(), ctx.registry.as_ref());
-        ctx.fencing.grant(sources, uid, &namespace, parts, &plan.status).await?;
+        if let Err(e) = ctx.fencing.grant(sources, uid, &namespace, parts, &plan.status).await {
+            if let (Error::FencingUnproven(why), true) = (&e, ctx.fencing.first_warning(uid)) {
+                let note = format!("the grant waits: {why}");
+                ctx.writer.publish(&claim.object_ref(&()), true, "FencingUnproven", &note).await;
+            }
+            return Err(e);
+        }
     }
     // The answer is read as the store reads a claim: only what is kept is decoded.
     let api: Api<KeptClaim> = Api::namespaced(ctx.writer.client().clone(), &namespace);

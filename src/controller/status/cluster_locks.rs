@@ -56,6 +56,10 @@ impl LimitSource for ClusterLock {
     fn undeclare(engine: &LockEngine, path: &str) {
         engine.declare(path, None);
     }
+
+    fn fencing(&self) -> (Option<String>, String, bool) {
+        (None, self.name_any(), self.spec.fencing == crate::api::Fencing::Enforced)
+    }
 }
 
 /// The directories of the `ClusterLock`s.

@@ -32,6 +32,9 @@ pub trait LimitSource: Resource<DynamicType = ()> + Clone + DeserializeOwned + D
     fn declare(&self, engine: &LockEngine, layout: &Layout);
     /// Tells the engine that the object of directory `path` is gone.
     fn undeclare(engine: &LockEngine, path: &str);
+    /// The lock's namespace (`None`: a `ClusterLock`) and name, and whether its fencing is
+    /// enforced.
+    fn fencing(&self) -> (Option<String>, String, bool);
 }
 
 /// The objects of one watch, kept in `writer`'s store (`store` reads it), as a controller's
@@ -51,8 +54,15 @@ pub fn feed<K: LimitSource>(
         .inspect(move |event| match event {
             Ok(watcher::Event::InitApply(object) | watcher::Event::Apply(object)) => {
                 object.declare(&ctx.engine, &ctx.layout);
+                if let (namespace, name, false) = object.fencing() {
+                    ctx.fencing.disarm(ctx.writer.client(), namespace.as_deref(), &name);
+                }
             }
-            Ok(watcher::Event::Delete(object)) => K::undeclare(&ctx.engine, &object.directory(&ctx.layout)),
+            Ok(watcher::Event::Delete(object)) => {
+                K::undeclare(&ctx.engine, &object.directory(&ctx.layout));
+                let (namespace, name, _) = object.fencing();
+                ctx.fencing.disarm(ctx.writer.client(), namespace.as_deref(), &name);
+            }
             Ok(watcher::Event::InitDone) => {
                 forget_unlisted(&ctx, &store, &prefix);
                 if !std::mem::replace(&mut listed_once, true) {

@@ -43,6 +43,10 @@ impl LimitSource for Lock {
     fn undeclare(engine: &LockEngine, path: &str) {
         engine.set_limit(path, Limit::Mutex);
     }
+
+    fn fencing(&self) -> (Option<String>, String, bool) {
+        (self.namespace(), self.name_any(), self.spec.fencing == crate::api::Fencing::Enforced)
+    }
 }
 
 /// The directories of the `Lock`s a watch of `namespace` (none: all namespaces) covers.
