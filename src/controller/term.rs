@@ -77,7 +77,9 @@ pub async fn run(
     if ctx.fence.is_some() {
         ctx.writer.leadership().time_left().ok_or(Error::NotLeading)?;
     }
+    let began = std::time::Instant::now();
     let Some(()) = until(shutdown.clone(), fence_and_sync(&ctx, &settings.feeds)).await? else { return Ok(()) };
+    tracing::debug!(took = ?began.elapsed(), "the term's fence raised and its claim feeds synced; replaying the claims");
     // Only now: every earlier term's write is in the stores, and so in the replay each claim's
     // first copy in this term's registry comes from (see `feed::ClaimFeeds::subscribe`).
     let subscribed = settings.feeds.subscribe();
@@ -96,6 +98,7 @@ pub async fn run(
     tasks.spawn(wake_granted(ctx.clone(), woken_rx));
     let first = supervisor::first_anchor(&ctx, &settings.term, &mut engine_events);
     let Some(kept) = until(shutdown.clone(), first).await? else { return Ok(()) };
+    tracing::debug!(took = ?began.elapsed(), "the term's first re-anchoring pass done");
     tasks.spawn(supervisor::follow(ctx.clone(), engine_events, kept, settings.term));
     tasks.spawn(positions::refresh(ctx.clone()).map(Ok));
     supervise(controllers, tasks, || shutdown.peek().is_some()).await
