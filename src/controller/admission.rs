@@ -6,7 +6,8 @@
 //! whole seconds only, so claims of one second go in the order the watch delivered them.
 //!
 //! A claim first at the gate that cannot enter must not hold the others up for good. Its
-//! patience is counted from its first reconcile since it arrived, not from its arrival: a claim
+//! patience is counted from its first reconcile since it arrived that could enter (one that
+//! only adds the finalizer cannot: see `claim::finalized`), not from its arrival: a claim
 //! not reconciled yet is waiting for its turn behind a backlog of other reconciles, which says
 //! nothing about whether it can enter (counted from the arrival, a backlog longer than the
 //! patience let every claim go ahead of the ones seen before it). Once reconciled, a claim that
