@@ -316,7 +316,7 @@ impl Default for Metrics {
         r.register("claim_walks", walks, m.walks.clone());
         let overtaken = "Claims (and gated pods) let go ahead of one seen before them at a lock's admission gate, by \
                          cause: patience (it was reconciled as the first there and did not enter within 5 s) or \
-                         untried (not reconciled within 5 minutes of being seen)";
+                         untried (not reconciled with its finalizer on within 5 minutes of being seen)";
         r.register("admission_overtaken", overtaken, m.overtaken.clone());
         for cause in ["patience", "untried"] {
             // Shown at 0 from the start: an alert on its rate needs the series.

@@ -12,7 +12,8 @@
 //! nothing about whether it can enter (counted from the arrival, a backlog longer than the
 //! patience let every claim go ahead of the ones seen before it). Once reconciled, a claim that
 //! stays at the gate for [`PATIENCE`] without entering (its reconcile keeps failing, say) no
-//! longer holds the others up; one never reconciled at all, after [`UNTRIED_PATIENCE`].
+//! longer holds the others up; one never reconciled with its finalizer on (not at all, or its
+//! finalizer cannot be added), after [`UNTRIED_PATIENCE`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -21,8 +22,9 @@ use super::base::Uid;
 
 /// How long a claim that was reconciled holds back the claims created after it.
 pub const PATIENCE: Duration = Duration::from_secs(5);
-/// How long a claim seen but not reconciled since holds them back: a backstop only, against a
-/// claim whose turn never comes (every claim seen is reconciled: none is known). Long, because
+/// How long a claim seen but not reconciled since (with its finalizer on) holds them back: a
+/// backstop only, against a claim whose turn never comes (every claim seen is reconciled; its
+/// finalizer fails to go on only where the operator may not patch claims). Long, because
 /// a claim's turn can be long in coming: kube-runtime's scheduler takes the due reconciles out
 /// of a hash set, in no order, so under a burst one claim may wait far longer than the others
 /// (1,000 locks of ten claims made at once: with a minute here, 108 locks took a claim out of
@@ -44,7 +46,7 @@ pub enum Turn {
 struct Entry {
     uid: Uid,
     arrived: Instant,
-    /// The claim's first reconcile since it arrived.
+    /// The claim's first reconcile since it arrived that could enter (its finalizer on).
     tried: Option<Instant>,
 }
 
@@ -64,7 +66,7 @@ impl Entry {
 pub struct Overtaken {
     /// Reconciled as the first at the gate, and not entered within [`PATIENCE`].
     pub patience: u64,
-    /// Not reconciled within [`UNTRIED_PATIENCE`] of being seen.
+    /// Not reconciled (with its finalizer on) within [`UNTRIED_PATIENCE`] of being seen.
     pub untried: u64,
 }
 

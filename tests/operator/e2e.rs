@@ -89,7 +89,8 @@ async fn claims_created_while_the_operator_lags_behind_are_queued_in_creation_or
 /// before 1.36): each claim's first reconcile adds it and ends there, so its next one, the first
 /// that can enter the queue, comes after the backlog of the other claims' additions (200 ms
 /// each). The gate's patience ran from the first reconcile: 30 claims, 6 s of additions, and one
-/// claim went six places late on 1.33; here, the first claim went 2 and 9 places late in 3 runs of 7 before the fix (10 of 10 in order after).
+/// claim went six places late on 1.33. Here, before the fix, 3 runs of 7 out of order (the first
+/// claim 2, 2 and 9 places late); 10 of 10 in order after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_the_operator_adds_its_finalizer_to_while_it_lags_behind_are_queued_in_creation_order() {
     let env = Env::new().await;

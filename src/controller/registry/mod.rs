@@ -230,7 +230,8 @@ impl Registry {
 
     /// Claim `uid` (created at second `created`) is being reconciled: where it waits at an
     /// admission gate, its patience runs from now (see `admission`).
-    /// Called by every reconcile: nothing more than a look while no claim waits at a gate.
+    /// Called by every reconcile that can enter (the claim's finalizer on) or clean up: nothing
+    /// more than a look while no claim waits at a gate.
     pub fn reconciling(&self, uid: &str, created: i64) {
         let mut inner = self.lock();
         let Inner { claims, gates, .. } = &mut *inner;
