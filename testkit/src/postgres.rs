@@ -32,8 +32,12 @@ fn bin_dir() -> PathBuf {
     })
 }
 
+/// Whether this runs as root (asked once).
 fn as_root() -> bool {
-    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+    static ROOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ROOT.get_or_init(|| {
+        Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+    })
 }
 
 /// `program` with `args`, as the `postgres` user when this runs as root (`setpriv` execs the

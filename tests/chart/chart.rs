@@ -514,22 +514,10 @@ fn check_fencing_policy(label: &str, docs: &[Value], values: &Value, args: &BTre
     assert_eq!((policies.len(), bindings.len()), (2, 2), "{label}: two fencing policies, two bindings");
     let watched = strings(&values["watchNamespaces"]);
     let (made_policies, made_bindings) = fencing_policies(&param, &param, ns, &watched);
-    let spec = |v: serde_json::Value| v["spec"].clone();
-    for (rendered, made) in policies.iter().zip(&made_policies) {
-        assert_eq!(
-            rendered["spec"],
-            spec(serde_json::to_value(made).unwrap()),
-            "{label}: fencing policy {}",
-            name(rendered)
-        );
-    }
-    for (rendered, made) in bindings.iter().zip(&made_bindings) {
-        assert_eq!(
-            rendered["spec"],
-            spec(serde_json::to_value(made).unwrap()),
-            "{label}: fencing binding {}",
-            name(rendered)
-        );
+    let made = made_policies.iter().map(serde_json::to_value).chain(made_bindings.iter().map(serde_json::to_value));
+    for (rendered, made) in policies.iter().chain(&bindings).zip(made) {
+        let made = made.expect("the objects made are plain data");
+        assert_eq!(rendered["spec"], made["spec"], "{label}: fencing {} {}", kind(rendered), name(rendered));
     }
     assert!(may_write(&param), "{label}: the operator may write the Locks' fencing parameter");
     assert!(may_write(&format!("{param}-cluster-locks")), "{label}: and the ClusterLocks'");

@@ -41,6 +41,20 @@ fn refused(answer: Result<(), String>, what: &str) -> String {
     message
 }
 
+/// `Lock` `name` with its fencing enforced, seen by the operator: it grants fenced only once its
+/// watch has the Lock (a grant before would not be), and the Lock's status says it was seen.
+async fn fenced_lock(env: &Env, name: &str) -> Api<zklock::api::Lock> {
+    let locks: Api<zklock::api::Lock> = Api::namespaced(env.client.clone(), &env.ns);
+    let lock: zklock::api::Lock = serde_json::from_value(json!({
+        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
+        "metadata": { "name": name }, "spec": { "fencing": "Enforced" },
+    }))
+    .expect("Lock json");
+    locks.create(&PostParams::default(), &lock).await.unwrap_or_else(|e| panic!("create Lock {name}: {e}"));
+    wait_lock(&locks, name, "its status written", |l| l.status.is_some()).await;
+    locks
+}
+
 async fn guarded(api: &Api<ConfigMap>, name: &str, label: (&str, &str), token: &str) -> Result<(), String> {
     let object: ConfigMap = serde_json::from_value(json!({
         "metadata": { "name": name, "labels": { label.0: label.1 }, "annotations": { FENCING_TOKEN: token } },
@@ -65,16 +79,7 @@ async fn a_stale_holders_write_is_refused_by_the_api_server_from_the_next_grant_
     let env = Env::new().await;
     let _policies = install_fencing_policy(&env).await;
     let _op = env.operator();
-    let locks: Api<zklock::api::Lock> = Api::namespaced(env.client.clone(), &env.ns);
-    let lock: zklock::api::Lock = serde_json::from_value(json!({
-        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
-        "metadata": { "name": "db" }, "spec": { "fencing": "Enforced" },
-    }))
-    .expect("Lock json");
-    locks.create(&PostParams::default(), &lock).await.expect("create Lock db");
-    // The operator grants only once its watch has the Lock (else the first grant would not be
-    // fenced): the Lock's status says it was seen.
-    wait_lock(&locks, "db", "its status written", |l| l.status.is_some()).await;
+    fenced_lock(&env, "db").await;
     let configmaps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
 
     env.claim("a", "db", json!({})).await;
@@ -210,14 +215,7 @@ async fn a_lock_whose_fencing_is_turned_off_leaves_its_objects_accepting_nobody(
     let env = Env::new().await;
     let _policies = install_fencing_policy(&env).await;
     let _op = env.operator();
-    let locks: Api<zklock::api::Lock> = Api::namespaced(env.client.clone(), &env.ns);
-    let lock: zklock::api::Lock = serde_json::from_value(json!({
-        "apiVersion": "zklock.io/v1alpha1", "kind": "Lock",
-        "metadata": { "name": "db" }, "spec": { "fencing": "Enforced" },
-    }))
-    .expect("Lock json");
-    locks.create(&PostParams::default(), &lock).await.expect("create Lock db");
-    wait_lock(&locks, "db", "its status written", |l| l.status.is_some()).await;
+    let locks = fenced_lock(&env, "db").await;
     let configmaps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
     env.claim("a", "db", json!({})).await;
     let a = token(&env.wait_phase("a", Phase::Held).await);
