@@ -24,7 +24,8 @@ fn served_directory(served: &[String], namespace: &str) -> bool {
 /// A live claim in one of its locks: the claim, its part there, and the node it recorded.
 type Live = (Arc<KeptClaim>, Part, Option<String>);
 
-/// Re-anchors every lock from the claims the watches listed (they must have listed them once).
+/// Re-anchors every lock from the claims the watches listed (they must have listed them once;
+/// the claims need not have been replayed into the term: each is noted in the registry here).
 /// A claim over several locks is re-anchored in each of them, as one contender per lock; in
 /// each lock the claims keep their recorded order, so two claims stand in the same order in
 /// every lock they share, as when they were first enqueued.
@@ -34,14 +35,18 @@ type Live = (Arc<KeptClaim>, Part, Option<String>);
 /// first: their claims are reconciled at once (see [`Context::serves`]), the others when the pass
 /// is over (the caller's walk).
 pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
+    let started = std::time::Instant::now();
     let (mut locks, asked) = listed_holds(ctx);
+    tracing::debug!(took = ?started.elapsed(), locks = locks.len(), "the stores' holds listed");
     // Directories that hold nodes of earlier sessions but no live claim any more: their stale
     // nodes must go too, or new claims would queue behind them until the old session expires.
-    for (namespace, path) in ctx.engine.directories_with_nodes(&ctx.layout).await? {
+    let stale_only = ctx.engine.directories_with_nodes(&ctx.layout, |path| locks.contains_key(path)).await?;
+    for (namespace, path) in stale_only {
         if served_directory(ctx.scopes.namespaces(), &namespace) {
             locks.entry(path).or_default();
         }
     }
+    tracing::debug!(took = ?started.elapsed(), "directories with nodes scanned");
     // The session this pass re-anchors in; new contenders may join the queues of every other
     // lock from now on (none of our nodes is there, no live claim is recorded there).
     let (session, todo) = ctx.engine.begin_reanchoring(locks.keys().cloned())?;
@@ -119,6 +124,10 @@ fn listed_holds(ctx: &Context) -> (BTreeMap<String, Vec<Live>>, BTreeMap<String,
     // Lock path → the claims there that ask for something (see `asks`), live or not.
     let mut asked: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for claim in ctx.stores.all_claims() {
+        // Known to the registry before anything is judged from it: the pass does not wait for
+        // the claims' replay into the term (`watch::claims`), which at 100,000 claims took over
+        // a second of a leader change; a claim the replay brings later is known by then.
+        super::watch::first_seen(ctx, &claim);
         let (Some(namespace), Some(uid)) = (claim.namespace(), claim.uid()) else { continue };
         if claim_facts::cleaned_up(&claim) {
             // Deleted, and its cleanup is done (our finalizer went; another keeps the object):
@@ -140,24 +149,32 @@ fn listed_holds(ctx: &Context) -> (BTreeMap<String, Vec<Live>>, BTreeMap<String,
             continue;
         }
         let Ok(spec) = validate_spec(&claim.spec, &namespace) else { continue };
-        if claim_facts::asks(&claim, phase) && !phase.is_some_and(Phase::is_terminal) {
-            for part in ids::parts_of(&ctx.layout, &namespace, &ctx.shared_uid(&uid), &spec) {
-                asked.entry(part.lock).or_default().push(uid.clone());
-            }
-        }
+        let terminal = phase.is_some_and(Phase::is_terminal);
+        let asks = claim_facts::asks(&claim, phase) && !terminal;
         // Listed after this term began: an earlier leader may still have a status write for
         // it on the way, and no grant in its locks before this term's first write to it
         // (docs/design.md: fencing). Claims created after the list never saw an earlier leader.
         let epoch = claim.leader_epoch();
         let written = ctx.registry.written(&uid);
-        let uid = ctx.shared_uid(&uid);
-        if ctx.epoch().is_some() && epoch != ctx.epoch() && !written && !phase.is_some_and(Phase::is_terminal) {
-            ctx.registry.expect_stamp(&uid);
+        let shared = ctx.shared_uid(&uid);
+        if ctx.epoch().is_some() && epoch != ctx.epoch() && !written && !terminal {
+            ctx.registry.expect_stamp(&shared);
+        }
+        if !asks && !live {
+            continue;
+        }
+        // Once per claim: at 100,000 claims this loop is on the path of a leader change's
+        // first grants.
+        let parts = ids::parts_of(&ctx.layout, &namespace, &shared, &spec);
+        if asks {
+            for part in &parts {
+                asked.entry(part.lock.clone()).or_default().push(uid.clone());
+            }
         }
         // Claims being deleted too: a holder keeps the lock until its cleanup has written its
         // final status (the next claim must not be Held before).
         if live {
-            for (i, part) in ids::parts_of(&ctx.layout, &namespace, &uid, &spec).into_iter().enumerate() {
+            for (i, part) in parts.into_iter().enumerate() {
                 let node = if spec.several {
                     claim.lock_statuses().get(i).filter(|l| l.lock_name == part.name).and_then(|l| l.znode.clone())
                 } else {

@@ -55,10 +55,11 @@ struct Shared {
     listed: Mutex<bool>,
     /// Whether a list is under way.
     listing: Mutex<bool>,
-    /// The last number given to a claim the watch delivered first (`KeptClaim::arrival`): a
+    /// The last number given to a claim a watch delivered first (`KeptClaim::arrival`): a
     /// term is handed the store in that order, as if it had followed the watch all along (the
-    /// admission gate orders claims created within one second by it).
-    arrivals: std::sync::atomic::AtomicU64,
+    /// admission gate orders claims created within one second by it). One counter for every
+    /// scope: claims of several namespaces queue on a `ClusterLock`.
+    arrivals: Arc<std::sync::atomic::AtomicU64>,
     /// Claims whose delivered resourceVersions are being recorded, for a sync write.
     recording: Mutex<Vec<(String, HashSet<String>)>>,
     delivered: Notify,
@@ -91,12 +92,13 @@ impl ClaimFeeds {
         let requested = scopes.apis::<KeptClaim>(requests);
         let writers: Vec<_> = watched.iter().map(|_| reflector::store::<KeptClaim>()).collect();
         let stores: Vec<Store<KeptClaim>> = writers.iter().map(|(store, _)| store.clone()).collect();
+        let arrivals = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let scopes = watched
             .into_iter()
             .zip(requested)
             .zip(writers)
             .map(|((watched, api), (store, writer))| {
-                let shared = Arc::new(Shared::default());
+                let shared = Arc::new(Shared { arrivals: arrivals.clone(), ..Shared::default() });
                 let counted = (stores.clone(), metrics.clone());
                 tasks.spawn(follow(watched, writer, shared.clone(), counted));
                 Scope { api, requests: requests.clone(), store, shared }

@@ -14,10 +14,14 @@ use super::registry::Registry;
 use crate::zk::LockEngine;
 
 pub struct Serving {
-    /// Listings not yet made once: each scope's claims and its `Lock` objects, and the
-    /// `ClusterLock` objects. Counted here rather than asked of the reflector stores: their
-    /// readiness is a one-shot channel that wakes one waiter only.
-    unsynced: channel::Sender<usize>,
+    /// Listings not yet made once: each scope's `Lock` objects and the `ClusterLock` objects
+    /// (what the permits of a lock are). Counted here rather than asked of the reflector
+    /// stores: their readiness is a one-shot channel that wakes one waiter only.
+    limits_unlisted: channel::Sender<usize>,
+    /// Scopes whose claims are not yet all replayed into the term (see `watch::claims`): the
+    /// first pass does not wait for them (it notes each lock's claims itself before it takes
+    /// the lock: see `anchor`), the rest of the term does.
+    claims_unreplayed: channel::Sender<usize>,
     /// Set once the first re-anchoring is done: every claim is reconciled from then on.
     anchored: AtomicBool,
     /// Set once a re-anchoring pass began: before the first is done, a claim is reconciled
@@ -33,10 +37,12 @@ pub struct Serving {
 }
 
 impl Serving {
-    /// A term's state before anything was listed: `listings` are still to come.
-    pub fn new(listings: usize) -> Self {
+    /// A term's state before anything was listed: `limit_listings` listings of `Lock`s and
+    /// `ClusterLock`s and `claim_scopes` replays of claims are still to come.
+    pub fn new(limit_listings: usize, claim_scopes: usize) -> Self {
         Serving {
-            unsynced: channel::Sender::new(listings),
+            limits_unlisted: channel::Sender::new(limit_listings),
+            claims_unreplayed: channel::Sender::new(claim_scopes),
             anchored: AtomicBool::new(false),
             reanchoring: AtomicBool::new(false),
             deferred: Default::default(),
@@ -45,21 +51,32 @@ impl Serving {
         }
     }
 
-    /// One listing was made for the first time.
-    pub fn mark_listed(&self) {
-        self.unsynced.send_modify(|n| *n = n.saturating_sub(1));
+    /// One listing of `Lock`s or `ClusterLock`s was made for the first time.
+    pub fn mark_limits_listed(&self) {
+        self.limits_unlisted.send_modify(|n| *n = n.saturating_sub(1));
     }
 
-    /// Whether every listing was made once (from then on, an object missing from the stores is
-    /// missing from the API).
+    /// One scope's claims were all replayed into the term for the first time.
+    pub fn mark_claims_replayed(&self) {
+        self.claims_unreplayed.send_modify(|n| *n = n.saturating_sub(1));
+    }
+
+    /// Whether every listing was made once and every claim replayed (from then on, an object
+    /// missing from the stores is missing from the API).
     pub fn synced(&self) -> bool {
-        *self.unsynced.borrow() == 0
+        *self.limits_unlisted.borrow() == 0 && *self.claims_unreplayed.borrow() == 0
     }
 
-    /// Until every listing was made once.
+    /// Until every listing was made once and every claim replayed.
     pub async fn wait_synced(&self) {
+        self.wait_limits_listed().await;
         // The sender lives in this state, so the channel cannot close while it is awaited.
-        let _ = self.unsynced.subscribe().wait_for(|n| *n == 0).await;
+        let _ = self.claims_unreplayed.subscribe().wait_for(|n| *n == 0).await;
+    }
+
+    /// Until the `Lock`s and `ClusterLock`s were listed once: what a lock's permits are.
+    pub async fn wait_limits_listed(&self) {
+        let _ = self.limits_unlisted.subscribe().wait_for(|n| *n == 0).await;
     }
 
     /// Whether the first re-anchoring is done.

@@ -160,7 +160,8 @@ pub async fn connect(
     Ok((engine, events))
 }
 
-/// The first re-anchoring of the term, once every scope's watch has listed its claims: then
+/// The first re-anchoring of the term, once every scope's watch has listed its claims (they
+/// need not have been replayed into the term yet) and its `Lock`s and `ClusterLock`s: then
 /// the session admits in every lock and the term is ready (the caller then has every claim
 /// reconciled). Answers the engine's session events that came meanwhile, for [`follow`].
 pub(super) async fn first_anchor(
@@ -168,10 +169,19 @@ pub(super) async fn first_anchor(
     term: &Term,
     events: &mut mpsc::UnboundedReceiver<EngineEvent>,
 ) -> Result<VecDeque<EngineEvent>, Error> {
-    ctx.serving.wait_synced().await;
+    // What every lock's permits are; the claims are in the feed's stores already (the term
+    // began once they had synced), the pass notes each in the registry itself.
+    ctx.serving.wait_limits_listed().await;
     let started = std::time::Instant::now();
     let mut kept = VecDeque::new();
-    while_reanchoring(ctx, events, &mut kept, anchor::reanchor_all(ctx)).await?;
+    let pass = async {
+        anchor::reanchor_all(ctx).await?;
+        // Every claim the replay brings is served from now on: it must have brought them all
+        // (a claim created after the pass listed the stores, say).
+        ctx.serving.wait_synced().await;
+        Ok::<_, Error>(())
+    };
+    while_reanchoring(ctx, events, &mut kept, pass).await?;
     tracing::info!(took = ?started.elapsed(), "re-anchored every lock; admitting");
     // Every claim is reconciled now (the caller's walk): none waits as deferred any more.
     ctx.serving.set_anchored();

@@ -186,7 +186,8 @@ fn build(setup: Setup, engine: LockEngine) -> (Arc<Context>, Ends, Settings) {
     let (cluster_lock_reader, cluster_lock_writer) = reflector::store();
     let (cluster_lock_triggers, cluster_lock_rx) = futures::channel::mpsc::unbounded();
     let engine_epoch = engine.epoch();
-    let listings = 2 * scopes.count() + 1;
+    // Each scope's `Lock`s, and the `ClusterLock`s; each scope's claims.
+    let (limit_listings, claim_scopes) = (scopes.count() + 1, scopes.count());
     let ctx = Arc::new(Context {
         writer: Arc::new(ApiWriter::new(client, leadership, events)),
         watch_client,
@@ -207,7 +208,7 @@ fn build(setup: Setup, engine: LockEngine) -> (Arc<Context>, Ends, Settings) {
             orphans,
         }),
         holder_pods: holders::HolderPods::new(holder_stores),
-        serving: Arc::new(Serving::new(listings)),
+        serving: Arc::new(Serving::new(limit_listings, claim_scopes)),
         fence: epoch_param.zip(engine_epoch).map(|(param, mine)| api_fence::Fence::new(param, mine)),
         token_floor,
         fencing: fencing::Fencing::new(fencing_param, engine_epoch),

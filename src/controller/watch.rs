@@ -57,7 +57,7 @@ pub fn claims(
             }
             watcher::Event::InitDone => {
                 if !std::mem::replace(&mut synced, true) {
-                    ctx.serving.mark_listed();
+                    ctx.serving.mark_claims_replayed();
                 }
                 // Claims kept from before a re-list and not in it left the API unseen.
                 ctx.sweep();
@@ -85,8 +85,9 @@ fn gated_pod_of(ctx: &Context, claim: &KeptClaim) {
     }
 }
 
-/// The watch delivers new claims in creation order: note it before any reconcile of them.
-fn first_seen(ctx: &Context, claim: &KeptClaim) {
+/// The watch delivers new claims in creation order: note it before any reconcile of them (and
+/// before the first pass judges its locks: see `anchor::listed_holds`).
+pub(super) fn first_seen(ctx: &Context, claim: &KeptClaim) {
     let (Some(uid), Some(name), Some(namespace)) =
         (claim.metadata.uid.as_deref(), claim.metadata.name.as_deref(), claim.metadata.namespace.as_deref())
     else {
@@ -120,7 +121,7 @@ fn first_seen(ctx: &Context, claim: &KeptClaim) {
     };
     let created = claim.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
     let pod = claim.spec.holder.as_ref().map(|h| h.pod_name.as_str()).filter(|_| claim.unreadable.is_none());
-    ctx.registry.first_seen(&uid, Seen { name, namespace, locks: &locks, pod }, created, phase);
+    ctx.registry.first_seen(&uid, Seen { name, namespace, locks: &locks, pod, arrival: claim.arrival }, created, phase);
     // Its holder pod's deletion may have come before the claim did (a new term's pod watch
     // lists before its claims are replayed): then nothing else would reconcile it before the
     // walk reaches it.

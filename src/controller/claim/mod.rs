@@ -27,6 +27,7 @@ use crate::api::{validate, KeptClaim, LockClaim, Phase, ValidSpec, FINALIZER};
 use crate::controller::base::settings::{FINALIZER_RETRY, NEWER_COPY_BACKSTOP};
 use crate::controller::base::{ids, Error, Part, Uid};
 use crate::controller::context::Context;
+use crate::controller::registry::Seen;
 use decide::Decision;
 use enqueue::Admission;
 use plan::HolderView;
@@ -97,7 +98,7 @@ async fn finalized(uid: Uid, claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Result
             // Planned from the whole claim again (the store keeps a compact copy).
             Finalizer::Apply(claim) => match claim.unreadable.as_deref() {
                 Some(why) => unreadable::report(&uid, &claim, why, &ctx).await,
-                None => apply(&uid, claim.to_claim(), &ctx).await,
+                None => apply(&uid, claim.arrival, claim.to_claim(), &ctx).await,
             },
             Finalizer::Cleanup(claim) => {
                 let action = match claim.unreadable {
@@ -147,14 +148,16 @@ async fn finalized(uid: Uid, claim: Arc<KeptClaim>, ctx: Arc<Context>) -> Result
 
 /// A claim as it is (not being deleted): validate → admit to its `ClusterLock`s → guard
 /// against copies that must not be planned from → decide (plan, enqueue, reserve the grant) →
-/// carry the plan out.
-async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Error> {
+/// carry the plan out. `arrival`: its place in the order the claim watch first delivered the
+/// claims.
+async fn apply(uid: &Uid, arrival: u64, claim: LockClaim, ctx: &Context) -> Result<Action, Error> {
     let namespace = claim.namespace().ok_or(Error::Malformed("a namespace"))?;
     let now = Timestamp::now();
     // An invalid spec (or a ClusterLock that refuses it) ends like any final plan; it names no
     // lock, so only what the engine tracks of it goes.
     let invalid = |message: String, parts: Vec<Part>| {
-        ctx.registry.observe(uid, &claim.name_any(), &namespace, &[], None);
+        let name = claim.name_any();
+        ctx.registry.observe(uid, Seen { name: &name, namespace: &namespace, locks: &[], pod: None, arrival });
         let ttl = time_to_live(&claim, None, ctx);
         (plan::invalid(&claim, message, now).expire_after(ttl, now), parts)
     };
@@ -174,7 +177,9 @@ async fn apply(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, Err
             return effects::run(ctx, uid, &parts, &claim, plan).await;
         }
     }
-    ctx.registry.observe(uid, &claim.name_any(), &namespace, &ids::locks(&parts), spec.holder_pod.as_deref());
+    let (name, locks) = (claim.name_any(), ids::locks(&parts));
+    let pod = spec.holder_pod.as_deref();
+    ctx.registry.observe(uid, Seen { name: &name, namespace: &namespace, locks: &locks, pod, arrival });
     if let Some(action) = guard::check(ctx, uid, &claim, &parts).await? {
         return Ok(action);
     }

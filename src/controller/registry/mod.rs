@@ -30,6 +30,9 @@ pub struct Seen<'a> {
     /// The holder pod it names, if any: from its first sight on, that pod's deletion
     /// reconciles it (a new term's walk may reach it last).
     pub pod: Option<&'a str>,
+    /// Its place in the order the claim watch first delivered the claims (`KeptClaim::arrival`):
+    /// one order for every lock, whichever lock's claims a term notes first.
+    pub arrival: u64,
 }
 
 #[derive(Default)]
@@ -50,7 +53,6 @@ struct Inner {
     /// Lock path → the claims naming it. A `Lock`'s status is made from these: a scan of its
     /// scope's store instead took 6 ms at 100,000 claims, at every refresh of every `Lock`.
     by_lock: HashMap<Arc<str>, HashSet<Uid>>,
-    next_seen: u64,
     /// The admission gates of the locks (see [`super::admission`]).
     gates: Gates,
     /// Who may be written Held, and what the grants' writes left: see [`book`].
@@ -80,24 +82,23 @@ impl Inner {
         }
     }
 
-    /// Enters a claim not seen before, in first-seen order; returns its place in that order,
+    /// Enters a claim not seen before, at place `seen` in first-seen order; answers `seen`,
     /// or `None` when it was known already.
-    fn enter(&mut self, uid: &Uid, name: &str, namespace: &str, locks: &[(String, bool)]) -> Option<u64> {
+    fn enter(&mut self, uid: &Uid, name: &str, namespace: &str, locks: &[(String, bool)], seen: u64) -> Option<u64> {
         if self.claims.contains_key(uid) {
             return None;
         }
-        self.next_seen += 1;
         let claim = Claim {
             name: name.into(),
             namespace: self.intern(namespace),
             locks: self.intern_locks(locks),
             pod: None,
-            seen: self.next_seen,
+            seen,
             grant: Grant::default(),
         };
         self.index_locks(uid, &claim.locks);
         self.claims.insert(uid.clone(), claim);
-        Some(self.next_seen)
+        Some(seen)
     }
 
     fn intern(&mut self, s: &str) -> Arc<str> {
@@ -161,13 +162,15 @@ impl Registry {
     }
 
     /// Records (or refreshes) a claim the operator serves, with its locks (paths, each with
-    /// whether it is wanted exclusively; none while the claim is invalid).
-    pub fn observe(&self, uid: &Uid, name: &str, namespace: &str, locks: &[(String, bool)], pod: Option<&str>) {
+    /// whether it is wanted exclusively; none while the claim is invalid); `arrival` as in
+    /// [`Seen`].
+    pub fn observe(&self, uid: &Uid, seen_as: Seen<'_>) {
+        let Seen { name, namespace, locks, pod, arrival } = seen_as;
         let mut inner = self.lock();
         if let Some(pod) = pod {
             inner.by_pod.entry((namespace.to_string(), pod.to_string())).or_default().insert(uid.clone());
         }
-        inner.enter(uid, name, namespace, locks);
+        inner.enter(uid, name, namespace, locks, arrival);
         let changed = inner.claims.get(uid).is_some_and(|c| !c.locks.same(locks));
         if changed {
             // Out of the old locks' indexes first (a claim turned invalid keeps no hold, gate
@@ -203,9 +206,9 @@ impl Registry {
     /// (`pending`) joins its locks' admission gates at once, so that claims created after it
     /// wait for it even before its first reconcile asks to enqueue.
     pub fn first_seen(&self, uid: &Uid, seen_as: Seen<'_>, created: i64, phase: Option<Phase>) {
-        let Seen { name, namespace, locks, pod } = seen_as;
+        let Seen { name, namespace, locks, pod, arrival } = seen_as;
         let mut inner = self.lock();
-        let Some(seen) = inner.enter(uid, name, namespace, locks) else { return };
+        let Some(seen) = inner.enter(uid, name, namespace, locks, arrival) else { return };
         if let Some(pod) = pod {
             inner.by_pod.entry((namespace.to_string(), pod.to_string())).or_default().insert(uid.clone());
             if let Some(claim) = inner.claims.get_mut(uid) {
@@ -374,7 +377,7 @@ mod tests {
     use crate::recipe::Limit;
 
     fn seen(locks: &[(String, bool)]) -> Seen<'_> {
-        Seen { name: "c", namespace: "ns", locks, pod: None }
+        Seen { name: "c", namespace: "ns", locks, pod: None, arrival: 1 }
     }
 
     fn one(lock: &str, exclusive: bool) -> Vec<(String, bool)> {
@@ -385,7 +388,7 @@ mod tests {
     fn a_holder_pods_claims_are_known_from_their_first_sight_before_any_reconcile() {
         let r = Registry::default();
         let uid: Uid = "a".into();
-        let seen = Seen { name: "ca", namespace: "ns", locks: &one("/l", true), pod: Some("worker-0") };
+        let seen = Seen { name: "ca", namespace: "ns", locks: &one("/l", true), pod: Some("worker-0"), arrival: 1 };
         r.first_seen(&uid, seen, 1, Some(Phase::Held));
         assert_eq!(r.claims_of_pod("ns", "worker-0"), ["a"], "the pod's deletion reconciles it at once");
         assert_eq!(r.claims_with_holders(), ["a"]);
@@ -403,10 +406,10 @@ mod tests {
         };
         let both = vec![("/l".to_string(), true), ("/m".to_string(), false)];
         let (a, b): (Uid, Uid) = ("a".into(), "b".into());
-        r.first_seen(&a, Seen { name: "ca", namespace: "ns", locks: &one("/l", true), pod: None }, 1, None);
-        r.first_seen(&b, Seen { name: "cb", namespace: "ns", locks: &both, pod: None }, 2, None);
+        r.first_seen(&a, Seen { name: "ca", namespace: "ns", locks: &one("/l", true), pod: None, arrival: 1 }, 1, None);
+        r.first_seen(&b, Seen { name: "cb", namespace: "ns", locks: &both, pod: None, arrival: 2 }, 2, None);
         assert_eq!((of("/l"), of("/m")), (vec!["ns/ca".to_string(), "ns/cb".to_string()], vec!["ns/cb".to_string()]));
-        r.observe(&b, "cb", "ns", &one("/m", false), None);
+        r.observe(&b, Seen { name: "cb", namespace: "ns", locks: &one("/m", false), pod: None, arrival: 2 });
         assert_eq!(
             (of("/l"), of("/m")),
             (vec!["ns/ca".to_string()], vec!["ns/cb".to_string()]),
@@ -584,7 +587,7 @@ mod tests {
         let r = Registry::default();
         let a: Uid = "a".into();
         r.first_seen(&a, seen(&one("/l", true)), 1, Some(Phase::Held));
-        r.observe(&a, "c", "ns", &[], None);
+        r.observe(&a, Seen { name: "c", namespace: "ns", locks: &[], pod: None, arrival: 1 });
         assert_eq!(r.reserve_grant("b", &[("/l", true, Limit::Mutex)]), Ok(()), "no hold left behind under /l");
         r.forget("a");
         assert!(r.lock().book.ledger.is_empty());

@@ -66,7 +66,7 @@ pub fn feed<K: LimitSource>(
             Ok(watcher::Event::InitDone) => {
                 forget_unlisted(&ctx, &store, &prefix);
                 if !std::mem::replace(&mut listed_once, true) {
-                    ctx.serving.mark_listed();
+                    ctx.serving.mark_limits_listed();
                 }
             }
             Ok(watcher::Event::Init) => {}
@@ -83,7 +83,7 @@ pub fn feed<K: LimitSource>(
                     K::group(&()),
                 );
                 if !std::mem::replace(&mut listed_once, true) {
-                    ctx.serving.mark_listed();
+                    ctx.serving.mark_limits_listed();
                 }
             }
             Err(e) => tracing::warn!(%kind, error = %e, "watch failed; retrying"),
