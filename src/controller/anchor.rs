@@ -124,10 +124,15 @@ fn listed_holds(ctx: &Context) -> (BTreeMap<String, Vec<Live>>, BTreeMap<String,
     // Lock path → the claims there that ask for something (see `asks`), live or not.
     let mut asked: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for claim in ctx.stores.all_claims() {
-        // Known to the registry before anything is judged from it: the pass does not wait for
-        // the claims' replay into the term (`watch::claims`), which at 100,000 claims took over
-        // a second of a leader change; a claim the replay brings later is known by then.
-        super::watch::first_seen(ctx, &claim);
+        // Known to the registry before anything is judged from it: a term's first pass does not
+        // wait for the claims' replay into the term (`watch::claims`; with the listing of every
+        // directory it kept the pass from starting for over a second at 100,000 claims); a claim
+        // the replay brings later is known by then. Later passes (a new session) find every
+        // claim noted by the replay and the watch: noting one here again would bring back a
+        // claim whose cleanup the registry already forgot, from a store copy that lags.
+        if !ctx.serving.anchored() {
+            super::watch::first_seen(ctx, &claim);
+        }
         let (Some(namespace), Some(uid)) = (claim.namespace(), claim.uid()) else { continue };
         if claim_facts::cleaned_up(&claim) {
             // Deleted, and its cleanup is done (our finalizer went; another keeps the object):

@@ -185,7 +185,11 @@ pub(super) async fn first_anchor(
     tracing::info!(took = ?started.elapsed(), "re-anchored every lock; admitting");
     // Every claim is reconciled now (the caller's walk): none waits as deferred any more.
     ctx.serving.set_anchored();
-    term.set(true);
+    // Ready only if the session the pass re-anchored is still admitting: one lost while the
+    // replay was awaited is renewed by `follow` (its event is kept), which makes it ready then.
+    if ctx.engine.admitting() {
+        term.set(true);
+    }
     Ok(kept)
 }
 

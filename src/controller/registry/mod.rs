@@ -376,8 +376,24 @@ mod tests {
     use super::*;
     use crate::recipe::Limit;
 
+    /// A claim as the feed delivers it: each one after those before it (the feed numbers them).
     fn seen(locks: &[(String, bool)]) -> Seen<'_> {
-        Seen { name: "c", namespace: "ns", locks, pod: None, arrival: 1 }
+        static ARRIVALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let arrival = ARRIVALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Seen { name: "c", namespace: "ns", locks, pod: None, arrival }
+    }
+
+    #[test]
+    fn claims_created_in_one_second_keep_the_feeds_order_whichever_a_term_notes_first() {
+        // A term's first pass notes the claims of its stores in the stores' order, not the
+        // feed's: the gate orders them by the feed's numbers.
+        let r = Registry::default();
+        let (a, b): (Uid, Uid) = ("a".into(), "b".into());
+        let lock = one("/l", true);
+        r.first_seen(&b, Seen { name: "cb", namespace: "ns", locks: &lock, pod: None, arrival: 8 }, 5, None);
+        r.first_seen(&a, Seen { name: "ca", namespace: "ns", locks: &lock, pod: None, arrival: 7 }, 5, None);
+        assert_ne!(r.may_enqueue(&b, 5).0, Turn::First, "a was delivered first, in the same second");
+        assert_eq!(r.may_enqueue(&a, 5).0, Turn::First);
     }
 
     fn one(lock: &str, exclusive: bool) -> Vec<(String, bool)> {

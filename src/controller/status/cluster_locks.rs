@@ -7,7 +7,7 @@
 //! the clusters' permits agree; refreshed while anybody queues or other clusters declare.
 //!
 //! No claim is decided before the `ClusterLock`s are listed (they count among the listings
-//! `Serving::wait_synced` waits for: see `limits_feed`).
+//! `Serving::wait_limits_listed` waits for, which the first pass waits for: see `limits_feed`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
