@@ -10,6 +10,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::base::ids::{claim_of, Part};
 use super::base::scopes::Scopes;
 use super::base::{claim_facts, Uid};
+use super::claim_index::ClaimIndex;
 use super::registry::Registry;
 use super::serving::Serving;
 use super::stores::Stores;
@@ -43,6 +44,9 @@ pub struct Context {
     pub serving: Arc<Serving>,
     /// Each scope's pods, as this term's watch has them, for the claims' holder pods.
     pub(super) holder_pods: holders::HolderPods,
+    /// Which claims of the feeds' stores name each lock and holder pod (kept while standing
+    /// by): what a term's first pass starts from.
+    pub(super) claim_index: Arc<ClaimIndex>,
     /// This term's fence in the API server, if the admission policy is used (docs/design.md: fencing).
     pub(super) fence: Option<api_fence::Fence>,
     /// Covers every number a status carries before it is written (see `token_floor`).

@@ -132,6 +132,14 @@ impl HolderPods {
         }
     }
 
+    /// Whether every store has listed its pods and none has `namespace/name`.
+    pub fn listed_without(&self, namespace: &str, name: &str) -> bool {
+        use futures::FutureExt;
+        let key = ObjectRef::new(name).within(namespace);
+        self.stores.iter().all(|store| store.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok()))
+            && self.stores.iter().all(|store| store.get(&key).is_none())
+    }
+
     /// What the store proves about `namespace/name` for a claim bound to `expected`.
     pub fn proven(&self, namespace: &str, name: &str, expected: Option<&str>) -> Option<HolderView> {
         let key = ObjectRef::new(name).within(namespace);

@@ -130,10 +130,19 @@ pub(super) fn first_seen(ctx: &Context, claim: &KeptClaim) {
     }
 }
 
-/// The claims a pod holds, as the controller's objects.
+/// The claims a pod holds, as the controller's objects. Before the first pass is over, the
+/// index's too: a claim the term has not noted yet (the pass notes each when it takes its
+/// locks) asks to be served first all the same.
 pub fn claims_of_pod(ctx: &Context, pod: &HolderPod) -> Vec<ObjectRef<KeptClaim>> {
-    let namespace = pod.namespace().unwrap_or_default();
-    ctx.registry.claims_of_pod(&namespace, &pod.name_any()).iter().filter_map(|uid| ctx.object_ref(uid)).collect()
+    let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+    let noted = ctx.registry.claims_of_pod(&namespace, &name);
+    let mut claims: Vec<ObjectRef<KeptClaim>> = noted.iter().filter_map(|uid| ctx.object_ref(uid)).collect();
+    if !ctx.serving.anchored() {
+        let listed = ctx.claim_index.claims_of_pod(&namespace, &name);
+        let unnoted = listed.into_iter().filter(|r| !noted.iter().any(|uid| **uid == *r.uid));
+        claims.extend(unnoted.map(|r| ObjectRef::new(&r.name).within(&r.namespace)));
+    }
+    claims
 }
 
 /// Releases the nodes of claims that left the API while the engine still tracks them. Normally
@@ -179,10 +188,27 @@ pub fn holder_pods(
                 for uid in ctx.registry.claims_with_holders() {
                     ctx.trigger(&uid);
                 }
+                if !ctx.serving.anchored() {
+                    // Claims the first pass has not noted yet whose pod is not there: their
+                    // locks are taken first (see `anchor::PassQueue`).
+                    for (namespace, pod) in ctx.claim_index.holder_pods() {
+                        if ctx.holder_pods.listed_without(&namespace, &pod) {
+                            for r in ctx.claim_index.claims_of_pod(&namespace, &pod) {
+                                if ctx.registry.key(&r.uid).is_none() {
+                                    ctx.triggers.claim(ObjectRef::new(&r.name).within(&r.namespace));
+                                }
+                            }
+                        }
+                    }
+                }
             }
             Ok(watcher::Event::Delete(pod)) => {
                 // Before the claims it holds are triggered (downstream): their reconciles see it.
-                ctx.holder_pods.deleted(pod, |(ns, name)| !ctx.registry.claims_of_pod(ns, name).is_empty());
+                let claimed = |(ns, name): &(String, String)| {
+                    !ctx.registry.claims_of_pod(ns, name).is_empty()
+                        || !ctx.claim_index.claims_of_pod(ns, name).is_empty()
+                };
+                ctx.holder_pods.deleted(pod, claimed);
             }
             Err(e) => tracing::debug!(error = %e, "pod watch error; the watcher retries"),
             Ok(_) => {}

@@ -132,6 +132,7 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
         &clients.watches,
         &clients.requests,
         &options.namespaces,
+        &options.layout,
         metrics.clone(),
     ));
     let listing = {
