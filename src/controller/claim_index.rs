@@ -85,9 +85,11 @@ impl ClaimIndex {
             claim
                 .spec
                 .lock_names()
-                .map(|lock| match lock {
-                    LockName::Namespaced(lock) => self.layout.lock(namespace, lock),
-                    LockName::Cluster(lock) => self.layout.cluster_lock(lock),
+                .filter_map(|lock| match lock {
+                    // No lock named (the schema refuses it): none, as the registry has it.
+                    LockName::Namespaced("") => None,
+                    LockName::Namespaced(lock) => Some(self.layout.lock(namespace, lock)),
+                    LockName::Cluster(lock) => Some(self.layout.cluster_lock(lock)),
                 })
                 .collect()
         };
