@@ -50,7 +50,8 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
             locks.entry(live.1.lock.clone()).or_default().read.push(live);
         }
     }
-    let asked: HashSet<Arc<str>> = asking.iter().flat_map(|r| ctx.claim_index.lock_paths(&r.uid)).collect();
+    let asked: HashSet<Arc<str>> =
+        asking.iter().flat_map(|r| ctx.claim_index.lock_paths(&r.namespace, &r.name)).collect();
     tracing::debug!(took = ?started.elapsed(), locks = locks.len(), "the stores' locks listed");
     // Directories that hold nodes of earlier sessions but no claim any more: their stale nodes
     // must go too, or new claims would queue behind them until the old session expires.
@@ -69,7 +70,7 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     // Claims that ask for something in locks admitted already (an earlier attempt of this
     // pass, in the same session): served now.
     for r in &asking {
-        if ctx.claim_index.lock_paths(&r.uid).iter().all(|path| !todo.contains(&**path)) {
+        if ctx.claim_index.lock_paths(&r.namespace, &r.name).iter().all(|path| !todo.contains(&**path)) {
             ctx.triggers.claim(ObjectRef::new(&r.name).within(&r.namespace));
         }
     }
@@ -139,9 +140,9 @@ struct ToTake {
     read: Vec<Live>,
 }
 
-/// Claim `r` as its store has it now (none if it left, or another of its name took its place).
+/// Claim `r` as its store has it now (none if it left).
 fn stored(ctx: &Context, r: &ClaimRef) -> Option<Arc<KeptClaim>> {
-    ctx.stores.claim(&r.namespace, &r.name).filter(|c| c.metadata.uid.as_deref() == Some(&*r.uid))
+    ctx.stores.claim(&r.namespace, &r.name)
 }
 
 /// Notes `claim` in the registry, the first pass only: a term's first pass does not wait for the
@@ -233,11 +234,14 @@ impl PassQueue {
 
     /// The next lock: one where a claim waits as deferred (see `Context::serves_reconcile`)
     /// first, else the next in order. A deferred claim not noted yet (its holder pod's deletion
-    /// came before the pass took any of its locks) is found by the index.
+    /// came before the pass took any of its locks) was deferred with its locks.
     fn next(&mut self, ctx: &Context) -> Option<(String, ToTake)> {
         let wanted: Vec<Arc<str>> = {
             let deferred = ctx.serving.deferred();
-            let paths = |uid: &Uid| ctx.registry.lock_paths(uid).unwrap_or_else(|| ctx.claim_index.lock_paths(uid));
+            let paths = |(uid, locks): &(Uid, Vec<Arc<str>>)| match ctx.registry.lock_paths(uid) {
+                Some(noted) => noted,
+                None => locks.clone(),
+            };
             deferred.iter().flat_map(paths).collect()
         };
         let taken = match wanted.iter().find(|path| self.left.contains(&path[..])) {

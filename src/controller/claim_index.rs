@@ -2,8 +2,8 @@
 //! stands by (see `feed`), so that a new term re-anchors the locks where claims ask for
 //! something first, each from its own claims, without reading every claim before its first
 //! grant: at 100,000 claims that loop took 0.6–0.7 s of a leader change in which nothing is
-//! granted (docs/benchmarks.md, "The barrier at a term's start"). The price is about 200 bytes
-//! a claim, in the standby too.
+//! granted (docs/benchmarks.md, "The barrier at a term's start"). The price is memory, in the
+//! standby too: see docs/benchmarks.md.
 //!
 //! Only what a claim's spec says (immutable: the CRD refuses a change) and what orders the
 //! pass (whether the claim asks for something, by its own status) is kept; which claim holds
@@ -15,10 +15,11 @@ use std::sync::Arc;
 use crate::api::{KeptClaim, LockName, Phase, REVOKE_ANNOTATION};
 use crate::zk::Layout;
 
-/// A claim as the index names it: enough to find it in its scope's store.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A claim as the index names it: where its scope's store has it. No UID: the store's copy of
+/// that name is the claim (a claim made again under the name replaces the index's entry, as it
+/// replaces the store's copy), and 64 bytes a claim are saved.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ClaimRef {
-    pub uid: Arc<str>,
     pub namespace: Arc<str>,
     pub name: Arc<str>,
 }
@@ -45,25 +46,38 @@ type PodKey = (Arc<str>, Box<str>);
 
 #[derive(Default)]
 struct Inner {
-    claims: HashMap<Arc<str>, Entry>,
-    /// Lock path → UIDs of the claims naming it.
-    by_lock: HashMap<Arc<str>, HashSet<Arc<str>>>,
-    /// (namespace, holder pod) → UIDs of the claims naming it.
-    by_pod: HashMap<PodKey, HashSet<Arc<str>>>,
+    claims: HashMap<ClaimRef, Entry>,
+    /// Lock path → the claims naming it.
+    by_lock: HashMap<Arc<str>, HashSet<ClaimRef>>,
+    /// (namespace, holder pod) → the claims naming it.
+    by_pod: HashMap<PodKey, HashSet<ClaimRef>>,
     /// Namespaces, one copy each, with the number of claims in each.
     namespaces: HashMap<Arc<str>, usize>,
-    asking: HashSet<Arc<str>>,
-    unreadable: HashSet<Arc<str>>,
+    asking: HashSet<ClaimRef>,
+    unreadable: HashSet<ClaimRef>,
 }
 
 struct Entry {
     /// The feed's scope whose store has it.
-    scope: usize,
-    namespace: Arc<str>,
-    name: Arc<str>,
+    scope: u32,
     /// Lock paths, shared with `by_lock`'s keys.
-    locks: Box<[Arc<str>]>,
+    locks: Paths,
     pod: Option<Box<str>>,
+}
+
+/// A claim's lock paths: most claims name one, kept without an allocation of its own.
+enum Paths {
+    One(Arc<str>),
+    Several(Box<[Arc<str>]>),
+}
+
+impl Paths {
+    fn as_slice(&self) -> &[Arc<str>] {
+        match self {
+            Paths::One(path) => std::slice::from_ref(path),
+            Paths::Several(paths) => paths,
+        }
+    }
 }
 
 impl ClaimIndex {
@@ -73,8 +87,7 @@ impl ClaimIndex {
 
     /// The watch of `scope` delivered `claim` (new or changed).
     pub fn put(&self, scope: usize, claim: &KeptClaim) {
-        let (Some(uid), Some(namespace), Some(name)) =
-            (claim.metadata.uid.as_deref(), claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref())
+        let (Some(namespace), Some(name)) = (claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref())
         else {
             return;
         };
@@ -97,69 +110,68 @@ impl ClaimIndex {
         let asks = claim.metadata.deletion_timestamp.is_some()
             || matches!(claim.phase(), None | Some(Phase::Pending))
             || claim.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(REVOKE_ANNOTATION));
+        let scope = u32::try_from(scope).unwrap_or(u32::MAX);
         let mut inner = self.inner.lock();
-        let same = inner.claims.get(uid).is_some_and(|e| {
+        let key = inner.key(namespace, name);
+        let same = inner.claims.get(&key).is_some_and(|e| {
+            let locks = e.locks.as_slice();
             e.scope == scope
                 && e.pod.as_deref() == pod
-                && e.locks.len() == paths.len()
-                && e.locks.iter().zip(&paths).all(|(a, b)| **a == **b)
+                && locks.len() == paths.len()
+                && locks.iter().zip(&paths).all(|(a, b)| **a == **b)
         });
-        let uid: Arc<str> = match inner.claims.get_key_value(uid) {
-            Some((key, _)) => key.clone(),
-            None => uid.into(),
-        };
         if !same {
-            inner.remove(&uid);
-            inner.insert(uid.clone(), scope, namespace, name, &paths, pod);
+            inner.remove(&key);
+            inner.insert(key.clone(), scope, &paths, pod);
         }
-        set(&mut inner.asking, &uid, asks);
-        set(&mut inner.unreadable, &uid, unreadable);
+        set(&mut inner.asking, &key, asks);
+        set(&mut inner.unreadable, &key, unreadable);
     }
 
-    /// Claim `uid` left its store.
-    pub fn remove(&self, uid: &str) {
-        self.inner.lock().remove(uid);
-    }
-
-    /// After a list of `scope`: its claims that `kept` (namespace, name, uid) says are not in
-    /// its store any more (deleted while the watch was away) leave the index.
-    pub fn retain(&self, scope: usize, kept: impl Fn(&str, &str, &str) -> bool) {
+    /// Claim `name` of `namespace` left its store.
+    pub fn remove(&self, namespace: &str, name: &str) {
         let mut inner = self.inner.lock();
-        let gone: Vec<Arc<str>> = inner
+        let key = ClaimRef { namespace: namespace.into(), name: name.into() };
+        inner.remove(&key);
+    }
+
+    /// After a list of `scope`: its claims that `kept` (namespace, name) says are not in its
+    /// store any more (deleted while the watch was away) leave the index.
+    pub fn retain(&self, scope: usize, kept: impl Fn(&str, &str) -> bool) {
+        let scope = u32::try_from(scope).unwrap_or(u32::MAX);
+        let mut inner = self.inner.lock();
+        let gone: Vec<ClaimRef> = inner
             .claims
             .iter()
-            .filter(|(uid, e)| e.scope == scope && !kept(&e.namespace, &e.name, uid))
-            .map(|(uid, _)| uid.clone())
+            .filter(|(key, e)| e.scope == scope && !kept(&key.namespace, &key.name))
+            .map(|(key, _)| key.clone())
             .collect();
-        for uid in gone {
-            inner.remove(&uid);
+        for key in gone {
+            inner.remove(&key);
         }
     }
 
     /// Every lock with the claims naming it, and the claims a term reads first.
     pub fn listed(&self) -> Listed {
         let inner = self.inner.lock();
-        let locks = inner
-            .by_lock
-            .iter()
-            .map(|(path, uids)| (path.to_string(), uids.iter().filter_map(|uid| inner.claim_ref(uid)).collect()))
-            .collect();
-        let refs = |uids: &HashSet<Arc<str>>| uids.iter().filter_map(|uid| inner.claim_ref(uid)).collect();
-        Listed { locks, asking: refs(&inner.asking), unreadable: refs(&inner.unreadable) }
+        let locks = inner.by_lock.iter().map(|(path, claims)| (path.to_string(), claims.iter().cloned().collect()));
+        let refs = |claims: &HashSet<ClaimRef>| claims.iter().cloned().collect();
+        Listed { locks: locks.collect(), asking: refs(&inner.asking), unreadable: refs(&inner.unreadable) }
     }
 
-    /// The lock paths claim `uid` names.
-    pub fn lock_paths(&self, uid: &str) -> Vec<Arc<str>> {
-        self.inner.lock().claims.get(uid).map(|e| e.locks.to_vec()).unwrap_or_default()
+    /// The lock paths claim `name` of `namespace` names.
+    pub fn lock_paths(&self, namespace: &str, name: &str) -> Vec<Arc<str>> {
+        let inner = self.inner.lock();
+        let key = ClaimRef { namespace: namespace.into(), name: name.into() };
+        inner.claims.get(&key).map(|e| e.locks.as_slice().to_vec()).unwrap_or_default()
     }
 
     /// The claims naming pod `name` of `namespace` as their holder.
     pub fn claims_of_pod(&self, namespace: &str, name: &str) -> Vec<ClaimRef> {
         let inner = self.inner.lock();
         let Some((ns, _)) = inner.namespaces.get_key_value(namespace) else { return vec![] };
-        let ns = ns.clone();
-        let Some(uids) = inner.by_pod.get(&(ns, name.into())) else { return vec![] };
-        uids.iter().filter_map(|uid| inner.claim_ref(uid)).collect()
+        let Some(claims) = inner.by_pod.get(&(ns.clone(), name.into())) else { return vec![] };
+        claims.iter().cloned().collect()
     }
 
     /// Every (namespace, pod) some claim names as its holder.
@@ -168,78 +180,78 @@ impl ClaimIndex {
     }
 }
 
-fn set(set: &mut HashSet<Arc<str>>, uid: &Arc<str>, member: bool) {
+fn set(set: &mut HashSet<ClaimRef>, key: &ClaimRef, member: bool) {
     if member {
-        set.insert(uid.clone());
+        if !set.contains(key) {
+            set.insert(key.clone());
+        }
     } else {
-        set.remove(uid);
+        set.remove(key);
     }
 }
 
 impl Inner {
-    fn claim_ref(&self, uid: &Arc<str>) -> Option<ClaimRef> {
-        let e = self.claims.get(uid)?;
-        Some(ClaimRef { uid: uid.clone(), namespace: e.namespace.clone(), name: e.name.clone() })
+    /// The index's key for a claim: its copies of the namespace and name if it has them.
+    fn key(&self, namespace: &str, name: &str) -> ClaimRef {
+        let probe = ClaimRef { namespace: namespace.into(), name: name.into() };
+        if let Some((key, _)) = self.claims.get_key_value(&probe) {
+            return key.clone();
+        }
+        match self.namespaces.get_key_value(namespace) {
+            Some((ns, _)) => ClaimRef { namespace: ns.clone(), name: probe.name },
+            None => probe,
+        }
     }
 
-    fn insert(
-        &mut self,
-        uid: Arc<str>,
-        scope: usize,
-        namespace: &str,
-        name: &str,
-        paths: &[String],
-        pod: Option<&str>,
-    ) {
-        let namespace = match self.namespaces.get_key_value(namespace) {
-            Some((ns, _)) => ns.clone(),
-            None => namespace.into(),
-        };
-        *self.namespaces.entry(namespace.clone()).or_default() += 1;
-        let locks: Box<[Arc<str>]> = paths
+    fn insert(&mut self, key: ClaimRef, scope: u32, paths: &[String], pod: Option<&str>) {
+        *self.namespaces.entry(key.namespace.clone()).or_default() += 1;
+        let mut shared: Vec<Arc<str>> = paths
             .iter()
             .map(|path| {
-                let key = match self.by_lock.get_key_value(path.as_str()) {
-                    Some((key, _)) => key.clone(),
+                let path = match self.by_lock.get_key_value(path.as_str()) {
+                    Some((path, _)) => path.clone(),
                     None => Arc::from(path.as_str()),
                 };
-                self.by_lock.entry(key.clone()).or_default().insert(uid.clone());
-                key
+                self.by_lock.entry(path.clone()).or_default().insert(key.clone());
+                path
             })
             .collect();
+        let locks = match (shared.len(), shared.pop()) {
+            (1, Some(path)) => Paths::One(path),
+            (_, last) => Paths::Several(shared.into_iter().chain(last).collect()),
+        };
         if let Some(pod) = pod {
-            self.by_pod.entry((namespace.clone(), pod.into())).or_default().insert(uid.clone());
+            self.by_pod.entry((key.namespace.clone(), pod.into())).or_default().insert(key.clone());
         }
-        let entry = Entry { scope, namespace, name: name.into(), locks, pod: pod.map(Into::into) };
-        self.claims.insert(uid, entry);
+        self.claims.insert(key, Entry { scope, locks, pod: pod.map(Into::into) });
     }
 
-    fn remove(&mut self, uid: &str) {
-        self.asking.remove(uid);
-        self.unreadable.remove(uid);
-        let Some(entry) = self.claims.remove(uid) else { return };
-        for lock in entry.locks.iter() {
-            if let Some(uids) = self.by_lock.get_mut(lock) {
-                uids.remove(uid);
-                if uids.is_empty() {
+    fn remove(&mut self, key: &ClaimRef) {
+        self.asking.remove(key);
+        self.unreadable.remove(key);
+        let Some(entry) = self.claims.remove(key) else { return };
+        for lock in entry.locks.as_slice() {
+            if let Some(claims) = self.by_lock.get_mut(lock) {
+                claims.remove(key);
+                if claims.is_empty() {
                     self.by_lock.remove(lock);
                 }
             }
         }
         if let Some(pod) = entry.pod {
-            let key = (entry.namespace.clone(), pod);
-            if let Some(uids) = self.by_pod.get_mut(&key) {
-                uids.remove(uid);
-                if uids.is_empty() {
-                    self.by_pod.remove(&key);
+            let pod_key = (key.namespace.clone(), pod);
+            if let Some(claims) = self.by_pod.get_mut(&pod_key) {
+                claims.remove(key);
+                if claims.is_empty() {
+                    self.by_pod.remove(&pod_key);
                 }
             }
         }
         // The last claim of a namespace takes its copy along.
-        if let Some(count) = self.namespaces.get_mut(&entry.namespace) {
+        if let Some(count) = self.namespaces.get_mut(&key.namespace) {
             *count -= 1;
             if *count == 0 {
-                self.namespaces.remove(&entry.namespace);
+                self.namespaces.remove(&key.namespace);
             }
         }
     }
@@ -251,7 +263,7 @@ mod tests {
 
     fn claim(uid: &str, spec: serde_json::Value, status: Option<serde_json::Value>) -> KeptClaim {
         let mut object = serde_json::json!({
-            "metadata": {"name": format!("c-{uid}"), "namespace": "ns", "uid": uid},
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid},
             "spec": spec,
         });
         if let Some(status) = status {
@@ -269,7 +281,7 @@ mod tests {
     }
 
     fn uids(refs: &[ClaimRef]) -> Vec<&str> {
-        let mut uids: Vec<&str> = refs.iter().map(|r| &*r.uid).collect();
+        let mut uids: Vec<&str> = refs.iter().map(|r| &*r.name).collect();
         uids.sort();
         uids
     }
@@ -287,15 +299,15 @@ mod tests {
         assert_eq!(uids(&listed.locks[&path]), ["a", "b"]);
         assert_eq!(uids(&listed.locks[&cluster]), ["b"]);
         assert_eq!(uids(&listed.asking), ["c"], "only the claim with no phase asks");
-        assert_eq!(index.lock_paths("b"), [Arc::from(path.as_str()), Arc::from(cluster.as_str())]);
+        assert_eq!(index.lock_paths("ns", "b"), [Arc::from(path.as_str()), Arc::from(cluster.as_str())]);
 
-        index.remove("a");
-        index.retain(0, |_, _, uid| uid != "c");
+        index.remove("ns", "a");
+        index.retain(0, |_, name| name != "c");
         let listed = index.listed();
         assert_eq!(uids(&listed.locks[&path]), ["b"]);
         assert!(!listed.locks.contains_key(&layout().lock("ns", "m")), "an emptied lock goes");
         assert!(listed.asking.is_empty(), "a claim that left the store asks for nothing");
-        index.remove("b");
+        index.remove("ns", "b");
         let inner = index.inner.lock();
         assert!(inner.by_lock.is_empty() && inner.namespaces.is_empty() && inner.claims.is_empty());
     }
@@ -318,8 +330,8 @@ mod tests {
             ),
         );
         assert!(index.listed().asking.is_empty());
-        index.remove("a");
-        index.remove("b");
+        index.remove("ns", "a");
+        index.remove("ns", "b");
         assert!(index.claims_of_pod("ns", "p").is_empty());
         assert!(index.holder_pods().is_empty());
     }

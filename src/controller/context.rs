@@ -165,7 +165,19 @@ impl Context {
         // not after the walk (which takes Held claims last).
         let asks = claim_facts::asks(claim, self.registry.recorded_phase(claim)) || self.holder_may_be_gone(claim);
         if asks {
-            self.serving.defer(uid);
+            // Not noted yet (the pass notes a claim when it takes its locks): deferred with its
+            // locks, which the pass takes next.
+            let locks = match self.registry.lock_paths(uid) {
+                Some(_) => vec![],
+                None => claim.metadata.namespace.as_deref().map_or_else(Vec::new, |namespace| {
+                    let refs = claim.spec.lock_refs();
+                    refs.iter()
+                        .filter_map(|l| super::base::ids::path_of_ref(&self.layout, namespace, l))
+                        .map(Arc::from)
+                        .collect()
+                }),
+            };
+            self.serving.defer(uid, locks);
         }
         let serves = self.serves(uid);
         if serves && asks {

@@ -371,13 +371,13 @@ fn deliver(shared: &Shared, store: &Store<KeptClaim>, event: watcher::Event<Kept
     match &event {
         watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) => shared.index.put(shared.scope, claim),
         watcher::Event::Delete(claim) => {
-            if let Some(uid) = claim.metadata.uid.as_deref() {
-                shared.index.remove(uid);
+            if let (Some(namespace), Some(name)) = (claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref())
+            {
+                shared.index.remove(namespace, name);
             }
         }
-        watcher::Event::InitDone => shared.index.retain(shared.scope, |namespace, name, uid| {
-            let object = reflector::ObjectRef::new(name).within(namespace);
-            store.get(&object).is_some_and(|c| c.metadata.uid.as_deref() == Some(uid))
+        watcher::Event::InitDone => shared.index.retain(shared.scope, |namespace, name| {
+            store.get(&reflector::ObjectRef::new(name).within(namespace)).is_some()
         }),
         watcher::Event::Init => {}
     }
@@ -593,7 +593,7 @@ mod tests {
         watch(&mut writer, &shared, watcher::Event::InitDone);
         let listed = |shared: &Shared| {
             let mut uids: Vec<String> =
-                shared.index.listed().locks.values().flatten().map(|r| r.uid.to_string()).collect();
+                shared.index.listed().locks.values().flatten().map(|r| r.name.to_string()).collect();
             uids.sort();
             uids
         };

@@ -139,8 +139,12 @@ pub fn claims_of_pod(ctx: &Context, pod: &HolderPod) -> Vec<ObjectRef<KeptClaim>
     let mut claims: Vec<ObjectRef<KeptClaim>> = noted.iter().filter_map(|uid| ctx.object_ref(uid)).collect();
     if !ctx.serving.anchored() {
         let listed = ctx.claim_index.claims_of_pod(&namespace, &name);
-        let unnoted = listed.into_iter().filter(|r| !noted.iter().any(|uid| **uid == *r.uid));
-        claims.extend(unnoted.map(|r| ObjectRef::new(&r.name).within(&r.namespace)));
+        for r in listed {
+            let object = ObjectRef::new(&r.name).within(&r.namespace);
+            if !claims.contains(&object) {
+                claims.push(object);
+            }
+        }
     }
     claims
 }
@@ -194,9 +198,7 @@ pub fn holder_pods(
                     for (namespace, pod) in ctx.claim_index.holder_pods() {
                         if ctx.holder_pods.listed_without(&namespace, &pod) {
                             for r in ctx.claim_index.claims_of_pod(&namespace, &pod) {
-                                if ctx.registry.key(&r.uid).is_none() {
-                                    ctx.triggers.claim(ObjectRef::new(&r.name).within(&r.namespace));
-                                }
+                                ctx.triggers.claim(ObjectRef::new(&r.name).within(&r.namespace));
                             }
                         }
                     }
