@@ -50,11 +50,11 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
             locks.entry(live.1.lock.clone()).or_default().read.push(live);
         }
     }
-    let asked: HashSet<Arc<str>> =
-        asking.iter().flat_map(|r| ctx.claim_index.lock_paths(&r.namespace, &r.name)).collect();
+    let asked: HashSet<Arc<str>> = asking.iter().flat_map(|(_, paths)| paths.iter().cloned()).collect();
     tracing::debug!(took = ?started.elapsed(), locks = locks.len(), "the stores' locks listed");
-    // Directories that hold nodes of earlier sessions but no claim any more: their stale nodes
-    // must go too, or new claims would queue behind them until the old session expires.
+    // Directories that hold nodes of earlier sessions but no unfinished claim any more: their
+    // stale nodes must go too, or new claims would queue behind them until the old session
+    // expires.
     let stale_only = ctx.engine.directories_with_nodes(&ctx.layout, |path| locks.contains_key(path)).await?;
     for (namespace, path) in stale_only {
         if served_directory(ctx.scopes.namespaces(), &namespace) {
@@ -63,14 +63,14 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     }
     tracing::debug!(took = ?started.elapsed(), "directories with nodes scanned");
     // The session this pass re-anchors in; new contenders may join the queues of every other
-    // lock from now on (none of our nodes is there, no claim names it).
+    // lock from now on (none of our nodes is there, no unfinished claim names it).
     let (session, todo) = ctx.engine.begin_reanchoring(locks.keys().cloned())?;
     locks.retain(|path, _| todo.contains(path));
     ctx.serving.begin_reanchoring();
     // Claims that ask for something in locks admitted already (an earlier attempt of this
     // pass, in the same session): served now.
-    for r in &asking {
-        if ctx.claim_index.lock_paths(&r.namespace, &r.name).iter().all(|path| !todo.contains(&**path)) {
+    for (r, paths) in &asking {
+        if paths.iter().all(|path| !todo.contains(&**path)) {
             ctx.triggers.claim(ObjectRef::new(&r.name).within(&r.namespace));
         }
     }
@@ -184,7 +184,10 @@ fn lock_holds(ctx: &Context, path: &str, to_take: ToTake) -> (Vec<Live>, Vec<Str
             // Deleted, and its cleanup is done (our finalizer went; another keeps the object):
             // it holds nothing and waits for nothing, in this term too. Neither its node nor a
             // stamp is awaited: no reconcile of it will ever run again to make or give them.
-            // One that cannot be read was read before the pass (`unreadable_holds`).
+            // One that cannot be read now but could when the pass listed the index: its spec is
+            // as it was (immutable), so only its status became unreadable, and an unreadable
+            // status records no node (`claim_facts::recorded_parts`): it holds nothing it
+            // could be re-anchored with, as `unreadable_holds` would find.
             continue;
         }
         let phase = ctx.registry.recorded_phase(&claim);

@@ -5,13 +5,17 @@
 //! granted (docs/benchmarks.md, "The barrier at a term's start"). The price is memory, in the
 //! standby too: see docs/benchmarks.md.
 //!
-//! Only what a claim's spec says (immutable: the CRD refuses a change) and what orders the
-//! pass (whether the claim asks for something, by its own status) is kept; which claim holds
-//! what is always read from the claim itself, in the store, when its lock is taken.
+//! Only unfinished claims are kept (a final phase is final, and a claim whose cleanup is over
+//! holds nothing: neither is ever taken into a pass), with what their spec says (immutable: the
+//! CRD refuses a change) and what orders the pass (whether the claim asks for something, by its
+//! own status); which claim holds what is always read from the claim itself, in the store, when
+//! its lock is taken.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use super::base::claim_facts;
 use crate::api::{KeptClaim, LockName, Phase, REVOKE_ANNOTATION};
 use crate::zk::Layout;
 
@@ -29,8 +33,9 @@ pub struct ClaimRef {
 pub struct Listed {
     /// Lock path → the claims naming it.
     pub locks: BTreeMap<String, Vec<ClaimRef>>,
-    /// Claims that ask for something (new, being deleted, revoked), by their own status.
-    pub asking: Vec<ClaimRef>,
+    /// Claims that ask for something (new, being deleted, revoked), by their own status, each
+    /// with its lock paths.
+    pub asking: Vec<(ClaimRef, Vec<Arc<str>>)>,
     /// Claims whose spec or status cannot be read: where they hold is only in their status,
     /// so the term reads each of them before it judges any lock.
     pub unreadable: Vec<ClaimRef>,
@@ -58,6 +63,9 @@ struct Inner {
 }
 
 struct Entry {
+    /// A hash of its UID: a claim made again under the name (deleted and made while the watch
+    /// was away) is another claim, with locks of its own.
+    uid: u64,
     /// The feed's scope whose store has it.
     scope: u32,
     /// Lock paths, shared with `by_lock`'s keys.
@@ -85,44 +93,50 @@ impl ClaimIndex {
         ClaimIndex { layout, inner: Default::default() }
     }
 
-    /// The watch of `scope` delivered `claim` (new or changed).
+    /// The watch of `scope` delivered `claim` (new or changed). Runs at every delivery: a claim
+    /// known already only has its flags looked at.
     pub fn put(&self, scope: usize, claim: &KeptClaim) {
         let (Some(namespace), Some(name)) = (claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref())
         else {
             return;
         };
+        let phase = claim.phase();
+        if phase.is_some_and(Phase::is_terminal) || claim_facts::cleaned_up(claim) {
+            self.remove(namespace, name);
+            return;
+        }
         let unreadable = claim.unreadable.is_some();
-        let paths: Vec<String> = if unreadable {
-            vec![]
-        } else {
-            claim
-                .spec
-                .lock_names()
-                .filter_map(|lock| match lock {
-                    // No lock named (the schema refuses it): none, as the registry has it.
-                    LockName::Namespaced("") => None,
-                    LockName::Namespaced(lock) => Some(self.layout.lock(namespace, lock)),
-                    LockName::Cluster(lock) => Some(self.layout.cluster_lock(lock)),
-                })
-                .collect()
-        };
-        let pod = claim.spec.holder.as_ref().map(|h| h.pod_name.as_str()).filter(|_| !unreadable);
         let asks = claim.metadata.deletion_timestamp.is_some()
-            || matches!(claim.phase(), None | Some(Phase::Pending))
+            || matches!(phase, None | Some(Phase::Pending))
             || claim.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(REVOKE_ANNOTATION));
+        let uid = {
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            claim.metadata.uid.hash(&mut hasher);
+            hasher.finish()
+        };
         let scope = u32::try_from(scope).unwrap_or(u32::MAX);
         let mut inner = self.inner.lock();
         let key = inner.key(namespace, name);
-        let same = inner.claims.get(&key).is_some_and(|e| {
-            let locks = e.locks.as_slice();
-            e.scope == scope
-                && e.pod.as_deref() == pod
-                && locks.len() == paths.len()
-                && locks.iter().zip(&paths).all(|(a, b)| **a == **b)
-        });
+        let same = inner.claims.get(&key).is_some_and(|e| e.uid == uid && e.scope == scope)
+            && inner.unreadable.contains(&key) == unreadable;
         if !same {
+            let paths: Vec<String> = if unreadable {
+                vec![]
+            } else {
+                claim
+                    .spec
+                    .lock_names()
+                    .filter_map(|lock| match lock {
+                        // No lock named (the schema refuses it): none, as the registry has it.
+                        LockName::Namespaced("") => None,
+                        LockName::Namespaced(lock) => Some(self.layout.lock(namespace, lock)),
+                        LockName::Cluster(lock) => Some(self.layout.cluster_lock(lock)),
+                    })
+                    .collect()
+            };
+            let pod = claim.spec.holder.as_ref().map(|h| h.pod_name.as_str()).filter(|_| !unreadable);
             inner.remove(&key);
-            inner.insert(key.clone(), scope, &paths, pod);
+            inner.insert(key.clone(), (uid, scope), &paths, pod);
         }
         set(&mut inner.asking, &key, asks);
         set(&mut inner.unreadable, &key, unreadable);
@@ -151,19 +165,14 @@ impl ClaimIndex {
         }
     }
 
-    /// Every lock with the claims naming it, and the claims a term reads first.
+    /// Every lock an unfinished claim names, with those claims, and the claims a term reads
+    /// first.
     pub fn listed(&self) -> Listed {
         let inner = self.inner.lock();
         let locks = inner.by_lock.iter().map(|(path, claims)| (path.to_string(), claims.iter().cloned().collect()));
-        let refs = |claims: &HashSet<ClaimRef>| claims.iter().cloned().collect();
-        Listed { locks: locks.collect(), asking: refs(&inner.asking), unreadable: refs(&inner.unreadable) }
-    }
-
-    /// The lock paths claim `name` of `namespace` names.
-    pub fn lock_paths(&self, namespace: &str, name: &str) -> Vec<Arc<str>> {
-        let inner = self.inner.lock();
-        let key = ClaimRef { namespace: namespace.into(), name: name.into() };
-        inner.claims.get(&key).map(|e| e.locks.as_slice().to_vec()).unwrap_or_default()
+        let paths = |key: &ClaimRef| inner.claims.get(key).map(|e| e.locks.as_slice().to_vec()).unwrap_or_default();
+        let asking = inner.asking.iter().map(|key| (key.clone(), paths(key))).collect();
+        Listed { locks: locks.collect(), asking, unreadable: inner.unreadable.iter().cloned().collect() }
     }
 
     /// The claims naming pod `name` of `namespace` as their holder.
@@ -203,7 +212,8 @@ impl Inner {
         }
     }
 
-    fn insert(&mut self, key: ClaimRef, scope: u32, paths: &[String], pod: Option<&str>) {
+    /// Enters claim `key` (its UID's hash, its scope) with lock `paths` and holder `pod`.
+    fn insert(&mut self, key: ClaimRef, (uid, scope): (u64, u32), paths: &[String], pod: Option<&str>) {
         *self.namespaces.entry(key.namespace.clone()).or_default() += 1;
         let mut shared: Vec<Arc<str>> = paths
             .iter()
@@ -223,7 +233,7 @@ impl Inner {
         if let Some(pod) = pod {
             self.by_pod.entry((key.namespace.clone(), pod.into())).or_default().insert(key.clone());
         }
-        self.claims.insert(key, Entry { scope, locks, pod: pod.map(Into::into) });
+        self.claims.insert(key, Entry { uid, scope, locks, pod: pod.map(Into::into) });
     }
 
     fn remove(&mut self, key: &ClaimRef) {
@@ -261,15 +271,24 @@ impl Inner {
 mod tests {
     use super::*;
 
-    fn claim(uid: &str, spec: serde_json::Value, status: Option<serde_json::Value>) -> KeptClaim {
+    /// Claim `name` (its UID `uid`), with `spec` and, if given, `status`.
+    fn made(name: &str, uid: &str, spec: serde_json::Value, status: Option<serde_json::Value>) -> KeptClaim {
         let mut object = serde_json::json!({
-            "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "metadata": {"name": name, "namespace": "ns", "uid": uid},
             "spec": spec,
         });
         if let Some(status) = status {
             object["status"] = status;
         }
         serde_json::from_value(object).expect("a claim")
+    }
+
+    fn claim(name: &str, spec: serde_json::Value, status: Option<serde_json::Value>) -> KeptClaim {
+        made(name, name, spec, status)
+    }
+
+    fn phase(phase: &str) -> Option<serde_json::Value> {
+        Some(serde_json::json!({ "phase": phase }))
     }
 
     fn layout() -> Layout {
@@ -280,57 +299,82 @@ mod tests {
         ClaimIndex::new(layout())
     }
 
-    fn uids(refs: &[ClaimRef]) -> Vec<&str> {
-        let mut uids: Vec<&str> = refs.iter().map(|r| &*r.name).collect();
-        uids.sort();
-        uids
+    fn names(refs: &[ClaimRef]) -> Vec<&str> {
+        let mut names: Vec<&str> = refs.iter().map(|r| &*r.name).collect();
+        names.sort();
+        names
+    }
+
+    fn asking(index: &ClaimIndex) -> Vec<(String, Vec<String>)> {
+        let mut asking: Vec<(String, Vec<String>)> = index
+            .listed()
+            .asking
+            .into_iter()
+            .map(|(r, paths)| (r.name.to_string(), paths.iter().map(|p| p.to_string()).collect()))
+            .collect();
+        asking.sort();
+        asking
     }
 
     #[test]
-    fn a_lock_lists_exactly_the_claims_in_the_stores_that_name_it() {
+    fn a_lock_lists_exactly_the_unfinished_claims_in_the_stores_that_name_it() {
         let index = index();
-        let held = Some(serde_json::json!({"phase": "Held"}));
-        index.put(0, &claim("a", serde_json::json!({"lockName": "l"}), held.clone()));
-        index.put(0, &claim("b", serde_json::json!({"locks": [{"lockName": "l"}, {"clusterLockName": "c"}]}), held));
-        index.put(0, &claim("c", serde_json::json!({"lockName": "m"}), None));
+        let (path, cluster) = (layout().lock("ns", "l"), layout().cluster_lock("c"));
+        index.put(0, &claim("a", serde_json::json!({"lockName": "l"}), phase("Held")));
+        index.put(0, &claim("b", serde_json::json!({"locks": [{"lockName": "l"}, {"clusterLockName": "c"}]}), None));
+        index.put(0, &claim("c", serde_json::json!({"lockName": "m"}), phase("Waiting")));
+        index.put(0, &claim("d", serde_json::json!({"lockName": "done"}), phase("Released")));
         let listed = index.listed();
-        let path = layout().lock("ns", "l");
-        let cluster = layout().cluster_lock("c");
-        assert_eq!(uids(&listed.locks[&path]), ["a", "b"]);
-        assert_eq!(uids(&listed.locks[&cluster]), ["b"]);
-        assert_eq!(uids(&listed.asking), ["c"], "only the claim with no phase asks");
-        assert_eq!(index.lock_paths("ns", "b"), [Arc::from(path.as_str()), Arc::from(cluster.as_str())]);
+        assert_eq!(names(&listed.locks[&path]), ["a", "b"]);
+        assert_eq!(names(&listed.locks[&cluster]), ["b"]);
+        assert!(!listed.locks.contains_key(&layout().lock("ns", "done")), "a lock only finished claims name");
+        assert_eq!(asking(&index), [("b".to_string(), vec![path.clone(), cluster.clone()])], "the claim with no phase");
 
-        index.remove("ns", "a");
-        index.retain(0, |_, name| name != "c");
+        // Finished: it leaves (a final phase is final).
+        index.put(0, &claim("a", serde_json::json!({"lockName": "l"}), phase("Lost")));
+        index.remove("ns", "c");
         let listed = index.listed();
-        assert_eq!(uids(&listed.locks[&path]), ["b"]);
+        assert_eq!(names(&listed.locks[&path]), ["b"]);
         assert!(!listed.locks.contains_key(&layout().lock("ns", "m")), "an emptied lock goes");
-        assert!(listed.asking.is_empty(), "a claim that left the store asks for nothing");
+        index.put(0, &claim("b", serde_json::json!({"lockName": "l"}), phase("Waiting")));
+        assert!(asking(&index).is_empty(), "granted a place: it asks for nothing any more");
         index.remove("ns", "b");
         let inner = index.inner.lock();
         assert!(inner.by_lock.is_empty() && inner.namespaces.is_empty() && inner.claims.is_empty());
     }
 
     #[test]
-    fn a_holder_pod_names_its_claims_until_they_go() {
+    fn a_claim_made_again_under_its_name_is_indexed_with_its_own_locks_and_pod() {
+        let index = index();
+        index.put(0, &made("a", "u1", serde_json::json!({"lockName": "l", "holder": {"podName": "p"}}), None));
+        // Deleted and made again while the watch was away: the list brings the new one.
+        index.put(0, &made("a", "u2", serde_json::json!({"lockName": "m", "holder": {"podName": "q"}}), None));
+        let listed = index.listed();
+        assert_eq!(listed.locks.keys().cloned().collect::<Vec<_>>(), [layout().lock("ns", "m")]);
+        assert!(index.claims_of_pod("ns", "p").is_empty());
+        assert_eq!(names(&index.claims_of_pod("ns", "q")), ["a"]);
+        assert_eq!(index.inner.lock().namespaces.get("ns"), Some(&1), "one claim in the namespace");
+    }
+
+    #[test]
+    fn a_list_retains_only_its_own_scopes_claims() {
+        let index = index();
+        index.put(0, &claim("a", serde_json::json!({"lockName": "l"}), None));
+        index.put(1, &claim("b", serde_json::json!({"lockName": "l"}), None));
+        index.retain(0, |_, _| false);
+        assert_eq!(names(&index.listed().locks[&layout().lock("ns", "l")]), ["b"], "scope 1's claim stays");
+    }
+
+    #[test]
+    fn a_holder_pod_names_its_claims_until_they_finish_or_go() {
         let index = index();
         let spec = serde_json::json!({"lockName": "l", "holder": {"podName": "p"}});
-        index.put(0, &claim("a", spec.clone(), None));
-        index.put(0, &claim("b", spec, Some(serde_json::json!({"phase": "Waiting"}))));
-        assert_eq!(uids(&index.claims_of_pod("ns", "p")), ["a", "b"]);
+        index.put(0, &claim("a", spec.clone(), phase("Held")));
+        index.put(0, &claim("b", spec.clone(), phase("Waiting")));
+        assert_eq!(names(&index.claims_of_pod("ns", "p")), ["a", "b"]);
         assert!(index.claims_of_pod("other", "p").is_empty());
-        // A later copy that asks for nothing any more (granted) is still the same claim.
-        index.put(
-            0,
-            &claim(
-                "a",
-                serde_json::json!({"lockName": "l", "holder": {"podName": "p"}}),
-                Some(serde_json::json!({"phase": "Held"})),
-            ),
-        );
-        assert!(index.listed().asking.is_empty());
-        index.remove("ns", "a");
+        index.put(0, &claim("a", spec, phase("Released")));
+        assert_eq!(names(&index.claims_of_pod("ns", "p")), ["b"], "a finished claim asks for nothing");
         index.remove("ns", "b");
         assert!(index.claims_of_pod("ns", "p").is_empty());
         assert!(index.holder_pods().is_empty());
@@ -343,7 +387,7 @@ mod tests {
         unreadable.unreadable = Some("spec: invalid".into());
         index.put(0, &unreadable);
         let listed = index.listed();
-        assert_eq!(uids(&listed.unreadable), ["u"]);
+        assert_eq!(names(&listed.unreadable), ["u"]);
         assert!(listed.locks.is_empty());
         // Readable again (its status was mended): it names its lock now.
         index.put(0, &claim("u", serde_json::json!({"lockName": "l"}), None));

@@ -162,8 +162,11 @@ impl Context {
             return true;
         }
         // A holder whose pod may be gone asks for its release: served as soon as its locks are,
-        // not after the walk (which takes Held claims last).
-        let asks = claim_facts::asks(claim, self.registry.recorded_phase(claim)) || self.holder_may_be_gone(claim);
+        // not after the walk (which takes Held claims last). A finished claim's pod going asks
+        // for nothing of a lock (its cleanup waits for the walk).
+        let phase = self.registry.recorded_phase(claim);
+        let finished = phase.is_some_and(crate::api::Phase::is_terminal);
+        let asks = claim_facts::asks(claim, phase) || (!finished && self.holder_may_be_gone(claim));
         if asks {
             // Not noted yet (the pass notes a claim when it takes its locks): deferred with its
             // locks, which the pass takes next.

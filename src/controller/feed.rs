@@ -357,17 +357,8 @@ fn shared_copy(store: &Store<KeptClaim>, event: watcher::Event<KeptClaim>) -> Ev
 
 /// Hands one event of the watch, already in `store`, to the term, if any.
 fn deliver(shared: &Shared, store: &Store<KeptClaim>, event: watcher::Event<KeptClaim>) {
-    if let watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) = &event {
-        let mut recording = shared.recording.lock();
-        if !recording.is_empty() {
-            if let (Some(uid), Some(version)) = (claim.metadata.uid.as_deref(), &claim.metadata.resource_version) {
-                for (_, versions) in recording.iter_mut().filter(|(u, _)| u == uid) {
-                    versions.insert(version.clone());
-                }
-            }
-        }
-    }
-    // Before the delivery is told: a term's sync waits for it, and reads the index after.
+    // Before the delivery is recorded or told: a term's sync waits for it, and reads the index
+    // after.
     match &event {
         watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) => shared.index.put(shared.scope, claim),
         watcher::Event::Delete(claim) => {
@@ -380,6 +371,16 @@ fn deliver(shared: &Shared, store: &Store<KeptClaim>, event: watcher::Event<Kept
             store.get(&reflector::ObjectRef::new(name).within(namespace)).is_some()
         }),
         watcher::Event::Init => {}
+    }
+    if let watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) = &event {
+        let mut recording = shared.recording.lock();
+        if !recording.is_empty() {
+            if let (Some(uid), Some(version)) = (claim.metadata.uid.as_deref(), &claim.metadata.resource_version) {
+                for (_, versions) in recording.iter_mut().filter(|(u, _)| u == uid) {
+                    versions.insert(version.clone());
+                }
+            }
+        }
     }
     let mut subscriber = shared.subscriber.lock();
     match event {

@@ -132,12 +132,15 @@ impl HolderPods {
         }
     }
 
-    /// Whether every store has listed its pods and none has `namespace/name`.
-    pub fn listed_without(&self, namespace: &str, name: &str) -> bool {
+    /// Whether every store has listed its pods.
+    pub fn all_listed(&self) -> bool {
         use futures::FutureExt;
-        let key = ObjectRef::new(name).within(namespace);
         self.stores.iter().all(|store| store.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok()))
-            && self.stores.iter().all(|store| store.get(&key).is_none())
+    }
+
+    /// Whether the store of `scope` (listed: see [`Self::all_listed`]) lacks pod `namespace/name`.
+    pub fn lacks(&self, scope: usize, namespace: &str, name: &str) -> bool {
+        self.stores.get(scope).is_some_and(|store| store.get(&ObjectRef::new(name).within(namespace)).is_none())
     }
 
     /// What the store proves about `namespace/name` for a claim bound to `expected`.

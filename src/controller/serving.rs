@@ -20,8 +20,8 @@ pub struct Serving {
     /// stores: their readiness is a one-shot channel that wakes one waiter only.
     limits_unlisted: channel::Sender<usize>,
     /// Scopes whose claims are not yet all replayed into the term (see `watch::claims`): the
-    /// first pass does not wait for them (it notes every claim of the stores itself before it
-    /// judges any lock: see `anchor::listed_holds`), the rest of the term does.
+    /// first pass does not wait for them (it notes every claim of a lock itself before it
+    /// judges that lock: see `anchor::lock_holds`), the rest of the term does.
     claims_unreplayed: channel::Sender<usize>,
     /// Set once the first re-anchoring is done: every claim is reconciled from then on.
     anchored: AtomicBool,

@@ -86,7 +86,7 @@ fn gated_pod_of(ctx: &Context, claim: &KeptClaim) {
 }
 
 /// The watch delivers new claims in creation order: note it before any reconcile of them (and
-/// before the first pass judges its locks: see `anchor::listed_holds`).
+/// before the first pass judges its locks: see `anchor::lock_holds`).
 pub(super) fn first_seen(ctx: &Context, claim: &KeptClaim) {
     let (Some(uid), Some(name), Some(namespace)) =
         (claim.metadata.uid.as_deref(), claim.metadata.name.as_deref(), claim.metadata.namespace.as_deref())
@@ -192,11 +192,13 @@ pub fn holder_pods(
                 for uid in ctx.registry.claims_with_holders() {
                     ctx.trigger(&uid);
                 }
-                if !ctx.serving.anchored() {
-                    // Claims the first pass has not noted yet whose pod is not there: their
-                    // locks are taken first (see `anchor::PassQueue`).
+                // Once every scope's pods are listed (each list's end comes here), before the
+                // first pass is over: claims it has not noted yet whose pod is not there have
+                // their locks taken first (see `anchor::PassQueue`).
+                if !ctx.serving.anchored() && ctx.holder_pods.all_listed() {
                     for (namespace, pod) in ctx.claim_index.holder_pods() {
-                        if ctx.holder_pods.listed_without(&namespace, &pod) {
+                        let scope = ctx.scopes.of(Some(&namespace));
+                        if scope.is_some_and(|scope| ctx.holder_pods.lacks(scope, &namespace, &pod)) {
                             for r in ctx.claim_index.claims_of_pod(&namespace, &pod) {
                                 ctx.triggers.claim(ObjectRef::new(&r.name).within(&r.namespace));
                             }
