@@ -6,12 +6,10 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
 use super::base::ids::{self, Part};
-use super::base::{claim_facts, Error, Uid};
-use super::claim_index::{ClaimRef, Listed};
+use super::base::{claim_facts, Error};
 use super::context::Context;
 use crate::api::{validate_spec, KeptClaim, Phase};
 use crate::zk::{ContenderSpec, ContenderState, LostReason, Recorded};
@@ -27,34 +25,21 @@ fn served_directory(served: &[String], namespace: &str) -> bool {
 type Live = (Arc<KeptClaim>, Part, Option<String>);
 
 /// Re-anchors every lock from the claims the watches listed (they must have listed them once;
-/// the claims need not have been replayed into the term: each is noted in the registry here,
-/// before its lock is judged). A claim over several locks is re-anchored in each of them, as one
-/// contender per lock; in each lock the claims keep their recorded order, so two claims stand
-/// in the same order in every lock they share, as when they were first enqueued.
+/// the claims need not have been replayed into the term: each is noted in the registry here).
+/// A claim over several locks is re-anchored in each of them, as one contender per lock; in
+/// each lock the claims keep their recorded order, so two claims stand in the same order in
+/// every lock they share, as when they were first enqueued.
 ///
 /// Each lock admits new contenders as soon as it is re-anchored (unless a verdict on one of its
 /// holders waits for the whole pass: see below), and locks where a claim asks for something go
 /// first: their claims are reconciled at once (see [`Context::serves`]), the others when the pass
-/// is over (the caller's walk). Which claims name a lock comes from the feeds' index (see
-/// `claim_index`); each claim is read from its store only when its lock is taken, so the first
-/// locks are judged without going through every claim first.
+/// is over (the caller's walk).
 pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     let started = std::time::Instant::now();
-    let Listed { locks: named, asking, unreadable } = ctx.claim_index.listed();
-    let mut locks: BTreeMap<String, ToTake> =
-        named.into_iter().map(|(path, claims)| (path, ToTake { claims, read: vec![] })).collect();
-    // Where a claim that cannot be read holds is only in its status: read before any lock is
-    // judged (they are few).
-    for claim in unreadable.iter().filter_map(|r| stored(ctx, r)) {
-        for live in unreadable_holds(ctx, &claim) {
-            locks.entry(live.1.lock.clone()).or_default().read.push(live);
-        }
-    }
-    let asked: HashSet<Arc<str>> = asking.iter().flat_map(|(_, paths)| paths.iter().cloned()).collect();
-    tracing::debug!(took = ?started.elapsed(), locks = locks.len(), "the stores' locks listed");
-    // Directories that hold nodes of earlier sessions but no unfinished claim any more: their
-    // stale nodes must go too, or new claims would queue behind them until the old session
-    // expires.
+    let (mut locks, asked) = listed_holds(ctx);
+    tracing::debug!(took = ?started.elapsed(), locks = locks.len(), "the stores' holds listed");
+    // Directories that hold nodes of earlier sessions but no live claim any more: their stale
+    // nodes must go too, or new claims would queue behind them until the old session expires.
     let stale_only = ctx.engine.directories_with_nodes(&ctx.layout, |path| locks.contains_key(path)).await?;
     for (namespace, path) in stale_only {
         if served_directory(ctx.scopes.namespaces(), &namespace) {
@@ -63,16 +48,12 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     }
     tracing::debug!(took = ?started.elapsed(), "directories with nodes scanned");
     // The session this pass re-anchors in; new contenders may join the queues of every other
-    // lock from now on (none of our nodes is there, no unfinished claim names it).
+    // lock from now on (none of our nodes is there, no live claim is recorded there).
     let (session, todo) = ctx.engine.begin_reanchoring(locks.keys().cloned())?;
     locks.retain(|path, _| todo.contains(path));
     ctx.serving.begin_reanchoring();
-    // Claims that ask for something in locks admitted already (an earlier attempt of this
-    // pass, in the same session): served now.
-    for (r, paths) in &asking {
-        if paths.iter().all(|path| !todo.contains(&**path)) {
-            ctx.triggers.claim(ObjectRef::new(&r.name).within(&r.namespace));
-        }
+    for uid in asked.iter().filter(|(path, _)| !todo.contains(*path)).flat_map(|(_, uids)| uids) {
+        ctx.trigger(uid);
     }
     ctx.serve_deferred();
     tracing::debug!(
@@ -81,8 +62,8 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
         "re-anchoring; locks where a claim asks for something first"
     );
     // Where a claim asks for something first (the sort is stable: path order otherwise).
-    let mut locks: Vec<(String, ToTake)> = locks.into_iter().collect();
-    locks.sort_by_key(|(path, _)| !asked.contains(path.as_str()));
+    let mut locks: Vec<(String, Vec<Live>)> = locks.into_iter().collect();
+    locks.sort_by_key(|(path, _)| !asked.contains_key(path));
     // Verdicts are kept until the pass is over, and so is the admission of the locks they are
     // about: one that ends with the session (a second session change close behind the first)
     // proves nothing about the holders it met, and the next pass starts over. Recorded at once,
@@ -94,21 +75,21 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     // Locks are independent of one another (a claim over several is one contender in each, in
     // the order its status records), so they are re-anchored `REANCHOR_CONCURRENCY` at a time:
     // one after the other, 1,000 locks took 5.5 s of a leader change in which nothing is granted.
+    let asked = &asked;
     // A claim that asks for something while the pass runs (its holder pod deleted, say) has
     // its lock taken next, not in its place in the pass: at 10,000 claims the pass lasts
     // seconds.
     let queue = parking_lot::Mutex::new(PassQueue::new(locks));
     let next = futures::stream::poll_fn(|_| std::task::Poll::Ready(queue.lock().next(ctx)));
     let passes: Vec<Result<Vec<(String, String)>, Error>> = next
-        .map(|(path, to_take)| async move {
-            let (claims, asks) = lock_holds(ctx, &path, to_take);
+        .map(|(path, claims)| async move {
             let verdicts = reanchor_lock(ctx, path.clone(), claims).await?;
             if verdicts.is_empty() && ctx.engine.session_id() == Some(session) {
                 ctx.engine.admit_lock(session, &path);
-                if !asks.is_empty() {
-                    tracing::debug!(lock = %path, claims = asks.len(), "re-anchored where claims ask: serving them");
+                if let Some(uids) = asked.get(&path) {
+                    tracing::debug!(lock = %path, claims = uids.len(), "re-anchored where claims ask: serving them");
                 }
-                for uid in &asks {
+                for uid in asked.get(&path).into_iter().flatten() {
                     ctx.trigger(uid);
                 }
                 ctx.serve_deferred();
@@ -132,66 +113,46 @@ pub async fn reanchor_all(ctx: &Context) -> Result<(), Error> {
     Ok(())
 }
 
-/// A lock the pass is to take: the claims the index says name it, to be read from the stores
-/// when it is taken, and the holds read already (claims that cannot be read).
-#[derive(Default)]
-struct ToTake {
-    claims: Vec<ClaimRef>,
-    read: Vec<Live>,
-}
-
-/// Claim `r` as its store has it now (none if it left).
-fn stored(ctx: &Context, r: &ClaimRef) -> Option<Arc<KeptClaim>> {
-    ctx.stores.claim(&r.namespace, &r.name)
-}
-
-/// Notes `claim` in the registry, the first pass only: a term's first pass does not wait for the
-/// claims' replay into the term (`watch::claims`); a claim the replay brings later is known by
-/// then. Later passes (a new session) find every claim noted by the replay and the watch:
-/// noting one here again would bring back a claim whose cleanup the registry already forgot,
-/// from a store copy that lags.
-fn note(ctx: &Context, claim: &KeptClaim) {
-    if !ctx.serving.anchored() {
-        super::watch::first_seen(ctx, claim);
-    }
-}
-
-/// Where a claim whose spec or status cannot be read holds: a holder keeps the nodes its status
-/// records; a waiter's are not made again (the pass deletes them with the directory's stale
-/// nodes), or once first they would hold the lock for ever.
-fn unreadable_holds(ctx: &Context, claim: &Arc<KeptClaim>) -> Vec<Live> {
-    note(ctx, claim);
-    let Some(uid) = claim.uid() else { return vec![] };
-    if claim_facts::cleaned_up(claim) || !claim_facts::keeps_nodes(ctx.registry.recorded_phase(claim)) {
-        return vec![];
-    }
-    let recorded = claim_facts::recorded_parts(claim, &uid);
-    recorded.into_iter().map(|(part, node)| (claim.clone(), part, Some(node))).collect()
-}
-
-/// What the stores say of lock `path` as the pass takes it: the claims recorded Held or Waiting
-/// there (each with its part there and the node its status records), and those that ask for
-/// something (see `claim_facts::asks`), live or not. Each is noted in the registry first, and
-/// one listed without this term's epoch is told to it: no grant in its locks before this
-/// term's first write to it.
-fn lock_holds(ctx: &Context, path: &str, to_take: ToTake) -> (Vec<Live>, Vec<String>) {
-    let ToTake { claims, read: mut lives } = to_take;
-    let mut asked = vec![];
-    for claim in claims.iter().filter_map(|r| stored(ctx, r)) {
-        note(ctx, &claim);
+/// What the stores say: lock path → the claims recorded Held or Waiting there (each with its
+/// part there and the node its status records), and lock path → the claims there that ask for
+/// something (see `claim_facts::asks`), live or not. Claims listed without this term's epoch
+/// are told to the registry on the way: no grant in their locks before this term's first
+/// write to them.
+fn listed_holds(ctx: &Context) -> (BTreeMap<String, Vec<Live>>, BTreeMap<String, Vec<String>>) {
+    // Lock path → the claims recorded as Held or Waiting there, each with its part there.
+    let mut locks: BTreeMap<String, Vec<Live>> = BTreeMap::new();
+    // Lock path → the claims there that ask for something (see `asks`), live or not.
+    let mut asked: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for claim in ctx.stores.all_claims() {
+        // Known to the registry before anything is judged from it: a term's first pass does not
+        // wait for the claims' replay into the term (`watch::claims`; with the listing of every
+        // directory it kept the pass from starting for over a second at 100,000 claims); a claim
+        // the replay brings later is known by then. Later passes (a new session) find every
+        // claim noted by the replay and the watch: noting one here again would bring back a
+        // claim whose cleanup the registry already forgot, from a store copy that lags.
+        if !ctx.serving.anchored() {
+            super::watch::first_seen(ctx, &claim);
+        }
         let (Some(namespace), Some(uid)) = (claim.namespace(), claim.uid()) else { continue };
-        if claim_facts::cleaned_up(&claim) || claim.unreadable.is_some() {
+        if claim_facts::cleaned_up(&claim) {
             // Deleted, and its cleanup is done (our finalizer went; another keeps the object):
             // it holds nothing and waits for nothing, in this term too. Neither its node nor a
             // stamp is awaited: no reconcile of it will ever run again to make or give them.
-            // One that cannot be read now but could when the pass listed the index: its spec is
-            // as it was (immutable), so only its status became unreadable, and an unreadable
-            // status records no node (`claim_facts::recorded_parts`): it holds nothing it
-            // could be re-anchored with, as `unreadable_holds` would find.
             continue;
         }
         let phase = ctx.registry.recorded_phase(&claim);
         let live = matches!(phase, Some(Phase::Held | Phase::Waiting));
+        if claim.unreadable.is_some() {
+            // Its spec or status cannot be read: a holder keeps the nodes its status records; a
+            // waiter's are not made again (the pass deletes them with the directory's stale
+            // nodes), or once first they would hold the lock for ever.
+            if claim_facts::keeps_nodes(phase) {
+                for (part, node) in claim_facts::recorded_parts(&claim, &uid) {
+                    locks.entry(part.lock.clone()).or_default().push((claim.clone(), part, Some(node)));
+                }
+            }
+            continue;
+        }
         let Ok(spec) = validate_spec(&claim.spec, &namespace) else { continue };
         let terminal = phase.is_some_and(Phase::is_terminal);
         let asks = claim_facts::asks(&claim, phase) && !terminal;
@@ -199,53 +160,56 @@ fn lock_holds(ctx: &Context, path: &str, to_take: ToTake) -> (Vec<Live>, Vec<Str
         // it on the way, and no grant in its locks before this term's first write to it
         // (docs/design.md: fencing). Claims created after the list never saw an earlier leader.
         let epoch = claim.leader_epoch();
+        let written = ctx.registry.written(&uid);
         let shared = ctx.shared_uid(&uid);
-        if ctx.epoch().is_some() && epoch != ctx.epoch() && !ctx.registry.written(&uid) && !terminal {
+        if ctx.epoch().is_some() && epoch != ctx.epoch() && !written && !terminal {
             ctx.registry.expect_stamp(&shared);
         }
+        if !asks && !live {
+            continue;
+        }
+        // Once per claim: at 100,000 claims this loop is on the path of a leader change's
+        // first grants.
+        let parts = ids::parts_of(&ctx.layout, &namespace, &shared, &spec);
         if asks {
-            asked.push(uid.clone());
+            for part in &parts {
+                asked.entry(part.lock.clone()).or_default().push(uid.clone());
+            }
         }
         // Claims being deleted too: a holder keeps the lock until its cleanup has written its
         // final status (the next claim must not be Held before).
         if live {
-            let parts = ids::parts_of(&ctx.layout, &namespace, &shared, &spec);
-            for (i, part) in parts.into_iter().enumerate().filter(|(_, part)| part.lock == path) {
+            for (i, part) in parts.into_iter().enumerate() {
                 let node = if spec.several {
                     claim.lock_statuses().get(i).filter(|l| l.lock_name == part.name).and_then(|l| l.znode.clone())
                 } else {
                     claim.znode().map(str::to_string)
                 };
-                lives.push((claim.clone(), part, node));
+                locks.entry(part.lock.clone()).or_default().push((claim.clone(), part, node));
             }
         }
     }
-    (lives, asked)
+    (locks, asked)
 }
 
 /// The locks a re-anchoring pass has yet to take, in order, and which those are.
 struct PassQueue {
-    order: std::collections::VecDeque<(String, ToTake)>,
-    left: HashSet<String>,
+    order: std::collections::VecDeque<(String, Vec<Live>)>,
+    left: std::collections::HashSet<String>,
 }
 
 impl PassQueue {
-    fn new(locks: Vec<(String, ToTake)>) -> Self {
+    fn new(locks: Vec<(String, Vec<Live>)>) -> Self {
         let left = locks.iter().map(|(path, _)| path.clone()).collect();
         PassQueue { order: locks.into(), left }
     }
 
     /// The next lock: one where a claim waits as deferred (see `Context::serves_reconcile`)
-    /// first, else the next in order. A deferred claim not noted yet (its holder pod's deletion
-    /// came before the pass took any of its locks) was deferred with its locks.
-    fn next(&mut self, ctx: &Context) -> Option<(String, ToTake)> {
-        let wanted: Vec<Arc<str>> = {
+    /// first, else the next in order.
+    fn next(&mut self, ctx: &Context) -> Option<(String, Vec<Live>)> {
+        let wanted: Vec<std::sync::Arc<str>> = {
             let deferred = ctx.serving.deferred();
-            let paths = |(uid, locks): &(Uid, Vec<Arc<str>>)| match ctx.registry.lock_paths(uid) {
-                Some(noted) => noted,
-                None => locks.clone(),
-            };
-            deferred.iter().flat_map(paths).collect()
+            deferred.iter().filter_map(|uid| ctx.registry.lock_paths(uid)).flatten().collect()
         };
         let taken = match wanted.iter().find(|path| self.left.contains(&path[..])) {
             Some(path) => {

@@ -10,7 +10,6 @@ use kube::runtime::reflector::ObjectRef;
 use super::base::ids::{claim_of, Part};
 use super::base::scopes::Scopes;
 use super::base::{claim_facts, Uid};
-use super::claim_index::ClaimIndex;
 use super::registry::Registry;
 use super::serving::Serving;
 use super::stores::Stores;
@@ -44,9 +43,6 @@ pub struct Context {
     pub serving: Arc<Serving>,
     /// Each scope's pods, as this term's watch has them, for the claims' holder pods.
     pub(super) holder_pods: holders::HolderPods,
-    /// Which claims of the feeds' stores name each lock and holder pod (kept while standing
-    /// by): what a term's first pass starts from.
-    pub(super) claim_index: Arc<ClaimIndex>,
     /// This term's fence in the API server, if the admission policy is used (docs/design.md: fencing).
     pub(super) fence: Option<api_fence::Fence>,
     /// Covers every number a status carries before it is written (see `token_floor`).
@@ -162,25 +158,10 @@ impl Context {
             return true;
         }
         // A holder whose pod may be gone asks for its release: served as soon as its locks are,
-        // not after the walk (which takes Held claims last). A finished claim's pod going asks
-        // for nothing of a lock (its cleanup waits for the walk).
-        let phase = self.registry.recorded_phase(claim);
-        let finished = phase.is_some_and(crate::api::Phase::is_terminal);
-        let asks = claim_facts::asks(claim, phase) || (!finished && self.holder_may_be_gone(claim));
+        // not after the walk (which takes Held claims last).
+        let asks = claim_facts::asks(claim, self.registry.recorded_phase(claim)) || self.holder_may_be_gone(claim);
         if asks {
-            // Not noted yet (the pass notes a claim when it takes its locks): deferred with its
-            // locks, which the pass takes next.
-            let locks = match self.registry.lock_paths(uid) {
-                Some(_) => vec![],
-                None => claim.metadata.namespace.as_deref().map_or_else(Vec::new, |namespace| {
-                    let refs = claim.spec.lock_refs();
-                    refs.iter()
-                        .filter_map(|l| super::base::ids::path_of_ref(&self.layout, namespace, l))
-                        .map(Arc::from)
-                        .collect()
-                }),
-            };
-            self.serving.defer(uid, locks);
+            self.serving.defer(uid);
         }
         let serves = self.serves(uid);
         if serves && asks {

@@ -26,10 +26,8 @@ use tokio::sync::{mpsc, Notify};
 
 use super::base::scopes::Scopes;
 use super::base::{Error, API_TIMEOUT};
-use super::claim_index::ClaimIndex;
 use crate::api::KeptClaim;
 use crate::metrics::Metrics;
-use crate::zk::Layout;
 
 /// What a term receives: the store's own copies, never clones (replayed at a term's start as
 /// clones, 10,000 claims stood in the channel at once as a second copy of the store: 14 MB of a
@@ -49,6 +47,7 @@ struct Scope {
     shared: Arc<Shared>,
 }
 
+#[derive(Default)]
 struct Shared {
     /// The current term's receiver of the watch's events (none while standing by).
     subscriber: Mutex<Option<Subscriber>>,
@@ -61,10 +60,6 @@ struct Shared {
     /// admission gate orders claims created within one second by it). One counter for every
     /// scope: claims of several namespaces queue on a `ClusterLock`.
     arrivals: Arc<std::sync::atomic::AtomicU64>,
-    /// Which claims name each lock and holder pod, over every scope (see `claim_index`).
-    index: Arc<ClaimIndex>,
-    /// This scope's number in the index.
-    scope: usize,
     /// Claims whose delivered resourceVersions are being recorded, for a sync write.
     recording: Mutex<Vec<(String, HashSet<String>)>>,
     delivered: Notify,
@@ -79,18 +74,16 @@ struct Subscriber {
 /// The claims of every served scope, watched for the life of the process.
 pub struct ClaimFeeds {
     scopes: Vec<Scope>,
-    index: Arc<ClaimIndex>,
     _watches: tokio::task::JoinSet<()>,
 }
 
 impl ClaimFeeds {
     /// Starts watching the claims of `namespaces` (all, if empty): `watches` for the watches,
-    /// `requests` for the sync writes; `layout` names the locks' paths in the index.
+    /// `requests` for the sync writes.
     pub fn start(
         watches: &kube::Client,
         requests: &kube::Client,
         namespaces: &[String],
-        layout: &Layout,
         metrics: Arc<Metrics>,
     ) -> ClaimFeeds {
         let mut tasks = tokio::task::JoinSet::new();
@@ -100,25 +93,18 @@ impl ClaimFeeds {
         let writers: Vec<_> = watched.iter().map(|_| reflector::store::<KeptClaim>()).collect();
         let stores: Vec<Store<KeptClaim>> = writers.iter().map(|(store, _)| store.clone()).collect();
         let arrivals = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let index = Arc::new(ClaimIndex::new(layout.clone()));
         let scopes = watched
             .into_iter()
             .zip(requested)
             .zip(writers)
-            .enumerate()
-            .map(|(scope, ((watched, api), (store, writer)))| {
-                let shared = Arc::new(Shared::new(arrivals.clone(), index.clone(), scope));
+            .map(|((watched, api), (store, writer))| {
+                let shared = Arc::new(Shared { arrivals: arrivals.clone(), ..Shared::default() });
                 let counted = (stores.clone(), metrics.clone());
                 tasks.spawn(follow(watched, writer, shared.clone(), counted));
                 Scope { api, requests: requests.clone(), store, shared }
             })
             .collect();
-        ClaimFeeds { scopes, index, _watches: tasks }
-    }
-
-    /// Which claims of the stores name each lock and holder pod.
-    pub(crate) fn index(&self) -> Arc<ClaimIndex> {
-        self.index.clone()
+        ClaimFeeds { scopes, _watches: tasks }
     }
 
     /// Resolves once every scope's watch has listed its claims.
@@ -251,26 +237,6 @@ async fn follow(
 }
 
 impl Shared {
-    fn new(arrivals: Arc<std::sync::atomic::AtomicU64>, index: Arc<ClaimIndex>, scope: usize) -> Self {
-        Shared {
-            subscriber: Default::default(),
-            listed: Default::default(),
-            listing: Default::default(),
-            arrivals,
-            index,
-            scope,
-            recording: Default::default(),
-            delivered: Default::default(),
-        }
-    }
-
-    /// A scope of its own, for tests.
-    #[cfg(test)]
-    fn default() -> Self {
-        let layout = Layout::new("/zklock").expect("a valid root");
-        Shared::new(Default::default(), Arc::new(ClaimIndex::new(layout)), 0)
-    }
-
     /// Waits, while this process leads, until the watch has listed and no list is under way: the
     /// sync write's event comes only after a list in progress, and a list of 100,000 claims on a
     /// busy API server outlasts the delivery's deadline (a fresh leader at that size gave its
@@ -357,21 +323,6 @@ fn shared_copy(store: &Store<KeptClaim>, event: watcher::Event<KeptClaim>) -> Ev
 
 /// Hands one event of the watch, already in `store`, to the term, if any.
 fn deliver(shared: &Shared, store: &Store<KeptClaim>, event: watcher::Event<KeptClaim>) {
-    // Before the delivery is recorded or told: a term's sync waits for it, and reads the index
-    // after.
-    match &event {
-        watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) => shared.index.put(shared.scope, claim),
-        watcher::Event::Delete(claim) => {
-            if let (Some(namespace), Some(name)) = (claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref())
-            {
-                shared.index.remove(namespace, name);
-            }
-        }
-        watcher::Event::InitDone => shared.index.retain(shared.scope, |namespace, name| {
-            store.get(&reflector::ObjectRef::new(name).within(namespace)).is_some()
-        }),
-        watcher::Event::Init => {}
-    }
     if let watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) = &event {
         let mut recording = shared.recording.lock();
         if !recording.is_empty() {
@@ -576,36 +527,5 @@ mod tests {
         let recording = shared.recording.lock();
         let versions: std::collections::BTreeSet<&str> = recording[0].1.iter().map(String::as_str).collect();
         assert_eq!(versions, ["6", "7"].into());
-    }
-
-    #[test]
-    fn the_index_follows_the_store_across_a_relist_that_missed_a_deletion() {
-        let (_, mut writer) = reflector::store::<KeptClaim>();
-        let shared = Shared::default();
-        let named = |name: &str| {
-            let mut c = claim(name, "1");
-            c.spec.lock_name = Some("l".into());
-            c
-        };
-        watch(&mut writer, &shared, watcher::Event::Init);
-        for name in ["a", "b", "c"] {
-            watch(&mut writer, &shared, watcher::Event::InitApply(named(name)));
-        }
-        watch(&mut writer, &shared, watcher::Event::InitDone);
-        let listed = |shared: &Shared| {
-            let mut uids: Vec<String> =
-                shared.index.listed().locks.values().flatten().map(|r| r.name.to_string()).collect();
-            uids.sort();
-            uids
-        };
-        assert_eq!(listed(&shared), ["a", "b", "c"]);
-        watch(&mut writer, &shared, watcher::Event::Delete(named("a")));
-        assert_eq!(listed(&shared), ["b", "c"], "a deletion the watch delivers");
-        // Watched again from a list: c was deleted while the watch was away.
-        watch(&mut writer, &shared, watcher::Event::Init);
-        watch(&mut writer, &shared, watcher::Event::InitApply(named("b")));
-        assert_eq!(listed(&shared), ["b", "c"], "the store keeps its copies until the list is done");
-        watch(&mut writer, &shared, watcher::Event::InitDone);
-        assert_eq!(listed(&shared), ["b"], "a claim the list no longer has left the index with the store");
     }
 }

@@ -132,17 +132,6 @@ impl HolderPods {
         }
     }
 
-    /// Whether every store has listed its pods.
-    pub fn all_listed(&self) -> bool {
-        use futures::FutureExt;
-        self.stores.iter().all(|store| store.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok()))
-    }
-
-    /// Whether the store of `scope` (listed: see [`Self::all_listed`]) lacks pod `namespace/name`.
-    pub fn lacks(&self, scope: usize, namespace: &str, name: &str) -> bool {
-        self.stores.get(scope).is_some_and(|store| store.get(&ObjectRef::new(name).within(namespace)).is_none())
-    }
-
     /// What the store proves about `namespace/name` for a claim bound to `expected`.
     pub fn proven(&self, namespace: &str, name: &str, expected: Option<&str>) -> Option<HolderView> {
         let key = ObjectRef::new(name).within(namespace);

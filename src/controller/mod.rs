@@ -21,7 +21,6 @@
 // Floor 0: vocabulary and pure cores.
 pub mod admission;
 pub mod base;
-mod claim_index;
 mod ledger;
 mod throttle;
 // Floor 1: capabilities.

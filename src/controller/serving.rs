@@ -3,9 +3,8 @@
 //! Owned here so that only its methods change it; which claim may be served is decided here too,
 //! from this, the claim's locks and the engine's admission.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch as channel;
@@ -20,8 +19,8 @@ pub struct Serving {
     /// stores: their readiness is a one-shot channel that wakes one waiter only.
     limits_unlisted: channel::Sender<usize>,
     /// Scopes whose claims are not yet all replayed into the term (see `watch::claims`): the
-    /// first pass does not wait for them (it notes every claim of a lock itself before it
-    /// judges that lock: see `anchor::lock_holds`), the rest of the term does.
+    /// first pass does not wait for them (it notes every claim of the stores itself before it
+    /// judges any lock: see `anchor::listed_holds`), the rest of the term does.
     claims_unreplayed: channel::Sender<usize>,
     /// Set once the first re-anchoring is done: every claim is reconciled from then on.
     anchored: AtomicBool,
@@ -29,9 +28,8 @@ pub struct Serving {
     /// once its locks are re-anchored (see `Context::serves`).
     reanchoring: AtomicBool,
     /// Claims whose reconcile came before the first pass re-anchored their locks: asked for
-    /// again when it has (see `Context::serve_deferred`); with their lock paths if the registry
-    /// does not know them yet (the pass takes those locks next).
-    deferred: parking_lot::Mutex<HashMap<Uid, Vec<Arc<str>>>>,
+    /// again when it has (see `Context::serve_deferred`).
+    deferred: parking_lot::Mutex<HashSet<Uid>>,
     /// The claims asked for by the walk's batch in flight, not reconciled since; and who waits
     /// for the batch to be done.
     walked: parking_lot::Mutex<HashSet<String>>,
@@ -115,25 +113,24 @@ impl Serving {
         self.reanchoring.store(true, Ordering::SeqCst);
     }
 
-    /// Claim `uid`'s reconcile was turned away: asked for again once it is served. `locks`:
-    /// its lock paths, if the registry does not know them.
-    pub fn defer(&self, uid: &Uid, locks: Vec<Arc<str>>) {
-        self.deferred.lock().insert(uid.clone(), locks);
+    /// Claim `uid`'s reconcile was turned away: asked for again once it is served.
+    pub fn defer(&self, uid: &Uid) {
+        self.deferred.lock().insert(uid.clone());
     }
 
     pub fn undefer(&self, uid: &Uid) {
         self.deferred.lock().remove(uid);
     }
 
-    /// The claims turned away meanwhile, each with the lock paths it was deferred with.
-    pub fn deferred(&self) -> Vec<(Uid, Vec<Arc<str>>)> {
-        self.deferred.lock().iter().map(|(uid, locks)| (uid.clone(), locks.clone())).collect()
+    /// The claims turned away meanwhile.
+    pub fn deferred(&self) -> Vec<Uid> {
+        self.deferred.lock().iter().cloned().collect()
     }
 
     /// Takes the deferred claims that `served` now serves.
     pub fn take_served(&self, served: impl Fn(&Uid) -> bool) -> Vec<Uid> {
         let mut deferred = self.deferred.lock();
-        let taken: Vec<Uid> = deferred.keys().filter(|uid| served(uid)).cloned().collect();
+        let taken: Vec<Uid> = deferred.iter().filter(|uid| served(uid)).cloned().collect();
         for uid in &taken {
             deferred.remove(uid);
         }

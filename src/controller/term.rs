@@ -208,7 +208,6 @@ fn build(setup: Setup, engine: LockEngine) -> (Arc<Context>, Ends, Settings) {
             orphans,
         }),
         holder_pods: holders::HolderPods::new(holder_stores),
-        claim_index: feeds.index(),
         serving: Arc::new(Serving::new(limit_listings, claim_scopes)),
         fence: epoch_param.zip(engine_epoch).map(|(param, mine)| api_fence::Fence::new(param, mine)),
         token_floor,

@@ -86,7 +86,7 @@ fn gated_pod_of(ctx: &Context, claim: &KeptClaim) {
 }
 
 /// The watch delivers new claims in creation order: note it before any reconcile of them (and
-/// before the first pass judges its locks: see `anchor::lock_holds`).
+/// before the first pass judges its locks: see `anchor::listed_holds`).
 pub(super) fn first_seen(ctx: &Context, claim: &KeptClaim) {
     let (Some(uid), Some(name), Some(namespace)) =
         (claim.metadata.uid.as_deref(), claim.metadata.name.as_deref(), claim.metadata.namespace.as_deref())
@@ -130,23 +130,10 @@ pub(super) fn first_seen(ctx: &Context, claim: &KeptClaim) {
     }
 }
 
-/// The claims a pod holds, as the controller's objects. Before the first pass is over, the
-/// index's too: a claim the term has not noted yet (the pass notes each when it takes its
-/// locks) asks to be served first all the same.
+/// The claims a pod holds, as the controller's objects.
 pub fn claims_of_pod(ctx: &Context, pod: &HolderPod) -> Vec<ObjectRef<KeptClaim>> {
-    let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
-    let noted = ctx.registry.claims_of_pod(&namespace, &name);
-    let mut claims: Vec<ObjectRef<KeptClaim>> = noted.iter().filter_map(|uid| ctx.object_ref(uid)).collect();
-    if !ctx.serving.anchored() {
-        let listed = ctx.claim_index.claims_of_pod(&namespace, &name);
-        for r in listed {
-            let object = ObjectRef::new(&r.name).within(&r.namespace);
-            if !claims.contains(&object) {
-                claims.push(object);
-            }
-        }
-    }
-    claims
+    let namespace = pod.namespace().unwrap_or_default();
+    ctx.registry.claims_of_pod(&namespace, &pod.name_any()).iter().filter_map(|uid| ctx.object_ref(uid)).collect()
 }
 
 /// Releases the nodes of claims that left the API while the engine still tracks them. Normally
@@ -192,27 +179,10 @@ pub fn holder_pods(
                 for uid in ctx.registry.claims_with_holders() {
                     ctx.trigger(&uid);
                 }
-                // Once every scope's pods are listed (each list's end comes here), before the
-                // first pass is over: claims it has not noted yet whose pod is not there have
-                // their locks taken first (see `anchor::PassQueue`).
-                if !ctx.serving.anchored() && ctx.holder_pods.all_listed() {
-                    for (namespace, pod) in ctx.claim_index.holder_pods() {
-                        let scope = ctx.scopes.of(Some(&namespace));
-                        if scope.is_some_and(|scope| ctx.holder_pods.lacks(scope, &namespace, &pod)) {
-                            for r in ctx.claim_index.claims_of_pod(&namespace, &pod) {
-                                ctx.triggers.claim(ObjectRef::new(&r.name).within(&r.namespace));
-                            }
-                        }
-                    }
-                }
             }
             Ok(watcher::Event::Delete(pod)) => {
                 // Before the claims it holds are triggered (downstream): their reconciles see it.
-                let claimed = |(ns, name): &(String, String)| {
-                    !ctx.registry.claims_of_pod(ns, name).is_empty()
-                        || !ctx.claim_index.claims_of_pod(ns, name).is_empty()
-                };
-                ctx.holder_pods.deleted(pod, claimed);
+                ctx.holder_pods.deleted(pod, |(ns, name)| !ctx.registry.claims_of_pod(ns, name).is_empty());
             }
             Err(e) => tracing::debug!(error = %e, "pod watch error; the watcher retries"),
             Ok(_) => {}

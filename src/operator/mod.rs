@@ -132,7 +132,6 @@ pub async fn run(options: Options, shutdown: CancellationToken) -> Result<(), Ru
         &clients.watches,
         &clients.requests,
         &options.namespaces,
-        &options.layout,
         metrics.clone(),
     ));
     let listing = {
