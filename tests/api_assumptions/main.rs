@@ -59,6 +59,13 @@ fn describe<K: ResourceExt>(ev: &WatchEvent<K>) -> (String, String) {
     }
 }
 
+/// The API server's minor version (`/version`; "33+" reads 33).
+async fn server_minor(client: &kube::Client) -> u32 {
+    let v = client.apiserver_version().await.expect("/version");
+    let digits: String = v.minor.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().unwrap_or_else(|_| panic!("a minor version in {:?}", v.minor))
+}
+
 #[tokio::test]
 async fn discovery_lists_builtin_and_custom_resources() {
     let env = env().await;
@@ -357,7 +364,12 @@ async fn watch_bookmarks_and_timeout() {
     let since = rv_num(made.metadata.resource_version.clone());
     let bookmarks = watch(made.resource_version().expect("rv")).await;
     assert!(bookmarks.iter().all(|b| *b >= since), "bookmarks {bookmarks:?} before {since}");
-    // From the cache ("0"): a bookmark before the timeout, best effort (one of three watches).
+    // From the cache ("0"): a bookmark before the timeout, best effort (one of three watches),
+    // from 1.34 on. kube-apiserver 1.33.5 sent none in any watch tried (docs/operations.md,
+    // supported versions): the operator relies on none, so there the first part is the test.
+    if server_minor(&env.client).await < 34 {
+        return;
+    }
     for _ in 0..3 {
         if !watch("0".to_string()).await.is_empty() {
             return;
@@ -392,8 +404,18 @@ async fn runtime_watcher_lists_then_watches() {
     let ns = namespace(&env.client).await;
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &ns.name);
     cms.create(&PostParams::default(), &cm("pre", json!({}))).await.expect("create");
-    for cfg in [watcher::Config::default(), watcher::Config::default().streaming_lists()] {
+    let minor = server_minor(&env.client).await;
+    for (cfg, streaming) in [(watcher::Config::default(), false), (watcher::Config::default().streaming_lists(), true)]
+    {
         let mut s = watcher(cms.clone(), cfg).boxed();
+        if streaming && minor < 34 {
+            // Before 1.34 the API server refuses a streaming list (`sendInitialEvents`) unless
+            // its WatchList feature gate is turned on; the operator's watchers list, then watch
+            // (kube-runtime's default), so they need none.
+            let first = tokio::time::timeout(Duration::from_secs(10), s.next()).await.expect("event").expect("stream");
+            assert!(first.is_err(), "a streaming list refused before 1.34, got {first:?}");
+            continue;
+        }
         let mut saw_pre = false;
         loop {
             let ev = tokio::time::timeout(Duration::from_secs(10), s.next())

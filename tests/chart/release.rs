@@ -371,9 +371,17 @@ async fn a_release_pulled_from_a_registry_installs_passes_helm_test_and_upgrades
     let mut operator = leftovers.operator.take().expect("the operator");
     crate::chart_rbac::stop("the release from the registry", &mut operator, &log);
 
-    // The chart before this one in git history, installed, then upgraded to the registry's.
+    // The chart before this one in git history, installed, then upgraded to the registry's
+    // (on a version the chart before supports: on an older one nobody has a release of it).
     let before = previous_chart_commit();
     let old = chart_at(&before, &dir.join("before"));
+    if !chart_admits(&old, &client).await {
+        run(
+            "helm uninstall",
+            helm_on(kubeconfig).args(["uninstall", &release, "--namespace", &release_ns, "--wait=false", "--no-hooks"]),
+        );
+        return;
+    }
     let (_, upgraded_ns) = release_namespace(&client, "zklock-release-up").await;
     let upgraded = format!("zu{suffix}");
     let mut install = helm_on(kubeconfig);

@@ -66,10 +66,23 @@ pub fn render(namespace: &str, values: Option<&Path>, sets: &[&str]) -> Result<S
 
 /// [`render`] for release `release`.
 pub fn render_release(release: &str, namespace: &str, values: Option<&Path>, sets: &[&str]) -> Result<String, String> {
+    render_release_with(release, namespace, values, sets, true)
+}
+
+/// [`render_release`], as a cluster that serves MutatingAdmissionPolicy (`with_policies`: 1.36
+/// and later) or not would answer `helm install`'s discovery (what Argo CD passes too).
+pub fn render_release_with(
+    release: &str,
+    namespace: &str,
+    values: Option<&Path>,
+    sets: &[&str],
+    with_policies: bool,
+) -> Result<String, String> {
     let mut cmd = helm();
     cmd.args(["template", release]).arg(chart()).args(["--namespace", namespace]);
-    // As the API server under test (1.36) would answer `helm install`'s discovery.
-    cmd.args(["--api-versions", FINALIZER_POLICY_API]);
+    if with_policies {
+        cmd.args(["--api-versions", FINALIZER_POLICY_API]);
+    }
     if let Some(values) = values {
         cmd.arg("--values").arg(values);
     }
@@ -146,4 +159,27 @@ pub fn output_within(what: &str, command: &mut Command, deadline: std::time::Dur
         stdout: stdout.join().unwrap_or_default(),
         stderr: stderr.join().unwrap_or_default(),
     }
+}
+
+/// Whether the API server of `client` serves MutatingAdmissionPolicy (GA in 1.36), as `helm
+/// install`'s discovery would find it.
+pub async fn serves_mutating_admission_policy(client: &kube::Client) -> bool {
+    let resources = client.list_api_group_resources("admissionregistration.k8s.io/v1").await.expect("discovery");
+    resources.resources.iter().any(|r| r.kind == "MutatingAdmissionPolicy")
+}
+
+/// Whether the chart in `dir` admits the API server of `client` by its `kubeVersion` (the
+/// `>=MAJOR.MINOR...` form the chart uses). An upgrade from a chart that refuses a version is
+/// no user's path on that version.
+pub async fn chart_admits(dir: &Path, client: &kube::Client) -> bool {
+    let chart = std::fs::read_to_string(dir.join("Chart.yaml")).expect("Chart.yaml");
+    let Some(wanted) = chart.lines().find_map(|l| l.strip_prefix("kubeVersion:")) else { return true };
+    let wanted = wanted.trim().trim_matches('"').trim_start_matches(">=");
+    let minor = |v: &str| -> u32 {
+        let digits: String = v.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().unwrap_or_else(|_| panic!("a minor version in {v:?}"))
+    };
+    let wanted_minor = minor(wanted.split('.').nth(1).unwrap_or_else(|| panic!("kubeVersion {wanted:?}")));
+    let served = client.apiserver_version().await.expect("/version");
+    minor(&served.minor) >= wanted_minor
 }
