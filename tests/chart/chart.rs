@@ -812,8 +812,9 @@ fn on_openshift_no_pod_names_a_user_or_group() {
 }
 
 /// NOTES warn of what the cluster lacks: without MutatingAdmissionPolicy (a client-side dry run
-/// knows of none) the finalizer and the gate policies are missing; the API server under test
-/// (1.36, asked by a server-side dry run) serves it, and NOTES say nothing of it.
+/// knows of none) the finalizer and the gate policies are missing; an API server that serves it
+/// (1.36 and later, asked by a server-side dry run) gets no warning of it, an older one the same
+/// warning.
 #[test]
 fn notes_warn_where_the_cluster_lacks_what_the_chart_relies_on() {
     // A release of its own in a namespace that exists: the server-side dry run looks its
@@ -828,10 +829,7 @@ fn notes_warn_where_the_cluster_lacks_what_the_chart_relies_on() {
     let old = notes(helm(), &["--dry-run=client"]);
     assert!(old.contains("WARNING: this cluster serves no MutatingAdmissionPolicy"), "{old}");
     let served = notes(helm_on(zklock_testkit::kube::kubeconfig()), &["--dry-run=server"]);
-    let policies = tokio::runtime::Runtime::new().expect("a runtime").block_on(async {
-        let client = zklock_testkit::kube::client_for(zklock_testkit::kube::kubeconfig()).await;
-        serves_mutating_admission_policy(&client).await
-    });
+    let policies = crate::e2e_support::serves_mutating_admission_policy();
     // The API server under test: 1.36 and later serve it, and NOTES say nothing; before, they warn.
     assert_eq!(served.contains("WARNING: this cluster serves no MutatingAdmissionPolicy"), !policies, "{served}");
     if policies {
