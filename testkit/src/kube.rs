@@ -80,3 +80,10 @@ pub fn kubectl() -> PathBuf {
     }
     path
 }
+
+/// The number in a Kubernetes minor version as `/version` gives it ("33", or "33+" from some
+/// builds).
+pub fn minor_number(minor: &str) -> u32 {
+    let digits: String = minor.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().unwrap_or_else(|_| panic!("a minor version in {minor:?}"))
+}

@@ -59,11 +59,9 @@ fn describe<K: ResourceExt>(ev: &WatchEvent<K>) -> (String, String) {
     }
 }
 
-/// The API server's minor version (`/version`; "33+" reads 33).
+/// The API server's minor version (`/version`).
 async fn server_minor(client: &kube::Client) -> u32 {
-    let v = client.apiserver_version().await.expect("/version");
-    let digits: String = v.minor.chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().unwrap_or_else(|_| panic!("a minor version in {:?}", v.minor))
+    zklock_testkit::kube::minor_number(&client.apiserver_version().await.expect("/version").minor)
 }
 
 #[tokio::test]

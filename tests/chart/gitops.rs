@@ -143,19 +143,19 @@ async fn check_and_status(
     );
     assert_eq!(code, 0, "zklock check on a ready installation: {said}");
     eprintln!("zklock check:\n{said}");
-    let policies = if serves_mutating_admission_policy(client).await {
-        ["ok      finalizer policy  ", "ok      gate policy       "]
-    } else {
-        // Before 1.36: nothing to bind, and check says what that means.
-        ["note    finalizer, gate   this API server serves no MutatingAdmissionPolicy", "ok      epoch policy      "]
-    };
-    let lines = [
+    let mut lines = vec![
         "ok      CRD               lockclaims.zklock.io, revision",
         "ok      leader            ",
         "ok      namespace         ",
         "ok      epoch policy      ",
     ];
-    for line in lines.into_iter().chain(policies) {
+    if crate::e2e_support::serves_mutating_admission_policy_at(kubeconfig) {
+        lines.extend(["ok      finalizer policy  ", "ok      gate policy       "]);
+    } else {
+        // Before 1.36: nothing to bind, and check says what that means.
+        lines.push("note    finalizer, gate   this API server serves no MutatingAdmissionPolicy");
+    }
+    for line in lines {
         assert!(said.contains(line), "zklock check says {line:?}:\n{said}");
     }
     assert!(said.contains(&format!("{leader}, ready")), "{said}");
@@ -212,7 +212,7 @@ async fn applied_from_helm_template_a_restarted_operator_keeps_its_credentials_a
         run("kubectl apply of the render", kubectl.args(["--namespace", &release_ns, "-f"]).arg(&file));
     };
     // As Argo CD renders: with the cluster's API versions.
-    let policies = serves_mutating_admission_policy(&client).await;
+    let policies = crate::e2e_support::serves_mutating_admission_policy_at(kubeconfig);
     let rendered = render_release_with(&release, &release_ns, None, &sets, policies).unwrap();
     assert!(find(&documents(&rendered), "Secret").is_empty(), "the render holds no credentials");
     apply(&rendered);

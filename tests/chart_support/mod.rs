@@ -161,18 +161,6 @@ pub fn output_within(what: &str, command: &mut Command, deadline: std::time::Dur
     }
 }
 
-/// Whether the API server of `client` serves MutatingAdmissionPolicy (GA in 1.36), as `helm
-/// install`'s discovery would find it. From 1.36 on it must: a control plane that stopped
-/// serving it fails here rather than turning a test's branch for older versions.
-pub async fn serves_mutating_admission_policy(client: &kube::Client) -> bool {
-    let resources = client.list_api_group_resources("admissionregistration.k8s.io/v1").await.expect("discovery");
-    let served = resources.resources.iter().any(|r| r.kind == "MutatingAdmissionPolicy");
-    let version = client.apiserver_version().await.expect("/version");
-    let minor: u32 = version.minor.chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap_or(0);
-    assert!(served || minor < 36, "kube-apiserver 1.{minor} serves no MutatingAdmissionPolicy");
-    served
-}
-
 /// Whether helm refused a chart for the cluster's version (its `kubeVersion`), by what `helm
 /// install` printed: then nobody has a release of that chart on this version to upgrade from.
 pub fn refused_by_kube_version(out: &std::process::Output) -> bool {

@@ -359,17 +359,28 @@ pub fn finalizer_policy() -> bool {
 /// MutatingAdmissionPolicy, asked once (detected, as the chart's capabilities are).
 pub fn serves_mutating_admission_policy() -> bool {
     static SERVED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SERVED.get_or_init(|| {
+    *SERVED.get_or_init(|| serves_mutating_admission_policy_at(zklock_testkit::kube::kubeconfig()))
+}
+
+/// Whether the API server of `kubeconfig` serves MutatingAdmissionPolicy. From 1.36 on it must:
+/// a control plane that stopped serving it fails here rather than sending a test down its
+/// branch for older versions.
+pub fn serves_mutating_admission_policy_at(kubeconfig: &std::path::Path) -> bool {
+    let raw = |path: &str| -> Value {
         let out = Command::new(zklock_testkit::kube::kubectl())
             .arg("--kubeconfig")
-            .arg(zklock_testkit::kube::kubeconfig())
-            .args(["get", "--raw", "/apis/admissionregistration.k8s.io/v1", "--request-timeout=20s"])
+            .arg(kubeconfig)
+            .args(["get", "--raw", path, "--request-timeout=20s"])
             .output()
             .expect("run kubectl");
-        assert!(out.status.success(), "API discovery: {}", String::from_utf8_lossy(&out.stderr));
-        let group: Value = serde_json::from_slice(&out.stdout).expect("a discovery document");
-        group["resources"].as_array().into_iter().flatten().any(|r| r["name"] == "mutatingadmissionpolicies")
-    })
+        assert!(out.status.success(), "GET {path}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("a JSON document")
+    };
+    let group = raw("/apis/admissionregistration.k8s.io/v1");
+    let served = group["resources"].as_array().into_iter().flatten().any(|r| r["name"] == "mutatingadmissionpolicies");
+    let minor = zklock_testkit::kube::minor_number(raw("/version")["minor"].as_str().unwrap_or_default());
+    assert!(served || minor < 36, "kube-apiserver 1.{minor} serves no MutatingAdmissionPolicy");
+    served
 }
 
 /// The name of the finalizer policy's binding for the test namespace `ns`.
