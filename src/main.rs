@@ -58,6 +58,25 @@ enum Command {
         #[command(flatten)]
         api: cli::api::ApiArgs,
     },
+    /// Print a lock's last grants from its LockHistory: who held it, when, for how long, how
+    /// it ended, how long each waited (written by the operator about a second after each grant
+    /// and end). LOCK is a lockName in the namespace, or cluster/NAME for a ClusterLock (the
+    /// grants made in this cluster, kept in the operator's namespace)
+    History {
+        /// The lock: a lockName, or cluster/NAME
+        lock: String,
+        /// Namespace of the lock (default: the kubeconfig context's)
+        #[arg(long, short = 'n')]
+        namespace: Option<String>,
+        /// Namespace zklock is installed in, for a ClusterLock's history (default: found by name)
+        #[arg(long)]
+        operator_namespace: Option<String>,
+        /// Output format
+        #[arg(long, short = 'o', value_enum, default_value_t = cli::history::Output::Table)]
+        output: cli::history::Output,
+        #[command(flatten)]
+        api: cli::api::ApiArgs,
+    },
     /// Ask the holder of a claim to let go, through the Kubernetes API (the zklock.io/revoke
     /// annotation): the claim gets RevokeRequested, a `zklock exec` holding it stops its command.
     Revoke {
@@ -313,6 +332,9 @@ fn command(bin: &'static str) -> clap::Command {
     Cli::command().bin_name(bin).display_name(bin).after_help(examples)
 }
 
+/// The tracing target of the audit lines (`controller::history`).
+const AUDIT_TARGET: &str = "zklock::audit";
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let bin = invoked_as();
@@ -320,7 +342,15 @@ async fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    // The audit lines (a lock's grants and ends) are kept at any log level unless RUST_LOG
+    // names their target itself (`zklock::audit=off`).
+    if !std::env::var("RUST_LOG").is_ok_and(|v| v.contains(AUDIT_TARGET)) {
+        // A constant directive: it parses.
+        if let Ok(audit) = format!("{AUDIT_TARGET}=info").parse() {
+            filter = filter.add_directive(audit);
+        }
+    }
     match &cli.command {
         Command::Run(args) if args.log_format == "json" => {
             tracing_subscriber::fmt().json().with_env_filter(filter).init()
@@ -351,6 +381,9 @@ async fn run(cli: Cli) -> Result<u8, String> {
         Command::Acquire { lock, env_file } => Ok(cli::lock::acquire(lock, env_file).await),
         Command::Exec { lock, command } => Ok(cli::lock::exec(lock, command).await),
         Command::Queue { lock, namespace, output, api } => cli::claims::queue(api, namespace, lock, output).await,
+        Command::History { lock, namespace, operator_namespace, output, api } => {
+            cli::history::history(api, namespace, operator_namespace, lock, output).await
+        }
         Command::Revoke { claim, namespace, reason, api } => cli::claims::revoke(api, namespace, claim, reason).await,
         Command::Status { claim, namespace, operator, api } => {
             cli::status::status(api, namespace, claim, &operator).await

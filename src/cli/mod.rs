@@ -3,6 +3,7 @@
 pub mod api;
 pub mod check;
 pub mod claims;
+pub mod history;
 pub mod lock;
 pub mod manifests;
 pub mod operator;

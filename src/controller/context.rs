@@ -15,7 +15,7 @@ use super::serving::Serving;
 use super::stores::Stores;
 use super::triggers::Triggers;
 use super::writer::ApiWriter;
-use super::{api_fence, fencing, holders, token_floor};
+use super::{api_fence, fencing, history, holders, token_floor};
 use crate::api::{KeptClaim, Lock};
 use crate::metrics::Metrics;
 use crate::zk::{Layout, LockEngine};
@@ -49,6 +49,8 @@ pub struct Context {
     pub(super) token_floor: Arc<token_floor::TokenFloor>,
     /// Fenced locks' holds in force, in the API server's policy, before each grant (see `fencing`).
     pub fencing: fencing::Fencing,
+    /// The locks' history, written in batches off the grants' path (see `history`).
+    pub history: history::History,
 }
 
 impl AsRef<Metrics> for Context {

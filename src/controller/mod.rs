@@ -7,7 +7,8 @@
 //!    gates (`admission`), the grant ledger (`ledger`), status spacing (`throttle`);
 //! 1. capabilities, each owning its state: the numbers kept in ConfigMaps (`numbers`: read,
 //!    decided on, written back tested against the version read), the API fence and the token floor, the API `writer`
-//!    (every call with its deadline and its `Answer`, Events), the registry (the claims' index and
+//!    (every call with its deadline and its `Answer`, Events), the locks' `history` (written in
+//!    batches off the grants' path), the registry (the claims' index and
 //!    the grant book), the gated pods' arrivals, the holder pods' view, what of the term is served
 //!    (`serving`), the watches' `stores`, the `triggers`; the `context` the claims' pipeline and
 //!    the term's tasks share (the other controllers have their own), and the one error policy
@@ -29,6 +30,7 @@ mod arrivals;
 mod context;
 pub mod events;
 mod fencing;
+mod history;
 mod holders;
 mod numbers;
 pub mod registry;

@@ -25,9 +25,12 @@ use super::throttle::Throttle;
 use super::triggers::Triggers;
 use super::writer::ApiWriter;
 use super::{
-    api_fence, claim, events, feed, fencing, gated, holders, pace, positions, report, supervisor, token_floor, watch,
-    EpochParam, FencingParam, Registry,
+    api_fence, claim, events, feed, fencing, gated, history, holders, pace, positions, report, supervisor, token_floor,
+    watch, EpochParam, FencingParam, Registry,
 };
+
+/// How long a stopping term spends on its last history batch.
+const HISTORY_AT_STOP: Duration = Duration::from_secs(5);
 use crate::api::{ClusterLock, KeptClaim, Lock};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
@@ -101,7 +104,15 @@ pub async fn run(
     tracing::debug!(took = ?began.elapsed(), "the term's first re-anchoring pass done");
     tasks.spawn(supervisor::follow(ctx.clone(), engine_events, kept, settings.term));
     tasks.spawn(positions::refresh(ctx.clone()).map(Ok));
-    supervise(controllers, tasks, || shutdown.peek().is_some()).await
+    let keeper = ctx.clone();
+    tasks.spawn(async move { history::keep(&keeper.history, &keeper.writer).await });
+    supervise(controllers, tasks, || shutdown.peek().is_some()).await?;
+    // Stopped: the reconciles that ran to their end have recorded their grants and ends; what
+    // they recorded is written before the leadership is given up, within the stop's grace.
+    if tokio::time::timeout(HISTORY_AT_STOP, history::write_waiting(&ctx.history, &ctx.writer)).await.is_err() {
+        tracing::info!("the last history batch was not written within {HISTORY_AT_STOP:?}");
+    }
+    Ok(())
 }
 
 /// The term's end, as each controller waits for it.
@@ -186,6 +197,7 @@ fn build(setup: Setup, engine: LockEngine) -> (Arc<Context>, Ends, Settings) {
     let (cluster_lock_reader, cluster_lock_writer) = reflector::store();
     let (cluster_lock_triggers, cluster_lock_rx) = futures::channel::mpsc::unbounded();
     let engine_epoch = engine.epoch();
+    let history = history::History::new(fencing_param.namespace.clone(), layout.cluster().map(str::to_string));
     // Each scope's `Lock`s, and the `ClusterLock`s; each scope's claims.
     let (limit_listings, claim_scopes) = (scopes.count() + 1, scopes.count());
     let ctx = Arc::new(Context {
@@ -212,6 +224,7 @@ fn build(setup: Setup, engine: LockEngine) -> (Arc<Context>, Ends, Settings) {
         fence: epoch_param.zip(engine_epoch).map(|(param, mine)| api_fence::Fence::new(param, mine)),
         token_floor,
         fencing: fencing::Fencing::new(fencing_param, engine_epoch),
+        history,
     });
     let ends = Ends {
         scopes: scope_ends,

@@ -11,6 +11,7 @@ mod crds;
 mod e2e;
 mod fencing;
 mod gated_pods;
+mod history;
 mod job_story;
 mod liveness;
 mod lock_commands;

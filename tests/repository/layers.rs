@@ -127,6 +127,7 @@ const CONTROLLER_LAYERS: &[&[&str]] = &[
         "token_floor",
         "events",
         "writer",
+        "history",
         "registry",
         "arrivals",
         "holders",

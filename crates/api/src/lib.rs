@@ -1,4 +1,4 @@
-//! The user-facing API: the `LockClaim`, `Lock` and `ClusterLock` custom resources (`zklock.io/v1alpha1`), the claims' phases and
+//! The user-facing API: the `LockClaim`, `Lock`, `ClusterLock` and `LockHistory` custom resources (`zklock.io/v1alpha1`), the claims' phases and
 //! conditions, and the validation of what the schema cannot check. It knows the lock recipe's
 //! modes and nothing else of the engine, and no metrics or controller: the compiler keeps it so.
 #![forbid(unsafe_code)]
@@ -10,6 +10,7 @@ pub mod epoch_policy;
 pub mod fencing_policy;
 pub mod finalizer_policy;
 pub mod gate_policy;
+pub mod history;
 mod kept;
 mod lock;
 mod validate;
@@ -20,6 +21,7 @@ pub use claim::{
 };
 pub use cluster_lock::{admits, ClusterLock, ClusterLockHolder, ClusterLockSpec, ClusterLockStatus};
 pub use epoch_policy::EPOCH_REFUSAL;
+pub use history::{GrantRecord, LockHistory, LockHistorySpec, LockHistoryStatus};
 pub use kept::{KeptClaim, KeptStatus};
 pub use lock::{Fencing, Lock, LockSpec, LockStatus, MAX_LISTED_HOLDERS, MAX_PERMITS};
 pub use validate::{check_lock_name, is_dns_subdomain, validate, validate_spec, ValidLock, ValidSpec};
@@ -91,7 +93,7 @@ fn mutating_policy_binding(
 }
 
 /// The generated CRDs as YAML, each with the file name `crds/` holds it under.
-pub fn crds() -> [(&'static str, String); 3] {
+pub fn crds() -> [(&'static str, String); 4] {
     // Serialising a CRD (plain data) to YAML cannot fail.
     crd_objects().map(|(file, crd)| (file, serde_yaml::to_string(&crd).unwrap_or_default()))
 }
@@ -104,12 +106,12 @@ pub const CRD_REVISION_ANNOTATION: &str = "zklock.io/crd-revision";
 /// 3: its Ready and PermitsAgree conditions, status.clusters as the clusters serving it; 4: the
 /// LockClaim's Waiting For and Reason columns in `kubectl get -o wide`; 5: conditions as
 /// list-maps keyed by type, the short name `lk` for Lock; 6: `fencing` on Lock and ClusterLock,
-/// a Lock's permits optional).
-pub const CRD_REVISION: u32 = 6;
+/// a Lock's permits optional; 7: LockHistory).
+pub const CRD_REVISION: u32 = 7;
 
 /// The generated CRDs (what `crds/` holds), each with its file name: only formats the API
 /// server knows, and this build's revision annotated.
-pub fn crd_objects() -> [(&'static str, CustomResourceDefinition); 3] {
+pub fn crd_objects() -> [(&'static str, CustomResourceDefinition); 4] {
     use kube::CustomResourceExt;
     let finish = |crd: CustomResourceDefinition| {
         // A CRD is plain data: it serialises and reads back.
@@ -126,6 +128,7 @@ pub fn crd_objects() -> [(&'static str, CustomResourceDefinition); 3] {
         ("lockclaims.zklock.io.yaml", finish(LockClaim::crd())),
         ("locks.zklock.io.yaml", finish(Lock::crd())),
         ("clusterlocks.zklock.io.yaml", finish(ClusterLock::crd())),
+        ("lockhistories.zklock.io.yaml", finish(LockHistory::crd())),
     ]
 }
 

@@ -229,7 +229,13 @@ async fn cleanup(uid: &Uid, claim: LockClaim, ctx: &Context) -> Result<Action, E
     // this one final before.
     let shared = parts.iter().any(|p| ctx.layout.is_shared_lock(&p.lock));
     let plan = plan::deleted(&claim, held, kept_by_others || shared, Timestamp::now());
+    // A holder whose end is no status write (its node's deletion ends it): its history's end.
+    let before = claim.status.clone().unwrap_or_default();
+    let ends_unwritten = before.phase == Some(Phase::Held) && !plan.status.phase.is_some_and(Phase::is_terminal);
     effects::run(ctx, uid, &parts, &claim, plan).await?;
+    if ends_unwritten {
+        ctx.history.ended(&claim, &parts, &before, Phase::Released);
+    }
     tracing::debug!(held, "deleted: released, final status written");
     // Forgotten (and its locks' grants let go on) once the finalizer is gone: see `finalized`.
     Ok(Action::await_change())

@@ -153,13 +153,15 @@ pub async fn run(
     ctx.registry.stamped(uid, true);
     if granting {
         observe_grant(claim, ctx, parts);
+        ctx.history.granted(claim, parts, &plan.status);
     }
-    if before.phase == Some(Phase::Held) && plan.status.phase.is_some_and(Phase::is_terminal) {
+    if let Some(ended) = plan.status.phase.filter(|p| before.phase == Some(Phase::Held) && p.is_terminal()) {
         for (part, token) in parts.iter().zip(part_tokens(&plan.status, parts)) {
             if let Some(token) = token {
                 ctx.registry.token_used(&part.lock, token);
             }
         }
+        ctx.history.ended(claim, parts, &before, ended);
     }
     // The registry's phase is the operator's own last write, never a copy's.
     ctx.registry.set_phase(uid, plan.status.phase);

@@ -1,0 +1,258 @@
+//! A lock's history (docs/design.md, "A lock's history"): every grant and every end of a hold
+//! the operator writes joins its lock's `LockHistory`, in batches, off the handoff's path.
+//!
+//! The grant's status write hands its news over ([`History::granted`], [`History::ended`]) and
+//! goes on: nothing here is awaited by a grant. A batch gathers a second's news per lock, and
+//! the batches' writes go out one at a time, at most 50 a second over every lock, so that a busy
+//! lock costs one history write a second however many handoffs it makes. Each write reads the
+//! object and replaces its status on that very copy (a list-map keyed by fencing token: a grant
+//! and its end meet in one record whichever batch brings them), so two operators' terms never
+//! lose each other's records. What a term had not written when it ended is lost: its claims'
+//! Events and the audit log lines have it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
+use kube::{Api, ResourceExt};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use super::base::{part_tokens, Error, Part};
+use super::writer::{Answer, ApiWriter};
+use crate::api::history::{history_name, record, GrantRecord, LockHistory, LockHistorySpec};
+use crate::api::{LockClaim, LockClaimStatus, Phase, CLUSTER_LABEL_PREFIX};
+
+/// How long a lock's news gather before its write.
+const BATCH: Duration = Duration::from_secs(1);
+/// Between two history writes, at least: 50 a second over every lock.
+const SPACING: Duration = Duration::from_millis(20);
+/// How often a write that met a newer copy is tried again on a fresh read.
+const ATTEMPTS: usize = 3;
+/// Records kept waiting for one lock while its writes fail: the newest, as many as a history
+/// may keep.
+const MAX_WAITING: usize = crate::api::history::MAX_HISTORY_LIMIT as usize;
+
+/// The history object a record goes to: its namespace and the lock's label (`NAME`, or
+/// `cluster/NAME`).
+type Key = (String, String);
+
+/// One term's history writer.
+pub struct History {
+    /// The operator's namespace: `ClusterLock`s' histories are kept there.
+    home: String,
+    /// This cluster's name, where it shares ClusterLocks with others.
+    cluster: Option<String>,
+    waiting: Mutex<HashMap<Key, Vec<GrantRecord>>>,
+    news: Notify,
+    /// Said once a term: the `LockHistory` CRD is not served (an upgrade that did not apply it).
+    unserved_said: AtomicBool,
+}
+
+impl History {
+    pub fn new(home: String, cluster: Option<String>) -> History {
+        History { home, cluster, waiting: Mutex::default(), news: Notify::new(), unserved_said: AtomicBool::new(false) }
+    }
+
+    /// `claim`'s grant was written with `status`: one record per lock it holds, and the audit
+    /// line.
+    pub fn granted(&self, claim: &LockClaim, parts: &[Part], status: &LockClaimStatus) {
+        let now = Timestamp::now();
+        let granted = status.acquired_at.clone().unwrap_or(Time(now));
+        let waited = claim.metadata.creation_timestamp.as_ref().map(|c| granted.0.duration_since(c.0).as_secs_f64());
+        for (part, token) in parts.iter().zip(part_tokens(status, parts)) {
+            let Some(token) = token else { continue };
+            let record = GrantRecord {
+                granted: Some(granted.clone()),
+                waited_seconds: waited.map(|w| (w.max(0.0) * 1000.0).round() / 1000.0),
+                ..self.record_of(claim, token)
+            };
+            tracing::info!(
+                target: "zklock::audit",
+                event = "granted",
+                lock = %part.name,
+                namespace = %record.namespace,
+                claim = %record.claim,
+                token,
+                holder_pod = record.holder_pod.as_deref().unwrap_or_default(),
+                waited_seconds = record.waited_seconds.unwrap_or_default(),
+                "lock granted"
+            );
+            self.keep(self.key(claim, part), record);
+        }
+    }
+
+    /// `claim`, which held with `before`, ended as `phase`: its records get their end.
+    pub fn ended(&self, claim: &LockClaim, parts: &[Part], before: &LockClaimStatus, phase: Phase) {
+        let now = Time(Timestamp::now());
+        for (part, token) in parts.iter().zip(part_tokens(before, parts)) {
+            let Some(token) = token else { continue };
+            let record = GrantRecord {
+                // Known again here, so that a record whose grant's batch was lost (a term that
+                // ended before writing it) is whole.
+                granted: before.acquired_at.clone(),
+                ended: Some(now.clone()),
+                ended_as: Some(phase),
+                ..self.record_of(claim, token)
+            };
+            let held = record.held_seconds().unwrap_or_default();
+            tracing::info!(
+                target: "zklock::audit",
+                event = "ended",
+                lock = %part.name,
+                namespace = %record.namespace,
+                claim = %record.claim,
+                token,
+                ended_as = ?phase,
+                held_seconds = (held * 1000.0).round() / 1000.0,
+                "hold ended"
+            );
+            self.keep(self.key(claim, part), record);
+        }
+    }
+
+    fn record_of(&self, claim: &LockClaim, token: i64) -> GrantRecord {
+        GrantRecord {
+            fencing_token: token.to_string(),
+            claim: claim.name_any(),
+            namespace: claim.namespace().unwrap_or_default(),
+            claim_uid: claim.metadata.uid.clone(),
+            cluster: self.cluster.clone(),
+            holder_pod: claim.spec.holder.as_ref().map(|h| h.pod_name.clone()),
+            ..Default::default()
+        }
+    }
+
+    fn key(&self, claim: &LockClaim, part: &Part) -> Key {
+        let namespace = if part.name.starts_with(CLUSTER_LABEL_PREFIX) {
+            self.home.clone()
+        } else {
+            claim.namespace().unwrap_or_default()
+        };
+        (namespace, part.name.clone())
+    }
+
+    fn keep(&self, key: Key, record: GrantRecord) {
+        let mut waiting = self.waiting.lock();
+        let first = waiting.is_empty();
+        let records = waiting.entry(key).or_default();
+        records.push(record);
+        let excess = records.len().saturating_sub(MAX_WAITING);
+        records.drain(..excess);
+        drop(waiting);
+        if first {
+            self.news.notify_one();
+        }
+    }
+
+    /// Everything waiting, taken.
+    fn take(&self) -> Vec<(Key, Vec<GrantRecord>)> {
+        std::mem::take(&mut *self.waiting.lock()).into_iter().collect()
+    }
+
+    /// Records whose write failed wait for the next batch, before what came meanwhile.
+    fn put_back(&self, key: Key, mut records: Vec<GrantRecord>) {
+        let mut waiting = self.waiting.lock();
+        let newer = waiting.remove(&key).unwrap_or_default();
+        records.extend(newer);
+        let excess = records.len().saturating_sub(MAX_WAITING);
+        records.drain(..excess);
+        waiting.insert(key, records);
+    }
+}
+
+/// The term's history writer: a batch a second, for as long as the term runs.
+pub async fn keep(history: &History, writer: &ApiWriter) -> Result<(), Error> {
+    loop {
+        let news = history.news.notified();
+        let mut news = std::pin::pin!(news);
+        news.as_mut().enable();
+        if history.waiting.lock().is_empty() {
+            news.await;
+        }
+        tokio::time::sleep(BATCH).await;
+        write_waiting(history, writer).await;
+    }
+}
+
+/// Writes every batch waiting, spaced; what fails waits for the next.
+pub async fn write_waiting(history: &History, writer: &ApiWriter) {
+    for (i, (key, records)) in history.take().into_iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(SPACING).await;
+        }
+        match write(writer, &key, records.clone()).await {
+            Ok(()) => {}
+            Err(Failed::Never(why)) => {
+                tracing::debug!(namespace = %key.0, lock = %key.1, why, "history records not kept");
+            }
+            Err(Failed::Unserved) => {
+                if !history.unserved_said.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "the LockHistory CRD is not served: locks keep no history (apply the CRDs of this version: \
+                         `zklock crd | kubectl apply -f -`)"
+                    );
+                }
+            }
+            Err(Failed::Later(why)) => {
+                tracing::info!(namespace = %key.0, lock = %key.1, why, "history not written; tried again with the next batch");
+                history.put_back(key, records);
+            }
+        }
+    }
+}
+
+enum Failed {
+    /// Dropped: they can never be written.
+    Never(String),
+    /// The CRD is not installed.
+    Unserved,
+    /// Tried again later.
+    Later(String),
+}
+
+async fn write(writer: &ApiWriter, (namespace, label): &Key, records: Vec<GrantRecord>) -> Result<(), Failed> {
+    let Some(name) = history_name(label) else {
+        return Err(Failed::Never(format!("{label:?} is no object name")));
+    };
+    let api: Api<LockHistory> = Api::namespaced(writer.client().clone(), namespace);
+    for _ in 0..ATTEMPTS {
+        let found = match writer.read("get_lock_history", api.get_opt(&name)).await {
+            Answer::Done(found) => found,
+            answer => return Err(Failed::Later(answer.error().unwrap_or_default())),
+        };
+        let mut history = match found {
+            Some(history) => history,
+            None => {
+                let fresh = LockHistory::new(&name, LockHistorySpec { lock: label.clone(), limit: None });
+                match writer.write("create_lock_history", api.create(&PostParams::default(), &fresh)).await {
+                    Answer::Done(made) => made,
+                    // Made meanwhile (another term's late batch): read again.
+                    Answer::Refused { status, .. } if status.code == 409 => continue,
+                    Answer::Refused { status, .. } if status.code == 404 => return Err(Failed::Unserved),
+                    answer => return Err(Failed::Later(answer.error().unwrap_or_default())),
+                }
+            }
+        };
+        if history.spec.lock != *label {
+            return Err(Failed::Never(format!(
+                "LockHistory {namespace}/{name} is the history of {:?}: rename one of the locks",
+                history.spec.lock
+            )));
+        }
+        let mut status = history.status.take().unwrap_or_default();
+        record(&mut status, records.clone(), history.spec.limit);
+        history.status = Some(status);
+        // A replace on the copy read: refused (409) if anything wrote it since.
+        let params = PostParams::default();
+        match writer.write("replace_lock_history_status", api.replace_status(&name, &params, &history)).await {
+            Answer::Done(_) => return Ok(()),
+            Answer::Refused { status, .. } if status.code == 409 => continue,
+            answer => return Err(Failed::Later(answer.error().unwrap_or_default())),
+        }
+    }
+    Err(Failed::Later(format!("LockHistory {namespace}/{name} changed under each of {ATTEMPTS} writes")))
+}
