@@ -18,8 +18,29 @@ pub(crate) async fn handoffs(
     let waiters = sizes.waiters[0];
     let bench = Bench::start(client, server, zk, &format!("handoff-{waiters}")).await?;
     let side = alternating(&bench, client, server, zk, waiters, sizes.handoffs).await?;
+    // The locks' history is written in batches a second after their news, outside the rounds'
+    // windows that the writes per handoff above count: its calls over the whole part instead.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let history = |method: &'static str, resource: &'static str| {
+        let bench = &bench;
+        async move {
+            let series = format!("zklock_kubernetes_calls_total{{method=\"{method}\",resource=\"{resource}\"");
+            bench.metric(&series).await
+        }
+    };
+    let reads = history("GET", "lockhistories").await;
+    let creates = history("POST", "lockhistories").await;
+    let writes = history("PUT", "lockhistories/status").await;
     drop(bench);
     println!("handoff at {waiters:>4} waiters: {}", side.zklock.summary());
+    let handed = side.zklock.latency.0.len().max(1) as f64;
+    println!(
+        "  the locks' history over those {} handoffs (and the claims' other grants and ends of the part): {} \
+         writes ({creates} creates, {writes} status replaces), {:.3} per handoff; {reads} reads",
+        side.zklock.latency.0.len(),
+        creates + writes,
+        (creates + writes) / handed
+    );
     println!(
         "handoff's floor with ZooKeeper's release, then the holder's finalizer removed (every write of zklock's \
          path, in its order: the node's delete in a multi-op that checks an epoch node), in batches of {} \

@@ -32,7 +32,7 @@ pub(crate) struct ServerSample {
 
 /// The resources whose requests a lifecycle is made of (the operator's leader Lease and epoch
 /// ConfigMap are renewed on a timer, not per claim, and are left out).
-pub(crate) const PROBED: [&str; 4] = ["lockclaims", "events", "pods", "locks"];
+pub(crate) const PROBED: [&str; 5] = ["lockclaims", "events", "pods", "locks", "lockhistories"];
 
 impl ServerProbe {
     pub(crate) fn new(client: &kube::Client, server: &Server) -> ServerProbe {

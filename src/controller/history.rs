@@ -136,6 +136,10 @@ impl History {
     }
 
     fn keep(&self, key: Key, record: GrantRecord) {
+        if history_name(&key.1).is_none() {
+            // A lockName no object can be named after keeps no history (the audit line has it).
+            return;
+        }
         let mut waiting = self.waiting.lock();
         let first = waiting.is_empty();
         let records = waiting.entry(key).or_default();
@@ -187,14 +191,11 @@ pub async fn write_waiting(history: &History, writer: &ApiWriter) {
         match write(writer, &key, records.clone()).await {
             Ok(()) => {}
             Err(Failed::Never(why)) => {
-                tracing::debug!(namespace = %key.0, lock = %key.1, why, "history records not kept");
+                tracing::warn!(namespace = %key.0, lock = %key.1, why, "history records not kept");
             }
-            Err(Failed::Unserved) => {
+            Err(Failed::Unserved(why)) => {
                 if !history.unserved_said.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        "the LockHistory CRD is not served: locks keep no history (apply the CRDs of this version: \
-                         `zklock crd | kubectl apply -f -`)"
-                    );
+                    tracing::warn!(why, "locks keep no history this term");
                 }
             }
             Err(Failed::Later(why)) => {
@@ -208,10 +209,28 @@ pub async fn write_waiting(history: &History, writer: &ApiWriter) {
 enum Failed {
     /// Dropped: they can never be written.
     Never(String),
-    /// The CRD is not installed.
-    Unserved,
-    /// Tried again later.
+    /// Dropped, and said once a term: no history can be written (the CRD is not installed, or
+    /// the operator may not write it).
+    Unserved(String),
+    /// Tried again with the next batch: no answer, or the API server's own trouble.
     Later(String),
+}
+
+impl Failed {
+    /// What a refusal of call `what` means for the records.
+    fn of<T>(answer: Answer<T>, what: &str) -> Failed {
+        match answer {
+            Answer::Refused { status, .. } if status.code == 403 => Failed::Unserved(format!(
+                "{what} refused: {} (grant the operator get and create on lockhistories and update on \
+                 lockhistories/status, as the chart does)",
+                status.message
+            )),
+            Answer::Refused { status, .. } if status.code < 500 && status.code != 429 => {
+                Failed::Never(format!("{what} refused: {} ({})", status.message, status.code))
+            }
+            answer => Failed::Later(answer.error().unwrap_or_default()),
+        }
+    }
 }
 
 async fn write(writer: &ApiWriter, (namespace, label): &Key, records: Vec<GrantRecord>) -> Result<(), Failed> {
@@ -222,7 +241,7 @@ async fn write(writer: &ApiWriter, (namespace, label): &Key, records: Vec<GrantR
     for _ in 0..ATTEMPTS {
         let found = match writer.read("get_lock_history", api.get_opt(&name)).await {
             Answer::Done(found) => found,
-            answer => return Err(Failed::Later(answer.error().unwrap_or_default())),
+            answer => return Err(Failed::of(answer, "reading the LockHistory")),
         };
         let mut history = match found {
             Some(history) => history,
@@ -232,8 +251,14 @@ async fn write(writer: &ApiWriter, (namespace, label): &Key, records: Vec<GrantR
                     Answer::Done(made) => made,
                     // Made meanwhile (another term's late batch): read again.
                     Answer::Refused { status, .. } if status.code == 409 => continue,
-                    Answer::Refused { status, .. } if status.code == 404 => return Err(Failed::Unserved),
-                    answer => return Err(Failed::Later(answer.error().unwrap_or_default())),
+                    Answer::Refused { status, .. } if status.code == 404 => {
+                        return Err(Failed::Unserved(
+                            "the LockHistory CRD is not served: apply the CRDs of this version (`zklock crd | \
+                             kubectl apply -f -`)"
+                                .into(),
+                        ))
+                    }
+                    answer => return Err(Failed::of(answer, "making the LockHistory")),
                 }
             }
         };
@@ -250,8 +275,9 @@ async fn write(writer: &ApiWriter, (namespace, label): &Key, records: Vec<GrantR
         let params = PostParams::default();
         match writer.write("replace_lock_history_status", api.replace_status(&name, &params, &history)).await {
             Answer::Done(_) => return Ok(()),
-            Answer::Refused { status, .. } if status.code == 409 => continue,
-            answer => return Err(Failed::Later(answer.error().unwrap_or_default())),
+            // Changed since the read; or deleted since (made again on the next attempt).
+            Answer::Refused { status, .. } if status.code == 409 || status.code == 404 => continue,
+            answer => return Err(Failed::of(answer, "writing the LockHistory's status")),
         }
     }
     Err(Failed::Later(format!("LockHistory {namespace}/{name} changed under each of {ATTEMPTS} writes")))
