@@ -115,7 +115,12 @@ impl Context {
             .map(|id| {
                 let node = self.engine.node(&id).unwrap_or_default();
                 let lock = node.rsplit_once('/').map_or_else(String::new, |(dir, _)| dir.to_string());
-                Part { lock, name: String::new(), mode: crate::recipe::Mode::Exclusive, id }
+                // Its name as status shows it, from the directory (the history keeps it by that).
+                let last = lock.rsplit('/').next().unwrap_or_default();
+                let cluster = lock.strip_prefix(&self.layout.cluster_locks()).is_some_and(|r| r.starts_with('/'));
+                let name =
+                    if cluster { format!("{}{last}", crate::api::CLUSTER_LABEL_PREFIX) } else { last.to_string() };
+                Part { lock, name, mode: crate::recipe::Mode::Exclusive, id }
             })
             .collect()
     }

@@ -30,6 +30,8 @@ use crate::api::{LockClaim, LockClaimStatus, Phase, CLUSTER_LABEL_PREFIX};
 const BATCH: Duration = Duration::from_secs(1);
 /// Between two history writes, at least: 50 a second over every lock.
 const SPACING: Duration = Duration::from_millis(20);
+/// The longest pause between batches while they fail.
+const MOST_BACKOFF: Duration = Duration::from_secs(30);
 /// How often a write that met a newer copy is tried again on a fresh read.
 const ATTEMPTS: usize = 3;
 /// Records kept waiting for one lock while its writes fail: the newest, as many as a history
@@ -152,9 +154,15 @@ impl History {
         }
     }
 
-    /// Everything waiting, taken.
-    fn take(&self) -> Vec<(Key, Vec<GrantRecord>)> {
-        std::mem::take(&mut *self.waiting.lock()).into_iter().collect()
+    /// The locks with records waiting.
+    fn waiting_keys(&self) -> Vec<Key> {
+        self.waiting.lock().keys().cloned().collect()
+    }
+
+    /// The records waiting for one lock, taken: one lock's at a time are in flight, so that a
+    /// term that ends mid-batch loses at most those.
+    fn take(&self, key: &Key) -> Option<Vec<GrantRecord>> {
+        self.waiting.lock().remove(key)
     }
 
     /// Records whose write failed wait for the next batch, before what came meanwhile.
@@ -168,8 +176,10 @@ impl History {
     }
 }
 
-/// The term's history writer: a batch a second, for as long as the term runs.
+/// The term's history writer: a batch a second, for as long as the term runs; while batches
+/// fail (the API server out of reach), less often, up to every [`MOST_BACKOFF`].
 pub async fn keep(history: &History, writer: &ApiWriter) -> Result<(), Error> {
+    let mut pause = BATCH;
     loop {
         let news = history.news.notified();
         let mut news = std::pin::pin!(news);
@@ -177,17 +187,18 @@ pub async fn keep(history: &History, writer: &ApiWriter) -> Result<(), Error> {
         if history.waiting.lock().is_empty() {
             news.await;
         }
-        tokio::time::sleep(BATCH).await;
-        write_waiting(history, writer).await;
+        tokio::time::sleep(pause).await;
+        let failed = write_waiting(history, writer).await;
+        pause = if failed == 0 { BATCH } else { (pause * 2).min(MOST_BACKOFF) };
     }
 }
 
-/// Writes every batch waiting, spaced; what fails waits for the next.
-pub async fn write_waiting(history: &History, writer: &ApiWriter) {
-    for (i, (key, records)) in history.take().into_iter().enumerate() {
-        if i > 0 {
-            tokio::time::sleep(SPACING).await;
-        }
+/// Writes every lock's records waiting, each write [`SPACING`] after the last; what fails
+/// waits for the next batch (one log line says how many locks' did). Answers how many failed.
+pub async fn write_waiting(history: &History, writer: &ApiWriter) -> usize {
+    let mut failed: Vec<String> = vec![];
+    for key in history.waiting_keys() {
+        let Some(records) = history.take(&key) else { continue };
         match write(writer, &key, records.clone()).await {
             Ok(()) => {}
             Err(Failed::Never(why)) => {
@@ -199,11 +210,15 @@ pub async fn write_waiting(history: &History, writer: &ApiWriter) {
                 }
             }
             Err(Failed::Later(why)) => {
-                tracing::info!(namespace = %key.0, lock = %key.1, why, "history not written; tried again with the next batch");
+                failed.push(format!("{}/{}: {why}", key.0, key.1));
                 history.put_back(key, records);
             }
         }
     }
+    if let Some(first) = failed.first() {
+        tracing::info!(locks = failed.len(), first = %first, "history not written; tried again later");
+    }
+    failed.len()
 }
 
 enum Failed {
@@ -220,6 +235,10 @@ impl Failed {
     /// What a refusal of call `what` means for the records.
     fn of<T>(answer: Answer<T>, what: &str) -> Failed {
         match answer {
+            // A namespace being deleted refuses new objects: its history goes with it.
+            Answer::Refused { status, .. } if status.code == 403 && status.message.contains("being terminated") => {
+                Failed::Never(format!("{what} refused: {}", status.message))
+            }
             Answer::Refused { status, .. } if status.code == 403 => Failed::Unserved(format!(
                 "{what} refused: {} (grant the operator get and create on lockhistories and update on \
                  lockhistories/status, as the chart does)",
@@ -247,11 +266,16 @@ async fn write(writer: &ApiWriter, (namespace, label): &Key, records: Vec<GrantR
             Some(history) => history,
             None => {
                 let fresh = LockHistory::new(&name, LockHistorySpec { lock: label.clone(), limit: None });
+                tokio::time::sleep(SPACING).await;
                 match writer.write("create_lock_history", api.create(&PostParams::default(), &fresh)).await {
                     Answer::Done(made) => made,
                     // Made meanwhile (another term's late batch): read again.
                     Answer::Refused { status, .. } if status.code == 409 => continue,
-                    Answer::Refused { status, .. } if status.code == 404 => {
+                    // The resource itself unknown (the CRD not applied), rather than the
+                    // namespace gone.
+                    Answer::Refused { status, .. }
+                        if status.code == 404 && status.message.contains("could not find the requested resource") =>
+                    {
                         return Err(Failed::Unserved(
                             "the LockHistory CRD is not served: apply the CRDs of this version (`zklock crd | \
                              kubectl apply -f -`)"
@@ -273,6 +297,7 @@ async fn write(writer: &ApiWriter, (namespace, label): &Key, records: Vec<GrantR
         history.status = Some(status);
         // A replace on the copy read: refused (409) if anything wrote it since.
         let params = PostParams::default();
+        tokio::time::sleep(SPACING).await;
         match writer.write("replace_lock_history_status", api.replace_status(&name, &params, &history)).await {
             Answer::Done(_) => return Ok(()),
             // Changed since the read; or deleted since (made again on the next attempt).

@@ -29,8 +29,9 @@ use super::{
     watch, EpochParam, FencingParam, Registry,
 };
 
-/// How long a stopping term spends on its last history batch.
-const HISTORY_AT_STOP: Duration = Duration::from_secs(5);
+/// How long a stopping term spends on its last history batch: well inside the stop's grace
+/// (10 s), which the running reconciles share.
+const HISTORY_AT_STOP: Duration = Duration::from_secs(3);
 use crate::api::{ClusterLock, KeptClaim, Lock};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
@@ -106,13 +107,14 @@ pub async fn run(
     tasks.spawn(positions::refresh(ctx.clone()).map(Ok));
     let keeper = ctx.clone();
     tasks.spawn(async move { history::keep(&keeper.history, &keeper.writer).await });
-    supervise(controllers, tasks, || shutdown.peek().is_some()).await?;
-    // Stopped: the reconciles that ran to their end have recorded their grants and ends; what
-    // they recorded is written before the leadership is given up, within the stop's grace.
+    let ended = supervise(controllers, tasks, || shutdown.peek().is_some()).await;
+    // Stopped, or failed: the reconciles that ran to their end have recorded their grants and
+    // ends; what they recorded is written while this process still leads (the writer writes
+    // nothing once it does not), within the stop's grace.
     if tokio::time::timeout(HISTORY_AT_STOP, history::write_waiting(&ctx.history, &ctx.writer)).await.is_err() {
         tracing::info!("the last history batch was not written within {HISTORY_AT_STOP:?}");
     }
-    Ok(())
+    ended
 }
 
 /// The term's end, as each controller waits for it.

@@ -26,15 +26,19 @@ async fn await_history(env: &Env, name: &str, what: &str, done: impl Fn(&LockHis
     found.expect("the history")
 }
 
-fn zklock_history(env: &Env, args: &[&str]) -> String {
+async fn zklock_history(env: &Env, args: &[&str]) -> String {
     let binary = std::env::var("ZKLOCK_TEST_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_zklock").into());
-    let out = std::process::Command::new(binary)
+    let run = tokio::process::Command::new(binary)
         .arg("history")
         .args(["-n", &env.ns])
         .args(args)
         .env("KUBECONFIG", &env.kubeconfig)
         .stdin(Stdio::null())
-        .output()
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(PATIENCE, run)
+        .await
+        .unwrap_or_else(|_| panic!("zklock history {args:?} did not end within {PATIENCE:?}"))
         .expect("run zklock history");
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "zklock history {args:?}: {stdout}{stderr}");
@@ -74,38 +78,57 @@ async fn a_locks_grants_and_ends_are_kept_across_a_restart_and_printed() {
     assert!(b.waited_seconds.is_some_and(|w| w >= 0.0), "how long the second waited: {status:?}");
     assert_eq!((status.recorded, status.last_holder.as_deref()), (2, Some(&*format!("{}/second", env.ns))));
     let log = op.logs();
-    assert!(
-        log.contains("zklock::audit") && log.contains("lock granted") && log.contains("hold ended"),
-        "one audit line per grant and end: {log}"
-    );
+    let audit = |event: &str| log.lines().filter(|l| l.contains("zklock::audit") && l.contains(event)).count();
+    assert_eq!((audit("lock granted"), audit("hold ended")), (2, 2), "one audit line per grant and end: {log}");
 
-    // The record is the API's: a new process (killed, no shutdown) adds to it, keeps the rest.
-    op.restart();
+    // The record is the API's: a grant of one process (killed, no shutdown) ends in the next,
+    // which adds to the same record and keeps the rest.
     env.delete_claim("second").await;
     env.claim("third", "deploys", json!({})).await;
     env.wait_phase("third", Phase::Held).await;
+    await_history(&env, "deploys", "the third grant written", |h| {
+        h.status.as_ref().is_some_and(|s| s.grants.len() == 3)
+    })
+    .await;
+    op.restart();
     env.delete_claim("third").await;
     env.wait_gone("third").await;
-    let history = await_history(&env, "deploys", "the third grant ended", |h| {
+    let history = await_history(&env, "deploys", "the third grant ended, by the next process", |h| {
         h.status.as_ref().is_some_and(|s| s.grants.len() == 3 && s.grants[2].ended_as.is_some())
     })
     .await;
     let status = history.status.unwrap();
     assert_eq!(status.grants[..2], [a.clone(), b.clone()], "the earlier records are kept as they were");
-    assert_eq!((status.grants[2].claim.as_str(), status.recorded), ("third", 3));
+    let third = &status.grants[2];
+    assert_eq!((third.claim.as_str(), third.ended_as, status.recorded), ("third", Some(Phase::Released), 3));
+    assert!(third.granted.is_some() && third.waited_seconds.is_some(), "one record, grant and end: {third:?}");
 
     // What a user reads.
-    let printed: Value = serde_json::from_str(&zklock_history(&env, &["deploys", "-o", "json"])).unwrap();
+    let printed: Value = serde_json::from_str(&zklock_history(&env, &["deploys", "-o", "json"]).await).unwrap();
     let claims: Vec<&str> =
         printed["grants"].as_array().unwrap().iter().map(|g| g["claim"].as_str().unwrap()).collect();
     assert_eq!(claims, ["first", "second", "third"], "{printed}");
     assert!(printed["grants"][0]["heldSeconds"].is_number(), "{printed}");
-    let table = zklock_history(&env, &["deploys"]);
+    let table = zklock_history(&env, &["deploys"]).await;
     let rows: Vec<&str> = table.lines().collect();
     assert!(rows[0].starts_with("TOKEN") && rows.len() == 4, "{table}");
     assert!(rows[2].contains("second") && rows[2].contains("Revoked"), "{table}");
-    let wide = zklock_history(&env, &["deploys", "-o", "wide"]);
+    let wide = zklock_history(&env, &["deploys", "-o", "wide"]).await;
     assert!(wide.contains("CLAIM UID") && wide.contains(b.claim_uid.as_deref().unwrap()), "{wide}");
+
+    // The user guide's command, then a limit of 2: the next write keeps the newest two.
+    env.kubectl(&["patch", "lockhistory", "deploys", "--type", "merge", "-p", r#"{"spec":{"limit":500}}"#]);
+    let api: Api<LockHistory> = Api::namespaced(env.client.clone(), &env.ns);
+    assert_eq!(api.get("deploys").await.unwrap().spec.limit, Some(500));
+    env.kubectl(&["patch", "lockhistory", "deploys", "--type", "merge", "-p", r#"{"spec":{"limit":2}}"#]);
+    env.claim("fourth", "deploys", json!({})).await;
+    env.wait_phase("fourth", Phase::Held).await;
+    let history = await_history(&env, "deploys", "the newest two kept", |h| {
+        h.status.as_ref().is_some_and(|s| s.grants.len() == 2 && s.grants[1].claim == "fourth")
+    })
+    .await;
+    let status = history.status.unwrap();
+    assert_eq!((status.grants[0].claim.as_str(), status.recorded), ("third", 4), "{status:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,7 +150,7 @@ async fn a_cluster_locks_history_is_kept_in_the_operators_namespace() {
     assert_eq!(history.status.unwrap().grants[0].namespace, env.ns);
     // Found by name without --operator-namespace.
     let printed: Value =
-        serde_json::from_str(&zklock_history(&env, &[&format!("cluster/{}", lock.name), "-o", "json"])).unwrap();
+        serde_json::from_str(&zklock_history(&env, &[&format!("cluster/{}", lock.name), "-o", "json"]).await).unwrap();
     assert_eq!(printed["namespace"], json!(env.ns), "{printed}");
     assert_eq!(printed["grants"][0]["claim"], json!("c1"), "{printed}");
 }

@@ -98,7 +98,8 @@ pub struct GrantRecord {
     /// When the claim's final status was written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<Time>,
-    /// The claim's final phase: Released, Revoked, Expired or Lost.
+    /// How the hold ended, the claim's final phase: Released (deleted, its pod gone, its lease
+    /// run out), Revoked, Lost or Invalid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_as: Option<Phase>,
 }
