@@ -29,9 +29,11 @@ use super::{
     watch, EpochParam, FencingParam, Registry,
 };
 
-/// How long a stopping term spends on its last history batch: well inside the stop's grace
-/// (10 s), which the running reconciles share.
-const HISTORY_AT_STOP: Duration = Duration::from_secs(3);
+/// How long a stopping term spends on its last history batch, while it still holds the
+/// leadership: the history must not hold up the next leader. With 3 s, a graceful stop under a
+/// backlog (10,000 locks' first grants, written at 50 a second) took 3.1 s to hand the lease on
+/// instead of 0.07 s (`operator_bench --only failover`).
+const HISTORY_AT_STOP: Duration = Duration::from_millis(250);
 use crate::api::{ClusterLock, KeptClaim, Lock};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
