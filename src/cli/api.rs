@@ -45,3 +45,21 @@ pub enum Output {
     Json,
     Yaml,
 }
+
+/// Rows as `kubectl get` prints tables: each column as wide as its widest cell, three spaces
+/// apart, `empty` (a line of its own) when there is only the header (pure).
+pub fn columns(rows: &[Vec<String>], empty: &str) -> String {
+    let width = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..width).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or_default()).collect();
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        out.push_str(cells.join("   ").trim_end());
+        out.push('\n');
+    }
+    if rows.len() <= 1 {
+        out.push_str(empty);
+        out.push('\n');
+    }
+    out
+}

@@ -142,18 +142,7 @@ pub fn table(queue: &Queue) -> String {
         }
         rows.push(row);
     }
-    let widths: Vec<usize> =
-        (0..rows[0].len()).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or_default()).collect();
-    let mut out = String::new();
-    for row in &rows {
-        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
-        out.push_str(cells.join("   ").trim_end());
-        out.push('\n');
-    }
-    if queue.claims.is_empty() {
-        out.push_str("(nobody holds or waits)\n");
-    }
-    out
+    super::api::columns(&rows, "(nobody holds or waits)")
 }
 
 /// Asks the holder of claim `claim` to let go: the `zklock.io/revoke` annotation, which the

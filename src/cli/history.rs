@@ -81,14 +81,10 @@ pub async fn history(
             let found = found.pop();
             (found.as_ref().and_then(|h| h.namespace()).unwrap_or_else(|| "(every namespace)".into()), found)
         }
-        (Some(_), Some(ns), _) | (None, _, Some(ns)) => {
-            let found = Api::<LockHistory>::namespaced(client, &ns).get_opt(&object).await;
-            (ns.clone(), found.map_err(|e| refused(e, &format!("in {ns}")))?)
-        }
+        (Some(_), Some(ns), _) | (None, _, Some(ns)) => named(client, ns, &object, &refused).await?,
         (None, _, None) => {
             let ns = client.default_namespace().to_string();
-            let found = Api::<LockHistory>::namespaced(client, &ns).get_opt(&object).await;
-            (ns.clone(), found.map_err(|e| refused(e, &format!("in {ns}")))?)
+            named(client, ns, &object, &refused).await?
         }
     };
     let Some(found) = found else {
@@ -118,6 +114,18 @@ pub async fn history(
         Output::Wide => print!("{}", table(&printed, true)),
     }
     Ok(0)
+}
+
+/// History `object` of namespace `ns`, if there is one.
+async fn named(
+    client: kube::Client,
+    ns: String,
+    object: &str,
+    refused: &impl Fn(kube::Error, &str) -> String,
+) -> Result<(String, Option<LockHistory>), String> {
+    let found = Api::<LockHistory>::namespaced(client, &ns).get_opt(object).await;
+    let found = found.map_err(|e| refused(e, &format!("in {ns}")))?;
+    Ok((ns, found))
 }
 
 /// The history as `kubectl get` prints tables, newest grant last (pure).
@@ -152,18 +160,7 @@ pub fn table(printed: &Printed, wide: bool) -> String {
         }
         rows.push(row);
     }
-    let widths: Vec<usize> =
-        (0..rows[0].len()).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or_default()).collect();
-    let mut out = String::new();
-    for row in &rows {
-        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
-        out.push_str(cells.join("   ").trim_end());
-        out.push('\n');
-    }
-    if printed.grants.is_empty() {
-        out.push_str("(no grant recorded)\n");
-    }
-    out
+    super::api::columns(&rows, "(no grant recorded)")
 }
 
 /// A duration as kubectl prints short ones: `850ms`, `12.3s`, `4m05s`, `2h10m`.
