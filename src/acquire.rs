@@ -25,6 +25,8 @@ pub mod exit {
     pub const REVOKED: u8 = 76;
     /// The lock was lost (the claim ended Lost, or ended or vanished otherwise while held).
     pub const LOST: u8 = 77;
+    /// A newer claim of the same supersede group took the claim's place while it waited.
+    pub const SUPERSEDED: u8 = 78;
 }
 
 /// How long past its own timeout the client waits for the operator to say Expired (the
@@ -53,6 +55,9 @@ pub struct Request {
     pub grace: Option<Duration>,
     /// How often a wait says where it stands, also when nothing changed (see [`heartbeat`]).
     pub heartbeat: Duration,
+    /// The claim's supersede group (`spec.supersede.group`): a newer claim of it ends this one
+    /// while it waits.
+    pub supersede: Option<String>,
 }
 
 /// The default of [`Request::heartbeat`].
@@ -86,6 +91,8 @@ pub enum Failure {
     Revoked(String),
     #[error("lost: {0}")]
     Lost(String),
+    #[error("superseded: {0}")]
+    Superseded(String),
     #[error("interrupted by {0}")]
     Interrupted(&'static str, u8),
 }
@@ -97,6 +104,7 @@ impl Failure {
             Failure::TimedOut(_) => exit::TIMED_OUT,
             Failure::Revoked(_) => exit::REVOKED,
             Failure::Lost(_) => exit::LOST,
+            Failure::Superseded(_) => exit::SUPERSEDED,
             Failure::Interrupted(_, code) => *code,
         }
     }
@@ -127,6 +135,7 @@ pub fn claim_for(request: &Request, request_id: &str) -> LockClaim {
             // Whole seconds, rounded up: never less patience than asked for.
             acquire_timeout_seconds: request.timeout.map(|t| t.as_secs() as i64 + i64::from(t.subsec_nanos() > 0)),
             revocation_grace_period_seconds: request.grace.map(|g| g.as_secs() as i64),
+            supersede: request.supersede.clone().map(|group| Box::new(crate::api::Supersede { group })),
             ..lock_spec(&request.lock, request.mode)
         },
         status: None,
@@ -502,6 +511,7 @@ pub fn ended(name: &str, phase: Phase, status: &LockClaimStatus) -> Failure {
         Phase::Expired => Failure::TimedOut(what),
         Phase::Revoked => Failure::Revoked(what),
         Phase::Invalid => Failure::Error(what),
+        Phase::Superseded => Failure::Superseded(what),
         _ => Failure::Lost(what),
     }
 }
@@ -526,6 +536,7 @@ mod tests {
             name: name.map(Into::into),
             grace: None,
             heartbeat: HEARTBEAT,
+            supersede: None,
         }
     }
 
@@ -569,5 +580,6 @@ mod tests {
         assert_eq!(ended("c", Phase::Lost, &status).code(), exit::LOST);
         assert_eq!(ended("c", Phase::Released, &status).code(), exit::LOST);
         assert_eq!(ended("c", Phase::Invalid, &status).code(), exit::ERROR);
+        assert_eq!(ended("c", Phase::Superseded, &status).code(), exit::SUPERSEDED);
     }
 }

@@ -144,7 +144,8 @@ enum Command {
     /// Held, print ZKLOCK_CLAIM=<claim> and ZKLOCK_FENCING_TOKEN=<token> (with several locks also
     /// ZKLOCK_FENCING_TOKEN_<LOCK>=<token> for each) and exit 0. The claim then holds the lock
     /// until it is deleted or its holder pod (--holder-pod, or POD_NAME) finishes. Exit codes:
-    /// 1 error or invalid claim, 75 timed out, 76 revoked, 77 lost, 128+N interrupted by signal N
+    /// 1 error or invalid claim, 75 timed out, 76 revoked, 77 lost, 78 superseded, 128+N interrupted by
+    /// signal N
     Acquire {
         #[command(flatten)]
         lock: LockArgs,
@@ -156,7 +157,8 @@ enum Command {
     /// ZKLOCK_CLAIM, ZKLOCK_FENCING_TOKEN, ZKLOCK_LOCK and ZKLOCK_NAMESPACE, and the signals
     /// zklock receives; on a revocation request SIGTERM, then SIGKILL shortly before the grace
     /// period ends. Exits with the command's status, or 75 timed out waiting, 76 revoked, 77 lost
-    /// (the lock went while the command ran), 1 error, 126/127 command not runnable/found
+    /// (the lock went while the command ran), 78 superseded while waiting (--supersede), 1 error,
+    /// 126/127 command not runnable/found
     Exec {
         #[command(flatten)]
         lock: LockArgs,

@@ -3,8 +3,10 @@
 -- (docs/operations.md: GitOps). Checked by tests/repository/argocd.rs.
 --
 -- Pending and Waiting are Progressing (the claim is in its queue); Held is Healthy; Released
--- ends a claim as its holder meant it to and is Healthy; Revoked, Expired, Lost and Invalid end
--- it without the lock its workload asked for, and are Degraded with the reason the claim gives.
+-- ends a claim as its holder meant it to and is Healthy, and so is Superseded (newest wins: a
+-- newer claim of its group took its place, as its spec asked); Revoked, Expired, Lost and
+-- Invalid end it without the lock its workload asked for, and are Degraded with the reason the
+-- claim gives.
 local hs = {}
 
 local function condition_message(status, type)
@@ -53,6 +55,14 @@ elseif phase == "Held" then
 elseif phase == "Released" then
   hs.status = "Healthy"
   hs.message = "Released"
+elseif phase == "Superseded" then
+  hs.status = "Healthy"
+  local why = condition_message(status, "Finished")
+  if why ~= nil then
+    hs.message = "Superseded: " .. why
+  else
+    hs.message = "Superseded"
+  end
 else
   hs.status = "Degraded"
   local why = condition_message(status, "Invalid") or condition_message(status, "Finished")

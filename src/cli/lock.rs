@@ -31,6 +31,10 @@ pub struct LockArgs {
     /// Time the holder gets to let go when the claim is revoked (default 30s)
     #[arg(long, value_parser = zklock::durations::parse_timeout)]
     revocation_grace_period: Option<Duration>,
+    /// Newest wins: while this claim waits, a newer claim of the same lock, namespace and GROUP
+    /// ends it (exit 78). For deploys where only the latest matters; one lock only
+    #[arg(long, value_name = "GROUP", value_parser = parse_group)]
+    supersede: Option<String>,
     /// While waiting, say where the claim stands this often even when nothing changed (how long
     /// it has waited, the claim ahead and how long that one has held; without a status, what to
     /// run to see why)
@@ -52,6 +56,7 @@ impl LockArgs {
             name: self.name,
             grace: self.revocation_grace_period,
             heartbeat: self.heartbeat,
+            supersede: self.supersede,
         }
     }
 }
@@ -63,6 +68,11 @@ pub fn parse_mode(s: &str) -> Result<zklock::recipe::Mode, String> {
         "shared" => Ok(zklock::recipe::Mode::Shared),
         _ => Err(format!("{s:?} is no mode: Exclusive or Shared")),
     }
+}
+
+fn parse_group(s: &str) -> Result<String, String> {
+    zklock::api::check_group(s)?;
+    Ok(s.to_string())
 }
 
 fn parse_locks(s: &str) -> Result<String, String> {
@@ -98,6 +108,10 @@ fn signals() -> Result<zklock::signals::Signals, u8> {
 /// What both commands start from: the signals handled (installed first), a client, and the
 /// request; or the exit code when one of them cannot be had.
 async fn start(args: LockArgs) -> Result<(zklock::signals::Signals, kube::Client, zklock::acquire::Request), u8> {
+    if args.supersede.is_some() && args.lock.contains(',') {
+        eprintln!("zklock: --supersede goes with one lock: a claim over several locks cannot be superseded");
+        return Err(zklock::acquire::exit::ERROR);
+    }
     let signals = signals()?;
     let client = kube_client(&args.api).await?;
     let request = args.into_request(&client);

@@ -12,7 +12,7 @@ use serde_json::json;
 use tokio::process::{Child, Command};
 use zklock::api::Phase;
 
-fn zklock(env: &Env, args: &[&str]) -> Command {
+pub(crate) fn zklock(env: &Env, args: &[&str]) -> Command {
     // `ZKLOCK_TEST_BINARY`: another build, e.g. the one before a fix, to see a test fail without it.
     let binary = std::env::var("ZKLOCK_TEST_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_zklock").into());
     let mut cmd = Command::new(binary);
@@ -31,7 +31,7 @@ fn zklock(env: &Env, args: &[&str]) -> Command {
     cmd
 }
 
-async fn finish(child: Child, what: &str) -> Output {
+pub(crate) async fn finish(child: Child, what: &str) -> Output {
     match tokio::time::timeout(PATIENCE, child.wait_with_output()).await {
         Ok(out) => out.expect("wait for zklock"),
         Err(_) => panic!("{what} did not end within {PATIENCE:?}"),

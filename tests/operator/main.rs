@@ -16,4 +16,5 @@ mod job_story;
 mod liveness;
 mod lock_commands;
 mod several_locks;
+mod supersede;
 mod tokens;

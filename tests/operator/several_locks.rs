@@ -125,6 +125,8 @@ async fn bad_lists_of_locks_are_refused_with_a_message() {
         ),
         (json!({ "locks": [{ "lockName": "Not_A_Label" }] }), "spec.locks[0].lockName"),
         (json!({ "locks": [{ "lockName": "a" }], "mode": "Shared" }), "give each entry of spec.locks its own mode"),
+        (json!({ "locks": [{ "lockName": "a" }], "supersede": { "group": "g" } }), "cannot be superseded"),
+        (json!({ "lockName": "a", "supersede": { "group": "Not_A_Group" } }), "spec.supersede.group"),
     ] {
         let refused = env.claims.create(&Default::default(), &make(spec.clone())).await;
         match refused {

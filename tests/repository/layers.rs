@@ -149,7 +149,10 @@ const CONTROLLER_LAYERS: &[&[&str]] = &[
 /// The files of the controller's directory modules, lowest first (`mod`, the face, on top).
 const CONTROLLER_DIRECTORIES: &[(&str, &[&str])] = &[
     ("base", &["error", "ids", "kept_pod", "scopes", "settings", "claim_facts", "mod"]),
-    ("claim", &["plan", "inputs", "guard", "enqueue", "status_write", "effects", "decide", "unreadable", "mod"]),
+    (
+        "claim",
+        &["plan", "inputs", "supersede", "guard", "enqueue", "status_write", "effects", "decide", "unreadable", "mod"],
+    ),
     ("gated", &["plan", "mod"]),
     ("registry", &["book", "mod"]),
     ("status", &["limits_feed", "locks", "cluster_locks", "mod"]),

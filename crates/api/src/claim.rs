@@ -41,6 +41,7 @@ use zklock_engine::recipe::Mode;
 #[x_kube(validation = Rule::new("[has(self.lockName), has(self.clusterLockName), has(self.locks)].filter(x, x).size() == 1").message("give exactly one of spec.lockName (one lock), spec.clusterLockName (one ClusterLock) and spec.locks (several locks, taken together)"))]
 #[x_kube(validation = Rule::new("!has(self.locks) || self.locks.all(a, self.locks.filter(b, (has(a.lockName) && has(b.lockName) && a.lockName == b.lockName) || (has(a.clusterLockName) && has(b.clusterLockName) && a.clusterLockName == b.clusterLockName)).size() <= 1)").message("spec.locks names a lock twice: name each lock once (with the mode it is needed in)"))]
 #[x_kube(validation = Rule::new("!has(self.locks) || !has(self.mode)").message("spec.mode goes with spec.lockName or spec.clusterLockName: give each entry of spec.locks its own mode"))]
+#[x_kube(validation = Rule::new("!has(self.locks) || !has(self.supersede)").message("spec.supersede goes with spec.lockName or spec.clusterLockName: a claim over several locks cannot be superseded"))]
 #[serde(rename_all = "camelCase")]
 pub struct LockClaimSpec {
     /// The one lock this claim asks for: claims with the same lockName in a namespace contend.
@@ -95,6 +96,25 @@ pub struct LockClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 31_536_000))]
     pub ttl_seconds_after_finished: Option<i64>,
+
+    /// Newest wins: while this claim waits, a newer claim of the same lock, namespace and group
+    /// ends it (phase Superseded, the newer claim named). A holder is never superseded. Only
+    /// with lockName or clusterLockName.
+    // Boxed: the store keeps every claim's spec, and one more inline string would take each
+    // kept claim past the allocator's 768-byte size (see `kept`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supersede: Option<Box<Supersede>>,
+}
+
+/// How a waiting claim gives way to newer ones (`spec.supersede`).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Supersede {
+    /// Claims of the same lock and namespace that share this group supersede each other while
+    /// they wait: the one that entered the queue last stays (a deploy pipeline's group: only
+    /// the newest waiting deploy of an environment is worth running).
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$"))]
+    pub group: String,
 }
 
 /// Most locks one claim may take together.
@@ -135,6 +155,7 @@ impl LockClaimSpec {
             lease_duration_seconds: None,
             revocation_grace_period_seconds: None,
             ttl_seconds_after_finished: None,
+            supersede: None,
         }
     }
 
@@ -284,6 +305,8 @@ pub enum Phase {
     Lost,
     /// Final: the spec cannot be served; the Invalid condition says why.
     Invalid,
+    /// Final: while it waited, a newer claim of its group (spec.supersede) took its place.
+    Superseded,
 }
 
 impl Phase {
@@ -291,7 +314,7 @@ impl Phase {
         !matches!(self, Phase::Pending | Phase::Waiting | Phase::Held)
     }
 
-    pub const ALL: [Phase; 8] = [
+    pub const ALL: [Phase; 9] = [
         Phase::Pending,
         Phase::Waiting,
         Phase::Held,
@@ -300,6 +323,7 @@ impl Phase {
         Phase::Expired,
         Phase::Lost,
         Phase::Invalid,
+        Phase::Superseded,
     ];
 }
 

@@ -82,7 +82,7 @@ enum Word {
 }
 
 /// Condition statuses, and the types and reasons `controller::plan` writes.
-const KNOWN_WORDS: [&str; 21] = [
+const KNOWN_WORDS: [&str; 22] = [
     "True",
     "False",
     "Unknown",
@@ -103,6 +103,7 @@ const KNOWN_WORDS: [&str; 21] = [
     "LeaseExpired",
     "NodeDeleted",
     "SessionLost",
+    "Superseded",
     "ZooKeeperError",
 ];
 

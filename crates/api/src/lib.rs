@@ -16,15 +16,15 @@ mod lock;
 mod validate;
 
 pub use claim::{
-    ClaimLockStatus, Holder, LockClaim, LockClaimSpec, LockClaimStatus, LockName, LockRef, Phase, CLUSTER_LABEL_PREFIX,
-    MAX_LOCKS,
+    ClaimLockStatus, Holder, LockClaim, LockClaimSpec, LockClaimStatus, LockName, LockRef, Phase, Supersede,
+    CLUSTER_LABEL_PREFIX, MAX_LOCKS,
 };
 pub use cluster_lock::{admits, ClusterLock, ClusterLockHolder, ClusterLockSpec, ClusterLockStatus};
 pub use epoch_policy::EPOCH_REFUSAL;
 pub use history::{GrantRecord, LockHistory, LockHistorySpec, LockHistoryStatus};
 pub use kept::{KeptClaim, KeptStatus};
 pub use lock::{Fencing, Lock, LockSpec, LockStatus, MAX_LISTED_HOLDERS, MAX_PERMITS};
-pub use validate::{check_lock_name, is_dns_subdomain, validate, validate_spec, ValidLock, ValidSpec};
+pub use validate::{check_group, check_lock_name, is_dns_subdomain, validate, validate_spec, ValidLock, ValidSpec};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
@@ -106,8 +106,8 @@ pub const CRD_REVISION_ANNOTATION: &str = "zklock.io/crd-revision";
 /// 3: its Ready and PermitsAgree conditions, status.clusters as the clusters serving it; 4: the
 /// LockClaim's Waiting For and Reason columns in `kubectl get -o wide`; 5: conditions as
 /// list-maps keyed by type, the short name `lk` for Lock; 6: `fencing` on Lock and ClusterLock,
-/// a Lock's permits optional; 7: LockHistory).
-pub const CRD_REVISION: u32 = 7;
+/// a Lock's permits optional; 7: LockHistory; 8: a claim's spec.supersede and phase Superseded).
+pub const CRD_REVISION: u32 = 8;
 
 /// The generated CRDs (what `crds/` holds), each with its file name: only formats the API
 /// server knows, and this build's revision annotated.

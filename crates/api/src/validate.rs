@@ -29,6 +29,9 @@ pub struct ValidSpec {
     pub grace: Duration,
     /// How long after its final phase the claim is deleted.
     pub ttl_after_finished: Option<Duration>,
+    /// `spec.supersede.group`: newer claims of this group, lock and namespace end it while it
+    /// waits. Only on a claim over one lock.
+    pub supersede_group: Option<String>,
 }
 
 /// One lock of a valid spec.
@@ -133,7 +136,20 @@ pub fn validate_spec(spec: &LockClaimSpec, namespace: &str) -> Result<ValidSpec,
             Some(holder.pod_name.clone())
         }
     };
+    let supersede_group = match &spec.supersede {
+        None => None,
+        Some(_) if spec.locks.is_some() => {
+            return Err("spec.supersede goes with spec.lockName or spec.clusterLockName: a claim over several locks \
+                        cannot be superseded"
+                .into())
+        }
+        Some(s) => {
+            check_group(&s.group)?;
+            Some(s.group.clone())
+        }
+    };
     Ok(ValidSpec {
+        supersede_group,
         several: spec.locks.is_some(),
         locks,
         holder_pod,
@@ -164,6 +180,21 @@ pub fn check_lock_name(field: &str, name: &str) -> Result<(), String> {
     // Lock names become znode path segments.
     if name == "." || name == ".." || name == "zookeeper" {
         return Err(format!("{field} {name:?} is reserved: choose another name"));
+    }
+    Ok(())
+}
+
+/// Checks a supersede group (`spec.supersede.group`, the pod annotation
+/// `zklock.io/supersede-group`, `--supersede`).
+pub fn check_group(group: &str) -> Result<(), String> {
+    let ok_chars = group.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+    let ok_ends =
+        group.starts_with(|c: char| c.is_ascii_alphanumeric()) && group.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if group.is_empty() || group.len() > 63 || !ok_chars || !ok_ends {
+        return Err(format!(
+            "supersede group {group:?} is not valid: use 1-63 characters of lower-case letters, digits, '.' and '-', \
+             starting and ending with a letter or digit (e.g. \"deploy-prod\")"
+        ));
     }
     Ok(())
 }

@@ -12,6 +12,7 @@ use kube::runtime::controller::Action;
 use super::enqueue;
 use super::inputs::{self, Snapshot};
 use super::plan::{self, HolderView, Inputs, Plan};
+use super::supersede;
 use crate::api::{LockClaim, Phase, ValidSpec};
 use crate::controller::base::settings::{DRAINING_RECHECK, GRANT_BACKSTOP, HOLDER_DEPARTURE};
 use crate::controller::base::{Error, Part, Uid};
@@ -83,6 +84,7 @@ pub async fn decide(
     ttl: Option<Duration>,
 ) -> Result<Decision, Error> {
     let mut now = Timestamp::now();
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
     let inputs = |snapshot: Snapshot, now: Timestamp| Inputs {
         claim,
         spec,
@@ -91,6 +93,7 @@ pub async fn decide(
         contender: snapshot.view,
         anchor_verdict: ctx.registry.verdict(uid),
         hold_until: inputs::hold_until(ctx, parts, now),
+        superseded_by: supersede::read(ctx, uid, namespace, spec, parts).newer,
         now,
     };
     let snapshot = Snapshot::read(ctx, parts).await;
@@ -150,6 +153,12 @@ pub async fn decide(
                 }
                 return Ok(Decision::Wait(again));
             }
+        }
+    }
+    if matches!(plan.status.phase, Some(Phase::Waiting | Phase::Held)) {
+        // Newest wins: the group's older waiting claims end, each by its own reconcile.
+        for older in supersede::read(ctx, uid, namespace, spec, parts).older {
+            ctx.trigger(&older);
         }
     }
     if !enqueue && inputs::admitting(ctx, parts) && !matches!(plan.status.phase, Some(Phase::Waiting | Phase::Held)) {

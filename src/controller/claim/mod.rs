@@ -2,8 +2,9 @@
 //! helper → a claim that cannot be read (`unreadable`) | one as it is (`apply`) | one being
 //! deleted (`cleanup`). `apply` reads top to bottom: validate → admit to its `ClusterLock`s
 //! (`enqueue`) → guard against copies that must not be planned from (`guard`) → decide: plan,
-//! enqueue, reserve the grant (`decide`, the only caller of the pure `plan`) → carry it out
-//! (`effects`, with the status write and its bookkeeping in `status_write`).
+//! enqueue, reserve the grant (`decide`, the only caller of the pure `plan`, which reads where
+//! the claim stands in its supersede group from `supersede`) → carry it out (`effects`, with the
+//! status write and its bookkeeping in `status_write`).
 
 mod decide;
 mod effects;
@@ -12,6 +13,7 @@ mod guard;
 mod inputs;
 pub mod plan;
 mod status_write;
+mod supersede;
 mod unreadable;
 
 use std::sync::Arc;

@@ -86,6 +86,9 @@ pub struct Inputs<'a> {
     /// clusters share: the moment by which it must be ended, before its session can expire on
     /// the server and another client be granted (docs/design.md: a lost connection).
     pub hold_until: Option<Timestamp>,
+    /// A newer claim of the claim's supersede group (`spec.supersede`) that is waiting or
+    /// holding: its name. Read only while the claim waits.
+    pub superseded_by: Option<String>,
     pub now: Timestamp,
 }
 
@@ -178,6 +181,7 @@ impl Plan {
             Phase::Revoked => "Revoked",
             Phase::Expired => "Expired",
             Phase::Lost => "Lost",
+            Phase::Superseded => "Superseded",
             _ => "Invalid",
         };
         self.event(warning, event_reason, message);
@@ -279,6 +283,7 @@ struct Facts<'a> {
     admitting: bool,
     anchor_verdict: Option<&'a str>,
     hold_until: Option<Timestamp>,
+    superseded_by: Option<&'a str>,
     now: Timestamp,
     now_t: Time,
     generation: Option<i64>,
@@ -307,6 +312,7 @@ impl<'a> Facts<'a> {
             admitting: input.admitting,
             anchor_verdict: input.anchor_verdict.as_deref(),
             hold_until: input.hold_until,
+            superseded_by: input.superseded_by.as_deref(),
             now: input.now,
             now_t: Time(input.now),
             generation: input.claim.metadata.generation,
@@ -516,13 +522,18 @@ fn pending(mut plan: Plan, facts: &Facts) -> Plan {
     plan
 }
 
-/// Waiting in the queue: its place and whom it waits for, until its acquire timeout.
+/// Waiting in the queue: its place and whom it waits for, until its acquire timeout or a newer
+/// claim of its supersede group.
 fn waiting(mut plan: Plan, facts: &Facts) -> ControlFlow<Plan, Plan> {
     let (spec, now) = (facts.spec, facts.now);
     let ahead = match facts.state {
         Some(ContenderState::Waiting { ahead, .. }) => *ahead as i64,
         _ => plan.status.position.unwrap_or(0),
     };
+    if let (Some(newer), Some(group)) = (facts.superseded_by, spec.supersede_group.as_deref()) {
+        let msg = format!("superseded by the newer claim {newer} of group {group} while waiting");
+        return facts.finish(plan, Phase::Superseded, "Superseded", msg);
+    }
     if spec.acquire_timeout == Some(Duration::ZERO) {
         let msg = "the lock was busy and acquireTimeoutSeconds is 0 (try once)".to_string();
         return facts.finish(plan, Phase::Expired, "Expired", msg);
@@ -691,6 +702,7 @@ mod tests {
             admitting,
             anchor_verdict: None,
             hold_until: None,
+            superseded_by: None,
             now,
         })
     }
@@ -866,7 +878,18 @@ mod tests {
         let out = |contender: ContenderView, now: Timestamp, admitting: bool| {
             let spec = validate(&c).unwrap();
             let (holder, hold_until) = (HolderView::NotRequested, Some(t(5)));
-            plan(Inputs { claim: &c, spec: &spec, holder, contender, admitting, anchor_verdict: None, hold_until, now })
+            let superseded_by = None;
+            plan(Inputs {
+                claim: &c,
+                spec: &spec,
+                holder,
+                contender,
+                admitting,
+                anchor_verdict: None,
+                hold_until,
+                superseded_by,
+                now,
+            })
         };
         // Asked to let go, still Held: looked at again by the deadline, not after the grace.
         let p = out(tracked(asked.clone()), t(2), true);
@@ -936,6 +959,54 @@ mod tests {
         assert!(p.requeue_after.unwrap() <= Duration::from_secs(31));
         let p = run(&c, HolderView::NotRequested, tracked(waiting), t(61));
         assert_eq!(p.status.phase, Some(Phase::Expired));
+    }
+
+    #[test]
+    fn a_newer_claim_of_its_group_supersedes_a_waiting_claim_never_a_holder() {
+        let mut s = spec();
+        s.supersede = Some(Box::new(crate::api::Supersede { group: "deploy-prod".into() }));
+        let c = claim(s);
+        let spec = validate(&c).unwrap();
+        let judge = |contender: ContenderView, newer: Option<&str>| {
+            plan(Inputs {
+                claim: &c,
+                spec: &spec,
+                holder: HolderView::NotRequested,
+                contender,
+                admitting: true,
+                anchor_verdict: None,
+                hold_until: None,
+                superseded_by: newer.map(str::to_string),
+                now: t(1),
+            })
+        };
+        let waiting = ContenderState::Waiting { ahead: 1, watching: "n".into() };
+        let p = judge(tracked(waiting.clone()), Some("job-b"));
+        assert_eq!(p.status.phase, Some(Phase::Superseded));
+        let finished = conditions::get(&p.status.conditions, FINISHED).unwrap();
+        assert_eq!(finished.reason, "Superseded");
+        assert!(finished.message.contains("job-b") && finished.message.contains("deploy-prod"), "{}", finished.message);
+        assert!(p.release, "its node leaves the queue");
+        assert_eq!(p.events[0].reason, "Superseded");
+        assert_eq!(judge(tracked(waiting), None).status.phase, Some(Phase::Waiting), "nobody newer: it waits");
+        let held = judge(tracked(ContenderState::Held { fencing_token: 3 }), Some("job-b"));
+        assert_eq!(held.status.phase, Some(Phase::Held), "a holder is never superseded");
+        assert!(!held.release);
+        // Without a group of its own, a claim is not superseded by anybody's.
+        let plain = claim(super::tests::spec());
+        let plain_spec = validate(&plain).unwrap();
+        let p = plan(Inputs {
+            claim: &plain,
+            spec: &plain_spec,
+            holder: HolderView::NotRequested,
+            contender: tracked(ContenderState::Waiting { ahead: 1, watching: "n".into() }),
+            admitting: true,
+            anchor_verdict: None,
+            hold_until: None,
+            superseded_by: Some("job-b".into()),
+            now: t(1),
+        });
+        assert_eq!(p.status.phase, Some(Phase::Waiting));
     }
 
     #[test]

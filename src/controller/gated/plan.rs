@@ -350,6 +350,7 @@ fn phase_reason(phase: Phase) -> &'static str {
         Phase::Revoked => "Revoked",
         Phase::Expired => "Expired",
         Phase::Lost => "Lost",
+        Phase::Superseded => "Superseded",
         _ => "Invalid",
     }
 }

@@ -321,6 +321,17 @@ impl Registry {
         uids.iter().filter_map(|uid| inner.claims.get(uid)).map(|c| (c.namespace.clone(), c.name.to_string())).collect()
     }
 
+    /// The claims of `namespace` naming lock `path`: the UID and name of each.
+    pub fn claims_of_lock_in(&self, path: &str, namespace: &str) -> Vec<(Uid, String)> {
+        let inner = self.lock();
+        let Some(uids) = inner.by_lock.get(path) else { return vec![] };
+        uids.iter()
+            .filter_map(|uid| Some((uid, inner.claims.get(uid)?)))
+            .filter(|(_, c)| &*c.namespace == namespace)
+            .map(|(uid, c)| (uid.clone(), c.name.to_string()))
+            .collect()
+    }
+
     pub fn name(&self, uid: &str) -> Option<String> {
         self.lock().claims.get(uid).map(|c| c.name.to_string())
     }
