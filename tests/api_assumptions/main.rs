@@ -756,6 +756,43 @@ async fn scheduling_gates_can_be_removed_but_never_added() {
     );
 }
 
+/// Skip if held and newest wins end a gated pod that never started by writing its status as a
+/// kubelet would (`src/controller/gated/mod.rs::end`): the API server takes Pending → Succeeded
+/// or Failed on a pod no node runs, with zklock's condition, and refuses the patch when the UID
+/// it carries is another pod's. It does not refuse a way back (Succeeded → Pending is taken):
+/// the operator never writes one (a finished pod's plan is to do nothing).
+#[tokio::test]
+async fn a_gated_pod_never_started_can_be_ended_through_its_status() {
+    let env = env().await;
+    let ns = namespace(&env.client).await;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &ns.name);
+    let gated = |name: &str| {
+        let mut p = serde_json::to_value(pod(name)).expect("pod");
+        p["spec"]["schedulingGates"] = json!([{"name": "zklock.io/lock"}]);
+        serde_json::from_value::<Pod>(p).expect("gated pod")
+    };
+    let end = |uid: &str, phase: &str| {
+        Patch::Strategic(json!({
+            "metadata": { "uid": uid },
+            "status": { "phase": phase, "conditions": [{ "type": "zklock.io/Skipped", "status": "True",
+                "reason": "LockHeld", "message": "m", "lastTransitionTime": "2026-11-29T00:00:00Z" }] },
+        }))
+    };
+    for phase in ["Succeeded", "Failed"] {
+        let name = phase.to_lowercase();
+        let made = pods.create(&PostParams::default(), &gated(&name)).await.expect("create a gated pod");
+        let uid = made.metadata.uid.clone().expect("uid");
+        let e = api_err(pods.patch_status(&name, &PatchParams::default(), &end("another-uid", phase)).await);
+        assert!(matches!(e.code, 409 | 422), "a patch carrying another pod's UID: {e:?}");
+        let ended = pods.patch_status(&name, &PatchParams::default(), &end(&uid, phase)).await.expect("end the pod");
+        let status = ended.status.expect("status");
+        assert_eq!(status.phase.as_deref(), Some(phase));
+        let conditions = status.conditions.unwrap_or_default();
+        assert!(conditions.iter().any(|c| c.type_ == "zklock.io/Skipped" && c.status == "True"), "{conditions:?}");
+        assert!(conditions.iter().any(|c| c.type_ == "PodScheduled"), "the API server's own condition stays");
+    }
+}
+
 #[tokio::test]
 async fn patch_kinds() {
     let env = env().await;

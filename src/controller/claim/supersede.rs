@@ -51,10 +51,11 @@ pub fn read(ctx: &Context, uid: &Uid, namespace: &str, spec: &ValidSpec, parts: 
             if !in_group(&claim, group) {
                 return None;
             }
-            // A claim of one lock is the engine's contender under its own UID.
+            // A claim of one lock is the engine's contender under its own UID. One asked to
+            // leave while it waits ends `Revoked` at once: it supersedes nobody.
             let state = ctx.engine.state(&other)?;
             let waiting = matches!(state, ContenderState::Waiting { .. });
-            let live = waiting || state.is_held() || matches!(state, ContenderState::RevokeRequested { .. });
+            let live = waiting || state.is_held();
             let ticket = ctx.engine.ticket(&other).filter(|_| live)?;
             Some(Member { uid: other, name, ticket, waiting })
         })

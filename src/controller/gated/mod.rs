@@ -202,6 +202,10 @@ async fn apply(pod: Arc<KeptPod>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             // Its deletion (the finalizer releases its node first) comes back as a watch event.
             Action::requeue(Duration::from_secs(5))
         }
+        Step::End { phase, reason, message } => {
+            end(&ctx, &pod, phase, reason, &message).await?;
+            Action::await_change()
+        }
         Step::Ungate { index } => {
             if !ungate(&ctx, &pod, index).await? {
                 // The copy was out of date (gates changed, or another pod of this name).
@@ -240,6 +244,30 @@ async fn ungate(ctx: &Ctx, pod: &KeptPod, index: usize) -> Result<bool, Error> {
     tracing::info!("removed the scheduling gate: the pod holds its lock");
     ctx.metrics.pods_ungated.inc();
     Ok(true)
+}
+
+/// Ends a pod that never started and never will (skip if held, newest wins): its status as a
+/// kubelet would write it, phase `Succeeded` or `Failed`, with the condition `zklock.io/Skipped`
+/// saying why (what a Job's `podFailurePolicy` matches) and `zklock.io/LockAcquired` False. The
+/// patch carries the pod's UID, so a stale copy (another pod of this name) is refused.
+async fn end(ctx: &Ctx, pod: &KeptPod, phase: &str, reason: &str, message: &str) -> Result<(), Error> {
+    let now = Timestamp::now().to_string();
+    let condition = |type_: &str, status: &str| json!({ "type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": now });
+    let patch = json!({
+        "metadata": { "uid": pod.uid() },
+        "status": { "phase": phase, "conditions": [condition(plan::SKIPPED, "True"), condition(CONDITION, "False")] },
+    });
+    let api: Api<Pod> = Api::namespaced(ctx.writer.client().clone(), pod.namespace());
+    let written = ctx
+        .writer
+        .write("end_pod", api.patch_status(pod.name(), &PatchParams::default(), &Patch::Strategic(patch)))
+        .await;
+    // 404/409/422: gone, or another pod of this name; the watch brings what is there now.
+    if written.expecting(&[404, 409, 422])?.is_some() {
+        tracing::info!(phase, reason, "ended the gated pod without starting it");
+        ctx.writer.publish(&pod.object_ref(&()), false, "Skipped", message).await;
+    }
+    Ok(())
 }
 
 /// Writes the pod's condition (a strategic merge patch: other conditions stay), and a problem

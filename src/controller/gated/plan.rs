@@ -2,11 +2,14 @@
 //! every rule is a unit test.
 //!
 //! A pod asks for a lock with the annotation `zklock.io/lock` (and optionally `zklock.io/mode`,
-//! `zklock.io/acquire-timeout-seconds`) and the scheduling gate `zklock.io/lock`. The operator
-//! makes a LockClaim for it (named as the pod, owned by it, the pod its holder), removes that
-//! gate once the claim is Held, and keeps the condition `zklock.io/LockAcquired` on the pod
-//! saying where it stands. The annotations are read when the claim is made: the claim, whose
-//! spec cannot change, is the record from then on.
+//! `zklock.io/acquire-timeout-seconds`, `zklock.io/skip-if-held`, `zklock.io/supersede-group`)
+//! and the scheduling gate `zklock.io/lock`. The operator makes a LockClaim for it (named as the
+//! pod, owned by it, the pod its holder), removes that gate once the claim is Held, and keeps the
+//! condition `zklock.io/LockAcquired` on the pod saying where it stands. A pod that will never
+//! get its lock because it asked not to wait (skip if held) or a newer pod of its group took its
+//! place (newest wins) is ended, never started: its status written as a kubelet would, so that
+//! its Job goes on. The annotations are read when the claim is made: the claim, whose spec
+//! cannot change, is the record from then on.
 
 use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -26,8 +29,16 @@ pub const LOCK: &str = crate::api::gate_policy::POD_LOCK;
 pub const MODE: &str = "zklock.io/mode";
 /// The annotation giving `acquireTimeoutSeconds`.
 pub const ACQUIRE_TIMEOUT: &str = "zklock.io/acquire-timeout-seconds";
+/// Skip if held: the pod phase (`Succeeded` or `Failed`) a pod ends in, never started, when its
+/// lock is busy (its claim tries once, `acquireTimeoutSeconds: 0`).
+pub const SKIP_IF_HELD: &str = "zklock.io/skip-if-held";
+/// Newest wins: the claim's `spec.supersede.group`. A superseded pod ends `Succeeded`.
+pub const SUPERSEDE_GROUP: &str = "zklock.io/supersede-group";
+/// The pod condition of a pod ended without its lock (reason `LockHeld` or `Superseded`): what
+/// a Job's `podFailurePolicy` matches.
+pub const SKIPPED: &str = "zklock.io/Skipped";
 
-const KNOWN: [&str; 3] = [LOCK, MODE, ACQUIRE_TIMEOUT];
+const KNOWN: [&str; 5] = [LOCK, MODE, ACQUIRE_TIMEOUT, SKIP_IF_HELD, SUPERSEDE_GROUP];
 const MAX_TIMEOUT_SECONDS: i64 = 31_536_000;
 
 /// What the operator itself knows of the pod's claim besides the watch's copy (read by the
@@ -54,6 +65,9 @@ pub struct Ask {
     pub locks: Vec<String>,
     pub mode: Mode,
     pub acquire_timeout_seconds: Option<i64>,
+    /// Skip if held: the phase the pod ends in when its lock is busy.
+    pub skip_as: Option<&'static str>,
+    pub supersede_group: Option<String>,
 }
 
 impl Ask {
@@ -79,6 +93,13 @@ pub enum Step {
     /// Remove the gate at this index of `spec.schedulingGates`.
     Ungate {
         index: usize,
+    },
+    /// End the never-started pod: its status phase (`Succeeded` or `Failed`) and the condition
+    /// [`SKIPPED`] with this reason and message.
+    End {
+        phase: &'static str,
+        reason: &'static str,
+        message: String,
     },
     /// Held, but not (yet) by a judgement of this term, or being revoked: the gate stays; look
     /// again soon (a later session's pass may end without a write that would wake the pod).
@@ -136,8 +157,8 @@ pub fn read(pod: &KeptPod) -> Result<Ask, Report> {
         pod.metadata.annotations.iter().flatten().map(|(k, _)| k).find(|k| !KNOWN.contains(&k.as_str()))
     {
         return Err(invalid(format!(
-            "unknown annotation {unknown}: zklock reads {LOCK}, {MODE} and {ACQUIRE_TIMEOUT}; fix the pod template and \
-             recreate the pod"
+            "unknown annotation {unknown}: zklock reads {LOCK}, {MODE}, {ACQUIRE_TIMEOUT}, {SKIP_IF_HELD} and \
+             {SUPERSEDE_GROUP}; fix the pod template and recreate the pod"
         )));
     }
     let Some(lock_name) = pod.annotation(LOCK) else {
@@ -181,7 +202,36 @@ pub fn read(pod: &KeptPod) -> Result<Ask, Report> {
             }
         },
     };
-    Ok(Ask { locks, mode, acquire_timeout_seconds })
+    let skip_as = match pod.annotation(SKIP_IF_HELD) {
+        None => None,
+        Some("Succeeded") => Some("Succeeded"),
+        Some("Failed") => Some("Failed"),
+        Some(other) => {
+            return Err(invalid(format!(
+                "annotation {SKIP_IF_HELD} is {other:?}: give the phase the pod ends in when its lock is held, \
+                 Succeeded (the Job counts the skipped run as done) or Failed (as failed: see podFailurePolicy)"
+            )))
+        }
+    };
+    if skip_as.is_some() && acquire_timeout_seconds.is_some() {
+        return Err(invalid(format!(
+            "annotations {SKIP_IF_HELD} and {ACQUIRE_TIMEOUT} together: skipping means trying once; give one of them"
+        )));
+    }
+    let supersede_group = match pod.annotation(SUPERSEDE_GROUP) {
+        None => None,
+        Some(_) if locks.len() > 1 => {
+            return Err(invalid(format!(
+                "annotation {SUPERSEDE_GROUP} goes with one lock in {LOCK}: a claim over several locks cannot be \
+                 superseded"
+            )))
+        }
+        Some(group) => {
+            crate::api::check_group(group).map_err(|e| invalid(format!("annotation {SUPERSEDE_GROUP}: {e}")))?;
+            Some(group.to_string())
+        }
+    };
+    Ok(Ask { locks, mode, acquire_timeout_seconds, skip_as, supersede_group })
 }
 
 /// The claim made for a pod: named as the pod (so that `kubectl get lockclaim POD` finds it),
@@ -209,7 +259,9 @@ pub fn claim_for(pod: &KeptPod, ask: &Ask) -> LockClaim {
         },
         spec: LockClaimSpec {
             holder: Some(Holder { pod_name: pod.name().into(), namespace: None }),
-            acquire_timeout_seconds: ask.acquire_timeout_seconds,
+            // Skip if held: try once, never queue.
+            acquire_timeout_seconds: ask.acquire_timeout_seconds.or(ask.skip_as.map(|_| 0)),
+            supersede: ask.supersede_group.clone().map(|group| Box::new(crate::api::Supersede { group })),
             ..match &ask.locks[..] {
                 [one] => LockClaimSpec::one(one.clone(), ask.mode),
                 several => LockClaimSpec {
@@ -309,18 +361,48 @@ fn for_own_claim(pod: &KeptPod, claim: &KeptClaim, gate: Option<usize>, known: K
         Some(phase) if phase.is_terminal() && pod.condition.as_ref().is_some_and(|c| c.status == "True") => {
             PodPlan::nothing()
         }
-        Some(phase) if phase.is_terminal() => {
+        // Never started and never to be: ended as the pod asked, so that its Job goes on. A
+        // superseded pod counts as done: the newer one does the work, and a failed one would be
+        // replaced by its Job with a pod newer still, which would supersede the newest.
+        Some(phase @ (Phase::Superseded | Phase::Expired)) if gate.is_some() => {
             let why = claim.condition_message(FINISHED).unwrap_or_default();
-            PodPlan::report(Report::problem(
-                phase_reason(phase),
-                format!(
-                    "LockClaim {name} ended {phase:?} before lock {lock} was granted: {why}. The pod stays gated: \
-                     delete it (or its Job) to give up, or delete the LockClaim to queue again"
-                ),
-            ))
+            let skip_as =
+                pod.annotation(SKIP_IF_HELD).and_then(|p| ["Succeeded", "Failed"].into_iter().find(|k| *k == p));
+            let (end, reason) = match phase {
+                Phase::Superseded => (Some("Succeeded"), "Superseded"),
+                _ => (skip_as, "LockHeld"),
+            };
+            match end {
+                Some(end) => PodPlan {
+                    step: Step::End {
+                        phase: end,
+                        reason,
+                        message: format!(
+                            "LockClaim {name} ended {phase:?} before lock {lock} was granted: {why}. \
+                                          The pod was not started and ends {end}"
+                        ),
+                    },
+                    report: None,
+                },
+                None => ended_gated(name, lock, phase, why),
+            }
+        }
+        Some(phase) if phase.is_terminal() => {
+            ended_gated(name, lock, phase, claim.condition_message(FINISHED).unwrap_or_default())
         }
         _ => PodPlan::report(waiting(pod, lock)),
     }
+}
+
+/// The claim ended before a grant and the pod did not ask to be ended then: it stays gated.
+fn ended_gated(name: &str, lock: &str, phase: Phase, why: &str) -> PodPlan {
+    PodPlan::report(Report::problem(
+        phase_reason(phase),
+        format!(
+            "LockClaim {name} ended {phase:?} before lock {lock} was granted: {why}. The pod stays gated: delete it \
+             (or its Job) to give up, or delete the LockClaim to queue again"
+        ),
+    ))
 }
 
 /// Whether the claim's Held is one this term judged (see [`Known::judged`]), carried by the
@@ -449,6 +531,15 @@ mod tests {
                 "InvalidAnnotation",
                 "unknown annotation",
             ),
+            (json!({ LOCK: "db", SKIP_IF_HELD: "true" }), vec![GATE], "InvalidAnnotation", "Succeeded"),
+            (
+                json!({ LOCK: "db", SKIP_IF_HELD: "Failed", ACQUIRE_TIMEOUT: "5" }),
+                vec![GATE],
+                "InvalidAnnotation",
+                "give one",
+            ),
+            (json!({ LOCK: "a,b", SUPERSEDE_GROUP: "g" }), vec![GATE], "InvalidAnnotation", "goes with one lock"),
+            (json!({ LOCK: "db", SUPERSEDE_GROUP: "Prod" }), vec![GATE], "InvalidAnnotation", "supersede group"),
         ] {
             let p = pod(annotations.clone(), &gates, None);
             let plan = plan_of(&p);
@@ -529,6 +620,32 @@ mod tests {
         let ran = pod(json!({ LOCK: "db" }), &[], Some(("True", "Acquired")));
         assert_eq!(plan(&ran, Some(&claim_of(&ran, Some(Phase::Released))), Known::default()), PodPlan::nothing());
         assert_eq!(plan(&ran, None, Known::default()), PodPlan::nothing(), "claim deleted after the pod ran");
+    }
+
+    #[test]
+    fn a_pod_that_asked_not_to_wait_or_was_superseded_is_ended_never_started() {
+        let skip = gated(json!({ LOCK: "db", SKIP_IF_HELD: "Failed" }));
+        let Step::Create { claim, .. } = plan_of(&skip).step else { panic!("a claim is made") };
+        assert_eq!(claim.spec.acquire_timeout_seconds, Some(0), "skip if held: try once");
+        let ended = plan(&skip, Some(&claim_of(&skip, Some(Phase::Expired))), Known::default());
+        let Step::End { phase, reason, message } = ended.step else { panic!("{ended:?}") };
+        assert_eq!((phase, reason), ("Failed", "LockHeld"));
+        assert!(message.contains("ended Expired") && message.contains("ends Failed"), "{message}");
+
+        let deploy = gated(json!({ LOCK: "db", SUPERSEDE_GROUP: "prod" }));
+        let Step::Create { claim, .. } = plan_of(&deploy).step else { panic!("a claim is made") };
+        assert_eq!(claim.spec.supersede.map(|s| s.group).as_deref(), Some("prod"));
+        let ended = plan(&deploy, Some(&claim_of(&deploy, Some(Phase::Superseded))), Known::default());
+        assert!(
+            matches!(ended.step, Step::End { phase: "Succeeded", reason: "Superseded", .. }),
+            "superseded counts as done (a failed pod's replacement would supersede the newest): {ended:?}"
+        );
+        // Without skip if held an expired claim leaves the pod gated, as before; a pod that ran
+        // (no gate) is never ended.
+        let plain = gated(json!({ LOCK: "db" }));
+        assert_eq!(plan(&plain, Some(&claim_of(&plain, Some(Phase::Expired))), Known::default()).step, Step::Nothing);
+        let ran = pod(json!({ LOCK: "db", SKIP_IF_HELD: "Failed" }), &[], None);
+        assert_eq!(plan(&ran, Some(&claim_of(&ran, Some(Phase::Expired))), Known::default()).step, Step::Nothing);
     }
 
     #[test]
