@@ -3,7 +3,8 @@
 //! reaches it through a proxy of its own), and a workload of claims on a few locks (exclusive
 //! and shared, acquire timeouts, holder pods deleted, revocations, claims that another party's
 //! finalizer keeps and that are deleted while they wait; one lock a semaphore of two permits;
-//! `zklock acquire` and `zklock exec` clients), while faults are injected again and again.
+//! claims of the supersede group `chaos`, never superseded once they held; `zklock acquire`
+//! and `zklock exec` clients), while faults are injected again and again.
 //!
 //! Safety faults: kill -9 of the leader, a hung API connection for the leader, one status write
 //! of the leader held back past its timeout and delivered after newer writes, API latency
@@ -121,6 +122,8 @@ const B_REPLICAS: usize = 2;
 const B_WORKERS: usize = 2;
 /// Of a hundred claims of the first cluster's workers, how many take the shared `ClusterLock`.
 const CLUSTER_LOCK_PERCENT: u64 = 10;
+/// Of a hundred claims of one lock, how many carry the supersede group `chaos` (newest wins).
+const SUPERSEDE_PERCENT: u64 = 10;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Fault {
@@ -498,6 +501,14 @@ async fn chaos() {
         locks_of.entry(r.uid.as_str()).or_default().insert(r.lock.as_str());
     }
     let over_several = locks_of.values().filter(|l| l.len() > 1).count();
+    // Newest wins ends waiters only: a claim that held is never superseded.
+    let superseded: Vec<&str> =
+        records.iter().filter(|r| r.phase == Some(Phase::Superseded)).map(|r| r.uid.as_str()).collect();
+    let superseded_after_held: Vec<&str> = superseded
+        .iter()
+        .copied()
+        .filter(|uid| records.iter().any(|r| r.uid == *uid && r.phase == Some(Phase::Held)))
+        .collect();
     let clients_left_holding = clients.left_holding.lock().unwrap().clone();
     let history = env.history.clone();
     let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| history.check()));
@@ -508,6 +519,7 @@ async fn chaos() {
         + stuck.len()
         + clients_left_holding.len()
         + started_without_held.len()
+        + superseded_after_held.len()
         + usize::from(profile().name == "chart" && overlap.unexcused > Duration::ZERO);
     let faults: Vec<String> = injected.iter().map(|(f, n)| format!("{f:?}={n}")).collect();
     let semaphore_most = env.history.most_held_at_once("p0");
@@ -520,7 +532,8 @@ async fn chaos() {
          longest_wait_behind_gone_holder={:.1}s ({}) p0_most_held_at_once={semaphore_most} cli_clients={cli_runs} \
          f0_lost={lost_foreign} claims_over_several_locks={over_several} cluster_b_claims={} cluster_b_faults={b_injected} \
          cluster_lock_grants={} (a {}, b {}) profile={} longest_overlap_of_two_holders={:.1}s \
-         (after a leader's death {:.1}s{}) pods_ungated={pods_ungated} pods_started_without_held={}",
+         (after a leader's death {:.1}s{}) pods_ungated={pods_ungated} pods_started_without_held={} superseded={} \
+         superseded_after_held={}",
         faults.join(" "),
         names.len(),
         records.len(),
@@ -539,6 +552,8 @@ async fn chaos() {
         overlap.after_death.as_secs_f64(),
         overlap.which.as_deref().map(|w| format!("; {w}")).unwrap_or_default(),
         started_without_held.len(),
+        superseded.len(),
+        superseded_after_held.len(),
     );
     eprintln!("chaos: claims made by the workload: {}", claims_made.load(Ordering::SeqCst));
     let logs: Vec<String> = replicas.iter().chain(&replicas_b).map(|r| r.operator.log.display().to_string()).collect();
@@ -564,6 +579,7 @@ async fn chaos() {
         }
         assert!(lost.is_empty(), "holders of zklock-only locks turned Lost: {lost:?}");
         assert!(started_without_held.is_empty(), "gated pods started without a Held claim: {started_without_held:?}");
+        assert!(superseded_after_held.is_empty(), "claims superseded after they held: {superseded_after_held:?}");
         assert!(pods_ungated > 0, "gated pods were started");
         if profile().name == "chart" {
             assert_eq!(
@@ -963,6 +979,10 @@ async fn work(env: &Env, worker: usize, mut rng: Rng, deadline: Instant, made: &
         // Now and then the ClusterLock the second cluster's claims queue for too.
         if rng.below(100) < CLUSTER_LOCK_PERCENT {
             spec = json!({ "clusterLockName": cluster_lock });
+        }
+        // Now and then newest wins: a later claim of the group ends this one while it waits.
+        if spec.get("locks").is_none() && rng.below(100) < SUPERSEDE_PERCENT {
+            spec["supersede"] = json!({ "group": "chaos" });
         }
         let kind = rng.below(100);
         if (55..60).contains(&kind) {

@@ -10,6 +10,7 @@
 //! must hold). What the model leaves out, and why that is sound: docs/design.md, "The model".
 #![forbid(unsafe_code)]
 
+pub mod priorities;
 mod properties;
 mod rules;
 mod scenario;

@@ -48,7 +48,8 @@ pub fn read(ctx: &Context, uid: &Uid, namespace: &str, spec: &ValidSpec, parts: 
         .filter(|(other, _)| other != uid)
         .filter_map(|(other, name)| {
             let claim = ctx.stores.claim(namespace, &name)?;
-            if !in_group(&claim, group) {
+            // The store's copy of that name may be a later claim than the registry's entry.
+            if claim.metadata.uid.as_deref() != Some(&*other) || !in_group(&claim, group) {
                 return None;
             }
             // A claim of one lock is the engine's contender under its own UID. One asked to
