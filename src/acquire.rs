@@ -208,6 +208,16 @@ pub async fn acquire(
         .map_err(|e| Failure::Error(format!("cannot create a LockClaim in namespace {}: {e}", request.namespace)))?;
     let name = created.name_any();
     let uid = created.uid().unwrap_or_default();
+    if request.supersede.is_some() && created.spec.supersede.is_none() {
+        // The installed CRD predates spec.supersede (revision 8) and pruned it: the claim would
+        // queue as a plain one, which is not what was asked.
+        delete(&api, &name, &uid).await;
+        return Err(Failure::Error(
+            "the installed LockClaim CRD does not know spec.supersede (it is older than this zklock's): upgrade \
+             zklock's CRDs (`zklock crd | kubectl apply -f -`), or run without --supersede"
+                .into(),
+        ));
+    }
     eprintln!("zklock: LockClaim {}/{name} asks for lock {} ({})", request.namespace, request.lock, request.mode);
     let deadline = request.timeout.map(|t| tokio::time::Instant::now() + t + OPERATOR_SLACK);
     let outcome = tokio::select! {

@@ -112,6 +112,12 @@ async fn start(args: LockArgs) -> Result<(zklock::signals::Signals, kube::Client
         eprintln!("zklock: --supersede goes with one lock: a claim over several locks cannot be superseded");
         return Err(zklock::acquire::exit::ERROR);
     }
+    if args.supersede.is_some() && args.timeout == Some(Duration::ZERO) {
+        eprintln!(
+            "zklock: --supersede with --timeout 0: a claim that never waits supersedes nothing and is never superseded"
+        );
+        return Err(zklock::acquire::exit::ERROR);
+    }
     let signals = signals()?;
     let client = kube_client(&args.api).await?;
     let request = args.into_request(&client);

@@ -127,6 +127,7 @@ async fn bad_lists_of_locks_are_refused_with_a_message() {
         (json!({ "locks": [{ "lockName": "a" }], "mode": "Shared" }), "give each entry of spec.locks its own mode"),
         (json!({ "locks": [{ "lockName": "a" }], "supersede": { "group": "g" } }), "cannot be superseded"),
         (json!({ "lockName": "a", "supersede": { "group": "Not_A_Group" } }), "spec.supersede.group"),
+        (json!({ "lockName": "a", "supersede": { "group": "g" }, "acquireTimeoutSeconds": 0 }), "never waits"),
     ] {
         let refused = env.claims.create(&Default::default(), &make(spec.clone())).await;
         match refused {

@@ -64,5 +64,10 @@ async fn a_newer_claim_of_the_group_supersedes_the_waiting_ones_never_the_holder
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("--supersede goes with one lock"), "{stderr}");
+    let args = ["exec", "prod", "--timeout", "0", "--supersede", GROUP, "--", "true"];
+    let out = finish(zklock(&env, &args).spawn().expect("start zklock exec"), "exec trying once").await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("never waits"), "{stderr}");
     env.history.check();
 }

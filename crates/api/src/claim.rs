@@ -42,6 +42,7 @@ use zklock_engine::recipe::Mode;
 #[x_kube(validation = Rule::new("!has(self.locks) || self.locks.all(a, self.locks.filter(b, (has(a.lockName) && has(b.lockName) && a.lockName == b.lockName) || (has(a.clusterLockName) && has(b.clusterLockName) && a.clusterLockName == b.clusterLockName)).size() <= 1)").message("spec.locks names a lock twice: name each lock once (with the mode it is needed in)"))]
 #[x_kube(validation = Rule::new("!has(self.locks) || !has(self.mode)").message("spec.mode goes with spec.lockName or spec.clusterLockName: give each entry of spec.locks its own mode"))]
 #[x_kube(validation = Rule::new("!has(self.locks) || !has(self.supersede)").message("spec.supersede goes with spec.lockName or spec.clusterLockName: a claim over several locks cannot be superseded"))]
+#[x_kube(validation = Rule::new("!has(self.supersede) || !has(self.acquireTimeoutSeconds) || self.acquireTimeoutSeconds > 0").message("spec.supersede with acquireTimeoutSeconds 0: a claim that never waits supersedes nothing; give a timeout above 0 or no group"))]
 #[serde(rename_all = "camelCase")]
 pub struct LockClaimSpec {
     /// The one lock this claim asks for: claims with the same lockName in a namespace contend.

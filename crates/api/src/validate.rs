@@ -143,6 +143,11 @@ pub fn validate_spec(spec: &LockClaimSpec, namespace: &str) -> Result<ValidSpec,
                         cannot be superseded"
                 .into())
         }
+        Some(_) if spec.acquire_timeout_seconds == Some(0) => {
+            return Err("spec.supersede with acquireTimeoutSeconds 0: a claim that never waits supersedes nothing; \
+                        give a timeout above 0 or no group"
+                .into())
+        }
         Some(s) => {
             check_group(&s.group)?;
             Some(s.group.clone())

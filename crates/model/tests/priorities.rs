@@ -4,7 +4,8 @@
 //! client waits for ever; with either rule off, the checker finds the hole.
 
 use zklock_model::priorities::{
-    PriorityAction, PriorityModel, PriorityRule, PRIORITY_MUTUAL_EXCLUSION, PRIORITY_ORDER,
+    PriorityAction, PriorityModel, PriorityRule, PRIORITY_MUTUAL_EXCLUSION, PRIORITY_NO_WAIT_FOR_EVER, PRIORITY_ORDER,
+    PRIORITY_WOKEN,
 };
 
 fn model(priorities: &[u8], permits: usize, off: &[PriorityRule]) -> PriorityModel {
@@ -24,7 +25,7 @@ fn with_granted_nodes_first_and_the_cversion_check_every_property_holds() {
         let failed = m.clone().check();
         let failed: Vec<String> = failed.iter().map(|(p, path)| format!("{p}: {}", shown(path))).collect();
         assert!(failed.is_empty(), "priorities {priorities:?}, {permits} permits: {failed:#?}");
-        assert!(m.reaches_a_grant_after_a_wait(), "{priorities:?}: the walk never hands the lock on");
+        assert!(m.reaches_a_grant_after_a_wait(), "{priorities:?}: the walk never grants a client that waited");
     }
 }
 
@@ -34,6 +35,8 @@ fn the_order_first_written_down_preempts_a_holder() {
     let path = failed.iter().find(|(p, _)| *p == PRIORITY_MUTUAL_EXCLUSION).map(|(_, path)| shown(path));
     let path = path.unwrap_or_else(|| panic!("no two holders under the naive order: {failed:?}"));
     println!("granted nodes not first, {PRIORITY_MUTUAL_EXCLUSION}:\n  {path}");
+    // As docs/design.md quotes it.
+    assert_eq!(path, "Enqueue(0) → Read(0) → Convert(0) → Enqueue(1) → Read(1) → Convert(1)");
 }
 
 #[test]
@@ -46,5 +49,20 @@ fn without_the_cversion_check_a_decision_on_an_older_directory_is_carried_out() 
     );
     for (property, path) in &failed {
         println!("no cversion check, {property}:\n  {}", shown(path));
+    }
+    let two = failed.iter().find(|(p, _)| *p == PRIORITY_MUTUAL_EXCLUSION).map(|(_, path)| shown(path));
+    assert_eq!(two.as_deref(), Some("Enqueue(0) → Read(0) → Enqueue(1) → Read(1) → Convert(1) → Convert(0)"));
+}
+
+#[test]
+fn a_waiter_that_watches_nothing_is_never_woken() {
+    let failed = model(&[0, 5], 1, &[PriorityRule::WatchAhead]).check();
+    let found: Vec<&str> = failed.iter().map(|(p, _)| *p).collect();
+    assert!(
+        found.contains(&PRIORITY_WOKEN) && found.contains(&PRIORITY_NO_WAIT_FOR_EVER),
+        "a waiter left behind a lock that was let go: {found:?}"
+    );
+    for (property, path) in &failed {
+        println!("watching nothing, {property}:\n  {}", shown(path));
     }
 }

@@ -73,6 +73,11 @@ pub fn blocked(why: GrantBlocked, waited: bool, being_deleted: impl Fn(&Uid) -> 
     }
 }
 
+/// Whether the engine says the claim waits (where newest wins can end it).
+fn waiting(view: &plan::ContenderView) -> bool {
+    matches!(view, plan::ContenderView::Tracked { state: crate::zk::ContenderState::Waiting { .. }, .. })
+}
+
 /// Plans the claim, enqueues it if the plan says so, and reserves its grant.
 pub async fn decide(
     ctx: &Context,
@@ -85,16 +90,21 @@ pub async fn decide(
 ) -> Result<Decision, Error> {
     let mut now = Timestamp::now();
     let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
-    let inputs = |snapshot: Snapshot, now: Timestamp| Inputs {
-        claim,
-        spec,
-        holder: holder.clone(),
-        admitting: snapshot.admitting(ctx, parts),
-        contender: snapshot.view,
-        anchor_verdict: ctx.registry.verdict(uid),
-        hold_until: inputs::hold_until(ctx, parts, now),
-        superseded_by: supersede::read(ctx, uid, namespace, spec, parts).newer,
-        now,
+    let inputs = |snapshot: Snapshot, now: Timestamp| {
+        // Read only for a claim that waits, the one state the rule ends (no lookups for others).
+        let superseded_by =
+            waiting(&snapshot.view).then(|| supersede::read(ctx, uid, namespace, spec, parts).newer).flatten();
+        Inputs {
+            claim,
+            spec,
+            holder: holder.clone(),
+            admitting: snapshot.admitting(ctx, parts),
+            contender: snapshot.view,
+            anchor_verdict: ctx.registry.verdict(uid),
+            hold_until: inputs::hold_until(ctx, parts, now),
+            superseded_by,
+            now,
+        }
     };
     let snapshot = Snapshot::read(ctx, parts).await;
     if inputs::deleted_by_another(&snapshot.view) && !ctx.engine.epoch_is_current().await? {

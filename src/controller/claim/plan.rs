@@ -87,7 +87,7 @@ pub struct Inputs<'a> {
     /// the server and another client be granted (docs/design.md: a lost connection).
     pub hold_until: Option<Timestamp>,
     /// A newer claim of the claim's supersede group (`spec.supersede`) that is waiting or
-    /// holding: its name. Read only while the claim waits.
+    /// holding: its name. The caller reads it only while the engine says the claim waits.
     pub superseded_by: Option<String>,
     pub now: Timestamp,
 }

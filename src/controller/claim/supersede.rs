@@ -4,7 +4,7 @@
 //! from statuses: a newer claim counts from the moment its node is made, not from its first
 //! status write.
 
-use crate::api::{KeptClaim, ValidSpec};
+use crate::api::{KeptClaim, Phase, ValidSpec};
 use crate::controller::base::{Part, Uid};
 use crate::controller::context::Context;
 use crate::zk::ContenderState;
@@ -27,17 +27,21 @@ pub struct Member {
     pub name: String,
     pub ticket: i64,
     pub waiting: bool,
+    /// Final already, its node not released yet: it supersedes nobody, and needs no ending.
+    pub ended: bool,
 }
 
 /// Pure: from this claim's ticket and the other members', its standing.
 pub fn standing(mine: i64, members: &[Member]) -> Standing {
-    let newer = members.iter().filter(|m| m.ticket > mine).max_by_key(|m| m.ticket).map(|m| m.name.clone());
-    let older = members.iter().filter(|m| m.ticket < mine && m.waiting).map(|m| m.uid.clone()).collect();
+    let live = || members.iter().filter(|m| !m.ended);
+    let newer = live().filter(|m| m.ticket > mine).max_by_key(|m| m.ticket).map(|m| m.name.clone());
+    let older = live().filter(|m| m.ticket < mine && m.waiting).map(|m| m.uid.clone()).collect();
     Standing { newer, older }
 }
 
 /// The claim's standing, if it has a group and a ticket (a claim not yet in its queue has
-/// neither newer nor older members: it is judged once it enters).
+/// neither newer nor older members: it is judged once it enters). A claim queued again at the
+/// back (its node gone without re-anchoring: "Requeued") has a new ticket, and counts as new.
 pub fn read(ctx: &Context, uid: &Uid, namespace: &str, spec: &ValidSpec, parts: &[Part]) -> Standing {
     let (Some(group), [part]) = (spec.supersede_group.as_deref(), parts) else { return Standing::default() };
     let Some(mine) = ctx.engine.ticket(&part.id) else { return Standing::default() };
@@ -52,13 +56,16 @@ pub fn read(ctx: &Context, uid: &Uid, namespace: &str, spec: &ValidSpec, parts: 
             if claim.metadata.uid.as_deref() != Some(&*other) || !in_group(&claim, group) {
                 return None;
             }
+            // Ended as its copy or the operator's own last write says (its node not released yet).
+            let final_ = |phase: Option<Phase>| phase.is_some_and(Phase::is_terminal);
+            let ended = final_(claim.phase()) || final_(ctx.registry.known_phase(&other));
             // A claim of one lock is the engine's contender under its own UID. One asked to
             // leave while it waits ends `Revoked` at once: it supersedes nobody.
             let state = ctx.engine.state(&other)?;
             let waiting = matches!(state, ContenderState::Waiting { .. });
             let live = waiting || state.is_held();
             let ticket = ctx.engine.ticket(&other).filter(|_| live)?;
-            Some(Member { uid: other, name, ticket, waiting })
+            Some(Member { uid: other, name, ticket, waiting, ended })
         })
         .collect();
     standing(mine, &members)
@@ -76,7 +83,7 @@ mod tests {
     use super::*;
 
     fn member(name: &str, ticket: i64, waiting: bool) -> Member {
-        Member { uid: format!("uid-{name}").into(), name: name.into(), ticket, waiting }
+        Member { uid: format!("uid-{name}").into(), name: name.into(), ticket, waiting, ended: false }
     }
 
     #[test]
@@ -89,5 +96,9 @@ mod tests {
         assert_eq!(s.newer, None, "the newest waits on");
         assert_eq!(s.older.len(), 3);
         assert_eq!(standing(5, &[]), Standing::default(), "alone in its group");
+        // A newer one that has ended (expired, revoked, superseded itself; its node not yet
+        // released) supersedes nobody.
+        let ended = Member { ended: true, ..member("f", 70, true) };
+        assert_eq!(standing(60, &[member("a", 10, false), ended]).newer, None);
     }
 }

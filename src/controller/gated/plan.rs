@@ -220,6 +220,12 @@ pub fn read(pod: &KeptPod) -> Result<Ask, Report> {
     }
     let supersede_group = match pod.annotation(SUPERSEDE_GROUP) {
         None => None,
+        Some(_) if skip_as.is_some() => {
+            return Err(invalid(format!(
+                "annotations {SKIP_IF_HELD} and {SUPERSEDE_GROUP} together: a pod that never waits supersedes \
+                 nothing; give one of them"
+            )))
+        }
         Some(_) if locks.len() > 1 => {
             return Err(invalid(format!(
                 "annotation {SUPERSEDE_GROUP} goes with one lock in {LOCK}: a claim over several locks cannot be \
@@ -248,11 +254,15 @@ pub fn claim_for(pod: &KeptPod, ask: &Ask) -> LockClaim {
         // own finalizer already keeps it until its node is gone.
         block_owner_deletion: None,
     };
+    // The phase a skipped pod ends in, kept with the claim (the record from then on: a pod's
+    // annotations may change).
+    let annotations = ask.skip_as.map(|phase| [(SKIP_IF_HELD.to_string(), phase.to_string())].into());
     LockClaim {
         metadata: ObjectMeta {
             name: Some(pod.name().into()),
             namespace: Some(pod.namespace().into()),
             owner_references: Some(vec![owner]),
+            annotations,
             // Its finalizer from the start: no write to add it.
             finalizers: Some(vec![crate::api::FINALIZER.to_string()]),
             ..ObjectMeta::default()
@@ -366,8 +376,12 @@ fn for_own_claim(pod: &KeptPod, claim: &KeptClaim, gate: Option<usize>, known: K
         // replaced by its Job with a pod newer still, which would supersede the newest.
         Some(phase @ (Phase::Superseded | Phase::Expired)) if gate.is_some() => {
             let why = claim.condition_message(FINISHED).unwrap_or_default();
-            let skip_as =
-                pod.annotation(SKIP_IF_HELD).and_then(|p| ["Succeeded", "Failed"].into_iter().find(|k| *k == p));
+            let skip_as = claim
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(SKIP_IF_HELD))
+                .and_then(|p| ["Succeeded", "Failed"].into_iter().find(|k| k == p));
             let (end, reason) = match phase {
                 Phase::Superseded => (Some("Succeeded"), "Superseded"),
                 _ => (skip_as, "LockHeld"),
@@ -540,6 +554,12 @@ mod tests {
             ),
             (json!({ LOCK: "a,b", SUPERSEDE_GROUP: "g" }), vec![GATE], "InvalidAnnotation", "goes with one lock"),
             (json!({ LOCK: "db", SUPERSEDE_GROUP: "Prod" }), vec![GATE], "InvalidAnnotation", "supersede group"),
+            (
+                json!({ LOCK: "db", SKIP_IF_HELD: "Succeeded", SUPERSEDE_GROUP: "prod" }),
+                vec![GATE],
+                "InvalidAnnotation",
+                "never waits",
+            ),
         ] {
             let p = pod(annotations.clone(), &gates, None);
             let plan = plan_of(&p);
@@ -627,6 +647,8 @@ mod tests {
         let skip = gated(json!({ LOCK: "db", SKIP_IF_HELD: "Failed" }));
         let Step::Create { claim, .. } = plan_of(&skip).step else { panic!("a claim is made") };
         assert_eq!(claim.spec.acquire_timeout_seconds, Some(0), "skip if held: try once");
+        let kept = claim.metadata.annotations.as_ref().and_then(|a| a.get(SKIP_IF_HELD));
+        assert_eq!(kept.map(String::as_str), Some("Failed"), "the phase to end in, kept with the claim");
         let ended = plan(&skip, Some(&claim_of(&skip, Some(Phase::Expired))), Known::default());
         let Step::End { phase, reason, message } = ended.step else { panic!("{ended:?}") };
         assert_eq!((phase, reason), ("Failed", "LockHeld"));
@@ -646,6 +668,11 @@ mod tests {
         assert_eq!(plan(&plain, Some(&claim_of(&plain, Some(Phase::Expired))), Known::default()).step, Step::Nothing);
         let ran = pod(json!({ LOCK: "db", SKIP_IF_HELD: "Failed" }), &[], None);
         assert_eq!(plan(&ran, Some(&claim_of(&ran, Some(Phase::Expired))), Known::default()).step, Step::Nothing);
+        // The claim is the record: the pod's annotation changed since does not change the end.
+        let mut edited = skip.clone();
+        edited.metadata.annotations.as_mut().unwrap().insert(SKIP_IF_HELD.into(), "Succeeded".into());
+        let ended = plan(&edited, Some(&claim_of(&skip, Some(Phase::Expired))), Known::default());
+        assert!(matches!(ended.step, Step::End { phase: "Failed", .. }), "{ended:?}");
     }
 
     #[test]
