@@ -3,12 +3,15 @@
 //! rule that makes a grant safe. Written before the recipe code, to show that the design's two
 //! rules are needed and enough, and that the order first written down preempts a holder.
 //!
-//! Each client enqueues a *waiting* node (`wait-<id>-p<priority>-lock-<seq>`). It reads the
+//! A client first looks at the directory: if nobody waits and the granted nodes leave room for
+//! it, it creates its *granted* node at once (the direct grant, under the `cversion` it read).
+//! Otherwise it enqueues a *waiting* node (`wait-<id>-p<priority>-lock-<seq>`) and reads the
 //! directory; if its node is the head of the waiting nodes, ordered by (priority descending,
-//! sequence), and the granted nodes leave room, it is granted by a *conversion*: one multi-op
-//! that checks the directory's `cversion` it read, deletes its waiting node and creates its
-//! *granted* node. Granted nodes rank ahead of every waiting node, so nothing overtakes a
-//! holder. The model's rules:
+//! sequence), and the granted nodes leave room (a mutex: none, or only Shared ones for a Shared
+//! waiter; permits: fewer than they), it is granted by a *conversion*: one multi-op that checks
+//! the directory's `cversion` it read, deletes its waiting node and creates its granted node.
+//! Granted nodes rank ahead of every waiting node, so nothing overtakes a holder. The model's
+//! rules:
 //! - [`PriorityRule::GrantedFirst`]: the order puts granted nodes first. Off, the naive order
 //!   (every node by priority, then sequence, the holders being the first `permits`) is used, as
 //!   the contract first written said: a later, higher-priority node takes a holder's place.
@@ -18,8 +21,7 @@
 //!   ahead of it (the head waiter: the granted nodes, any of whose departures makes room). Off,
 //!   it watches nothing, and is never woken.
 //!
-//! Left out (to model with the recipe's code, docs/design.md "4. Priorities"): Shared and
-//! Exclusive modes, the direct grant of a contender that finds the lock free, sessions that
+//! Left out (to model with the recipe's code, docs/design.md "4. Priorities"): sessions that
 //! expire under a holder that still runs (the main model's), tickets and re-anchoring.
 
 use stateright::{Checker, Model, Property};
@@ -30,6 +32,14 @@ pub enum PriorityRule {
     GrantedFirst,
     CversionCheck,
     WatchAhead,
+}
+
+/// How many may hold at once: a mutex (one Exclusive holder, or Shared holders together), or
+/// permits (that many, whatever their modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Limit {
+    Mutex,
+    Permits(usize),
 }
 
 /// A node of the directory.
@@ -45,6 +55,12 @@ pub struct Node {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Client {
     Idle,
+    /// It looked at the directory (`cversion`) before enqueueing: `free` if nobody waited and
+    /// the granted nodes left it room (then it creates its granted node at once).
+    Looked {
+        cversion: u8,
+        free: bool,
+    },
     /// Its waiting node exists; `read`: its last decision, if it has one it still stands by.
     Queued {
         read: Option<Read>,
@@ -81,6 +97,11 @@ pub struct PriorityState {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PriorityAction {
+    /// A client arrives and looks at the directory.
+    Look(u8),
+    /// It creates its granted node at once, under the `cversion` it looked at.
+    GrantAtOnce(u8),
+    /// It creates its waiting node.
     Enqueue(u8),
     /// The client reads the children and decides.
     Read(u8),
@@ -91,16 +112,19 @@ pub enum PriorityAction {
     Crash(u8),
 }
 
-/// The model: clients of these priorities (in arrival order as the walk chooses it), `permits`.
+/// The model: clients of these priorities (in arrival order as the walk chooses it), the
+/// Shared ones, the limit.
 #[derive(Clone, Debug)]
 pub struct PriorityModel {
     pub priorities: Vec<u8>,
-    pub permits: usize,
+    /// The clients that want the lock Shared (with a mutex; permits ignore modes).
+    pub shared: Vec<u8>,
+    pub limit: Limit,
     pub crashes: u8,
     pub off: Vec<PriorityRule>,
 }
 
-pub const PRIORITY_MUTUAL_EXCLUSION: &str = "at most the permits believe they hold";
+pub const PRIORITY_MUTUAL_EXCLUSION: &str = "no more believe they hold than the limit and modes allow";
 pub const PRIORITY_ORDER: &str = "a grant goes to the head of the waiters: highest priority, then first come";
 pub const PRIORITY_NO_WAIT_FOR_EVER: &str = "no client waits for ever";
 pub const PRIORITY_WOKEN: &str = "a waiter whose turn has come has been woken";
@@ -112,6 +136,25 @@ impl PriorityModel {
 
     fn priority(&self, node: &Node) -> u8 {
         self.priorities[node.client as usize]
+    }
+
+    fn is_shared(&self, client: u8) -> bool {
+        self.limit == Limit::Mutex && self.shared.contains(&client)
+    }
+
+    /// Whether `holders` may hold together: the rule the recipe keeps.
+    fn allowed(&self, holders: &[u8]) -> bool {
+        match self.limit {
+            Limit::Permits(permits) => holders.len() <= permits,
+            Limit::Mutex => holders.len() <= 1 || holders.iter().all(|c| self.is_shared(*c)),
+        }
+    }
+
+    /// Whether the granted nodes leave room for `client`.
+    fn room(&self, granted: &[Node], client: u8) -> bool {
+        let mut holders: Vec<u8> = granted.iter().map(|n| n.client).collect();
+        holders.push(client);
+        self.allowed(&holders)
     }
 
     /// The directory's order, what every client computes from the children alone.
@@ -130,12 +173,17 @@ impl PriorityModel {
         let order = self.order(nodes);
         let Some(place) = order.iter().position(|n| n.client == client) else { return false };
         if self.on(PriorityRule::GrantedFirst) {
-            let granted = order.iter().filter(|n| n.granted).count();
-            // The head waiter (the first node that is not granted), with a permit free.
-            place == granted && granted < self.permits
+            let granted: Vec<Node> = order.iter().copied().filter(|n| n.granted).collect();
+            // The head waiter (the first node that is not granted), with room.
+            place == granted.len() && self.room(&granted, client)
         } else {
-            // The naive order: the first `permits` nodes hold.
-            place < self.permits
+            // The naive order: today's recipe over it (the first `permits` nodes; a mutex's
+            // first Exclusive node, or Shared ones with no Exclusive one ahead).
+            match self.limit {
+                Limit::Permits(permits) => place < permits,
+                Limit::Mutex if self.is_shared(client) => order[..place].iter().all(|n| self.is_shared(n.client)),
+                Limit::Mutex => place == 0,
+            }
         }
     }
 
@@ -152,6 +200,12 @@ impl PriorityModel {
         } else {
             order[..place].last().map(|n| n.seq).into_iter().collect()
         }
+    }
+
+    /// Whether a client arriving now may be granted at once: nobody waits, and there is room.
+    fn free_for(&self, nodes: &[Node], client: u8) -> bool {
+        let granted: Vec<Node> = nodes.iter().copied().filter(|n| n.granted).collect();
+        self.on(PriorityRule::GrantedFirst) && granted.len() == nodes.len() && self.room(&granted, client)
     }
 
     fn head_waiter(&self, nodes: &[Node]) -> Option<u8> {
@@ -187,6 +241,21 @@ impl PriorityModel {
             .collect()
     }
 
+    /// The shortest path to a state that breaks `property`, if any: walks bounded at one step
+    /// more each time (a breadth-first walk's first discovery need not be its shortest).
+    pub fn shortest(self, property: &'static str) -> Option<Vec<PriorityAction>> {
+        for depth in 1.. {
+            let checker = self.clone().checker().target_max_depth(depth).spawn_bfs().join();
+            if let Some(path) = checker.discovery(property) {
+                return Some(path.into_actions());
+            }
+            if checker.max_depth() < depth {
+                return None;
+            }
+        }
+        None
+    }
+
     /// Whether the walk reaches a state where some client holds after waiting behind another.
     pub fn reaches_a_grant_after_a_wait(self) -> bool {
         let checker = self.checker().spawn_bfs().join();
@@ -214,7 +283,9 @@ impl Model for PriorityModel {
         for (i, client) in s.clients.iter().enumerate() {
             let i = i as u8;
             match client {
-                Client::Idle => actions.push(PriorityAction::Enqueue(i)),
+                Client::Idle => actions.push(PriorityAction::Look(i)),
+                Client::Looked { free: true, .. } => actions.push(PriorityAction::GrantAtOnce(i)),
+                Client::Looked { free: false, .. } => actions.push(PriorityAction::Enqueue(i)),
                 Client::Queued { read: None } => actions.push(PriorityAction::Read(i)),
                 Client::Queued { read: Some(read) } if read.convert => actions.push(PriorityAction::Convert(i)),
                 Client::Queued { read: Some(read) } => {
@@ -235,6 +306,24 @@ impl Model for PriorityModel {
     fn next_state(&self, s: &PriorityState, action: PriorityAction) -> Option<PriorityState> {
         let mut s = s.clone();
         match action {
+            PriorityAction::Look(c) => {
+                let free = self.free_for(&s.nodes, c);
+                s.clients[c as usize] = Client::Looked { cversion: s.cversion, free };
+            }
+            PriorityAction::GrantAtOnce(c) => {
+                let Client::Looked { cversion, free: true } = s.clients[c as usize] else { return None };
+                if self.on(PriorityRule::CversionCheck) && cversion != s.cversion {
+                    // The check fails: it looks again.
+                    s.clients[c as usize] = Client::Idle;
+                    return Some(s);
+                }
+                if s.nodes.iter().any(|n| !n.granted) {
+                    // Somebody waits: a grant at once jumps the queue.
+                    s.out_of_order = true;
+                }
+                Self::create(&mut s, c, true);
+                s.clients[c as usize] = Client::Holding;
+            }
             PriorityAction::Enqueue(c) => {
                 Self::create(&mut s, c, false);
                 s.clients[c as usize] = Client::Queued { read: None };
@@ -280,7 +369,9 @@ impl Model for PriorityModel {
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
             Property::always(PRIORITY_MUTUAL_EXCLUSION, |m: &PriorityModel, s: &PriorityState| {
-                s.clients.iter().filter(|c| **c == Client::Holding).count() <= m.permits
+                let holders: Vec<u8> =
+                    (0..s.clients.len() as u8).filter(|c| s.clients[*c as usize] == Client::Holding).collect();
+                m.allowed(&holders)
             }),
             Property::always(PRIORITY_ORDER, |_, s: &PriorityState| !s.out_of_order),
             Property::always(PRIORITY_NO_WAIT_FOR_EVER, |m: &PriorityModel, s: &PriorityState| {
@@ -290,7 +381,7 @@ impl Model for PriorityModel {
                 // may still wait.
                 let mut next = vec![];
                 m.actions(s, &mut next);
-                let quiet = next.iter().all(|a| matches!(a, PriorityAction::Enqueue(_) | PriorityAction::Crash(_)));
+                let quiet = next.iter().all(|a| matches!(a, PriorityAction::Look(_) | PriorityAction::Crash(_)));
                 !quiet || !s.clients.iter().any(|c| matches!(c, Client::Queued { .. }))
             }),
             // Immediate, not eventual: every waiter that stands by a "not yet" while it may be
@@ -316,7 +407,8 @@ mod tests {
     use super::*;
 
     fn model(priorities: &[u8], permits: usize, off: &[PriorityRule]) -> PriorityModel {
-        PriorityModel { priorities: priorities.to_vec(), permits, crashes: 1, off: off.to_vec() }
+        let limit = Limit::Permits(permits);
+        PriorityModel { priorities: priorities.to_vec(), shared: vec![], limit, crashes: 1, off: off.to_vec() }
     }
 
     #[test]

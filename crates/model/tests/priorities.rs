@@ -4,12 +4,17 @@
 //! client waits for ever; with either rule off, the checker finds the hole.
 
 use zklock_model::priorities::{
-    PriorityAction, PriorityModel, PriorityRule, PRIORITY_MUTUAL_EXCLUSION, PRIORITY_NO_WAIT_FOR_EVER, PRIORITY_ORDER,
-    PRIORITY_WOKEN,
+    Limit, PriorityAction, PriorityModel, PriorityRule, PRIORITY_MUTUAL_EXCLUSION, PRIORITY_NO_WAIT_FOR_EVER,
+    PRIORITY_ORDER, PRIORITY_WOKEN,
 };
 
-fn model(priorities: &[u8], permits: usize, off: &[PriorityRule]) -> PriorityModel {
-    PriorityModel { priorities: priorities.to_vec(), permits, crashes: 1, off: off.to_vec() }
+fn model(priorities: &[u8], limit: Limit, off: &[PriorityRule]) -> PriorityModel {
+    PriorityModel { priorities: priorities.to_vec(), shared: vec![], limit, crashes: 1, off: off.to_vec() }
+}
+
+/// A mutex whose clients `shared` want it Shared.
+fn with_modes(priorities: &[u8], shared: &[u8], off: &[PriorityRule]) -> PriorityModel {
+    PriorityModel { shared: shared.to_vec(), ..model(priorities, Limit::Mutex, off) }
 }
 
 fn shown(path: &[PriorityAction]) -> String {
@@ -17,31 +22,39 @@ fn shown(path: &[PriorityAction]) -> String {
 }
 
 #[test]
-fn with_granted_nodes_first_and_the_cversion_check_every_property_holds() {
-    for (priorities, permits) in
-        [(&[0, 5, 9][..], 1), (&[0, 5, 5, 9][..], 1), (&[0, 5, 9, 9][..], 2), (&[3, 3, 3][..], 1)]
-    {
-        let m = model(priorities, permits, &[]);
+fn with_its_three_rules_every_property_holds() {
+    let models = [
+        model(&[0, 5, 9], Limit::Mutex, &[]),
+        model(&[0, 5, 5, 9], Limit::Mutex, &[]),
+        model(&[0, 5, 9, 9], Limit::Permits(2), &[]),
+        model(&[3, 3, 3], Limit::Permits(1), &[]),
+        // Readers and writers: a Shared head joins Shared holders, an Exclusive one waits.
+        with_modes(&[0, 5, 9], &[0, 2], &[]),
+        with_modes(&[5, 0, 5, 9], &[0, 1, 3], &[]),
+    ];
+    for m in models {
+        let what = format!("priorities {:?}, shared {:?}, {:?}", m.priorities, m.shared, m.limit);
         let failed = m.clone().check();
         let failed: Vec<String> = failed.iter().map(|(p, path)| format!("{p}: {}", shown(path))).collect();
-        assert!(failed.is_empty(), "priorities {priorities:?}, {permits} permits: {failed:#?}");
-        assert!(m.reaches_a_grant_after_a_wait(), "{priorities:?}: the walk never grants a client that waited");
+        assert!(failed.is_empty(), "{what}: {failed:#?}");
+        assert!(m.reaches_a_grant_after_a_wait(), "{what}: the walk never grants a client that waited");
     }
 }
 
 #[test]
 fn the_order_first_written_down_preempts_a_holder() {
-    let failed = model(&[0, 5], 1, &[PriorityRule::GrantedFirst]).check();
-    let path = failed.iter().find(|(p, _)| *p == PRIORITY_MUTUAL_EXCLUSION).map(|(_, path)| shown(path));
-    let path = path.unwrap_or_else(|| panic!("no two holders under the naive order: {failed:?}"));
+    let m = model(&[0, 5], Limit::Mutex, &[PriorityRule::GrantedFirst]);
+    let path = m.shortest(PRIORITY_MUTUAL_EXCLUSION).map(|path| shown(&path));
+    let path = path.unwrap_or_else(|| panic!("no two holders under the naive order"));
     println!("granted nodes not first, {PRIORITY_MUTUAL_EXCLUSION}:\n  {path}");
     // As docs/design.md quotes it.
-    assert_eq!(path, "Enqueue(0) → Read(0) → Convert(0) → Enqueue(1) → Read(1) → Convert(1)");
+    assert_eq!(path, "Look(0) → Enqueue(0) → Read(0) → Convert(0) → Look(1) → Enqueue(1) → Read(1) → Convert(1)");
 }
 
 #[test]
 fn without_the_cversion_check_a_decision_on_an_older_directory_is_carried_out() {
-    let failed = model(&[0, 9], 1, &[PriorityRule::CversionCheck]).check();
+    // A third client: the first waits behind it, so that a later one can overtake the first.
+    let failed = model(&[0, 9, 5], Limit::Mutex, &[PriorityRule::CversionCheck]).check();
     let found: Vec<&str> = failed.iter().map(|(p, _)| *p).collect();
     assert!(
         found.contains(&PRIORITY_MUTUAL_EXCLUSION) && found.contains(&PRIORITY_ORDER),
@@ -50,13 +63,21 @@ fn without_the_cversion_check_a_decision_on_an_older_directory_is_carried_out() 
     for (property, path) in &failed {
         println!("no cversion check, {property}:\n  {}", shown(path));
     }
-    let two = failed.iter().find(|(p, _)| *p == PRIORITY_MUTUAL_EXCLUSION).map(|(_, path)| shown(path));
-    assert_eq!(two.as_deref(), Some("Enqueue(0) → Read(0) → Enqueue(1) → Read(1) → Convert(1) → Convert(0)"));
+    let m = model(&[0, 9, 5], Limit::Mutex, &[PriorityRule::CversionCheck]);
+    let two = m.clone().shortest(PRIORITY_MUTUAL_EXCLUSION).map(|path| shown(&path));
+    let overtaken = m.shortest(PRIORITY_ORDER).map(|path| shown(&path));
+    // As docs/design.md quotes them: two that found the lock free both grant themselves at once;
+    // one that found it free grants itself over a waiter enqueued since.
+    assert_eq!(two.as_deref(), Some("Look(1) → Look(2) → GrantAtOnce(2) → GrantAtOnce(1)"));
+    assert_eq!(
+        overtaken.as_deref(),
+        Some("Look(1) → Look(2) → GrantAtOnce(2) → Look(0) → Enqueue(0) → GrantAtOnce(1)")
+    );
 }
 
 #[test]
 fn a_waiter_that_watches_nothing_is_never_woken() {
-    let failed = model(&[0, 5], 1, &[PriorityRule::WatchAhead]).check();
+    let failed = model(&[0, 5], Limit::Mutex, &[PriorityRule::WatchAhead]).check();
     let found: Vec<&str> = failed.iter().map(|(p, _)| *p).collect();
     assert!(
         found.contains(&PRIORITY_WOKEN) && found.contains(&PRIORITY_NO_WAIT_FOR_EVER),
