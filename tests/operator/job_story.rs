@@ -115,17 +115,7 @@ async fn two_gated_jobs_run_one_after_the_other() {
         // Pods queue in the order they are made, and the job controller syncs new Jobs on
         // several workers at once: the second Job is made once the first's pod exists, so that
         // "first" is first for the operator too.
-        let selector = format!("batch.kubernetes.io/job-name={name}");
-        let made = async {
-            let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
-            loop {
-                tick.tick().await;
-                if !pods.list(&ListParams::default().labels(&selector)).await.unwrap().items.is_empty() {
-                    return;
-                }
-            }
-        };
-        tokio::time::timeout(PATIENCE, made).await.unwrap_or_else(|_| panic!("no pod of Job {name} in {PATIENCE:?}"));
+        pod_of(&pods, name).await;
     }
     env.kubectl(&["wait", "--for=condition=complete", "job/first", "--timeout=120s"]);
     env.kubectl(&["wait", "--for=condition=complete", "job/second", "--timeout=120s"]);

@@ -173,10 +173,7 @@ pub fn validate_spec(spec: &LockClaimSpec, namespace: &str) -> Result<ValidSpec,
 
 /// Checks a lock name; `field` says where it was read (the message names it).
 pub fn check_lock_name(field: &str, name: &str) -> Result<(), String> {
-    let ok_chars = name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
-    let ok_ends =
-        name.starts_with(|c: char| c.is_ascii_alphanumeric()) && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if name.is_empty() || name.len() > 253 || !ok_chars || !ok_ends {
+    if !is_plain_name(name, 253) {
         return Err(format!(
             "{field} {name:?} is not a valid lock name: use 1-253 characters of lower-case letters, digits, \
              '.' and '-', starting and ending with a letter or digit (e.g. \"db-migrations\")"
@@ -189,13 +186,19 @@ pub fn check_lock_name(field: &str, name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// 1 to `max` characters of lower-case letters, digits, `.` and `-`, starting and ending with a
+/// letter or digit: lock names and supersede groups.
+fn is_plain_name(name: &str, max: usize) -> bool {
+    let ok_chars = name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+    let ok_ends =
+        name.starts_with(|c: char| c.is_ascii_alphanumeric()) && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    !name.is_empty() && name.len() <= max && ok_chars && ok_ends
+}
+
 /// Checks a supersede group (`spec.supersede.group`, the pod annotation
 /// `zklock.io/supersede-group`, `--supersede`).
 pub fn check_group(group: &str) -> Result<(), String> {
-    let ok_chars = group.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
-    let ok_ends =
-        group.starts_with(|c: char| c.is_ascii_alphanumeric()) && group.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if group.is_empty() || group.len() > 63 || !ok_chars || !ok_ends {
+    if !is_plain_name(group, 63) {
         return Err(format!(
             "supersede group {group:?} is not valid: use 1-63 characters of lower-case letters, digits, '.' and '-', \
              starting and ending with a letter or digit (e.g. \"deploy-prod\")"

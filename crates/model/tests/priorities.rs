@@ -21,6 +21,15 @@ fn shown(path: &[PriorityAction]) -> String {
     path.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(" → ")
 }
 
+/// The properties the whole walk of `m` breaks, each printed with a path to it.
+fn broken(m: PriorityModel, what: &str) -> Vec<&'static str> {
+    let failed = m.check();
+    for (property, path) in &failed {
+        println!("{what}, {property}:\n  {}", shown(path));
+    }
+    failed.into_iter().map(|(p, _)| p).collect()
+}
+
 #[test]
 fn with_its_three_rules_every_property_holds() {
     let models = [
@@ -54,16 +63,12 @@ fn the_order_first_written_down_preempts_a_holder() {
 #[test]
 fn without_the_cversion_check_a_decision_on_an_older_directory_is_carried_out() {
     // A third client: the first waits behind it, so that a later one can overtake the first.
-    let failed = model(&[0, 9, 5], Limit::Mutex, &[PriorityRule::CversionCheck]).check();
-    let found: Vec<&str> = failed.iter().map(|(p, _)| *p).collect();
+    let m = model(&[0, 9, 5], Limit::Mutex, &[PriorityRule::CversionCheck]);
+    let found = broken(m.clone(), "no cversion check");
     assert!(
         found.contains(&PRIORITY_MUTUAL_EXCLUSION) && found.contains(&PRIORITY_ORDER),
         "two heads of two reads are both granted, the later one out of order: {found:?}"
     );
-    for (property, path) in &failed {
-        println!("no cversion check, {property}:\n  {}", shown(path));
-    }
-    let m = model(&[0, 9, 5], Limit::Mutex, &[PriorityRule::CversionCheck]);
     let two = m.clone().shortest(PRIORITY_MUTUAL_EXCLUSION).map(|path| shown(&path));
     let overtaken = m.shortest(PRIORITY_ORDER).map(|path| shown(&path));
     // As docs/design.md quotes them: two that found the lock free both grant themselves at once;
@@ -77,13 +82,9 @@ fn without_the_cversion_check_a_decision_on_an_older_directory_is_carried_out() 
 
 #[test]
 fn a_waiter_that_watches_nothing_is_never_woken() {
-    let failed = model(&[0, 5], Limit::Mutex, &[PriorityRule::WatchAhead]).check();
-    let found: Vec<&str> = failed.iter().map(|(p, _)| *p).collect();
+    let found = broken(model(&[0, 5], Limit::Mutex, &[PriorityRule::WatchAhead]), "watching nothing");
     assert!(
         found.contains(&PRIORITY_WOKEN) && found.contains(&PRIORITY_NO_WAIT_FOR_EVER),
         "a waiter left behind a lock that was let go: {found:?}"
     );
-    for (property, path) in &failed {
-        println!("watching nothing, {property}:\n  {}", shown(path));
-    }
 }

@@ -204,14 +204,12 @@ pub fn read(pod: &KeptPod) -> Result<Ask, Report> {
     };
     let skip_as = match pod.annotation(SKIP_IF_HELD) {
         None => None,
-        Some("Succeeded") => Some("Succeeded"),
-        Some("Failed") => Some("Failed"),
-        Some(other) => {
-            return Err(invalid(format!(
-                "annotation {SKIP_IF_HELD} is {other:?}: give the phase the pod ends in when its lock is held, \
+        Some(value) => Some(skip_phase(value).ok_or_else(|| {
+            invalid(format!(
+                "annotation {SKIP_IF_HELD} is {value:?}: give the phase the pod ends in when its lock is held, \
                  Succeeded (the Job counts the skipped run as done) or Failed (as failed: see podFailurePolicy)"
-            )))
-        }
+            ))
+        })?),
     };
     if skip_as.is_some() && acquire_timeout_seconds.is_some() {
         return Err(invalid(format!(
@@ -238,6 +236,11 @@ pub fn read(pod: &KeptPod) -> Result<Ask, Report> {
         }
     };
     Ok(Ask { locks, mode, acquire_timeout_seconds, skip_as, supersede_group })
+}
+
+/// The pod phase a `zklock.io/skip-if-held` value names, if it names one.
+fn skip_phase(value: &str) -> Option<&'static str> {
+    ["Succeeded", "Failed"].into_iter().find(|phase| *phase == value)
 }
 
 /// The claim made for a pod: named as the pod (so that `kubectl get lockclaim POD` finds it),
@@ -376,12 +379,8 @@ fn for_own_claim(pod: &KeptPod, claim: &KeptClaim, gate: Option<usize>, known: K
         // replaced by its Job with a pod newer still, which would supersede the newest.
         Some(phase @ (Phase::Superseded | Phase::Expired)) if gate.is_some() => {
             let why = claim.condition_message(FINISHED).unwrap_or_default();
-            let skip_as = claim
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(SKIP_IF_HELD))
-                .and_then(|p| ["Succeeded", "Failed"].into_iter().find(|k| k == p));
+            let skip_as =
+                claim.metadata.annotations.as_ref().and_then(|a| a.get(SKIP_IF_HELD)).and_then(|p| skip_phase(p));
             let (end, reason) = match phase {
                 Phase::Superseded => (Some("Succeeded"), "Superseded"),
                 _ => (skip_as, "LockHeld"),
